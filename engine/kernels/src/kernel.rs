@@ -1,0 +1,87 @@
+//! The matmul kernel abstraction that the engine's kernel seam resolves to.
+//!
+//! An operation is described by a [`MatmulDesc`] (weight type, activation
+//! format, shape). [`candidates`] lists every implementation in this crate
+//! that can serve it on the running CPU, best first; the engine picks one
+//! at load time and calls it for every token. Packs (native, WASM, CUDA)
+//! will offer further implementations of the same contract.
+
+use crate::cpu::CpuFeatures;
+use crate::pool::ThreadPool;
+use crate::{GgmlType, Result};
+
+/// How activations are fed to a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types, reason = "names follow GGML's spelling")]
+pub enum ActType {
+    /// f32 activations; quantised weights are dequantised on the fly
+    /// (precise mode, and F32/F16/BF16 weights).
+    F32,
+    /// Activations quantised per 32 elements (for Q4_0/Q5_0/Q8_0 weights).
+    Q8_0,
+    /// Q8_0 plus block sums (for Q4_1/Q5_1 weights).
+    Q8_1,
+    /// Activations quantised per 256 elements (for K-quant weights).
+    Q8_K,
+}
+
+impl ActType {
+    /// The activation format llama.cpp pairs with `w` in fast mode
+    /// (`vec_dot_type`).
+    pub fn fast_for(w: GgmlType) -> ActType {
+        use GgmlType::*;
+        match w {
+            Q4_0 | Q5_0 | Q8_0 => ActType::Q8_0,
+            Q4_1 | Q5_1 => ActType::Q8_1,
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | TQ1_0 | TQ2_0 => ActType::Q8_K,
+            F32 | F16 | BF16 | Q8_1 | Q8_K => ActType::F32,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ActType::F32 => "f32",
+            ActType::Q8_0 => "q8_0",
+            ActType::Q8_1 => "q8_1",
+            ActType::Q8_K => "q8_K",
+        }
+    }
+}
+
+/// One matmul operation: `out[t, r] = sum_c W[r, c] * x[t, c]` with `W`
+/// of `rows x cols` elements of `wtype`, row-major.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatmulDesc {
+    pub wtype: GgmlType,
+    pub act: ActType,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// A matmul implementation. Implementations are stateless apart from
+/// configuration, `Send + Sync`, and cheap to call per token.
+pub trait MatmulKernel: Send + Sync {
+    /// Stable identifier, e.g. `"avx512/q4_1*q8_1"`.
+    fn name(&self) -> &str;
+
+    /// `out[t * rows + r] = dot(W[r, :], x[t * cols .. (t + 1) * cols])` for
+    /// `t in 0..n_tokens`. `w` holds `rows` rows of `desc.wtype`; `x` holds
+    /// `n_tokens * cols` f32 activations (quantised inside if the kernel's
+    /// activation type asks for it, using `scratch`); `out` holds
+    /// `n_tokens * rows` floats. Work is spread over `pool`.
+    fn run(
+        &self,
+        pool: &ThreadPool,
+        w: &[u8],
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+        scratch: &mut Vec<u8>,
+    ) -> Result<()>;
+}
+
+/// Every implementation in this crate that serves `desc` on a CPU with
+/// `features`, best first (the scalar reference always last).
+pub fn candidates(desc: &MatmulDesc, features: &CpuFeatures) -> Vec<Box<dyn MatmulKernel>> {
+    crate::matmul::candidates(desc, features)
+}
