@@ -131,7 +131,7 @@ impl GgmlType {
     /// multiple of the block size.
     pub fn row_bytes(self, n: usize) -> Result<usize> {
         let bs = self.block_size();
-        if n % bs != 0 {
+        if !n.is_multiple_of(bs) {
             return Err(KernelError::RowNotBlockAligned { ty: self, n, block: bs });
         }
         Ok(n / bs * self.type_size())
