@@ -1,1 +1,72 @@
-//! Integration tests live in `tests/`.
+//! Shared helpers for spinfer's end-to-end tests: where the models and the
+//! reference data are.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// `tests/data/<rel>`.
+pub fn data(rel: &str) -> PathBuf {
+    workspace().join("tests/data").join(rel)
+}
+
+/// The SmolLM2-135M-Instruct Q4_1 GGUF: `$SPINFER_MODEL` or
+/// `models/SmolLM2-135M-Instruct.Q4_1.gguf`. `None` (the test should skip)
+/// when absent outside CI; in CI (`CI` set) a missing model is a failure,
+/// so a broken download can never turn the suite green.
+pub fn smollm2() -> Option<PathBuf> {
+    let p = std::env::var_os("SPINFER_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    if p.exists() {
+        return Some(p);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{} is missing in CI: scripts/fetch-models.sh should have fetched it", p.display());
+    }
+    eprintln!("skipping: {} not found (run scripts/fetch-models.sh)", p.display());
+    None
+}
+
+#[derive(Deserialize)]
+pub struct Reference {
+    pub prompts: Vec<RefPrompt>,
+    pub wikitext2_ppl: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+pub struct RefPrompt {
+    pub text: String,
+    pub input_ids: Vec<u32>,
+    pub top20: Vec<(u32, f32)>,
+    pub greedy_ids: Vec<u32>,
+    pub greedy_text: String,
+    pub last_logits_file: String,
+}
+
+impl RefPrompt {
+    /// All last-position logits.
+    pub fn last_logits(&self) -> Vec<f32> {
+        let bytes = std::fs::read(data(&format!("reference/{}", self.last_logits_file))).expect("reference logits");
+        bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    }
+}
+
+/// The SmolLM2 reference outputs.
+pub fn reference() -> Reference {
+    let s = std::fs::read_to_string(data("reference/smollm2-135m-instruct.json")).expect("reference json");
+    serde_json::from_str(&s).expect("reference json parses")
+}
+
+/// Indices of the `k` largest values, best first.
+pub fn top_k(x: &[f32], k: usize) -> Vec<u32> {
+    let mut idx: Vec<u32> = (0..x.len() as u32).collect();
+    idx.sort_by(|&a, &b| x[b as usize].total_cmp(&x[a as usize]));
+    idx.truncate(k);
+    idx
+}

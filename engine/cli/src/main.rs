@@ -1,1 +1,66 @@
-fn main() {}
+//! `spinfer`: run, measure and inspect models from the command line.
+//!
+//! Conventions: results go to stdout, everything else (progress, timings,
+//! logs) to stderr; `--quiet` leaves only the result; `--json` prints one
+//! machine-readable object; errors exit non-zero with a message on stderr.
+
+mod bench;
+mod commands;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "spinfer", version, about = "Sparse inference engine for LLMs and embedding models")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a continuation of a prompt.
+    Generate(commands::GenerateArgs),
+    /// Perplexity of a text file (windows of --ctx tokens, each from an empty cache).
+    Perplexity(commands::PerplexityArgs),
+    /// Prefill (pp128, pp512) and decode (tg128) speed and peak memory.
+    Bench(bench::BenchArgs),
+    /// Architecture, hyper-parameters, tensors and tokenizer of a model file.
+    Inspect(commands::InspectArgs),
+    /// Convert a GGUF model to a safetensors checkpoint (dequantising).
+    Convert(commands::ConvertArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let quiet = match &cli.command {
+        Command::Generate(a) => a.common.quiet,
+        Command::Perplexity(a) => a.common.quiet,
+        Command::Bench(a) => a.quiet,
+        Command::Inspect(_) | Command::Convert(_) => false,
+    };
+    init_logging(quiet);
+    let result = match cli.command {
+        Command::Generate(a) => commands::generate(a),
+        Command::Perplexity(a) => commands::perplexity(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Inspect(a) => commands::inspect(a),
+        Command::Convert(a) => commands::convert(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Library logs go to stderr; `RUST_LOG` overrides the level.
+fn init_logging(quiet: bool) {
+    use tracing_subscriber::EnvFilter;
+    let default = if quiet { "error" } else { "warn" };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}

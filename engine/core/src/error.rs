@@ -1,0 +1,53 @@
+//! The engine's one error type. Messages are lowercase and name the file,
+//! tensor, key or field at fault.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    // === I/O ===
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+
+    // === Model files ===
+    #[error("{path}: {detail}")]
+    Format { path: PathBuf, detail: String },
+    #[error("{path}: tensor '{tensor}' not found")]
+    MissingTensor { path: PathBuf, tensor: String },
+    #[error("{path}: tensor '{tensor}' has shape {got:?}, expected {want:?}")]
+    TensorShape { path: PathBuf, tensor: String, got: Vec<usize>, want: Vec<usize> },
+    #[error("{path}: tensor '{tensor}' has type {ty}, which {what}")]
+    TensorType { path: PathBuf, tensor: String, ty: String, what: String },
+    #[error("{path}: metadata key '{key}' {detail}")]
+    Metadata { path: PathBuf, key: String, detail: String },
+    #[error("{path}: unsupported architecture '{arch}' (supported: {supported})")]
+    UnsupportedArch { path: PathBuf, arch: String, supported: &'static str },
+
+    // === Tokenizer ===
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+
+    // === Runtime ===
+    #[error("context overflow: {needed} tokens needed but the context holds {ctx} (raise --ctx or shorten the prompt)")]
+    ContextOverflow { needed: usize, ctx: usize },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("no kernel serves {op}")]
+    NoKernel { op: String },
+    #[error("kernel '{kernel}': {source}")]
+    Kernel { kernel: String, source: spinfer_kernels::KernelError },
+    #[error(transparent)]
+    Kernels(#[from] spinfer_kernels::KernelError),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn format(path: impl Into<PathBuf>, detail: impl Into<String>) -> Self {
+        Error::Format { path: path.into(), detail: detail.into() }
+    }
+
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+}

@@ -1,0 +1,267 @@
+//! `generate`, `perplexity`, `inspect` and `convert`.
+
+use std::io::Write;
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use spinfer_engine::generate::{GenerateParams, StopReason};
+use spinfer_engine::model::{ModelOptions, Precision};
+use spinfer_engine::sampling::SamplerParams;
+use spinfer_engine::{Engine, perplexity};
+
+/// Options every model-running command shares.
+#[derive(Args, Clone)]
+pub struct CommonArgs {
+    /// Model: a GGUF file, a safetensors file, or a directory with config.json.
+    #[arg(short, long)]
+    pub model: PathBuf,
+    /// Worker threads (default: all cores).
+    #[arg(short, long)]
+    pub threads: Option<usize>,
+    /// f32 activations (matches PyTorch on the dequantised weights) instead
+    /// of 8-bit quantised activations.
+    #[arg(long)]
+    pub precise: bool,
+    /// Print only the result on stdout.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// Print one JSON object with the result and statistics.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl CommonArgs {
+    pub fn options(&self, ctx: usize) -> ModelOptions {
+        let mut o = ModelOptions { ctx, ..ModelOptions::default() };
+        if let Some(t) = self.threads {
+            o.threads = t.max(1);
+        }
+        o.precision = if self.precise { Precision::Precise } else { Precision::Fast };
+        o
+    }
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// The prompt text.
+    #[arg(short, long, conflicts_with = "prompt_file", required_unless_present = "prompt_file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a UTF-8 file.
+    #[arg(short = 'f', long)]
+    pub prompt_file: Option<PathBuf>,
+    /// Tokens to generate.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub n_predict: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    /// Top-k sampling (0 = off).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Top-p (nucleus) sampling (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Min-p sampling (0 = off).
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Repetition penalty (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Tokens the repetition penalty looks back over.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// RNG seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop when this string appears (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Context size.
+    #[arg(short = 'c', long, default_value_t = 2048)]
+    pub ctx: usize,
+}
+
+pub fn generate(a: GenerateArgs) -> Result<()> {
+    let prompt = match (&a.prompt, &a.prompt_file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => {
+            let bytes = std::fs::read(f).with_context(|| format!("cannot read prompt file {}", f.display()))?;
+            String::from_utf8(bytes).map_err(|e| {
+                anyhow::anyhow!("prompt file {} is not valid UTF-8 (byte {})", f.display(), e.utf8_error().valid_up_to())
+            })?
+        }
+        (None, None) => bail!("give a prompt with --prompt or --prompt-file"),
+    };
+    let engine = load(&a.common, a.ctx)?;
+    let params = GenerateParams {
+        max_tokens: a.n_predict,
+        sampler: SamplerParams {
+            temperature: a.temp,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            min_p: a.min_p,
+            repeat_penalty: a.repeat_penalty,
+            repeat_last_n: a.repeat_last_n,
+            seed: a.seed,
+        },
+        stop: a.stop.clone(),
+        add_bos: None,
+    };
+    let mut session = engine.model.new_session();
+    let stream = !a.common.json;
+    let mut stdout = std::io::stdout().lock();
+    let g = spinfer_engine::generate::generate(&engine.model, &engine.tokenizer, &mut session, &prompt, &params, &mut |piece| {
+        if stream {
+            let _ = stdout.write_all(piece.as_bytes());
+            let _ = stdout.flush();
+        }
+        ControlFlow::Continue(())
+    })?;
+    if a.common.json {
+        let v = serde_json::json!({
+            "text": g.text,
+            "tokens": g.tokens,
+            "prompt_tokens": g.prompt_tokens,
+            "stop_reason": format!("{:?}", g.stop_reason),
+            "prefill_tokens_per_second": g.prefill_tokens_per_second(),
+            "decode_tokens_per_second": g.decode_tokens_per_second(),
+            "timings_ms": {
+                "tokenize": ms(g.timings.tokenize),
+                "prefill": ms(g.timings.prefill),
+                "decode": ms(g.timings.decode),
+                "sample": ms(g.timings.sample),
+            },
+        });
+        writeln!(stdout, "{v}")?;
+    } else if !a.common.quiet {
+        writeln!(stdout)?;
+        let why = match g.stop_reason {
+            StopReason::EndOfGeneration => "end of generation",
+            StopReason::StopString => "stop string",
+            StopReason::MaxTokens => "token limit",
+            StopReason::ContextFull => "context full",
+            StopReason::Cancelled => "cancelled",
+        };
+        eprintln!(
+            "\n[{} prompt tokens: {:.1} tok/s prefill | {} generated: {:.1} tok/s decode | stopped: {why}]",
+            g.prompt_tokens,
+            g.prefill_tokens_per_second(),
+            g.tokens.len(),
+            g.decode_tokens_per_second()
+        );
+    }
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+#[derive(Args)]
+pub struct PerplexityArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Text file (UTF-8; CRLF is read as LF).
+    #[arg(short, long)]
+    pub file: PathBuf,
+    /// Window size in tokens.
+    #[arg(short = 'c', long, default_value_t = 512)]
+    pub ctx: usize,
+    /// Score at most this many windows (default: all).
+    #[arg(long)]
+    pub windows: Option<usize>,
+}
+
+pub fn perplexity(a: PerplexityArgs) -> Result<()> {
+    let bytes = std::fs::read(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| anyhow::anyhow!("{} is not valid UTF-8 (byte {})", a.file.display(), e.utf8_error().valid_up_to()))?
+        .replace("\r\n", "\n");
+    let engine = load(&a.common, a.ctx)?;
+    let tokens = engine.tokenizer.encode(&text, false)?;
+    let total = a.windows.map_or(tokens.len() / a.ctx, |w| w.min(tokens.len() / a.ctx));
+    let bar = progress(a.common.quiet || a.common.json, total as u64, "windows");
+    let mut session = engine.model.new_session();
+    let r = perplexity::perplexity(&engine.model, &mut session, &tokens, a.ctx, a.windows, &mut |done, _, ppl| {
+        bar.set_position(done as u64);
+        bar.set_message(format!("ppl {ppl:.4}"));
+    })?;
+    bar.finish_and_clear();
+    if a.common.json {
+        println!(
+            "{}",
+            serde_json::json!({"ppl": r.ppl, "nll": r.nll, "scored_tokens": r.scored_tokens, "windows": r.windows, "ctx": a.ctx})
+        );
+    } else {
+        if !a.common.quiet {
+            eprintln!("{} windows of {} tokens, {} tokens scored", r.windows, a.ctx, r.scored_tokens);
+        }
+        println!("ppl {:.4}", r.ppl);
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct InspectArgs {
+    /// Model file or directory.
+    pub model: PathBuf,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn inspect(a: InspectArgs) -> Result<()> {
+    let info = spinfer_engine::inspect::inspect(&a.model)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&info)?);
+    } else {
+        print!("{}", info.to_text());
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct ConvertArgs {
+    /// Source GGUF model.
+    #[arg(short, long)]
+    pub model: PathBuf,
+    /// Output directory (created; model.safetensors, config.json, tokenizer.json).
+    #[arg(short, long)]
+    pub out: PathBuf,
+    /// Element type of the output tensors.
+    #[arg(long, value_parser = ["f32", "bf16"], default_value = "f32")]
+    pub dtype: String,
+}
+
+pub fn convert(a: ConvertArgs) -> Result<()> {
+    use spinfer_engine::convert::{OutDType, gguf_to_safetensors};
+    let src = spinfer_engine::gguf::GgufFile::open(&a.model)?;
+    let dtype = if a.dtype == "bf16" { OutDType::BF16 } else { OutDType::F32 };
+    let bar = progress(false, src.tensors.len() as u64, "tensors");
+    gguf_to_safetensors(&src, &a.out, dtype, &mut |done, _| bar.set_position(done as u64))?;
+    bar.finish_and_clear();
+    eprintln!("wrote {}", a.out.display());
+    Ok(())
+}
+
+pub fn load(c: &CommonArgs, ctx: usize) -> Result<Engine> {
+    Ok(Engine::load(&c.model, c.options(ctx))?)
+}
+
+/// A progress bar on stderr, hidden when `hidden`.
+pub fn progress(hidden: bool, len: u64, unit: &str) -> ProgressBar {
+    if hidden {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    let style = ProgressStyle::with_template(&format!("{{elapsed_precise}} [{{bar:40}}] {{pos}}/{{len}} {unit} {{msg}}"))
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar
+}

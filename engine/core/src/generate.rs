@@ -1,0 +1,244 @@
+//! The generation loop: prefill the prompt in one batch, then decode token
+//! by token, streaming text as it becomes valid UTF-8 and stopping on an
+//! end-of-generation token, a stop string, the token budget or a full
+//! context.
+
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+use crate::model::{Model, Session};
+use crate::sampling::{Sampler, SamplerParams};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::{Error, Result};
+
+#[derive(Clone, Debug)]
+pub struct GenerateParams {
+    /// Maximum number of tokens to generate.
+    pub max_tokens: usize,
+    pub sampler: SamplerParams,
+    /// Generation stops before the first occurrence of any of these.
+    pub stop: Vec<String>,
+    /// Prepend BOS; `None` = the tokenizer's default.
+    pub add_bos: Option<bool>,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        Self { max_tokens: 128, sampler: SamplerParams::default(), stop: Vec::new(), add_bos: None }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// An end-of-generation token was sampled.
+    EndOfGeneration,
+    /// A stop string appeared.
+    StopString,
+    /// `max_tokens` were generated.
+    MaxTokens,
+    /// The context is full.
+    ContextFull,
+    /// The streaming callback asked to stop.
+    Cancelled,
+}
+
+/// Time spent in each phase of a request.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timings {
+    pub tokenize: Duration,
+    pub prefill: Duration,
+    pub decode: Duration,
+    pub sample: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// The generated continuation (stop string excluded).
+    pub text: String,
+    /// Generated token ids (an end-of-generation token is not included).
+    pub tokens: Vec<u32>,
+    pub prompt_tokens: usize,
+    pub stop_reason: StopReason,
+    pub timings: Timings,
+}
+
+impl Generation {
+    /// Decode speed in tokens per second (tokens after the first, which
+    /// comes from the prefill's logits).
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        let n = self.tokens.len().saturating_sub(1) as f64;
+        let t = self.timings.decode.as_secs_f64();
+        if t > 0.0 { n / t } else { 0.0 }
+    }
+
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        let t = self.timings.prefill.as_secs_f64();
+        if t > 0.0 { self.prompt_tokens as f64 / t } else { 0.0 }
+    }
+}
+
+/// Generates a continuation of `prompt` in a fresh use of `session`
+/// (its cache is reset). `on_text` receives each piece of text as soon as it
+/// is final; returning `ControlFlow::Break(())` cancels.
+pub fn generate(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    session: &mut Session,
+    prompt: &str,
+    params: &GenerateParams,
+    on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
+) -> Result<Generation> {
+    let mut timings = Timings::default();
+    let t0 = Instant::now();
+    let add_bos = params.add_bos.unwrap_or_else(|| tokenizer.add_bos_default());
+    let prompt_ids = tokenizer.encode(prompt, add_bos)?;
+    timings.tokenize = t0.elapsed();
+    if prompt_ids.is_empty() {
+        return Err(Error::InvalidArgument("the prompt is empty (no tokens to condition on)".into()));
+    }
+    if prompt_ids.len() > session.ctx() {
+        return Err(Error::ContextOverflow { needed: prompt_ids.len(), ctx: session.ctx() });
+    }
+    let mut sampler = Sampler::new(params.sampler.clone())?;
+    session.reset();
+
+    // Prefill: the whole prompt as one batch.
+    let t = Instant::now();
+    let mut logits = model.forward_last(session, &prompt_ids)?.to_vec();
+    timings.prefill = t.elapsed();
+
+    let mut history = prompt_ids.clone();
+    let mut out = StopWatcher::new(&params.stop);
+    let mut decoder = StreamDecoder::new(tokenizer);
+    let mut tokens = Vec::new();
+    let mut stop_reason = StopReason::MaxTokens;
+    while tokens.len() < params.max_tokens {
+        let ts = Instant::now();
+        let next = sampler.sample(&logits, &history);
+        timings.sample += ts.elapsed();
+        if tokenizer.eog_ids().contains(&next) {
+            stop_reason = StopReason::EndOfGeneration;
+            break;
+        }
+        tokens.push(next);
+        history.push(next);
+        let piece = decoder.push(next)?;
+        match out.push(&piece, on_text) {
+            Some(reason) => {
+                stop_reason = reason;
+                break;
+            }
+            None if tokens.len() == params.max_tokens => break,
+            None => {}
+        }
+        if session.pos() >= session.ctx() {
+            stop_reason = StopReason::ContextFull;
+            break;
+        }
+        let ts = Instant::now();
+        logits.copy_from_slice(model.forward_last(session, &[next])?);
+        timings.decode += ts.elapsed();
+    }
+    if stop_reason != StopReason::StopString && stop_reason != StopReason::Cancelled {
+        let rest = decoder.finish();
+        if let Some(reason) = out.push(&rest, on_text) {
+            stop_reason = reason;
+        }
+        out.flush(on_text);
+    }
+    Ok(Generation { text: out.text, tokens, prompt_tokens: prompt_ids.len(), stop_reason, timings })
+}
+
+/// Accumulates generated text, holding back the tail that could still turn
+/// into a stop string, so streamed text never contains one.
+struct StopWatcher<'a> {
+    stops: &'a [String],
+    text: String,
+    /// Bytes of `text` already handed to the callback.
+    emitted: usize,
+    hold: usize,
+}
+
+impl<'a> StopWatcher<'a> {
+    fn new(stops: &'a [String]) -> Self {
+        let hold = stops.iter().map(|s| s.len()).max().unwrap_or(0).saturating_sub(1);
+        Self { stops, text: String::new(), emitted: 0, hold }
+    }
+
+    fn push(&mut self, piece: &str, on_text: &mut dyn FnMut(&str) -> ControlFlow<()>) -> Option<StopReason> {
+        self.text.push_str(piece);
+        let search_from = self.emitted.saturating_sub(self.hold);
+        let hit = self
+            .stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.text[search_from..].find(s.as_str()).map(|i| search_from + i))
+            .min();
+        if let Some(at) = hit {
+            self.text.truncate(at);
+            self.flush(on_text);
+            return Some(StopReason::StopString);
+        }
+        let mut safe = self.text.len().saturating_sub(self.hold);
+        while !self.text.is_char_boundary(safe) {
+            safe -= 1;
+        }
+        if safe > self.emitted {
+            let flow = on_text(&self.text[self.emitted..safe]);
+            self.emitted = safe;
+            if flow.is_break() {
+                return Some(StopReason::Cancelled);
+            }
+        }
+        None
+    }
+
+    fn flush(&mut self, on_text: &mut dyn FnMut(&str) -> ControlFlow<()>) {
+        if self.text.len() > self.emitted {
+            let _ = on_text(&self.text[self.emitted..]);
+            self.emitted = self.text.len();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(stops: &[&str], pieces: &[&str]) -> (String, String, Option<StopReason>) {
+        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let mut w = StopWatcher::new(&stops);
+        let mut streamed = String::new();
+        let mut reason = None;
+        for p in pieces {
+            reason = w.push(p, &mut |s| {
+                streamed.push_str(s);
+                ControlFlow::Continue(())
+            });
+            if reason.is_some() {
+                break;
+            }
+        }
+        if reason.is_none() {
+            w.flush(&mut |s| {
+                streamed.push_str(s);
+                ControlFlow::Continue(())
+            });
+        }
+        (w.text, streamed, reason)
+    }
+
+    #[test]
+    fn stop_string_split_across_pieces_is_never_streamed() {
+        let (text, streamed, reason) = run(&["\n\nThe"], &[" Paris", ".", "\n", "\n", "The", " answer"]);
+        assert_eq!(text, " Paris.");
+        assert_eq!(streamed, " Paris.");
+        assert_eq!(reason, Some(StopReason::StopString));
+    }
+
+    #[test]
+    fn without_stops_everything_streams() {
+        let (text, streamed, reason) = run(&[], &["a", "é", "c"]);
+        assert_eq!((text.as_str(), streamed.as_str(), reason), ("aéc", "aéc", None));
+    }
+}

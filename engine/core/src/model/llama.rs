@@ -1,0 +1,480 @@
+//! The Llama-family transformer (Llama, SmolLM, Mistral, Qwen2).
+//!
+//! Reads top to bottom: [`Weights`] (every tensor with its shape), the
+//! per-request [`Session`] (KV cache and activation buffers), [`Model::load`]
+//! and [`Model::forward`], one comment per step. Conventions follow HF
+//! `LlamaForCausalLM` and llama.cpp's `llm_build_llama`.
+
+use std::sync::Arc;
+
+use spinfer_kernels::dequant::dequantize_row;
+use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::pool::{ThreadPool, chunk};
+
+use super::config::{ModelConfig, RopeStyle};
+use super::math::{self, RopeTable};
+use crate::loader::Loader;
+use crate::registry::{Choice, KernelRegistry, describe};
+use crate::tensor::{TensorData, TensorView};
+use crate::{Error, Result};
+
+/// How activations meet quantised weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// Activations quantised to 8 bits per block for integer dot products,
+    /// as llama.cpp does (the default).
+    #[default]
+    Fast,
+    /// f32 activations times weights dequantised on the fly: the function
+    /// PyTorch computes on the dequantised model.
+    Precise,
+}
+
+/// Load-time options.
+#[derive(Clone, Debug)]
+pub struct ModelOptions {
+    pub precision: Precision,
+    /// Context size (KV-cache length) of each session.
+    pub ctx: usize,
+    /// Threads per session.
+    pub threads: usize,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        Self {
+            precision: Precision::Fast,
+            ctx: 2048,
+            threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        }
+    }
+}
+
+/// A weight matrix bound to the kernel that multiplies by it.
+pub struct Linear {
+    /// Canonical tensor name, for errors and reports.
+    pub name: String,
+    w: TensorData,
+    pub desc: MatmulDesc,
+    kernel: Arc<dyn MatmulKernel>,
+    pub provider: String,
+    pub choice: Choice,
+    bias: Option<Vec<f32>>,
+}
+
+impl Linear {
+    fn load(
+        loader: &dyn Loader,
+        registry: &KernelRegistry,
+        precision: Precision,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self> {
+        let t = loader.tensor(name)?;
+        check_dims(loader, &t, &[cols, rows])?;
+        let act = match precision {
+            Precision::Fast => ActType::fast_for(t.ty),
+            Precision::Precise => ActType::F32,
+        };
+        let desc = MatmulDesc { wtype: t.ty, act, rows, cols };
+        let r = registry.resolve(&desc)?;
+        let bias_name = name.replace(".weight", ".bias");
+        let bias = if bias_name != name && loader.has_tensor(&bias_name) {
+            Some(load_vector(loader, &bias_name, rows)?)
+        } else {
+            None
+        };
+        Ok(Self { name: name.to_string(), w: t.data, desc, kernel: r.kernel, provider: r.provider, choice: r.choice, bias })
+    }
+
+    /// `out[t, :] = W · x[t, :] (+ b)` for `n` tokens.
+    fn forward(&self, pool: &ThreadPool, x: &[f32], n: usize, out: &mut [f32], scratch: &mut Vec<u8>) -> Result<()> {
+        let out = &mut out[..n * self.desc.rows];
+        self.kernel
+            .run(pool, self.w.bytes(), &x[..n * self.desc.cols], n, out, scratch)
+            .map_err(|source| Error::Kernel { kernel: self.kernel.name().to_string(), source })?;
+        if let Some(b) = &self.bias {
+            for row in out.chunks_exact_mut(self.desc.rows) {
+                for (o, bi) in row.iter_mut().zip(b) {
+                    *o += bi;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn kernel_name(&self) -> &str {
+        self.kernel.name()
+    }
+
+    /// Bytes of weights read per token.
+    pub fn weight_bytes(&self) -> usize {
+        self.w.bytes().len()
+    }
+}
+
+/// One transformer block.
+pub struct Layer {
+    pub attn_norm: Vec<f32>, // (dim)
+    pub wq: Linear,          // (n_heads * head_dim, dim)
+    pub wk: Linear,          // (n_kv_heads * head_dim, dim)
+    pub wv: Linear,          // (n_kv_heads * head_dim, dim)
+    pub wo: Linear,          // (dim, n_heads * head_dim)
+    pub ffn_norm: Vec<f32>,  // (dim)
+    pub w_gate: Linear,      // (ffn_dim, dim)
+    pub w_up: Linear,        // (ffn_dim, dim)
+    pub w_down: Linear,      // (dim, ffn_dim)
+}
+
+/// All weights, borrowed from the file mapping where the format allows.
+pub struct Weights {
+    pub token_embd: TensorView, // (vocab, dim); rows dequantised on lookup
+    pub layers: Vec<Layer>,
+    pub output_norm: Vec<f32>, // (dim)
+    pub output: Linear,        // (vocab, dim); the token embedding when tied
+}
+
+/// A loaded model: configuration, weights and kernels. Immutable and
+/// `Send + Sync`; each request runs in its own [`Session`].
+pub struct Model {
+    pub config: ModelConfig,
+    pub weights: Weights,
+    pub options: ModelOptions,
+    rope: RopeTable,
+}
+
+/// Per-request state: the KV cache, the position, and reusable activation
+/// buffers (grown on demand, never shrunk, so decode allocates nothing).
+pub struct Session {
+    pool: ThreadPool,
+    /// Number of tokens already in the cache.
+    pos: usize,
+    ctx: usize,
+    kv_dim: usize,
+    key_cache: Vec<f32>,   // (layer, ctx, kv_dim)
+    value_cache: Vec<f32>, // (layer, ctx, kv_dim)
+    x: Vec<f32>,           // residual stream (n, dim)
+    xn: Vec<f32>,          // normalised input of the current step (n, dim)
+    q: Vec<f32>,           // (n, n_heads * head_dim)
+    k: Vec<f32>,           // (n, kv_dim)
+    v: Vec<f32>,           // (n, kv_dim)
+    att: Vec<f32>,         // attention output (n, n_heads * head_dim)
+    scores: Vec<f32>,      // per-thread attention scores (threads, ctx)
+    gate: Vec<f32>,        // (n, ffn_dim)
+    up: Vec<f32>,          // (n, ffn_dim)
+    tmp: Vec<f32>,         // projection output before the residual add (n, dim)
+    logits: Vec<f32>,      // (rows requested, vocab)
+    scratch: Vec<u8>,      // kernels' quantised activations
+}
+
+impl Session {
+    /// Tokens currently in the KV cache.
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    /// The session's context size.
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+
+    /// Forgets the cached tokens (the buffers are kept).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Drops cached tokens after `pos` (e.g. to re-run a suffix).
+    pub fn truncate(&mut self, pos: usize) {
+        self.pos = self.pos.min(pos);
+    }
+
+    pub fn pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+}
+
+impl Model {
+    /// Binds every weight to a kernel chosen by `registry`.
+    pub fn load(loader: &dyn Loader, registry: &KernelRegistry, options: ModelOptions) -> Result<Self> {
+        let c = loader.config()?;
+        if options.ctx == 0 {
+            return Err(Error::InvalidArgument("context size must be at least 1".into()));
+        }
+        let (dim, q_dim, kv_dim) = (c.dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        let linear = |name: &str, rows, cols| Linear::load(loader, registry, options.precision, name, rows, cols);
+
+        let token_embd = loader.tensor("token_embd.weight")?;
+        check_dims(loader, &token_embd, &[dim, c.vocab_size])?;
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for l in 0..c.n_layers {
+            let p = |s: &str| format!("blk.{l}.{s}.weight");
+            layers.push(Layer {
+                attn_norm: load_vector(loader, &p("attn_norm"), dim)?,
+                wq: linear(&p("attn_q"), q_dim, dim)?,
+                wk: linear(&p("attn_k"), kv_dim, dim)?,
+                wv: linear(&p("attn_v"), kv_dim, dim)?,
+                wo: linear(&p("attn_output"), dim, q_dim)?,
+                ffn_norm: load_vector(loader, &p("ffn_norm"), dim)?,
+                w_gate: linear(&p("ffn_gate"), c.ffn_dim, dim)?,
+                w_up: linear(&p("ffn_up"), c.ffn_dim, dim)?,
+                w_down: linear(&p("ffn_down"), dim, c.ffn_dim)?,
+            });
+        }
+        let output_norm = load_vector(loader, "output_norm.weight", dim)?;
+        let output_name = if c.tied_embeddings { "token_embd.weight" } else { "output.weight" };
+        let output = linear(output_name, c.vocab_size, dim)?;
+        tracing::debug!(layers = c.n_layers, output = output.kernel_name(), "model loaded");
+
+        let rope = RopeTable::new(c.head_dim, c.rope_theta, options.ctx);
+        Ok(Self { weights: Weights { token_embd, layers, output_norm, output }, config: c, options, rope })
+    }
+
+    /// A fresh session with an empty KV cache of `options.ctx` positions.
+    pub fn new_session(&self) -> Session {
+        let c = &self.config;
+        let kv_dim = c.n_kv_heads * c.head_dim;
+        let ctx = self.options.ctx;
+        let threads = self.options.threads.max(1);
+        // The caches are zero-initialised allocations: the OS maps their
+        // pages lazily, so memory is only committed for positions used.
+        Session {
+            pool: ThreadPool::new(threads),
+            pos: 0,
+            ctx,
+            kv_dim,
+            key_cache: vec![0.0; c.n_layers * ctx * kv_dim],
+            value_cache: vec![0.0; c.n_layers * ctx * kv_dim],
+            x: Vec::new(),
+            xn: Vec::new(),
+            q: Vec::new(),
+            k: Vec::new(),
+            v: Vec::new(),
+            att: Vec::new(),
+            scores: vec![0.0; threads * ctx],
+            gate: Vec::new(),
+            up: Vec::new(),
+            tmp: Vec::new(),
+            logits: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Runs `tokens` through the model at the session's next positions and
+    /// appends them to its KV cache. Afterwards the final-normed hidden
+    /// states of these tokens are ready for [`Model::logits`].
+    pub fn forward(&self, s: &mut Session, tokens: &[u32]) -> Result<()> {
+        let c = &self.config;
+        let n = tokens.len();
+        if n == 0 {
+            return Err(Error::InvalidArgument("forward needs at least one token".into()));
+        }
+        if s.pos + n > s.ctx {
+            return Err(Error::ContextOverflow { needed: s.pos + n, ctx: s.ctx });
+        }
+        let (dim, hd, q_dim, kv_dim) = (c.dim, c.head_dim, c.n_heads * c.head_dim, s.kv_dim);
+        grow(&mut s.x, n * dim);
+        grow(&mut s.xn, n * dim);
+        grow(&mut s.q, n * q_dim);
+        grow(&mut s.k, n * kv_dim);
+        grow(&mut s.v, n * kv_dim);
+        grow(&mut s.att, n * q_dim);
+        grow(&mut s.gate, n * c.ffn_dim);
+        grow(&mut s.up, n * c.ffn_dim);
+        grow(&mut s.tmp, n * dim);
+
+        // Token embeddings into the residual stream.
+        let embd = &self.weights.token_embd;
+        let row_bytes = embd.ty.row_bytes(dim)?;
+        for (t, &tok) in tokens.iter().enumerate() {
+            let id = tok as usize;
+            if id >= c.vocab_size {
+                return Err(Error::InvalidArgument(format!("token id {tok} is outside the vocabulary (size {})", c.vocab_size)));
+            }
+            let src = &embd.data.bytes()[id * row_bytes..(id + 1) * row_bytes];
+            dequantize_row(embd.ty, src, &mut s.x[t * dim..(t + 1) * dim])?;
+        }
+
+        let neox = c.rope_style == RopeStyle::NeoX;
+        for (l, layer) in self.weights.layers.iter().enumerate() {
+            // Attention RMSNorm.
+            for t in 0..n {
+                math::rms_norm(&s.x[t * dim..(t + 1) * dim], &layer.attn_norm, c.rms_eps, &mut s.xn[t * dim..(t + 1) * dim]);
+            }
+            // Q, K, V projections.
+            layer.wq.forward(&s.pool, &s.xn, n, &mut s.q, &mut s.scratch)?;
+            layer.wk.forward(&s.pool, &s.xn, n, &mut s.k, &mut s.scratch)?;
+            layer.wv.forward(&s.pool, &s.xn, n, &mut s.v, &mut s.scratch)?;
+            // RoPE on q and k at their absolute positions.
+            for t in 0..n {
+                let p = s.pos + t;
+                for h in s.q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
+                    self.rope.apply(h, p, neox);
+                }
+                for h in s.k[t * kv_dim..(t + 1) * kv_dim].chunks_exact_mut(hd) {
+                    self.rope.apply(h, p, neox);
+                }
+            }
+            // Append k and v to this layer's cache.
+            let base = (l * s.ctx + s.pos) * kv_dim;
+            s.key_cache[base..base + n * kv_dim].copy_from_slice(&s.k[..n * kv_dim]);
+            s.value_cache[base..base + n * kv_dim].copy_from_slice(&s.v[..n * kv_dim]);
+            // Causal multi-head attention over the cache (GQA: each kv head
+            // serves n_heads / n_kv_heads query heads).
+            self.attention(s, l, n);
+            // Output projection and residual.
+            layer.wo.forward(&s.pool, &s.att, n, &mut s.tmp, &mut s.scratch)?;
+            add(&mut s.x[..n * dim], &s.tmp[..n * dim]);
+
+            // FFN RMSNorm.
+            for t in 0..n {
+                math::rms_norm(&s.x[t * dim..(t + 1) * dim], &layer.ffn_norm, c.rms_eps, &mut s.xn[t * dim..(t + 1) * dim]);
+            }
+            // SwiGLU FFN: down(silu(gate(x)) * up(x)), and residual.
+            layer.w_gate.forward(&s.pool, &s.xn, n, &mut s.gate, &mut s.scratch)?;
+            layer.w_up.forward(&s.pool, &s.xn, n, &mut s.up, &mut s.scratch)?;
+            math::swiglu(&mut s.gate[..n * c.ffn_dim], &s.up[..n * c.ffn_dim]);
+            layer.w_down.forward(&s.pool, &s.gate, n, &mut s.tmp, &mut s.scratch)?;
+            add(&mut s.x[..n * dim], &s.tmp[..n * dim]);
+        }
+
+        // Final RMSNorm; logits are computed on request.
+        for t in 0..n {
+            math::rms_norm(&s.x[t * dim..(t + 1) * dim], &self.weights.output_norm, c.rms_eps, &mut s.xn[t * dim..(t + 1) * dim]);
+        }
+        s.pos += n;
+        Ok(())
+    }
+
+    /// Logits of tokens `rows` (indices into the last `forward` call's
+    /// tokens), `rows.len() x vocab`, row-major.
+    pub fn logits<'s>(&self, s: &'s mut Session, rows: std::ops::Range<usize>) -> Result<&'s [f32]> {
+        let (dim, vocab) = (self.config.dim, self.config.vocab_size);
+        let n = rows.len();
+        grow(&mut s.logits, n * vocab);
+        let x = &s.xn[rows.start * dim..rows.end * dim];
+        self.weights.output.forward(&s.pool, x, n, &mut s.logits, &mut s.scratch)?;
+        Ok(&s.logits[..n * vocab])
+    }
+
+    /// Runs `tokens` and returns the logits of the last one.
+    pub fn forward_last<'s>(&self, s: &'s mut Session, tokens: &[u32]) -> Result<&'s [f32]> {
+        self.forward(s, tokens)?;
+        self.logits(s, tokens.len() - 1..tokens.len())
+    }
+
+    /// Attention for the `n` newest tokens of layer `l`, into `s.att`.
+    fn attention(&self, s: &mut Session, l: usize, n: usize) {
+        let c = &self.config;
+        let (hd, n_heads, kv_dim, ctx, pos0) = (c.head_dim, c.n_heads, s.kv_dim, s.ctx, s.pos);
+        let group = n_heads / c.n_kv_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let keys = &s.key_cache[l * ctx * kv_dim..(l + 1) * ctx * kv_dim];
+        let values = &s.value_cache[l * ctx * kv_dim..(l + 1) * ctx * kv_dim];
+        let q = &s.q[..n * n_heads * hd];
+        let att = SyncPtr(s.att.as_mut_ptr());
+        let scores = SyncPtr(s.scores.as_mut_ptr());
+        let work = n * n_heads;
+        s.pool.broadcast(&|ti, nt| {
+            // SAFETY: thread `ti` writes only its own row of `scores`
+            // (`ctx` floats at `ti * ctx`; the buffer holds `threads * ctx`)
+            // and the `att` head slices of its own work items; work items
+            // are disjoint across threads, and both buffers outlive the
+            // broadcast, which returns only when every thread is done.
+            let sc = unsafe { std::slice::from_raw_parts_mut(scores.get().add(ti * ctx), ctx) };
+            for item in chunk(work, ti, nt) {
+                let (t, h) = (item / n_heads, item % n_heads);
+                let qv = &q[(t * n_heads + h) * hd..(t * n_heads + h + 1) * hd];
+                let kv_off = (h / group) * hd;
+                let len = pos0 + t + 1;
+                for (j, sj) in sc[..len].iter_mut().enumerate() {
+                    *sj = math::dot(qv, &keys[j * kv_dim + kv_off..j * kv_dim + kv_off + hd]) * scale;
+                }
+                math::softmax(&mut sc[..len]);
+                // SAFETY: see above; this (t, h) slice belongs to this item.
+                let out = unsafe { std::slice::from_raw_parts_mut(att.get().add((t * n_heads + h) * hd), hd) };
+                out.fill(0.0);
+                for (j, &p) in sc[..len].iter().enumerate() {
+                    math::axpy(p, &values[j * kv_dim + kv_off..j * kv_dim + kv_off + hd], out);
+                }
+            }
+        });
+    }
+
+    /// Every matmul with its kernel, for reports.
+    pub fn linears(&self) -> impl Iterator<Item = &Linear> {
+        self.weights
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .chain(std::iter::once(&self.weights.output))
+    }
+
+    /// One line per distinct operation: `"matmul q4_1*q8_1 1536x576 -> avx512/... (cpu-builtin)"`.
+    pub fn kernel_report(&self) -> Vec<String> {
+        let mut seen = std::collections::BTreeSet::new();
+        for lin in self.linears() {
+            seen.insert(format!("{} -> {} ({}, {:?})", describe(&lin.desc), lin.kernel_name(), lin.provider, lin.choice));
+        }
+        seen.into_iter().collect()
+    }
+
+    /// Bytes of weights read to decode one token (all matmuls plus one
+    /// embedding row).
+    pub fn bytes_per_token(&self) -> usize {
+        self.linears().map(Linear::weight_bytes).sum()
+    }
+}
+
+/// A raw pointer that may be shared with the pool's threads; users
+/// guarantee disjoint writes.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: the pointer is only dereferenced under the disjointness argument
+// stated at each use.
+unsafe impl Sync for SyncPtr {}
+// SAFETY: as above.
+unsafe impl Send for SyncPtr {}
+impl SyncPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+}
+
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+fn check_dims(loader: &dyn Loader, t: &TensorView, want: &[usize]) -> Result<()> {
+    if t.dims != want {
+        return Err(Error::TensorShape {
+            path: loader.path().to_path_buf(),
+            tensor: t.name.clone(),
+            got: t.dims.clone(),
+            want: want.to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// A 1-D tensor of `len` elements as f32 (norm weights, biases).
+fn load_vector(loader: &dyn Loader, name: &str, len: usize) -> Result<Vec<f32>> {
+    let t = loader.tensor(name)?;
+    check_dims(loader, &t, &[len])?;
+    let mut out = vec![0.0; len];
+    dequantize_row(t.ty, t.data.bytes(), &mut out).map_err(|e| Error::TensorType {
+        path: loader.path().to_path_buf(),
+        tensor: name.into(),
+        ty: t.ty.to_string(),
+        what: format!("cannot be read as a vector: {e}"),
+    })?;
+    Ok(out)
+}

@@ -1,0 +1,155 @@
+//! Small f32 building blocks of the forward pass: normalisation, RoPE,
+//! activation, attention. The heavy matmuls go through the kernel seam; these
+//! are O(n·d) (attention O(n²·d)) and written as plain loops that the
+//! compiler vectorises.
+
+/// `out = x / sqrt(mean(x²) + eps) * w` (RMSNorm), for one row.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss = dot(x, x);
+    let scale = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(w) {
+        *o = xi * scale * wi;
+    }
+}
+
+/// Dot product with eight partial sums (vectorises; also more accurate than
+/// one running sum).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, ra) = a.as_chunks::<8>();
+    let (cb, rb) = b.as_chunks::<8>();
+    for (x, y) in ca.iter().zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
+/// `y += a * x`.
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi += a * xi;
+    }
+}
+
+/// `gate = silu(gate) * up` (SwiGLU), in place.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// In-place softmax.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Precomputed RoPE rotation table: `cos`/`sin` of `pos * theta^(-2i/d)`
+/// for every position up to the context size and every pair `i < d/2`.
+pub struct RopeTable {
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeTable {
+    pub fn new(head_dim: usize, theta: f32, n_pos: usize) -> Self {
+        let half = head_dim / 2;
+        let mut cos = Vec::with_capacity(n_pos * half);
+        let mut sin = Vec::with_capacity(n_pos * half);
+        // Frequencies as HF computes them (f32 inverse frequencies), angles
+        // in f64 so large positions keep their precision.
+        let inv_freq: Vec<f32> =
+            (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32)).collect();
+        for p in 0..n_pos {
+            for &f in &inv_freq {
+                let a = p as f64 * f as f64;
+                cos.push(a.cos() as f32);
+                sin.push(a.sin() as f32);
+            }
+        }
+        Self { half, cos, sin }
+    }
+
+    /// Rotates one head vector at position `pos`; `neox` pairs `(i, i+d/2)`,
+    /// otherwise adjacent pairs `(2i, 2i+1)`.
+    pub fn apply(&self, x: &mut [f32], pos: usize, neox: bool) {
+        let h = self.half;
+        let (cos, sin) = (&self.cos[pos * h..(pos + 1) * h], &self.sin[pos * h..(pos + 1) * h]);
+        if neox {
+            let (a, b) = x.split_at_mut(h);
+            for i in 0..h {
+                let (x0, x1) = (a[i], b[i]);
+                a[i] = x0 * cos[i] - x1 * sin[i];
+                b[i] = x0 * sin[i] + x1 * cos[i];
+            }
+        } else {
+            for i in 0..h {
+                let (x0, x1) = (x[2 * i], x[2 * i + 1]);
+                x[2 * i] = x0 * cos[i] - x1 * sin[i];
+                x[2 * i + 1] = x0 * sin[i] + x1 * cos[i];
+            }
+        }
+    }
+
+    pub fn n_pos(&self) -> usize {
+        self.cos.len() / self.half.max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_rotates_pairs_and_keeps_norm() {
+        let t = RopeTable::new(4, 10_000.0, 8);
+        let mut a = [1.0, 2.0, 3.0, 4.0];
+        t.apply(&mut a, 0, false);
+        assert_eq!(a, [1.0, 2.0, 3.0, 4.0]);
+        for neox in [false, true] {
+            let mut b = [0.3, -1.2, 2.5, 0.7];
+            let n0 = dot(&b, &b);
+            t.apply(&mut b, 5, neox);
+            assert!((dot(&b, &b) - n0).abs() < 1e-5);
+        }
+        // First pair rotates by angle pos * 1.
+        let mut c = [1.0, 0.0, 0.0, 0.0];
+        t.apply(&mut c, 1, false);
+        assert!((c[0] - 1f32.cos()).abs() < 1e-6 && (c[1] - 1f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn softmax_and_norm() {
+        let mut x = [1.0, 2.0, 3.0];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(x[2] > x[1] && x[1] > x[0]);
+        let mut out = [0.0; 2];
+        rms_norm(&[3.0, 4.0], &[1.0, 2.0], 0.0, &mut out);
+        let s = (12.5f32).sqrt();
+        assert!((out[0] - 3.0 / s).abs() < 1e-6 && (out[1] - 8.0 / s).abs() < 1e-6);
+    }
+
+    #[test]
+    fn dot_handles_tails() {
+        let a: Vec<f32> = (0..13).map(|i| i as f32 * 0.5 - 2.0).collect();
+        let b: Vec<f32> = (0..13).map(|i| 1.0 - i as f32 * 0.25).collect();
+        let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        assert!((dot(&a, &b) - want).abs() < 1e-4);
+    }
+}

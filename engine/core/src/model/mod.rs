@@ -1,0 +1,7 @@
+//! Model definitions.
+pub mod config;
+pub mod llama;
+pub mod math;
+
+pub use config::{Arch, ModelConfig, RopeStyle};
+pub use llama::{Model, ModelOptions, Precision, Session};

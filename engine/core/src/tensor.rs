@@ -1,0 +1,72 @@
+//! Weight tensors as the loaders hand them to the model: a type, a shape and
+//! bytes that are borrowed from a memory map (zero-copy) or owned.
+
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use spinfer_kernels::GgmlType;
+
+/// Bytes of one tensor. Cloning is cheap (reference counted).
+#[derive(Clone)]
+pub struct TensorData(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Mapped { map: Arc<Mmap>, start: usize, len: usize },
+    Owned(Arc<[u8]>),
+}
+
+impl TensorData {
+    /// A window of a memory map; the caller has checked `start + len` lies
+    /// inside it.
+    pub(crate) fn mapped(map: Arc<Mmap>, start: usize, len: usize) -> Self {
+        debug_assert!(start + len <= map.len());
+        TensorData(Repr::Mapped { map, start, len })
+    }
+
+    pub fn owned(bytes: Vec<u8>) -> Self {
+        TensorData(Repr::Owned(bytes.into()))
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Mapped { map, start, len } => &map[*start..*start + *len],
+            Repr::Owned(b) => b,
+        }
+    }
+
+    /// True if the bytes live in a file mapping rather than on the heap.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.0, Repr::Mapped { .. })
+    }
+}
+
+impl std::fmt::Debug for TensorData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TensorData({} bytes, {})", self.bytes().len(), if self.is_mapped() { "mapped" } else { "owned" })
+    }
+}
+
+/// A named tensor: GGML type, GGML-order dims (`dims[0]` contiguous), bytes.
+#[derive(Clone, Debug)]
+pub struct TensorView {
+    pub name: String,
+    pub ty: GgmlType,
+    pub dims: Vec<usize>,
+    pub data: TensorData,
+}
+
+impl TensorView {
+    pub fn n_elements(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    /// For a 2-D weight: (rows, cols) = (dims[1], dims[0]).
+    pub fn rows_cols(&self) -> (usize, usize) {
+        match self.dims.as_slice() {
+            [c] => (1, *c),
+            [c, r, ..] => (*r, *c),
+            [] => (0, 0),
+        }
+    }
+}
