@@ -98,7 +98,6 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         }
         (None, None) => bail!("give a prompt with --prompt or --prompt-file"),
     };
-    let engine = load(&a.common, a.ctx)?;
     let params = GenerateParams {
         max_tokens: a.n_predict,
         sampler: SamplerParams {
@@ -113,6 +112,9 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         stop: a.stop.clone(),
         add_bos: None,
     };
+    // Argument errors before the (slower) model load.
+    params.sampler.validate()?;
+    let engine = load(&a.common, a.ctx)?;
     let mut session = engine.model.new_session();
     let stream = !a.common.json;
     let mut stdout = std::io::stdout().lock();

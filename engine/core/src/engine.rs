@@ -33,17 +33,19 @@ impl Engine {
         if !path.exists() {
             return Err(Error::io(path, std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory")));
         }
-        let (loader, tokenizer): (Box<dyn Loader>, Tokenizer) = if is_safetensors(path) {
+        // Weights first: a malformed model is reported before its tokenizer.
+        let (loader, model, tokenizer) = if is_safetensors(path) {
             let st = SafetensorsModel::open(path)?;
-            let dir = if path.is_dir() { path.to_path_buf() } else { path.parent().unwrap_or(Path::new(".")).to_path_buf() };
+            let model = Model::load(&st, registry, options)?;
+            let dir = if path.is_dir() { path } else { path.parent().unwrap_or(Path::new(".")) };
             let tok = Tokenizer::from_json_file(&dir.join("tokenizer.json"))?;
-            (Box::new(st), tok)
+            (Box::new(st) as Box<dyn Loader>, model, tok)
         } else {
             let g = GgufFile::open(path)?;
+            let model = Model::load(&g, registry, options)?;
             let tok = Tokenizer::from_gguf(&g)?;
-            (Box::new(g), tok)
+            (Box::new(g) as Box<dyn Loader>, model, tok)
         };
-        let model = Model::load(loader.as_ref(), registry, options)?;
         if tokenizer.vocab_size() > model.config.vocab_size {
             return Err(Error::Tokenizer(format!(
                 "{}: tokenizer has {} tokens but the model's vocabulary is {}",

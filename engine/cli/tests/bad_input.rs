@@ -1,0 +1,223 @@
+//! Bad input never panics: each case exits non-zero with a message on
+//! stderr naming the file, tensor or key at fault.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A tiny GGUF writer: metadata (key, type id, encoded value) and F32
+/// tensors (name, GGML dims).
+struct Gguf {
+    kv: Vec<(String, u32, Vec<u8>)>,
+    tensors: Vec<(String, Vec<u64>, u32)>,
+}
+
+fn s(v: &str) -> Vec<u8> {
+    let mut b = (v.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(v.as_bytes());
+    b
+}
+
+impl Gguf {
+    /// A structurally valid one-layer llama with F32 weights.
+    fn tiny_llama() -> Self {
+        let u32v = |x: u32| x.to_le_bytes().to_vec();
+        let kv = vec![
+            ("general.architecture".into(), 8, s("llama")),
+            ("llama.block_count".into(), 4, u32v(1)),
+            ("llama.context_length".into(), 4, u32v(64)),
+            ("llama.embedding_length".into(), 4, u32v(32)),
+            ("llama.feed_forward_length".into(), 4, u32v(64)),
+            ("llama.attention.head_count".into(), 4, u32v(2)),
+            ("llama.attention.head_count_kv".into(), 4, u32v(1)),
+            ("llama.attention.layer_norm_rms_epsilon".into(), 6, 1e-5f32.to_le_bytes().to_vec()),
+            ("llama.vocab_size".into(), 4, u32v(32)),
+        ];
+        let t = |n: &str, d: &[u64]| (n.to_string(), d.to_vec(), 0u32);
+        let tensors = vec![
+            t("token_embd.weight", &[32, 32]),
+            t("blk.0.attn_norm.weight", &[32]),
+            t("blk.0.attn_q.weight", &[32, 32]),
+            t("blk.0.attn_k.weight", &[32, 16]),
+            t("blk.0.attn_v.weight", &[32, 16]),
+            t("blk.0.attn_output.weight", &[32, 32]),
+            t("blk.0.ffn_norm.weight", &[32]),
+            t("blk.0.ffn_gate.weight", &[32, 64]),
+            t("blk.0.ffn_up.weight", &[32, 64]),
+            t("blk.0.ffn_down.weight", &[64, 32]),
+            t("output_norm.weight", &[32]),
+        ];
+        Gguf { kv, tensors }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        b.extend_from_slice(&(self.kv.len() as u64).to_le_bytes());
+        for (k, ty, v) in &self.kv {
+            b.extend_from_slice(&s(k));
+            b.extend_from_slice(&ty.to_le_bytes());
+            b.extend_from_slice(v);
+        }
+        let mut offset = 0u64;
+        for (name, dims, ty) in &self.tensors {
+            b.extend_from_slice(&s(name));
+            b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+            for d in dims {
+                b.extend_from_slice(&d.to_le_bytes());
+            }
+            b.extend_from_slice(&ty.to_le_bytes());
+            b.extend_from_slice(&offset.to_le_bytes());
+            offset += (dims.iter().product::<u64>() * 4).div_ceil(32) * 32;
+        }
+        while b.len() % 32 != 0 {
+            b.push(0);
+        }
+        b.resize(b.len() + offset as usize, 0);
+        b
+    }
+
+    fn write(&self, dir: &Path, name: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, self.bytes()).unwrap();
+        p
+    }
+}
+
+/// Runs `spinfer args...`, asserts failure without a panic, returns stderr.
+fn fails(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_spinfer")).args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "spinfer {args:?} succeeded; stderr: {stderr}");
+    assert_eq!(out.status.code(), Some(1), "spinfer {args:?} should exit 1 (101 = panic); stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "spinfer {args:?} panicked: {stderr}");
+    stderr
+}
+
+fn generate(model: &Path) -> String {
+    fails(&["generate", "-m", model.to_str().unwrap(), "-p", "hi", "-n", "1", "--quiet"])
+}
+
+fn assert_mentions(stderr: &str, parts: &[&str]) {
+    for p in parts {
+        assert!(stderr.contains(p), "stderr should mention {p:?}: {stderr}");
+    }
+}
+
+#[test]
+fn truncated_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = Gguf::tiny_llama().bytes();
+    for cut in [10, 200, bytes.len() - 100] {
+        let p = dir.path().join(format!("cut{cut}.gguf"));
+        std::fs::write(&p, &bytes[..cut]).unwrap();
+        let e = generate(&p);
+        assert_mentions(&e, &[p.to_str().unwrap()]);
+        assert!(e.contains("truncated") || e.contains("past the end"), "{e}");
+    }
+}
+
+#[test]
+fn wrong_magic() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("model.gguf");
+    let mut b = Gguf::tiny_llama().bytes();
+    b[..4].copy_from_slice(b"GGML");
+    std::fs::write(&p, b).unwrap();
+    assert_mentions(&generate(&p), &["model.gguf", "not a GGUF file"]);
+}
+
+#[test]
+fn unknown_tensor_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut g = Gguf::tiny_llama();
+    g.tensors[2].2 = 99;
+    let p = g.write(dir.path(), "m.gguf");
+    assert_mentions(&generate(&p), &["m.gguf", "blk.0.attn_q.weight", "#99"]);
+}
+
+#[test]
+fn offset_past_end_of_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = Gguf::tiny_llama().bytes();
+    // Drop the last tensor's data: its offset now points past the end.
+    b.truncate(b.len() - 128);
+    let p = dir.path().join("short.gguf");
+    std::fs::write(&p, b).unwrap();
+    assert_mentions(&generate(&p), &["short.gguf", "output_norm.weight", "past the end"]);
+}
+
+#[test]
+fn missing_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut g = Gguf::tiny_llama();
+    g.tensors.retain(|t| t.0 != "blk.0.ffn_up.weight");
+    let p = g.write(dir.path(), "m.gguf");
+    assert_mentions(&generate(&p), &["m.gguf", "blk.0.ffn_up.weight", "not found"]);
+}
+
+#[test]
+fn shape_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut g = Gguf::tiny_llama();
+    g.tensors[8].1 = vec![32, 48];
+    let p = g.write(dir.path(), "m.gguf");
+    assert_mentions(&generate(&p), &["m.gguf", "blk.0.ffn_up.weight", "[32, 48]", "[32, 64]"]);
+}
+
+#[test]
+fn unsupported_architecture() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut g = Gguf::tiny_llama();
+    g.kv[0].2 = s("mamba");
+    let p = g.write(dir.path(), "m.gguf");
+    assert_mentions(&generate(&p), &["m.gguf", "unsupported architecture 'mamba'"]);
+}
+
+#[test]
+fn missing_metadata_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut g = Gguf::tiny_llama();
+    g.kv.retain(|k| k.0 != "llama.block_count");
+    let p = g.write(dir.path(), "m.gguf");
+    assert_mentions(&generate(&p), &["m.gguf", "llama.block_count", "missing"]);
+}
+
+#[test]
+fn missing_model_file() {
+    let e = generate(Path::new("/nonexistent/model.gguf"));
+    assert_mentions(&e, &["/nonexistent/model.gguf", "no such file"]);
+}
+
+#[test]
+fn non_utf8_prompt_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompt = dir.path().join("prompt.txt");
+    std::fs::write(&prompt, b"caf\xe9 au lait").unwrap();
+    let model = Gguf::tiny_llama().write(dir.path(), "m.gguf");
+    let e = fails(&["generate", "-m", model.to_str().unwrap(), "-f", prompt.to_str().unwrap(), "--quiet"]);
+    assert_mentions(&e, &["prompt.txt", "not valid UTF-8"]);
+}
+
+#[test]
+fn context_overflow() {
+    let model = std::env::var_os("SPINFER_MODEL").map(PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    });
+    if !model.exists() {
+        assert!(std::env::var_os("CI").is_none(), "model missing in CI");
+        eprintln!("skipping: {} not found", model.display());
+        return;
+    }
+    let long = "word ".repeat(100);
+    let e = fails(&["generate", "-m", model.to_str().unwrap(), "-p", &long, "-c", "16", "-n", "4", "--quiet"]);
+    assert_mentions(&e, &["context overflow", "16"]);
+}
+
+#[test]
+fn bad_sampling_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Gguf::tiny_llama().write(dir.path(), "m.gguf");
+    let e = fails(&["generate", "-m", model.to_str().unwrap(), "-p", "x", "--top-p", "0", "--quiet"]);
+    assert_mentions(&e, &["top-p"]);
+}
