@@ -1,0 +1,149 @@
+//! Hugging Face `tokenizer.json` through the `tokenizers` crate.
+
+use std::path::Path;
+use std::str::FromStr;
+
+use serde_json::Value as Json;
+
+use super::{EOG_NAMES, bpe, spm};
+use crate::{Error, Result};
+
+pub(crate) struct Hf {
+    tk: tokenizers::Tokenizer,
+    /// The file has a post-processor (it adds BOS/CLS itself when asked).
+    has_post_processor: bool,
+}
+
+/// What [`load`] reads.
+pub(crate) struct Loaded {
+    pub tokenizer: Hf,
+    pub kind: String,
+    pub bytes: Vec<Vec<u8>>,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub eog: Vec<u32>,
+    pub add_bos: bool,
+}
+
+fn tk_err(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Tokenizer(format!("{}: {e}", path.display()))
+}
+
+pub(crate) fn load(path: &Path) -> Result<Loaded> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let json: Json = serde_json::from_str(&text).map_err(|e| tk_err(path, format!("not valid JSON: {e}")))?;
+    let mut tk = tokenizers::Tokenizer::from_str(&text).map_err(|e| tk_err(path, e))?;
+    tk.with_padding(None);
+    tk.with_truncation(None).map_err(|e| tk_err(path, e))?;
+
+    let model = &json["model"];
+    let model_type = model["type"].as_str().unwrap_or("unknown").to_string();
+    let byte_level = contains_type(&json["decoder"], "ByteLevel");
+    let byte_fallback = model["byte_fallback"].as_bool().unwrap_or(false);
+    let word_piece = model_type == "WordPiece";
+    let added = tk.get_added_tokens_decoder();
+
+    let n = tk.get_vocab_size(true);
+    let mut bytes = Vec::with_capacity(n);
+    for id in 0..n as u32 {
+        let b = if let Some(a) = added.get(&id) {
+            a.content.as_bytes().to_vec()
+        } else if let Some(t) = tk.id_to_token(id) {
+            if byte_level {
+                bpe::byte_level_decode(&t)
+            } else if let Some(b) = spm::parse_byte_token(&t).filter(|_| byte_fallback) {
+                vec![b]
+            } else if word_piece {
+                match t.strip_prefix("##") {
+                    Some(rest) => rest.as_bytes().to_vec(),
+                    None => format!(" {t}").into_bytes(),
+                }
+            } else {
+                t.replace('▁', " ").into_bytes()
+            }
+        } else {
+            Vec::new()
+        };
+        bytes.push(b);
+    }
+
+    // BOS/EOS: tokenizer_config.json, then config.json, then common names.
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let read = |name: &str| -> Option<Json> {
+        let s = std::fs::read_to_string(dir.join(name)).ok()?;
+        serde_json::from_str(&s).ok()
+    };
+    let tcfg = read("tokenizer_config.json");
+    let cfg = read("config.json");
+    let by_name = |v: &Json| -> Option<u32> {
+        let s = v.as_str().or_else(|| v["content"].as_str())?;
+        tk.token_to_id(s)
+    };
+    let by_id = |v: &Json| -> Option<u32> {
+        let id = v.as_u64().or_else(|| v.as_array()?.first()?.as_u64())?;
+        (id < n as u64).then_some(id as u32)
+    };
+    let guess = |names: &[&str]| names.iter().find_map(|s| tk.token_to_id(s));
+    let bos = tcfg
+        .as_ref()
+        .and_then(|c| by_name(&c["bos_token"]))
+        .or_else(|| cfg.as_ref().and_then(|c| by_id(&c["bos_token_id"])))
+        .or_else(|| guess(&["<s>", "<|begin_of_text|>", "<bos>", "[CLS]"]));
+    let eos = tcfg
+        .as_ref()
+        .and_then(|c| by_name(&c["eos_token"]))
+        .or_else(|| cfg.as_ref().and_then(|c| by_id(&c["eos_token_id"])))
+        .or_else(|| guess(&["</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[SEP]"]));
+    let has_post_processor = !json["post_processor"].is_null();
+    let add_bos =
+        tcfg.as_ref().and_then(|c| c["add_bos_token"].as_bool()).unwrap_or(has_post_processor && bos.is_some());
+
+    let mut eog: Vec<u32> =
+        added.iter().filter(|(_, a)| a.special && EOG_NAMES.contains(&a.content.as_str())).map(|(&id, _)| id).collect();
+    eog.sort_unstable();
+    // config.json may list several end ids.
+    if let Some(a) = cfg.as_ref().and_then(|c| c["eos_token_id"].as_array()) {
+        eog.extend(a.iter().filter_map(|v| v.as_u64()).filter(|&v| v < n as u64).map(|v| v as u32));
+    }
+
+    Ok(Loaded {
+        tokenizer: Hf { tk, has_post_processor },
+        kind: format!("tokenizer.json ({model_type})"),
+        bytes,
+        bos,
+        eos,
+        eog,
+        add_bos,
+    })
+}
+
+/// Whether a component (or a `Sequence` of them) has the given `type`.
+fn contains_type(v: &Json, ty: &str) -> bool {
+    match v {
+        Json::Object(o) => {
+            o.get("type").and_then(Json::as_str) == Some(ty)
+                || o.values().any(|x| matches!(x, Json::Array(_)) && contains_type(x, ty))
+        }
+        Json::Array(a) => a.iter().any(|x| contains_type(x, ty)),
+        _ => false,
+    }
+}
+
+impl Hf {
+    pub(crate) fn encode(&self, text: &str, add_bos: bool, bos: Option<u32>) -> Result<Vec<u32>> {
+        let enc = self
+            .tk
+            .encode_fast(text, add_bos && self.has_post_processor)
+            .map_err(|e| Error::Tokenizer(format!("encoding failed: {e}")))?;
+        let mut ids = enc.get_ids().to_vec();
+        if add_bos && !self.has_post_processor {
+            let b = bos.ok_or_else(|| Error::Tokenizer("BOS requested but the vocabulary has no bos token".into()))?;
+            ids.insert(0, b);
+        }
+        Ok(ids)
+    }
+
+    pub(crate) fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tk.decode(ids, false).map_err(|e| Error::Tokenizer(format!("decoding failed: {e}")))
+    }
+}
