@@ -1,0 +1,751 @@
+//! Export of a GGUF model as a Hugging Face checkpoint: `model.safetensors`
+//! (HF names, `[rows, cols]` shapes, dequantised to F32 or BF16),
+//! `config.json`, `tokenizer.json` and `tokenizer_config.json`.
+//!
+//! llama.cpp's converter permutes the q/k rows of llama-architecture models
+//! so that RoPE can rotate adjacent pairs; the export undoes that, so the
+//! result is a genuine HF checkpoint for `rotate_half` (NeoX) RoPE. Qwen2
+//! GGUFs are not permuted and are exported as they are.
+//!
+//! The weights file is written tensor by tensor (one dequantised tensor in
+//! memory at a time) to a `.partial` file that is renamed when complete.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use serde::Serialize;
+use serde::ser::SerializeMap;
+use serde_json::{Value, json};
+use spinfer_kernels::dequant::dequantize_row;
+
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::model::{Arch, ModelConfig};
+use crate::safetensors::canonical_to_hf;
+use crate::tensor::TensorView;
+use crate::{Error, Result};
+
+/// Element type of the exported weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutDType {
+    F32,
+    BF16,
+}
+
+impl OutDType {
+    /// The safetensors dtype name.
+    pub fn name(self) -> &'static str {
+        match self {
+            OutDType::F32 => "F32",
+            OutDType::BF16 => "BF16",
+        }
+    }
+
+    fn torch_name(self) -> &'static str {
+        match self {
+            OutDType::F32 => "float32",
+            OutDType::BF16 => "bfloat16",
+        }
+    }
+
+    fn size(self) -> usize {
+        match self {
+            OutDType::F32 => 4,
+            OutDType::BF16 => 2,
+        }
+    }
+}
+
+/// One tensor of the export.
+struct Planned<'a> {
+    info: &'a TensorInfo,
+    hf_name: String,
+    /// HF (row-major) shape: the GGUF dims reversed.
+    shape: Vec<usize>,
+    /// Head count to un-permute the rows by (llama q/k).
+    unpermute_heads: Option<usize>,
+}
+
+/// Converts `src` into an HF checkpoint in `out_dir` (created if needed):
+/// `model.safetensors`, `config.json`, `tokenizer.json`,
+/// `tokenizer_config.json`. `progress(done, total)` is called after each
+/// tensor (and once with `done = 0`).
+///
+/// Fails before writing anything if the architecture, a tensor or the
+/// tokenizer model has no HF equivalent.
+pub fn gguf_to_safetensors(
+    src: &GgufFile,
+    out_dir: &Path,
+    dtype: OutDType,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<()> {
+    let cfg = ModelConfig::from_gguf(src)?;
+    let tokenizer = tokenizer_json(src)?;
+    let tokenizer_config = tokenizer_config_json(src, &cfg)?;
+    let plan = plan(src, &cfg)?;
+    std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
+
+    let weights = out_dir.join("model.safetensors");
+    let partial = out_dir.join("model.safetensors.partial");
+    if let Err(e) = write_weights(src, &plan, &partial, dtype, progress) {
+        // Best effort: the error being reported matters more.
+        let _ = std::fs::remove_file(&partial);
+        return Err(e);
+    }
+    std::fs::rename(&partial, &weights).map_err(|e| Error::io(&weights, e))?;
+
+    write_file(&out_dir.join("config.json"), &pretty(&config_json(src, &cfg, dtype))?)?;
+    write_file(&out_dir.join("tokenizer.json"), &tokenizer)?;
+    write_file(&out_dir.join("tokenizer_config.json"), &pretty(&tokenizer_config)?)?;
+    Ok(())
+}
+
+fn plan<'a>(src: &'a GgufFile, cfg: &ModelConfig) -> Result<Vec<Planned<'a>>> {
+    src.tensors
+        .iter()
+        .map(|info| {
+            let hf_name = canonical_to_hf(&info.name).ok_or_else(|| {
+                Error::format(
+                    src.path(),
+                    format!("tensor '{}' has no hugging face equivalent; it cannot be exported", info.name),
+                )
+            })?;
+            if info.dims.len() > 2 {
+                let d = format!(
+                    "tensor '{}' has {} dimensions; only 1-d and 2-d tensors can be exported",
+                    info.name,
+                    info.dims.len()
+                );
+                return Err(Error::format(src.path(), d));
+            }
+            let is = |suffixes: [&str; 2]| suffixes.iter().any(|s| info.name.ends_with(s));
+            let unpermute_heads = match cfg.arch {
+                Arch::Llama if is([".attn_q.weight", ".attn_q.bias"]) => Some(cfg.n_heads),
+                Arch::Llama if is([".attn_k.weight", ".attn_k.bias"]) => Some(cfg.n_kv_heads),
+                _ => None,
+            };
+            let shape: Vec<usize> = info.dims.iter().rev().copied().collect();
+            if let Some(h) = unpermute_heads.filter(|&h| h == 0 || !shape[0].is_multiple_of(2 * h)) {
+                let d =
+                    format!("tensor '{}' has {} rows, which do not split into {h} heads of pairs", info.name, shape[0]);
+                return Err(Error::format(src.path(), d));
+            }
+            Ok(Planned { info, hf_name, shape, unpermute_heads })
+        })
+        .collect()
+}
+
+fn write_weights(
+    src: &GgufFile,
+    plan: &[Planned],
+    path: &Path,
+    dtype: OutDType,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<()> {
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), json!({ "format": "pt" }));
+    let mut offset = 0usize;
+    for p in plan {
+        let len = p.shape.iter().product::<usize>() * dtype.size();
+        header.insert(
+            p.hf_name.clone(),
+            json!({ "dtype": dtype.name(), "shape": p.shape, "data_offsets": [offset, offset + len] }),
+        );
+        offset += len;
+    }
+    let mut header = serde_json::to_vec(&header).map_err(|e| Error::format(path, format!("header: {e}")))?;
+    // Pad with spaces so that tensor data starts 8-byte aligned.
+    header.resize(header.len().next_multiple_of(8), b' ');
+
+    let io = |e| Error::io(path, e);
+    let mut w = BufWriter::with_capacity(1 << 20, File::create(path).map_err(io)?);
+    w.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
+    w.write_all(&header).map_err(io)?;
+    progress(0, plan.len());
+    let mut buf = Vec::new();
+    for (i, p) in plan.iter().enumerate() {
+        let t = src.tensor(&p.info.name)?;
+        let mut vals = dequantize(src.path(), &t)?;
+        if let Some(heads) = p.unpermute_heads {
+            let rows = p.shape[0];
+            vals = unpermute_rows(&vals, rows, vals.len() / rows, heads);
+        }
+        for chunk in vals.chunks(1 << 16) {
+            buf.clear();
+            match dtype {
+                OutDType::F32 => chunk.iter().for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
+                OutDType::BF16 => {
+                    chunk.iter().for_each(|x| buf.extend_from_slice(&half::bf16::from_f32(*x).to_le_bytes()))
+                }
+            }
+            w.write_all(&buf).map_err(io)?;
+        }
+        progress(i + 1, plan.len());
+    }
+    w.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)
+}
+
+/// A tensor's elements as f32, rows dequantised on all cores.
+fn dequantize(path: &Path, t: &TensorView) -> Result<Vec<f32>> {
+    let cols = t.dims.first().copied().unwrap_or(1);
+    let n = t.n_elements();
+    let mut out = vec![0f32; n];
+    if n == 0 {
+        return Ok(out);
+    }
+    let rows = n / cols;
+    let type_err = |detail: String| Error::TensorType {
+        path: path.to_path_buf(),
+        tensor: t.name.clone(),
+        ty: t.ty.name().into(),
+        what: format!("cannot be dequantised: {detail}"),
+    };
+    let row_bytes = t.ty.row_bytes(cols).map_err(|e| type_err(e.to_string()))?;
+    let bytes = t.data.bytes();
+    if bytes.len() != rows * row_bytes {
+        return Err(type_err(format!("{} bytes for {rows} rows of {row_bytes}", bytes.len())));
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(rows.div_ceil(64)).max(1);
+    let rows_per = rows.div_ceil(threads);
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = out
+            .chunks_mut(rows_per * cols)
+            .zip(bytes.chunks(rows_per * row_bytes))
+            .map(|(dst, src)| {
+                s.spawn(move || {
+                    dst.chunks_mut(cols).zip(src.chunks(row_bytes)).try_for_each(|(d, r)| dequantize_row(t.ty, r, d))
+                })
+            })
+            .collect();
+        jobs.into_iter().try_for_each(|j| j.join().expect("dequantisation thread panicked"))
+    })
+    .map_err(|e| type_err(e.to_string()))?;
+    Ok(out)
+}
+
+/// Undoes llama.cpp's q/k permutation of a `[rows, cols]` row-major matrix
+/// (or a bias, `cols = 1`): `permute(w, n_head)` is
+/// `w.reshape(n_head, 2, rows/n_head/2, cols).swapaxes(1, 2).reshape(rows, cols)`,
+/// so permuted row `h*hd + 2i + j` is original row `h*hd + j*hd/2 + i`.
+pub fn unpermute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> Vec<f32> {
+    assert!(n_head > 0 && rows.is_multiple_of(2 * n_head) && data.len() == rows * cols, "unpermute_rows: bad geometry");
+    let (hd, half) = (rows / n_head, rows / n_head / 2);
+    let mut out = vec![0f32; data.len()];
+    for h in 0..n_head {
+        for i in 0..half {
+            for j in 0..2 {
+                let (src, dst) = (h * hd + 2 * i + j, h * hd + j * half + i);
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+fn token_id(src: &GgufFile, key: &str) -> Option<u64> {
+    src.get(key).and_then(|v| v.as_u64()).filter(|&v| v < u64::from(u32::MAX))
+}
+
+/// HF `config.json` for `LlamaForCausalLM` / `Qwen2ForCausalLM`.
+fn config_json(src: &GgufFile, cfg: &ModelConfig, dtype: OutDType) -> Value {
+    let (arch, model_type) = match cfg.arch {
+        Arch::Llama => ("LlamaForCausalLM", "llama"),
+        Arch::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
+    };
+    let mut c = json!({
+        "architectures": [arch],
+        "model_type": model_type,
+        "hidden_size": cfg.dim,
+        "intermediate_size": cfg.ffn_dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.ctx_train,
+        "rms_norm_eps": cfg.rms_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": null,
+        "hidden_act": "silu",
+        "tie_word_embeddings": cfg.tied_embeddings,
+        "torch_dtype": dtype.torch_name(),
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": true,
+    });
+    let o = c.as_object_mut().expect("object literal");
+    match cfg.arch {
+        Arch::Llama => {
+            o.insert("attention_bias".into(), json!(cfg.qkv_bias));
+            o.insert("mlp_bias".into(), json!(false));
+        }
+        Arch::Qwen2 => {
+            o.insert("use_sliding_window".into(), json!(false));
+            o.insert("sliding_window".into(), json!(cfg.ctx_train));
+            o.insert("max_window_layers".into(), json!(cfg.n_layers));
+        }
+    }
+    for (key, gguf_key) in [
+        ("bos_token_id", "tokenizer.ggml.bos_token_id"),
+        ("eos_token_id", "tokenizer.ggml.eos_token_id"),
+        ("pad_token_id", "tokenizer.ggml.padding_token_id"),
+    ] {
+        if let Some(id) = token_id(src, gguf_key) {
+            o.insert(key.into(), json!(id));
+        }
+    }
+    c
+}
+
+/// GGUF token types that become HF added tokens (control, user-defined).
+const CONTROL: u64 = 3;
+const USER_DEFINED: u64 = 4;
+
+// Pre-tokeniser regexes (as in the HF tokenizer.json files of these models).
+const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const SUPPORTED_PRE: &str =
+    "default, gpt2, smollm, starcoder, refact, codeshell, exaone, minerva, qwen2, llama-bpe, llama3";
+
+#[derive(Serialize)]
+struct TokenizerJson<'a> {
+    version: &'static str,
+    truncation: Option<()>,
+    padding: Option<()>,
+    added_tokens: Vec<AddedToken<'a>>,
+    normalizer: Value,
+    pre_tokenizer: Value,
+    post_processor: Value,
+    decoder: Value,
+    model: BpeModel<'a>,
+}
+
+#[derive(Serialize)]
+struct AddedToken<'a> {
+    id: u32,
+    content: &'a str,
+    single_word: bool,
+    lstrip: bool,
+    rstrip: bool,
+    normalized: bool,
+    special: bool,
+}
+
+#[derive(Serialize)]
+struct BpeModel<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    dropout: Option<f32>,
+    unk_token: Option<&'a str>,
+    continuing_subword_prefix: Option<&'a str>,
+    end_of_word_suffix: Option<&'a str>,
+    fuse_unk: bool,
+    byte_fallback: bool,
+    ignore_merges: bool,
+    vocab: Vocab<'a>,
+    merges: Vec<&'a str>,
+}
+
+/// Token text -> id, serialised in id order.
+struct Vocab<'a>(Vec<(&'a str, u32)>);
+
+impl Serialize for Vocab<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (t, id) in &self.0 {
+            m.serialize_entry(t, id)?;
+        }
+        m.end()
+    }
+}
+
+/// The token types (`tokenizer.ggml.token_type`, all normal when absent).
+fn token_types(src: &GgufFile, n: usize) -> Result<Vec<u64>> {
+    let key = "tokenizer.ggml.token_type";
+    let Some(v) = src.get(key) else {
+        return Ok(vec![1; n]);
+    };
+    let a = v.as_array().ok_or_else(|| src.meta_err(key, "must be an array of integers"))?;
+    if a.len() != n {
+        return Err(src.meta_err(key, &format!("has {} entries but tokenizer.ggml.tokens has {n}", a.len())));
+    }
+    a.iter().map(|x| x.as_u64().ok_or_else(|| src.meta_err(key, "must be an array of integers"))).collect()
+}
+
+/// An HF `tokenizer.json` (byte-level BPE) equivalent to the GGUF's
+/// `tokenizer.ggml.*` metadata. Only `tokenizer.ggml.model = "gpt2"` is
+/// supported.
+pub fn tokenizer_json(src: &GgufFile) -> Result<String> {
+    let model = src.require_str("tokenizer.ggml.model")?;
+    if model != "gpt2" {
+        return Err(Error::Tokenizer(format!(
+            "{}: tokenizer export is not supported for tokenizer model '{model}' (supported: gpt2)",
+            src.path().display()
+        )));
+    }
+    let tokens =
+        src.str_array("tokenizer.ggml.tokens")?.ok_or_else(|| src.meta_err("tokenizer.ggml.tokens", "is missing"))?;
+    let merges =
+        src.str_array("tokenizer.ggml.merges")?.ok_or_else(|| src.meta_err("tokenizer.ggml.merges", "is missing"))?;
+    let types = token_types(src, tokens.len())?;
+    let pre = match src.get("tokenizer.ggml.pre") {
+        None => "default",
+        Some(_) => src.require_str("tokenizer.ggml.pre")?,
+    };
+
+    let byte_level = |trim_offsets: bool, use_regex: bool| json!({ "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": trim_offsets, "use_regex": use_regex });
+    let split =
+        |re: &str| json!({ "type": "Split", "pattern": { "Regex": re }, "behavior": "Isolated", "invert": false });
+    let (normalizer, pre_tokenizer, ignore_merges) = match pre {
+        "default" | "gpt2" => (Value::Null, byte_level(true, true), false),
+        "smollm" | "starcoder" | "refact" | "codeshell" | "exaone" | "minerva" => {
+            let digits = json!({ "type": "Digits", "individual_digits": true });
+            (Value::Null, json!({ "type": "Sequence", "pretokenizers": [digits, byte_level(true, true)] }), false)
+        }
+        "qwen2" => {
+            let seq = json!({ "type": "Sequence", "pretokenizers": [split(QWEN2), byte_level(false, false)] });
+            (json!({ "type": "NFC" }), seq, false)
+        }
+        "llama-bpe" | "llama3" => (
+            Value::Null,
+            json!({ "type": "Sequence", "pretokenizers": [split(LLAMA3), byte_level(true, false)] }),
+            true,
+        ),
+        other => {
+            let d = format!(
+                "names pre-tokenizer '{other}', which tokenizer export does not support (supported: {SUPPORTED_PRE})"
+            );
+            return Err(src.meta_err("tokenizer.ggml.pre", &d));
+        }
+    };
+
+    let bos = token_id(src, "tokenizer.ggml.bos_token_id").filter(|&b| (b as usize) < tokens.len());
+    let add_bos = src.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false);
+    let post_processor = match bos.filter(|_| add_bos) {
+        None => Value::Null,
+        Some(id) => {
+            let b = tokens[id as usize];
+            json!({
+                "type": "TemplateProcessing",
+                "single": [{ "SpecialToken": { "id": b, "type_id": 0 } }, { "Sequence": { "id": "A", "type_id": 0 } }],
+                "pair": [
+                    { "SpecialToken": { "id": b, "type_id": 0 } }, { "Sequence": { "id": "A", "type_id": 0 } },
+                    { "SpecialToken": { "id": b, "type_id": 1 } }, { "Sequence": { "id": "B", "type_id": 1 } }
+                ],
+                "special_tokens": { b: { "id": b, "ids": [id], "tokens": [b] } }
+            })
+        }
+    };
+
+    let mut seen = HashSet::with_capacity(tokens.len());
+    let mut vocab = Vec::with_capacity(tokens.len());
+    for (id, t) in tokens.iter().enumerate() {
+        if seen.insert(*t) {
+            vocab.push((*t, id as u32));
+        } else {
+            tracing::warn!(
+                "{}: token {id} '{t}' repeats an earlier token; tokenizer.json keeps the first",
+                src.path().display()
+            );
+        }
+    }
+    let added_tokens = (0..tokens.len())
+        .filter(|&i| matches!(types[i], CONTROL | USER_DEFINED))
+        .map(|i| AddedToken {
+            id: i as u32,
+            content: tokens[i],
+            single_word: false,
+            lstrip: false,
+            rstrip: false,
+            normalized: false,
+            special: types[i] == CONTROL,
+        })
+        .collect();
+    let tj = TokenizerJson {
+        version: "1.0",
+        truncation: None,
+        padding: None,
+        added_tokens,
+        normalizer,
+        pre_tokenizer,
+        post_processor,
+        decoder: json!({ "type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true }),
+        model: BpeModel {
+            kind: "BPE",
+            dropout: None,
+            unk_token: None,
+            continuing_subword_prefix: None,
+            end_of_word_suffix: None,
+            fuse_unk: false,
+            byte_fallback: false,
+            ignore_merges,
+            vocab: Vocab(vocab),
+            merges,
+        },
+    };
+    pretty(&tj)
+}
+
+/// `tokenizer_config.json`: special tokens, BOS policy, chat template.
+fn tokenizer_config_json(src: &GgufFile, cfg: &ModelConfig) -> Result<Value> {
+    let tokens = src.str_array("tokenizer.ggml.tokens")?.unwrap_or_default();
+    let mut c = serde_json::Map::new();
+    let add_bos = src.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false);
+    c.insert("add_bos_token".into(), json!(add_bos));
+    c.insert("add_eos_token".into(), json!(false));
+    for (key, gguf_key) in [
+        ("bos_token", "tokenizer.ggml.bos_token_id"),
+        ("eos_token", "tokenizer.ggml.eos_token_id"),
+        ("pad_token", "tokenizer.ggml.padding_token_id"),
+        ("unk_token", "tokenizer.ggml.unknown_token_id"),
+    ] {
+        if let Some(t) = token_id(src, gguf_key).and_then(|id| tokens.get(id as usize)) {
+            c.insert(key.into(), json!(t));
+        }
+    }
+    if let Some(t) = src.get("tokenizer.chat_template").and_then(|v| v.as_str()) {
+        c.insert("chat_template".into(), json!(t));
+    }
+    c.insert("clean_up_tokenization_spaces".into(), json!(false));
+    c.insert("model_max_length".into(), json!(cfg.ctx_train));
+    c.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));
+    Ok(Value::Object(c))
+}
+
+fn pretty<T: Serialize>(v: &T) -> Result<String> {
+    serde_json::to_string_pretty(v).map_err(|e| Error::InvalidArgument(format!("json serialisation failed: {e}")))
+}
+
+fn write_file(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|e| Error::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loader::Loader;
+    use crate::safetensors::SafetensorsModel;
+
+    enum Kv {
+        Str(&'static str),
+        U32(u32),
+        F32(f32),
+        Bool(bool),
+        Strs(Vec<&'static str>),
+        I32s(Vec<i32>),
+    }
+
+    /// A GGUF v3 file with F32 tensors.
+    fn gguf(kv: &[(String, Kv)], tensors: &[(&str, Vec<u64>, Vec<f32>)]) -> Vec<u8> {
+        let s = |b: &mut Vec<u8>, s: &str| {
+            b.extend_from_slice(&(s.len() as u64).to_le_bytes());
+            b.extend_from_slice(s.as_bytes());
+        };
+        let mut b = b"GGUF".to_vec();
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+        b.extend_from_slice(&(kv.len() as u64).to_le_bytes());
+        for (k, v) in kv {
+            s(&mut b, k);
+            let (ty, body): (u32, Vec<u8>) = match v {
+                Kv::Str(x) => (8, [&(x.len() as u64).to_le_bytes()[..], x.as_bytes()].concat()),
+                Kv::U32(x) => (4, x.to_le_bytes().to_vec()),
+                Kv::F32(x) => (6, x.to_le_bytes().to_vec()),
+                Kv::Bool(x) => (7, vec![u8::from(*x)]),
+                Kv::Strs(xs) => {
+                    let mut a = [8u32.to_le_bytes().to_vec(), (xs.len() as u64).to_le_bytes().to_vec()].concat();
+                    xs.iter().for_each(|x| s(&mut a, x));
+                    (9, a)
+                }
+                Kv::I32s(xs) => {
+                    let mut a = [5u32.to_le_bytes().to_vec(), (xs.len() as u64).to_le_bytes().to_vec()].concat();
+                    xs.iter().for_each(|x| a.extend_from_slice(&x.to_le_bytes()));
+                    (9, a)
+                }
+            };
+            b.extend_from_slice(&ty.to_le_bytes());
+            b.extend(body);
+        }
+        let mut off = 0u64;
+        for (name, dims, data) in tensors {
+            s(&mut b, name);
+            b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+            dims.iter().for_each(|d| b.extend_from_slice(&d.to_le_bytes()));
+            b.extend_from_slice(&0u32.to_le_bytes());
+            b.extend_from_slice(&off.to_le_bytes());
+            off += (data.len() as u64 * 4).next_multiple_of(32);
+        }
+        for (_, _, data) in tensors {
+            b.resize(b.len().next_multiple_of(32), 0);
+            data.iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
+        }
+        b
+    }
+
+    fn vals(n: usize, seed: usize) -> Vec<f32> {
+        (0..n).map(|i| ((i * 7 + seed * 13) % 23) as f32 * 0.37 - 3.1).collect()
+    }
+
+    const TOKENS: [&str; 10] = ["<|endoftext|>", "a", "b", "Ġ", "ab", "Ġa", "Ġab", "1", "2", "12"];
+
+    /// A one-layer model (hidden 8, 2 heads, 1 kv head, ffn 16, vocab 10)
+    /// with a byte-level BPE vocabulary; qwen2 gets q/k/v biases.
+    fn tiny_gguf(arch: &'static str, tok_model: &'static str) -> tempfile::NamedTempFile {
+        let a = |k: &str| format!("{arch}.{k}");
+        let kv = [
+            ("general.architecture".into(), Kv::Str(arch)),
+            (a("block_count"), Kv::U32(1)),
+            (a("context_length"), Kv::U32(64)),
+            (a("embedding_length"), Kv::U32(8)),
+            (a("feed_forward_length"), Kv::U32(16)),
+            (a("attention.head_count"), Kv::U32(2)),
+            (a("attention.head_count_kv"), Kv::U32(1)),
+            (a("rope.freq_base"), Kv::F32(100000.0)),
+            (a("attention.layer_norm_rms_epsilon"), Kv::F32(1e-5)),
+            ("tokenizer.ggml.model".into(), Kv::Str(tok_model)),
+            ("tokenizer.ggml.pre".into(), Kv::Str("smollm")),
+            ("tokenizer.ggml.tokens".into(), Kv::Strs(TOKENS.to_vec())),
+            ("tokenizer.ggml.token_type".into(), Kv::I32s(vec![3, 1, 1, 1, 1, 1, 1, 1, 1, 1])),
+            ("tokenizer.ggml.merges".into(), Kv::Strs(vec!["a b", "Ġ a", "Ġ ab", "1 2"])),
+            ("tokenizer.ggml.bos_token_id".into(), Kv::U32(0)),
+            ("tokenizer.ggml.eos_token_id".into(), Kv::U32(0)),
+            ("tokenizer.ggml.add_bos_token".into(), Kv::Bool(false)),
+        ];
+        let t = |name: &'static str, dims: Vec<u64>, seed| {
+            let n = dims.iter().product::<u64>() as usize;
+            (name, dims, vals(n, seed))
+        };
+        let mut tensors = vec![
+            t("token_embd.weight", vec![8, 10], 0),
+            t("blk.0.attn_norm.weight", vec![8], 1),
+            t("blk.0.attn_q.weight", vec![8, 8], 2),
+            t("blk.0.attn_k.weight", vec![8, 4], 3),
+            t("blk.0.attn_v.weight", vec![8, 4], 4),
+            t("blk.0.attn_output.weight", vec![8, 8], 5),
+            t("blk.0.ffn_norm.weight", vec![8], 6),
+            t("blk.0.ffn_gate.weight", vec![8, 16], 7),
+            t("blk.0.ffn_up.weight", vec![8, 16], 8),
+            t("blk.0.ffn_down.weight", vec![16, 8], 9),
+            t("output_norm.weight", vec![8], 10),
+        ];
+        if arch == "qwen2" {
+            tensors.push(t("blk.0.attn_q.bias", vec![8], 11));
+            tensors.push(t("blk.0.attn_k.bias", vec![4], 12));
+            tensors.push(t("blk.0.attn_v.bias", vec![4], 13));
+        }
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), gguf(&kv, &tensors)).unwrap();
+        f
+    }
+
+    fn f32_of(t: &TensorView) -> Vec<f32> {
+        dequantize(Path::new("x"), t).unwrap()
+    }
+
+    #[test]
+    fn unpermute_inverts_llama_cpp_permute() {
+        // numpy: permute(arange(6)[:, None], 1) = [0, 3, 1, 4, 2, 5].
+        assert_eq!(unpermute_rows(&[0., 3., 1., 4., 2., 5.], 6, 1, 1), [0., 1., 2., 3., 4., 5.]);
+        // Two heads of four rows, two columns.
+        let p = [0., 0., 2., 2., 1., 1., 3., 3., 4., 4., 6., 6., 5., 5., 7., 7.];
+        let want: Vec<f32> = (0..8).flat_map(|i| [i as f32; 2]).collect();
+        assert_eq!(unpermute_rows(&p, 8, 2, 2), want);
+    }
+
+    #[test]
+    fn tiny_round_trip() {
+        for (arch, n_tensors) in [("llama", 11), ("qwen2", 14)] {
+            let f = tiny_gguf(arch, "gpt2");
+            let g = GgufFile::open(f.path()).unwrap();
+            for dtype in [OutDType::F32, OutDType::BF16] {
+                let dir = tempfile::tempdir().unwrap();
+                let mut calls = Vec::new();
+                gguf_to_safetensors(&g, dir.path(), dtype, &mut |d, n| calls.push((d, n))).unwrap();
+                assert_eq!((calls.first(), calls.last()), (Some(&(0, n_tensors)), Some(&(n_tensors, n_tensors))));
+                check_export(&g, dir.path(), dtype);
+            }
+        }
+    }
+
+    /// The export in `dir` reopens with `g`'s config and (un-permuted,
+    /// rounded) weights and tokenises as `g`'s vocabulary does.
+    fn check_export(g: &GgufFile, dir: &Path, dtype: OutDType) {
+        let st = SafetensorsModel::open(dir).unwrap();
+        let mut want = g.config().unwrap();
+        let llama = want.arch == Arch::Llama;
+        want.rope_style = crate::model::RopeStyle::NeoX;
+        assert_eq!(st.config().unwrap(), want);
+        assert_eq!(st.tensor_names().len(), g.tensors.len());
+        for info in &g.tensors {
+            let (a, b) = (g.tensor(&info.name).unwrap(), st.tensor(&info.name).unwrap());
+            assert_eq!(a.dims, b.dims, "{}", info.name);
+            let (mut a, b) = (f32_of(&a), f32_of(&b));
+            let heads = if info.name.contains("attn_q") { 2 } else { 1 };
+            if llama && (info.name.contains("attn_q") || info.name.contains("attn_k")) {
+                let (rows, cols) = match info.dims[..] {
+                    [n] => (n, 1),
+                    [c, r] => (r, c),
+                    _ => unreachable!(),
+                };
+                let unpermuted = unpermute_rows(&a, rows, cols, heads);
+                assert_ne!(a, unpermuted, "{}", info.name);
+                a = unpermuted;
+            }
+            let round = |x: f32| {
+                if dtype == OutDType::BF16 { half::bf16::from_f32(x).to_f32() } else { x }
+            };
+            assert_eq!(a.into_iter().map(round).collect::<Vec<_>>(), b, "{}", info.name);
+        }
+        let cfg: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        assert_eq!(cfg["torch_dtype"], if dtype == OutDType::F32 { "float32" } else { "bfloat16" });
+        assert_eq!(cfg["architectures"][0], if llama { "LlamaForCausalLM" } else { "Qwen2ForCausalLM" });
+
+        let text = "ab ab12<|endoftext|>b";
+        let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+        let ids = tok.encode(text, false).unwrap().get_ids().to_vec();
+        assert_eq!(ids, [4, 6, 7, 8, 0, 2]);
+        let gguf_tok = crate::tokenizer::Tokenizer::from_gguf(g).unwrap();
+        assert_eq!(gguf_tok.encode(text, false).unwrap(), ids);
+        let ours = crate::tokenizer::Tokenizer::from_json_file(&dir.join("tokenizer.json")).unwrap();
+        assert_eq!(ours.encode(text, false).unwrap(), ids);
+    }
+
+    #[test]
+    fn unsupported_inputs_fail_before_writing() {
+        let f = tiny_gguf("llama", "llama");
+        let g = GgufFile::open(f.path()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let e = gguf_to_safetensors(&g, dir.path(), OutDType::F32, &mut |_, _| {}).unwrap_err().to_string();
+        assert!(e.contains("tokenizer export is not supported for tokenizer model 'llama'"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let f = tiny_gguf("gpt2", "gpt2");
+        let e = gguf_to_safetensors(&GgufFile::open(f.path()).unwrap(), dir.path(), OutDType::F32, &mut |_, _| {});
+        assert!(e.unwrap_err().to_string().contains("unsupported architecture 'gpt2'"));
+    }
+
+    /// The tokenizer exported from the SmolLM2 GGUF matches the model's own
+    /// `tokenizer.json` (skipped when either file is absent).
+    #[test]
+    fn smollm2_tokenizer_matches_reference() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let model = root.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let reference = Path::new("/work/shared/models/smollm2-135m-instruct/tokenizer.json");
+        if !model.exists() || !reference.exists() {
+            eprintln!("skipping: {} or {} is absent", model.display(), reference.display());
+            return;
+        }
+        let ours = tokenizer_json(&GgufFile::open(&model).unwrap()).unwrap();
+        let theirs = std::fs::read_to_string(reference).unwrap();
+        let (o, t): (Value, Value) = (serde_json::from_str(&ours).unwrap(), serde_json::from_str(&theirs).unwrap());
+        for key in ["added_tokens", "normalizer", "pre_tokenizer", "post_processor", "decoder", "model"] {
+            assert_eq!(o[key], t[key], "{key}");
+        }
+        let (o, t): (tokenizers::Tokenizer, tokenizers::Tokenizer) = (ours.parse().unwrap(), theirs.parse().unwrap());
+        for text in ["Hello world! 12345", "<|im_start|>user\nWhat's 2+2?<|im_end|>", "  tabs\tand ünïcödé 日本語"]
+        {
+            assert_eq!(o.encode(text, false).unwrap().get_ids(), t.encode(text, false).unwrap().get_ids(), "{text}");
+        }
+    }
+}

@@ -1,0 +1,719 @@
+//! Hugging Face safetensors checkpoints: `config.json` plus one
+//! `model.safetensors` or a sharded `model.safetensors.index.json` with its
+//! shards, memory-mapped, tensors borrowed zero-copy.
+//!
+//! Tensors are served under their canonical GGUF names
+//! (`model.layers.3.self_attn.q_proj.weight` is `blk.3.attn_q.weight`) with
+//! GGML-order dims (an HF `[rows, cols]` tensor has dims `[cols, rows]`).
+//! HF q/k weights are in the `rotate_half` layout, so [`ModelConfig::rope_style`]
+//! is [`RopeStyle::NeoX`]. Tensor data is only guaranteed 8-byte aligned
+//! (the format's rule); consumers must not assume more.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+use spinfer_kernels::GgmlType;
+
+use crate::gguf::GgufFile;
+use crate::loader::Loader;
+use crate::model::config::SUPPORTED_ARCHS;
+use crate::model::{Arch, ModelConfig, RopeStyle};
+use crate::tensor::{TensorData, TensorView};
+use crate::{Error, Result};
+
+const SINGLE_FILE: &str = "model.safetensors";
+const INDEX_FILE: &str = "model.safetensors.index.json";
+const CONFIG_FILE: &str = "config.json";
+
+/// Top-level tensors: (HF name, canonical name).
+const GLOBAL_NAMES: [(&str, &str); 3] = [
+    ("model.embed_tokens.weight", "token_embd.weight"),
+    ("model.norm.weight", "output_norm.weight"),
+    ("lm_head.weight", "output.weight"),
+];
+
+/// Per-layer modules: (HF module under `model.layers.N.`, canonical under `blk.N.`).
+const LAYER_NAMES: [(&str, &str); 9] = [
+    ("self_attn.q_proj", "attn_q"),
+    ("self_attn.k_proj", "attn_k"),
+    ("self_attn.v_proj", "attn_v"),
+    ("self_attn.o_proj", "attn_output"),
+    ("input_layernorm", "attn_norm"),
+    ("post_attention_layernorm", "ffn_norm"),
+    ("mlp.gate_proj", "ffn_gate"),
+    ("mlp.up_proj", "ffn_up"),
+    ("mlp.down_proj", "ffn_down"),
+];
+
+/// The canonical GGUF name of an HF tensor name, if it has one.
+pub fn hf_to_canonical(name: &str) -> Option<String> {
+    if let Some((_, c)) = GLOBAL_NAMES.iter().find(|(h, _)| *h == name) {
+        return Some((*c).to_string());
+    }
+    let (layer, module, param) = split_layer_name(name, "model.layers.")?;
+    let (_, c) = LAYER_NAMES.iter().find(|(h, _)| *h == module)?;
+    Some(format!("blk.{layer}.{c}.{param}"))
+}
+
+/// The HF name of a canonical GGUF tensor name, if it has one.
+pub fn canonical_to_hf(name: &str) -> Option<String> {
+    if let Some((h, _)) = GLOBAL_NAMES.iter().find(|(_, c)| *c == name) {
+        return Some((*h).to_string());
+    }
+    let (layer, module, param) = split_layer_name(name, "blk.")?;
+    let (h, _) = LAYER_NAMES.iter().find(|(_, c)| *c == module)?;
+    Some(format!("model.layers.{layer}.{h}.{param}"))
+}
+
+/// `<prefix>N.<module>.<weight|bias>` -> (N, module, param).
+fn split_layer_name<'a>(name: &'a str, prefix: &str) -> Option<(usize, &'a str, &'a str)> {
+    let rest = name.strip_prefix(prefix)?;
+    let (num, rest) = rest.split_once('.')?;
+    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) || (num.len() > 1 && num.starts_with('0')) {
+        return None;
+    }
+    let (module, param) = rest.rsplit_once('.')?;
+    matches!(param, "weight" | "bias").then_some((num.parse().ok()?, module, param))
+}
+
+struct Shard {
+    path: PathBuf,
+    map: Arc<Mmap>,
+}
+
+struct Entry {
+    /// Name in the file.
+    hf_name: String,
+    shard: usize,
+    dtype: Dtype,
+    /// HF (row-major) shape.
+    shape: Vec<usize>,
+    /// Absolute byte range in the shard.
+    start: usize,
+    len: usize,
+}
+
+/// An opened safetensors checkpoint.
+pub struct SafetensorsModel {
+    path: PathBuf,
+    config_path: PathBuf,
+    config_json: serde_json::Map<String, Value>,
+    shards: Vec<Shard>,
+    /// Canonical name (or the HF name when there is no canonical one) -> entry.
+    tensors: HashMap<String, Entry>,
+    /// Keys of `tensors` in file order (shard by shard, by offset).
+    order: Vec<String>,
+}
+
+impl std::fmt::Debug for SafetensorsModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SafetensorsModel")
+            .field("path", &self.path)
+            .field("shards", &self.shards.len())
+            .field("tensors", &self.tensors.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SafetensorsModel {
+    /// Opens a checkpoint directory (with `config.json` and `model.safetensors`
+    /// or `model.safetensors.index.json` plus shards), a `.safetensors` file
+    /// (with `config.json` beside it) or a `*.safetensors.index.json` file.
+    /// Every file's header is validated; every tensor the index lists must be
+    /// in its shard.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let meta = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?;
+        let (dir, index) = if meta.is_dir() {
+            let (single, index) = (path.join(SINGLE_FILE), path.join(INDEX_FILE));
+            if single.is_file() {
+                (path.clone(), None)
+            } else if index.is_file() {
+                (path.clone(), Some(index))
+            } else {
+                let d = format!("directory holds neither {SINGLE_FILE} nor {INDEX_FILE}");
+                return Err(Error::format(&path, d));
+            }
+        } else {
+            let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            let is_index =
+                path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(".safetensors.index.json"));
+            (dir, is_index.then(|| path.clone()))
+        };
+
+        let config_path = dir.join(CONFIG_FILE);
+        let config_json = match read_json(&config_path)? {
+            Value::Object(m) => m,
+            _ => return Err(Error::format(&config_path, "must hold a json object")),
+        };
+
+        let mut model = Self {
+            path: path.clone(),
+            config_path,
+            config_json,
+            shards: Vec::new(),
+            tensors: HashMap::new(),
+            order: Vec::new(),
+        };
+        match index {
+            None => {
+                let file = if meta.is_dir() { path.join(SINGLE_FILE) } else { path.clone() };
+                model.add_shard(file)?;
+            }
+            Some(index) => model.add_index(&dir, &index)?,
+        }
+        Ok(model)
+    }
+
+    /// Reads an index's `weight_map`, maps every shard it names and checks
+    /// each listed tensor is in its shard.
+    fn add_index(&mut self, dir: &Path, index: &Path) -> Result<()> {
+        let json = read_json(index)?;
+        let Some(map) = json.get("weight_map").and_then(Value::as_object) else {
+            return Err(Error::format(index, "has no 'weight_map' object"));
+        };
+        let mut wanted: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (tensor, file) in map {
+            let file = file
+                .as_str()
+                .ok_or_else(|| Error::format(index, format!("weight_map entry '{tensor}' is not a file name")))?;
+            let plain = Path::new(file).components().all(|c| matches!(c, Component::Normal(_)));
+            if file.is_empty() || !plain {
+                let d = format!("weight_map entry '{tensor}' names '{file}', which is not a file inside the directory");
+                return Err(Error::format(index, d));
+            }
+            wanted.entry(file).or_default().push(tensor);
+        }
+        if wanted.is_empty() {
+            return Err(Error::format(index, "weight_map is empty"));
+        }
+        for (file, names) in wanted {
+            let shard = self.add_shard(dir.join(file))?;
+            let st_path = &self.shards[shard].path;
+            for name in names {
+                let key = hf_to_canonical(name).unwrap_or_else(|| name.to_string());
+                if !self.tensors.get(&key).is_some_and(|e| e.shard == shard && e.hf_name == name) {
+                    let d = format!(
+                        "tensor '{name}' is listed for shard '{file}' but {} does not contain it",
+                        st_path.display()
+                    );
+                    return Err(Error::format(index, d));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Maps and validates one file and records its tensors; returns its index.
+    fn add_shard(&mut self, path: PathBuf) -> Result<usize> {
+        let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
+        // SAFETY: the file is mapped read-only. The engine's invariant is that
+        // model files are not modified while loaded (as with llama.cpp and
+        // candle); a concurrent truncation would be the user's error.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
+        let (header_len, metadata) = SafeTensors::read_metadata(&map)
+            .map_err(|e| Error::format(&path, format!("invalid safetensors file: {}", lower_first(&e.to_string()))))?;
+        let data_start = 8 + header_len;
+        let shard = self.shards.len();
+        // Offset order, so that errors are deterministic.
+        let mut infos: Vec<_> = metadata.tensors().into_iter().collect();
+        infos.sort_by_key(|(_, info)| info.data_offsets);
+        for (hf_name, info) in infos {
+            let key = hf_to_canonical(&hf_name).unwrap_or_else(|| hf_name.clone());
+            let (s, e) = info.data_offsets;
+            let entry = Entry {
+                hf_name,
+                shard,
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+                start: data_start + s,
+                len: e - s,
+            };
+            if entry.start + entry.len > map.len() {
+                // read_metadata checked the offsets cover the file exactly.
+                return Err(Error::format(&path, format!("tensor '{}' lies past the end of the file", entry.hf_name)));
+            }
+            if let Some(old) = self.tensors.get(&key) {
+                let d = format!(
+                    "tensor '{}' also appears as '{}' in {}",
+                    entry.hf_name,
+                    old.hf_name,
+                    self.shards[old.shard].path.display()
+                );
+                return Err(Error::format(&path, d));
+            }
+            self.tensors.insert(key.clone(), entry);
+            self.order.push(key);
+        }
+        self.shards.push(Shard { path, map: Arc::new(map) });
+        Ok(shard)
+    }
+
+    /// The name in the file of the tensor served as `name`.
+    pub fn file_name_of(&self, name: &str) -> Option<&str> {
+        self.tensors.get(name).map(|e| e.hf_name.as_str())
+    }
+
+    /// The `config.json` this checkpoint was opened with.
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    fn cfg(&self) -> Cfg<'_> {
+        Cfg { path: &self.config_path, j: &self.config_json }
+    }
+}
+
+impl Loader for SafetensorsModel {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn config(&self) -> Result<ModelConfig> {
+        let c = self.cfg();
+        let arch_name = match c.opt_str("model_type")? {
+            Some(t) => t,
+            None => match c.get("architectures") {
+                None => return Err(c.err("model_type", "is missing (and so is 'architectures')")),
+                Some(v) => v
+                    .as_array()
+                    .and_then(|a| a.first())
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| c.err("architectures", "must be a non-empty array of strings"))?,
+            },
+        };
+        let arch = match arch_name {
+            "llama" | "mistral" | "LlamaForCausalLM" | "MistralForCausalLM" => Arch::Llama,
+            "qwen2" | "Qwen2ForCausalLM" => Arch::Qwen2,
+            other => {
+                return Err(Error::UnsupportedArch {
+                    path: self.config_path.clone(),
+                    arch: other.to_string(),
+                    supported: SUPPORTED_ARCHS,
+                });
+            }
+        };
+        let dim = c.usize("hidden_size")?;
+        let n_heads = c.usize("num_attention_heads")?;
+        let n_kv_heads = c.opt_usize("num_key_value_heads")?.unwrap_or(n_heads);
+        let head_dim = match c.opt_usize("head_dim")? {
+            Some(h) => h,
+            None => dim.checked_div(n_heads).unwrap_or(0),
+        };
+        let rope_params = c.get("rope_parameters");
+        let rope_theta = match c.opt_f64("rope_theta")? {
+            Some(t) => t,
+            None => match rope_params.and_then(|p| p.get("rope_theta")).filter(|v| !v.is_null()) {
+                Some(v) => v.as_f64().ok_or_else(|| c.err("rope_parameters.rope_theta", "must be a number"))?,
+                None => 10_000.0,
+            },
+        };
+        for (key, v) in [("rope_scaling", c.get("rope_scaling")), ("rope_parameters", rope_params)] {
+            let kind = v.and_then(|v| v.get("rope_type").or_else(|| v.get("type"))).and_then(Value::as_str);
+            if let Some(kind) = kind.filter(|k| *k != "default") {
+                tracing::warn!(
+                    key,
+                    kind,
+                    "{}: rope scaling is not implemented; positions use plain rope",
+                    self.config_path.display()
+                );
+            }
+        }
+        let tie = c.opt_bool("tie_word_embeddings")?.unwrap_or(false);
+        let cfg = ModelConfig {
+            arch,
+            n_layers: c.usize("num_hidden_layers")?,
+            dim,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ffn_dim: c.usize("intermediate_size")?,
+            vocab_size: c.usize("vocab_size")?,
+            rope_theta: rope_theta as f32,
+            rope_style: RopeStyle::NeoX,
+            rms_eps: c.f64("rms_norm_eps")? as f32,
+            ctx_train: c.usize("max_position_embeddings")?,
+            tied_embeddings: tie || !self.has_tensor("output.weight"),
+            qkv_bias: self.has_tensor("blk.0.attn_q.bias"),
+        };
+        cfg.validate().map_err(|d| Error::format(&self.config_path, d))?;
+        Ok(cfg)
+    }
+
+    fn tensor(&self, name: &str) -> Result<TensorView> {
+        let e = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| Error::MissingTensor { path: self.path.clone(), tensor: name.into() })?;
+        let shard = &self.shards[e.shard];
+        let ty = match e.dtype {
+            Dtype::F32 => GgmlType::F32,
+            Dtype::F16 => GgmlType::F16,
+            Dtype::BF16 => GgmlType::BF16,
+            other => {
+                return Err(Error::TensorType {
+                    path: shard.path.clone(),
+                    tensor: e.hf_name.clone(),
+                    ty: format!("{other:?}"),
+                    what: "is not supported (supported: F32, F16, BF16)".into(),
+                });
+            }
+        };
+        let mut dims: Vec<usize> = e.shape.iter().rev().copied().collect();
+        if dims.is_empty() {
+            dims.push(1);
+        }
+        Ok(TensorView { name: name.to_string(), ty, dims, data: TensorData::mapped(shard.map.clone(), e.start, e.len) })
+    }
+
+    fn has_tensor(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Canonical names (HF names for tensors without one), in file order.
+    fn tensor_names(&self) -> Vec<String> {
+        self.order.clone()
+    }
+
+    fn file_size(&self) -> usize {
+        self.shards.iter().map(|s| s.map.len()).sum()
+    }
+}
+
+/// Opens model weights: a directory, `.safetensors` or
+/// `.safetensors.index.json` file as a [`SafetensorsModel`], anything else as
+/// GGUF.
+pub fn open_model(path: &Path) -> Result<Box<dyn Loader>> {
+    if !path.exists() {
+        return Err(Error::io(path, std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory")));
+    }
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if path.is_dir() || name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json") {
+        Ok(Box::new(SafetensorsModel::open(path)?))
+    } else {
+        Ok(Box::new(GgufFile::open(path)?))
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::format(path, format!("invalid json: {e}")))
+}
+
+fn lower_first(s: &str) -> String {
+    let mut c = s.chars();
+    c.next().map(|f| f.to_lowercase().chain(c).collect()).unwrap_or_default()
+}
+
+/// Typed access to `config.json` keys; `null` counts as absent.
+struct Cfg<'a> {
+    path: &'a Path,
+    j: &'a serde_json::Map<String, Value>,
+}
+
+impl Cfg<'_> {
+    fn err(&self, key: &str, detail: &str) -> Error {
+        Error::Metadata { path: self.path.to_path_buf(), key: key.into(), detail: detail.into() }
+    }
+
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.j.get(key).filter(|v| !v.is_null())
+    }
+
+    fn typed<T>(&self, key: &str, what: &str, f: impl Fn(&Value) -> Option<T>) -> Result<Option<T>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => f(v).map(Some).ok_or_else(|| self.err(key, &format!("must be {what}, got {v}"))),
+        }
+    }
+
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        self.typed(key, "an unsigned integer", |v| v.as_u64().and_then(|x| usize::try_from(x).ok()))
+    }
+
+    fn usize(&self, key: &str) -> Result<usize> {
+        self.opt_usize(key)?.ok_or_else(|| self.err(key, "is missing"))
+    }
+
+    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+        self.typed(key, "a number", Value::as_f64)
+    }
+
+    fn f64(&self, key: &str) -> Result<f64> {
+        self.opt_f64(key)?.ok_or_else(|| self.err(key, "is missing"))
+    }
+
+    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        self.typed(key, "a boolean", Value::as_bool)
+    }
+
+    fn opt_str(&self, key: &str) -> Result<Option<&str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_str().map(Some).ok_or_else(|| self.err(key, &format!("must be a string, got {v}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// (HF name, dtype, shape, bytes) -> a safetensors file.
+    type T<'a> = (&'a str, &'a str, Vec<usize>, Vec<u8>);
+
+    fn st_bytes(tensors: &[T]) -> Vec<u8> {
+        let mut header = serde_json::Map::new();
+        header.insert("__metadata__".into(), json!({"format": "pt"}));
+        let mut off = 0;
+        for (name, dtype, shape, data) in tensors {
+            header.insert(
+                (*name).into(),
+                json!({"dtype": dtype, "shape": shape, "data_offsets": [off, off + data.len()]}),
+            );
+            off += data.len();
+        }
+        let mut h = serde_json::to_vec(&header).unwrap();
+        h.resize(h.len().next_multiple_of(8), b' ');
+        let mut b = (h.len() as u64).to_le_bytes().to_vec();
+        b.extend(h);
+        tensors.iter().for_each(|t| b.extend_from_slice(&t.3));
+        b
+    }
+
+    fn f32s(n: usize, seed: f32) -> Vec<u8> {
+        (0..n).flat_map(|i| (seed + i as f32).to_le_bytes()).collect()
+    }
+
+    /// A one-layer model: hidden 8, 2 heads, 1 kv head, ffn 16, vocab 10.
+    fn tiny(lm_head: bool, q_bias: bool) -> Vec<T<'static>> {
+        let l = |m: &str| -> &'static str { Box::leak(format!("model.layers.0.{m}").into_boxed_str()) };
+        let mut v: Vec<T> = vec![
+            ("model.embed_tokens.weight", "F32", vec![10, 8], f32s(80, 0.0)),
+            (l("self_attn.q_proj.weight"), "F32", vec![8, 8], f32s(64, 1.0)),
+            (l("self_attn.k_proj.weight"), "F32", vec![4, 8], f32s(32, 2.0)),
+            (l("self_attn.v_proj.weight"), "F32", vec![4, 8], f32s(32, 3.0)),
+            (l("self_attn.o_proj.weight"), "F32", vec![8, 8], f32s(64, 4.0)),
+            (l("input_layernorm.weight"), "F32", vec![8], f32s(8, 5.0)),
+            (l("post_attention_layernorm.weight"), "F32", vec![8], f32s(8, 6.0)),
+            (l("mlp.gate_proj.weight"), "F16", vec![16, 8], vec![0; 256]),
+            (l("mlp.up_proj.weight"), "BF16", vec![16, 8], vec![0; 256]),
+            (l("mlp.down_proj.weight"), "F32", vec![8, 16], f32s(128, 7.0)),
+            ("model.norm.weight", "F32", vec![8], f32s(8, 8.0)),
+        ];
+        if lm_head {
+            v.push(("lm_head.weight", "F32", vec![10, 8], f32s(80, 9.0)));
+        }
+        if q_bias {
+            v.push((l("self_attn.q_proj.bias"), "F32", vec![8], f32s(8, 10.0)));
+        }
+        v
+    }
+
+    fn config(model_type: &str) -> Value {
+        json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": model_type, "hidden_size": 8,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "intermediate_size": 16, "vocab_size": 10, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+            "max_position_embeddings": 64, "some_unknown_key": {"nested": [1, 2]}, "torch_dtype": "float32"
+        })
+    }
+
+    fn write_dir(cfg: &Value, files: &[(&str, Vec<u8>)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), serde_json::to_vec(cfg).unwrap()).unwrap();
+        for (name, bytes) in files {
+            std::fs::write(dir.path().join(name), bytes).unwrap();
+        }
+        dir
+    }
+
+    fn err<T>(r: Result<T>) -> String {
+        match r {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn names_map_both_ways() {
+        let pairs = [
+            ("model.embed_tokens.weight", "token_embd.weight"),
+            ("model.layers.12.self_attn.o_proj.weight", "blk.12.attn_output.weight"),
+            ("model.layers.0.self_attn.k_proj.bias", "blk.0.attn_k.bias"),
+            ("model.layers.3.post_attention_layernorm.weight", "blk.3.ffn_norm.weight"),
+            ("model.layers.7.mlp.down_proj.weight", "blk.7.ffn_down.weight"),
+            ("lm_head.weight", "output.weight"),
+        ];
+        for (hf, c) in pairs {
+            assert_eq!(hf_to_canonical(hf).as_deref(), Some(c));
+            assert_eq!(canonical_to_hf(c).as_deref(), Some(hf));
+        }
+        for bad in [
+            "model.layers.01.mlp.up_proj.weight",
+            "model.layers.x.mlp.up_proj.weight",
+            "model.layers.0.self_attn.rotary_emb.inv_freq",
+        ] {
+            assert_eq!(hf_to_canonical(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn single_file_untied() {
+        let dir = write_dir(&config("llama"), &[("model.safetensors", st_bytes(&tiny(true, false)))]);
+        let m = SafetensorsModel::open(dir.path()).unwrap();
+        let c = m.config().unwrap();
+        assert_eq!((c.arch, c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim), (Arch::Llama, 1, 8, 2, 1, 4));
+        assert_eq!((c.ffn_dim, c.vocab_size, c.ctx_train, c.rope_style), (16, 10, 64, RopeStyle::NeoX));
+        assert_eq!((c.rope_theta, c.rms_eps, c.tied_embeddings, c.qkv_bias), (100000.0, 1e-5, false, false));
+        let k = m.tensor("blk.0.attn_k.weight").unwrap();
+        assert_eq!((k.ty, k.dims.clone(), k.name.as_str()), (GgmlType::F32, vec![8, 4], "blk.0.attn_k.weight"));
+        assert!(k.data.is_mapped());
+        assert_eq!(k.data.bytes(), &f32s(32, 2.0)[..]);
+        assert_eq!(m.tensor("blk.0.ffn_gate.weight").unwrap().ty, GgmlType::F16);
+        assert_eq!(m.tensor("blk.0.ffn_up.weight").unwrap().ty, GgmlType::BF16);
+        assert_eq!(m.tensor("output_norm.weight").unwrap().dims, vec![8]);
+        assert_eq!(m.file_name_of("output.weight"), Some("lm_head.weight"));
+        assert_eq!(m.tensor_names().len(), 12);
+        let e = err(m.tensor("blk.1.attn_q.weight"));
+        assert!(e.contains("tensor 'blk.1.attn_q.weight' not found"), "{e}");
+        // The same checkpoint through the file and through open_model.
+        let file = dir.path().join("model.safetensors");
+        assert_eq!(SafetensorsModel::open(&file).unwrap().config().unwrap(), c);
+        let l = open_model(dir.path()).unwrap();
+        assert_eq!(l.config().unwrap(), c);
+        assert_eq!(l.file_size(), std::fs::metadata(&file).unwrap().len() as usize);
+    }
+
+    #[test]
+    fn tied_and_qwen2_bias() {
+        // No lm_head: tied whatever the config says.
+        let dir = write_dir(&config("llama"), &[("model.safetensors", st_bytes(&tiny(false, false)))]);
+        assert!(SafetensorsModel::open(dir.path()).unwrap().config().unwrap().tied_embeddings);
+        // lm_head present but tie_word_embeddings = true.
+        let mut cfg = config("qwen2");
+        cfg["tie_word_embeddings"] = json!(true);
+        cfg["head_dim"] = Value::Null;
+        let dir = write_dir(&cfg, &[("model.safetensors", st_bytes(&tiny(true, true)))]);
+        let c = SafetensorsModel::open(dir.path()).unwrap().config().unwrap();
+        assert_eq!((c.arch, c.tied_embeddings, c.qkv_bias, c.head_dim), (Arch::Qwen2, true, true, 4));
+    }
+
+    #[test]
+    fn sharded_index() {
+        let all = tiny(true, false);
+        let (a, b) = all.split_at(5);
+        let mut map = serde_json::Map::new();
+        for (t, f) in a
+            .iter()
+            .map(|t| (t, "model-00001-of-00002.safetensors"))
+            .chain(b.iter().map(|t| (t, "model-00002-of-00002.safetensors")))
+        {
+            map.insert(t.0.into(), json!(f));
+        }
+        let index = json!({"metadata": {"total_size": 0}, "weight_map": map});
+        let files = [
+            ("model-00001-of-00002.safetensors", st_bytes(a)),
+            ("model-00002-of-00002.safetensors", st_bytes(b)),
+            ("model.safetensors.index.json", serde_json::to_vec(&index).unwrap()),
+        ];
+        let dir = write_dir(&config("mistral"), &files);
+        let m = SafetensorsModel::open(dir.path()).unwrap();
+        assert_eq!(m.tensor_names().len(), 12);
+        assert_eq!(m.tensor("blk.0.ffn_down.weight").unwrap().dims, vec![16, 8]);
+        assert_eq!(m.tensor("token_embd.weight").unwrap().data.bytes(), &f32s(80, 0.0)[..]);
+        assert!(!m.config().unwrap().tied_embeddings);
+        // The index file itself also opens.
+        assert!(open_model(&dir.path().join("model.safetensors.index.json")).unwrap().has_tensor("output.weight"));
+
+        // A tensor the index puts in a shard that lacks it.
+        let mut bad = index.clone();
+        bad["weight_map"]["model.norm.weight"] = json!("model-00001-of-00002.safetensors");
+        std::fs::write(dir.path().join("model.safetensors.index.json"), serde_json::to_vec(&bad).unwrap()).unwrap();
+        let e = err(SafetensorsModel::open(dir.path()));
+        assert!(
+            e.contains("model.safetensors.index.json")
+                && e.contains("'model.norm.weight'")
+                && e.contains("does not contain"),
+            "{e}"
+        );
+        // A shard that is missing altogether.
+        std::fs::remove_file(dir.path().join("model-00002-of-00002.safetensors")).unwrap();
+        std::fs::write(dir.path().join("model.safetensors.index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+        let e = err(SafetensorsModel::open(dir.path()));
+        assert!(e.contains("model-00002-of-00002.safetensors"), "{e}");
+        // A shard name escaping the directory.
+        bad["weight_map"]["model.norm.weight"] = json!("../x.safetensors");
+        std::fs::write(dir.path().join("model.safetensors.index.json"), serde_json::to_vec(&bad).unwrap()).unwrap();
+        assert!(err(SafetensorsModel::open(dir.path())).contains("not a file inside the directory"));
+    }
+
+    #[test]
+    fn config_errors_name_the_key() {
+        let st = st_bytes(&tiny(false, false));
+        let check = |edit: &dyn Fn(&mut Value), want: &[&str]| {
+            let mut cfg = config("llama");
+            edit(&mut cfg);
+            let dir = write_dir(&cfg, &[("model.safetensors", st.clone())]);
+            let e = err(SafetensorsModel::open(dir.path()).and_then(|m| m.config()));
+            assert!(e.contains("config.json"), "{e}");
+            for w in want {
+                assert!(e.contains(w), "{e} lacks {w}");
+            }
+        };
+        check(&|c| drop(c.as_object_mut().unwrap().remove("hidden_size")), &["'hidden_size' is missing"]);
+        check(&|c| c["num_attention_heads"] = json!("2"), &["'num_attention_heads' must be an unsigned integer"]);
+        check(&|c| c["rms_norm_eps"] = json!(true), &["'rms_norm_eps' must be a number"]);
+        check(&|c| c["model_type"] = json!("gpt_neox"), &["unsupported architecture 'gpt_neox'"]);
+        check(&|c| c["num_key_value_heads"] = json!(3), &["not a multiple"]);
+        check(
+            &|c| {
+                let o = c.as_object_mut().unwrap();
+                o.remove("model_type");
+                o.remove("architectures");
+            },
+            &["'model_type' is missing"],
+        );
+        // transformers v5: rope_theta under rope_parameters; architectures alone.
+        let mut cfg = config("llama");
+        let o = cfg.as_object_mut().unwrap();
+        o.remove("rope_theta");
+        o.remove("model_type");
+        o.insert("rope_parameters".into(), json!({"rope_type": "default", "rope_theta": 5e5}));
+        let dir = write_dir(&cfg, &[("model.safetensors", st.clone())]);
+        assert_eq!(SafetensorsModel::open(dir.path()).unwrap().config().unwrap().rope_theta, 5e5);
+        // Not a JSON object / missing config.json.
+        let dir = write_dir(&json!([1]), &[("model.safetensors", st)]);
+        assert!(err(SafetensorsModel::open(dir.path())).contains("json object"));
+        std::fs::remove_file(dir.path().join("config.json")).unwrap();
+        assert!(err(SafetensorsModel::open(dir.path())).contains("config.json"));
+    }
+
+    #[test]
+    fn bad_files_give_clear_errors() {
+        let mut t = tiny(false, false);
+        t.push(("model.layers.0.self_attn.rotary_emb.inv_freq", "I64", vec![2], vec![0; 16]));
+        let dir = write_dir(&config("llama"), &[("model.safetensors", st_bytes(&t))]);
+        let m = SafetensorsModel::open(dir.path()).unwrap();
+        let e = err(m.tensor("model.layers.0.self_attn.rotary_emb.inv_freq"));
+        assert!(e.contains("model.safetensors") && e.contains("rotary_emb.inv_freq") && e.contains("I64"), "{e}");
+        assert!(e.contains("not supported"), "{e}");
+
+        let full = st_bytes(&tiny(false, false));
+        for cut in [full.len() - 4, 20, 4] {
+            let dir = write_dir(&config("llama"), &[("model.safetensors", full[..cut].to_vec())]);
+            let e = err(SafetensorsModel::open(dir.path()));
+            assert!(e.contains("model.safetensors: invalid safetensors file"), "{e}");
+        }
+        let empty = tempfile::tempdir().unwrap();
+        assert!(err(SafetensorsModel::open(empty.path())).contains("neither model.safetensors"));
+        let e = err(open_model(&empty.path().join("nope.gguf")));
+        assert!(e.contains("nope.gguf") && e.contains("no such file"), "{e}");
+    }
+}
