@@ -316,12 +316,9 @@ impl Loader for SafetensorsModel {
         for (key, v) in [("rope_scaling", c.get("rope_scaling")), ("rope_parameters", rope_params)] {
             let kind = v.and_then(|v| v.get("rope_type").or_else(|| v.get("type"))).and_then(Value::as_str);
             if let Some(kind) = kind.filter(|k| *k != "default") {
-                tracing::warn!(
-                    key,
-                    kind,
-                    "{}: rope scaling is not implemented; positions use plain rope",
-                    self.config_path.display()
-                );
+                // Running with plain RoPE would silently compute another
+                // function: refuse instead.
+                return Err(c.err(key, &format!("uses rope scaling type '{kind}', which is not supported yet")));
             }
         }
         let tie = c.opt_bool("tie_word_embeddings")?.unwrap_or(false);
