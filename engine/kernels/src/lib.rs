@@ -17,6 +17,7 @@ pub mod kernel;
 pub mod matmul;
 pub mod pool;
 pub mod quantize;
+pub mod vec;
 mod error;
 mod types;
 

@@ -1,7 +1,7 @@
 //! Small f32 building blocks of the forward pass: normalisation, RoPE,
 //! activation, attention. The heavy matmuls go through the kernel seam; these
-//! are O(n·d) (attention O(n²·d)) and written as plain loops that the
-//! compiler vectorises.
+//! are O(n·d) (attention O(n²·d)); the vector primitives they use come
+//! from `spinfer_kernels::vec` (SIMD with a scalar reference).
 
 /// `out = x / sqrt(mean(x²) + eps) * w` (RMSNorm), for one row.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -12,49 +12,12 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// Dot product with eight partial sums (vectorises; also more accurate than
-/// one running sum).
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, ra) = a.as_chunks::<8>();
-    let (cb, rb) = b.as_chunks::<8>();
-    for (x, y) in ca.iter().zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
-}
-
-/// `y += a * x`.
-pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    for (yi, &xi) in y.iter_mut().zip(x) {
-        *yi += a * xi;
-    }
-}
+pub use spinfer_kernels::vec::{axpy, dot, softmax};
 
 /// `gate = silu(gate) * up` (SwiGLU), in place.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + (-*g).exp()) * u;
-    }
-}
-
-/// In-place softmax.
-pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    let inv = 1.0 / sum;
-    for v in x.iter_mut() {
-        *v *= inv;
     }
 }
 
@@ -145,11 +108,4 @@ mod tests {
         assert!((out[0] - 3.0 / s).abs() < 1e-6 && (out[1] - 8.0 / s).abs() < 1e-6);
     }
 
-    #[test]
-    fn dot_handles_tails() {
-        let a: Vec<f32> = (0..13).map(|i| i as f32 * 0.5 - 2.0).collect();
-        let b: Vec<f32> = (0..13).map(|i| 1.0 - i as f32 * 0.25).collect();
-        let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-        assert!((dot(&a, &b) - want).abs() < 1e-4);
-    }
 }

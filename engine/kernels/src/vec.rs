@@ -1,0 +1,251 @@
+//! f32 vector primitives for the non-matmul parts of a forward pass
+//! (attention scores, weighted sums, softmax): scalar references plus AVX2
+//! versions chosen at run time.
+
+/// `sum(a[i] * b[i])`.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        return unsafe { x86::dot(a, b) };
+    }
+    dot_scalar(a, b)
+}
+
+/// `y[i] += a * x[i]`.
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    debug_assert_eq!(x.len(), y.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        return unsafe { x86::axpy(a, x, y) };
+    }
+    axpy_scalar(a, x, y)
+}
+
+/// In-place softmax; returns nothing, leaves `x` summing to 1.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    #[cfg(target_arch = "x86_64")]
+    let sum = if has_avx2_fma() {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        unsafe { x86::exp_sub_sum(x, max) }
+    } else {
+        exp_sub_sum_scalar(x, max)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let sum = exp_sub_sum_scalar(x, max);
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Scalar reference of [`dot`]: eight partial sums, as the SIMD version.
+pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, ra) = a.as_chunks::<8>();
+    let (cb, rb) = b.as_chunks::<8>();
+    for (x, y) in ca.iter().zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
+pub fn axpy_scalar(a: f32, x: &[f32], y: &mut [f32]) {
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi += a * xi;
+    }
+}
+
+/// `x[i] = exp(x[i] - max)`, returning the sum.
+pub fn exp_sub_sum_scalar(x: &mut [f32], max: f32) -> f32 {
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx2_fma() -> bool {
+    // `is_x86_feature_detected!` caches its answer; this is an atomic load.
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut i = 0;
+        // SAFETY (all loads below): `i + 16 <= n` / `i + 8 <= n` keeps
+        // every 8-float unaligned load inside both slices.
+        while i + 16 <= n {
+            unsafe {
+                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8)), _mm256_loadu_ps(pb.add(i + 8)), acc1);
+            }
+            i += 16;
+        }
+        if i + 8 <= n {
+            unsafe {
+                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+            }
+            i += 8;
+        }
+        let mut s = hsum(_mm256_add_ps(acc0, acc1));
+        while i < n {
+            s += a[i] * b[i];
+            i += 1;
+        }
+        s
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+        let n = x.len().min(y.len());
+        let va = _mm256_set1_ps(a);
+        let (px, py) = (x.as_ptr(), y.as_mut_ptr());
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: `i + 8 <= n` keeps the load and store inside both slices.
+            unsafe {
+                let r = _mm256_fmadd_ps(va, _mm256_loadu_ps(px.add(i)), _mm256_loadu_ps(py.add(i)));
+                _mm256_storeu_ps(py.add(i), r);
+            }
+            i += 8;
+        }
+        while i < n {
+            y[i] += a * x[i];
+            i += 1;
+        }
+    }
+
+    /// `x[i] = exp(x[i] - max)` with a vector exp (Cephes polynomial,
+    /// relative error ~1e-7), returning the sum.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_sub_sum(x: &mut [f32], max: f32) -> f32 {
+        let n = x.len();
+        let vmax = _mm256_set1_ps(max);
+        let p = x.as_mut_ptr();
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: `i + 8 <= n` keeps the load and store inside `x`.
+            unsafe {
+                let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), vmax));
+                _mm256_storeu_ps(p.add(i), e);
+                acc = _mm256_add_ps(acc, e);
+            }
+            i += 8;
+        }
+        let mut s = hsum(acc);
+        while i < n {
+            x[i] = (x[i] - max).exp();
+            s += x[i];
+            i += 1;
+        }
+        s
+    }
+
+    /// exp(x) for x <= 0 (inputs below -87.3 flush to 0).
+    #[target_feature(enable = "avx2,fma")]
+    fn exp256(x: __m256) -> __m256 {
+        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.336_55));
+        // exp(x) = 2^k * exp(r), k = round(x / ln2), r = x - k ln2.
+        let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+            x,
+            _mm256_set1_ps(std::f32::consts::LOG2_E),
+        ));
+        let r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut y = _mm256_set1_ps(1.987_569_1e-4);
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.398_199_9e-3));
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.333_452e-3));
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.166_579_6e-2));
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.666_666_5e-1));
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(0.5));
+        let r2 = _mm256_mul_ps(r, r);
+        y = _mm256_fmadd_ps(y, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
+        let pow2k = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(k),
+            _mm256_set1_epi32(127),
+        )));
+        _mm256_mul_ps(y, pow2k)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let lo = _mm256_castps256_ps128(v);
+        let hi = _mm256_extractf128_ps::<1>(v);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+        _mm_cvtss_f32(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn random(n: usize, seed: u64) -> Vec<f32> {
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        (0..n).map(|_| r.random_range(-3.0f32..3.0)).collect()
+    }
+
+    #[test]
+    fn simd_matches_scalar_on_random_inputs() {
+        for n in [1, 7, 8, 15, 16, 17, 64, 100, 513] {
+            let (a, b) = (random(n, n as u64), random(n, 1000 + n as u64));
+            let (d, ds) = (dot(&a, &b), dot_scalar(&a, &b));
+            assert!((d - ds).abs() <= 1e-4 * (1.0 + ds.abs()), "dot n={n}: {d} vs {ds}");
+
+            let (mut y, mut ys) = (b.clone(), b.clone());
+            axpy(0.37, &a, &mut y);
+            axpy_scalar(0.37, &a, &mut ys);
+            for (u, v) in y.iter().zip(&ys) {
+                assert!((u - v).abs() <= 1e-5 * (1.0 + v.abs()), "axpy n={n}");
+            }
+
+            let (mut s, mut ss) = (a.clone(), a.clone());
+            softmax(&mut s);
+            let max = ss.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sum = exp_sub_sum_scalar(&mut ss, max);
+            for (u, v) in s.iter().zip(&ss) {
+                assert!((u - v / sum).abs() <= 1e-6, "softmax n={n}: {u} vs {}", v / sum);
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_handles_extreme_values() {
+        let mut x = vec![0.0, -200.0, 50.0, 49.0, -1e30, 50.0, 0.0, 1.0, 2.0];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(x.iter().all(|v| v.is_finite() && *v >= 0.0));
+        assert_eq!(x[1], 0.0);
+    }
+}
