@@ -45,7 +45,11 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     for (name, pp, tg) in TESTS {
         let mut rates = Vec::with_capacity(reps);
         for _ in 0..reps {
-            let rate = if pp > 0 { prefill(&engine, &mut session, &tokens[..pp])? } else { decode(&engine, &mut session, tg)? };
+            let rate = if pp > 0 {
+                prefill(&engine, &mut session, &tokens[..pp])?
+            } else {
+                decode(&engine, &mut session, tg)?
+            };
             rates.push(rate);
             bar.inc(1);
         }
@@ -66,7 +70,12 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         println!("{}", serde_json::Value::Object(obj));
     } else {
         let m = &engine.model;
-        println!("model: {} | threads: {} | precision: {:?}", a.common.model.display(), m.options.threads, m.options.precision);
+        println!(
+            "model: {} | threads: {} | precision: {:?}",
+            a.common.model.display(),
+            m.options.threads,
+            m.options.precision
+        );
         println!("| test  |   tokens/s |");
         println!("|-------|-----------:|");
         for (name, rate) in &results {

@@ -93,7 +93,11 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         (None, Some(f)) => {
             let bytes = std::fs::read(f).with_context(|| format!("cannot read prompt file {}", f.display()))?;
             String::from_utf8(bytes).map_err(|e| {
-                anyhow::anyhow!("prompt file {} is not valid UTF-8 (byte {})", f.display(), e.utf8_error().valid_up_to())
+                anyhow::anyhow!(
+                    "prompt file {} is not valid UTF-8 (byte {})",
+                    f.display(),
+                    e.utf8_error().valid_up_to()
+                )
             })?
         }
         (None, None) => bail!("give a prompt with --prompt or --prompt-file"),
@@ -118,13 +122,20 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     let mut session = engine.model.new_session();
     let stream = !a.common.json;
     let mut stdout = std::io::stdout().lock();
-    let g = spinfer_engine::generate::generate(&engine.model, &engine.tokenizer, &mut session, &prompt, &params, &mut |piece| {
-        if stream {
-            let _ = stdout.write_all(piece.as_bytes());
-            let _ = stdout.flush();
-        }
-        ControlFlow::Continue(())
-    })?;
+    let g = spinfer_engine::generate::generate(
+        &engine.model,
+        &engine.tokenizer,
+        &mut session,
+        &prompt,
+        &params,
+        &mut |piece| {
+            if stream {
+                let _ = stdout.write_all(piece.as_bytes());
+                let _ = stdout.flush();
+            }
+            ControlFlow::Continue(())
+        },
+    )?;
     if a.common.json {
         let v = serde_json::json!({
             "text": g.text,
@@ -183,7 +194,9 @@ pub struct PerplexityArgs {
 pub fn perplexity(a: PerplexityArgs) -> Result<()> {
     let bytes = std::fs::read(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?;
     let text = String::from_utf8(bytes)
-        .map_err(|e| anyhow::anyhow!("{} is not valid UTF-8 (byte {})", a.file.display(), e.utf8_error().valid_up_to()))?
+        .map_err(|e| {
+            anyhow::anyhow!("{} is not valid UTF-8 (byte {})", a.file.display(), e.utf8_error().valid_up_to())
+        })?
         .replace("\r\n", "\n");
     let engine = load(&a.common, a.ctx)?;
     let tokens = engine.tokenizer.encode(&text, false)?;
@@ -262,8 +275,9 @@ pub fn progress(hidden: bool, len: u64, unit: &str) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(len);
-    let style = ProgressStyle::with_template(&format!("{{elapsed_precise}} [{{bar:40}}] {{pos}}/{{len}} {unit} {{msg}}"))
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    let style =
+        ProgressStyle::with_template(&format!("{{elapsed_precise}} [{{bar:40}}] {{pos}}/{{len}} {unit} {{msg}}"))
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
     bar
 }

@@ -70,7 +70,7 @@ impl Gguf {
             b.extend_from_slice(&offset.to_le_bytes());
             offset += (dims.iter().product::<u64>() * 4).div_ceil(32) * 32;
         }
-        while b.len() % 32 != 0 {
+        while !b.len().is_multiple_of(32) {
             b.push(0);
         }
         b.resize(b.len() + offset as usize, 0);
@@ -201,9 +201,9 @@ fn non_utf8_prompt_file() {
 
 #[test]
 fn context_overflow() {
-    let model = std::env::var_os("SPINFER_MODEL").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    });
+    let model = std::env::var_os("SPINFER_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf"));
     if !model.exists() {
         assert!(std::env::var_os("CI").is_none(), "model missing in CI");
         eprintln!("skipping: {} not found", model.display());

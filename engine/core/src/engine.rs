@@ -31,7 +31,10 @@ impl Engine {
     pub fn load_with(path: impl AsRef<Path>, options: ModelOptions, registry: &KernelRegistry) -> Result<Self> {
         let path = path.as_ref();
         if !path.exists() {
-            return Err(Error::io(path, std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory")));
+            return Err(Error::io(
+                path,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+            ));
         }
         // Weights first: a malformed model is reported before its tokenizer.
         let (loader, model, tokenizer) = if is_safetensors(path) {

@@ -175,10 +175,7 @@ impl GgufFile {
         let mut r = Reader { buf: &mmap[..], pos: 0, path: &path };
         let magic = r.bytes(4, "magic")?;
         if magic != MAGIC {
-            return Err(Error::format(
-                &path,
-                format!("not a GGUF file (magic {:02x?}, expected \"GGUF\")", magic),
-            ));
+            return Err(Error::format(&path, format!("not a GGUF file (magic {:02x?}, expected \"GGUF\")", magic)));
         }
         let version = r.u32("version")?;
         if !(2..=3).contains(&version) {
@@ -217,12 +214,18 @@ impl GgufFile {
             let name = r.string(&format!("name of tensor #{i}"))?;
             let n_dims = r.u32(&format!("dimension count of tensor '{name}'"))?;
             if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(Error::format(&path, format!("tensor '{name}' has {n_dims} dimensions (1..={MAX_DIMS} supported)")));
+                return Err(Error::format(
+                    &path,
+                    format!("tensor '{name}' has {n_dims} dimensions (1..={MAX_DIMS} supported)"),
+                ));
             }
             let mut dims = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
                 let d = r.u64(&format!("dimensions of tensor '{name}'"))?;
-                dims.push(usize::try_from(d).map_err(|_| Error::format(&path, format!("tensor '{name}' dimension {d} too large")))?);
+                dims.push(
+                    usize::try_from(d)
+                        .map_err(|_| Error::format(&path, format!("tensor '{name}' dimension {d} too large")))?,
+                );
             }
             let raw_ty = r.u32(&format!("type of tensor '{name}'"))?;
             let ty = GgmlType::from_u32(raw_ty).ok_or_else(|| Error::TensorType {
@@ -233,7 +236,10 @@ impl GgufFile {
             })?;
             let offset = r.u64(&format!("offset of tensor '{name}'"))?;
             if offset % alignment != 0 {
-                return Err(Error::format(&path, format!("tensor '{name}' offset {offset} is not aligned to {alignment}")));
+                return Err(Error::format(
+                    &path,
+                    format!("tensor '{name}' offset {offset} is not aligned to {alignment}"),
+                ));
             }
             let n_elems = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
             let size = n_elems
@@ -406,7 +412,10 @@ impl<'a> Reader<'a> {
             8 => Value::String(self.string(&what)?),
             9 => {
                 if depth >= MAX_ARRAY_DEPTH {
-                    return Err(Error::format(self.path, format!("metadata '{key}': arrays nested deeper than {MAX_ARRAY_DEPTH}")));
+                    return Err(Error::format(
+                        self.path,
+                        format!("metadata '{key}': arrays nested deeper than {MAX_ARRAY_DEPTH}"),
+                    ));
                 }
                 let elem_ty = self.u32(&what)?;
                 let n = self.u64(&what)?;
@@ -467,7 +476,7 @@ mod tests {
             b.extend_from_slice(&ty.to_le_bytes());
             b.extend_from_slice(&off.to_le_bytes());
         }
-        while b.len() % 32 != 0 {
+        while !b.len().is_multiple_of(32) {
             b.push(0);
         }
         b.extend_from_slice(data);
@@ -514,10 +523,7 @@ mod tests {
         assert_eq!(g.get("x.bool"), Some(&Value::Bool(true)));
         assert_eq!(
             g.get("x.nested"),
-            Some(&Value::Array(vec![
-                Value::Array(vec![Value::U8(1), Value::U8(2)]),
-                Value::Array(vec![Value::U8(3)])
-            ]))
+            Some(&Value::Array(vec![Value::Array(vec![Value::U8(1), Value::U8(2)]), Value::Array(vec![Value::U8(3)])]))
         );
         let t = g.tensor("w").unwrap();
         assert_eq!(t.dims, vec![4, 2]);

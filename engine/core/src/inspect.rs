@@ -5,12 +5,12 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::Result;
 use crate::engine::is_safetensors;
 use crate::gguf::{GgufFile, Value};
 use crate::loader::Loader;
 use crate::safetensors::SafetensorsModel;
 use crate::tokenizer::Tokenizer;
-use crate::Result;
 
 #[derive(Serialize)]
 pub struct ModelInfo {
@@ -44,19 +44,19 @@ pub struct TensorInfo {
 
 /// Reads everything `inspect` shows.
 pub fn inspect(path: &Path) -> Result<ModelInfo> {
-    let (loader, tokenizer, format, metadata): (Box<dyn Loader>, Tokenizer, String, Vec<(String, String)>) =
-        if is_safetensors(path) {
-            let st = SafetensorsModel::open(path)?;
-            let dir = if path.is_dir() { path } else { path.parent().unwrap_or(Path::new(".")) };
-            let tok = Tokenizer::from_json_file(&dir.join("tokenizer.json"))?;
-            (Box::new(st), tok, "safetensors".into(), Vec::new())
-        } else {
-            let g = GgufFile::open(path)?;
-            let tok = Tokenizer::from_gguf(&g)?;
-            let meta = g.metadata.iter().map(|(k, v)| (k.clone(), render(v))).collect();
-            let format = format!("gguf v{}", g.version);
-            (Box::new(g), tok, format, meta)
-        };
+    type Opened = (Box<dyn Loader>, Tokenizer, String, Vec<(String, String)>);
+    let (loader, tokenizer, format, metadata): Opened = if is_safetensors(path) {
+        let st = SafetensorsModel::open(path)?;
+        let dir = if path.is_dir() { path } else { path.parent().unwrap_or(Path::new(".")) };
+        let tok = Tokenizer::from_json_file(&dir.join("tokenizer.json"))?;
+        (Box::new(st), tok, "safetensors".into(), Vec::new())
+    } else {
+        let g = GgufFile::open(path)?;
+        let tok = Tokenizer::from_gguf(&g)?;
+        let meta = g.metadata.iter().map(|(k, v)| (k.clone(), render(v))).collect();
+        let format = format!("gguf v{}", g.version);
+        (Box::new(g), tok, format, meta)
+    };
     let c = loader.config()?;
     let hp = vec![
         ("layers", c.n_layers.to_string()),
@@ -126,11 +126,19 @@ fn render(v: &Value) -> String {
     match v {
         Value::String(s) if s.len() > 60 => format!("{:?}… ({} bytes)", &s[..s.floor_char_boundary(60)], s.len()),
         Value::String(s) => format!("{s:?}"),
-        Value::Array(a) if a.len() > 8 => format!("{} (first: {})", v.type_name(), a.first().map(render).unwrap_or_default()),
+        Value::Array(a) if a.len() > 8 => {
+            format!("{} (first: {})", v.type_name(), a.first().map(render).unwrap_or_default())
+        }
         Value::Array(a) => format!("[{}]", a.iter().map(render).collect::<Vec<_>>().join(", ")),
         other => match other.as_f64() {
-            Some(_) if matches!(other, Value::F32(_) | Value::F64(_)) => format!("{}", other.as_f64().unwrap_or_default()),
-            _ => other.as_i64().map(|i| i.to_string()).or_else(|| other.as_bool().map(|b| b.to_string())).unwrap_or_default(),
+            Some(_) if matches!(other, Value::F32(_) | Value::F64(_)) => {
+                format!("{}", other.as_f64().unwrap_or_default())
+            }
+            _ => other
+                .as_i64()
+                .map(|i| i.to_string())
+                .or_else(|| other.as_bool().map(|b| b.to_string()))
+                .unwrap_or_default(),
         },
     }
 }

@@ -1,6 +1,7 @@
 //! spinfer's inference engine.
 pub mod convert;
 pub mod engine;
+mod error;
 pub mod generate;
 pub mod gguf;
 pub mod inspect;
@@ -12,6 +13,5 @@ pub mod safetensors;
 pub mod sampling;
 pub mod tensor;
 pub mod tokenizer;
-mod error;
 pub use engine::Engine;
 pub use error::{Error, Result};

@@ -8,9 +8,9 @@
 
 use std::path::Path;
 
+use crate::Result;
 use crate::model::ModelConfig;
 use crate::tensor::TensorView;
-use crate::Result;
 
 pub trait Loader: Send + Sync {
     /// The file or directory the weights come from (for error messages).

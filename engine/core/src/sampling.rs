@@ -175,7 +175,8 @@ mod tests {
     #[test]
     fn seeded_sampling_is_deterministic_and_respects_top_k() {
         let logits: Vec<f32> = (0..100).map(|i| (i % 7) as f32 * 0.3).collect();
-        let params = SamplerParams { temperature: 1.0, top_k: 3, top_p: 1.0, min_p: 0.0, seed: 42, ..Default::default() };
+        let params =
+            SamplerParams { temperature: 1.0, top_k: 3, top_p: 1.0, min_p: 0.0, seed: 42, ..Default::default() };
         let run = || {
             let mut s = Sampler::new(params.clone()).unwrap();
             (0..50).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()

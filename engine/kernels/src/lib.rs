@@ -13,13 +13,13 @@ pub mod blocks;
 pub mod cpu;
 pub mod dequant;
 pub mod dot;
+mod error;
 pub mod kernel;
 pub mod matmul;
 pub mod pool;
 pub mod quantize;
-pub mod vec;
-mod error;
 mod types;
+pub mod vec;
 
 pub use error::{KernelError, Result};
 pub use types::{GgmlType, QK_K};

@@ -66,14 +66,9 @@ impl GgmlType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
-            Self::Q2_K
-            | Self::Q3_K
-            | Self::Q4_K
-            | Self::Q5_K
-            | Self::Q6_K
-            | Self::Q8_K
-            | Self::TQ1_0
-            | Self::TQ2_0 => QK_K,
+            Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q8_K | Self::TQ1_0 | Self::TQ2_0 => {
+                QK_K
+            }
         }
     }
 

@@ -94,9 +94,9 @@ mod x86 {
         let mut acc0 = _mm256_setzero_ps();
         let mut acc1 = _mm256_setzero_ps();
         let mut i = 0;
-        // SAFETY (all loads below): `i + 16 <= n` / `i + 8 <= n` keeps
-        // every 8-float unaligned load inside both slices.
         while i + 16 <= n {
+            // SAFETY: `i + 16 <= n` keeps both 8-float unaligned loads of
+            // each slice in bounds.
             unsafe {
                 acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
                 acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8)), _mm256_loadu_ps(pb.add(i + 8)), acc1);
@@ -104,6 +104,7 @@ mod x86 {
             i += 16;
         }
         if i + 8 <= n {
+            // SAFETY: `i + 8 <= n` keeps the loads in bounds.
             unsafe {
                 acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
             }

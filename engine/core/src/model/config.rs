@@ -124,10 +124,10 @@ impl ModelConfig {
                 return Err(format!("{what} is 0"));
             }
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(format!("head count {} is not a multiple of kv head count {}", self.n_heads, self.n_kv_heads));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(format!("head dim {} is odd (RoPE needs pairs)", self.head_dim));
         }
         if !(self.rms_eps > 0.0 && self.rope_theta > 0.0) {

@@ -85,7 +85,15 @@ impl Linear {
         } else {
             None
         };
-        Ok(Self { name: name.to_string(), w: t.data, desc, kernel: r.kernel, provider: r.provider, choice: r.choice, bias })
+        Ok(Self {
+            name: name.to_string(),
+            w: t.data,
+            desc,
+            kernel: r.kernel,
+            provider: r.provider,
+            choice: r.choice,
+            bias,
+        })
     }
 
     /// `out[t, :] = W · x[t, :] (+ b)` for `n` tokens.
@@ -289,7 +297,10 @@ impl Model {
         for (t, &tok) in tokens.iter().enumerate() {
             let id = tok as usize;
             if id >= c.vocab_size {
-                return Err(Error::InvalidArgument(format!("token id {tok} is outside the vocabulary (size {})", c.vocab_size)));
+                return Err(Error::InvalidArgument(format!(
+                    "token id {tok} is outside the vocabulary (size {})",
+                    c.vocab_size
+                )));
             }
             let src = &embd.data.bytes()[id * row_bytes..(id + 1) * row_bytes];
             dequantize_row(embd.ty, src, &mut s.x[t * dim..(t + 1) * dim])?;
@@ -299,7 +310,12 @@ impl Model {
         for (l, layer) in self.weights.layers.iter().enumerate() {
             // Attention RMSNorm.
             for t in 0..n {
-                math::rms_norm(&s.x[t * dim..(t + 1) * dim], &layer.attn_norm, c.rms_eps, &mut s.xn[t * dim..(t + 1) * dim]);
+                math::rms_norm(
+                    &s.x[t * dim..(t + 1) * dim],
+                    &layer.attn_norm,
+                    c.rms_eps,
+                    &mut s.xn[t * dim..(t + 1) * dim],
+                );
             }
             // Q, K, V projections.
             layer.wq.forward(&s.pool, &s.xn, n, &mut s.q, &mut s.scratch)?;
@@ -328,7 +344,12 @@ impl Model {
 
             // FFN RMSNorm.
             for t in 0..n {
-                math::rms_norm(&s.x[t * dim..(t + 1) * dim], &layer.ffn_norm, c.rms_eps, &mut s.xn[t * dim..(t + 1) * dim]);
+                math::rms_norm(
+                    &s.x[t * dim..(t + 1) * dim],
+                    &layer.ffn_norm,
+                    c.rms_eps,
+                    &mut s.xn[t * dim..(t + 1) * dim],
+                );
             }
             // SwiGLU FFN: down(silu(gate(x)) * up(x)), and residual.
             layer.w_gate.forward(&s.pool, &s.xn, n, &mut s.gate, &mut s.scratch)?;
@@ -340,7 +361,12 @@ impl Model {
 
         // Final RMSNorm; logits are computed on request.
         for t in 0..n {
-            math::rms_norm(&s.x[t * dim..(t + 1) * dim], &self.weights.output_norm, c.rms_eps, &mut s.xn[t * dim..(t + 1) * dim]);
+            math::rms_norm(
+                &s.x[t * dim..(t + 1) * dim],
+                &self.weights.output_norm,
+                c.rms_eps,
+                &mut s.xn[t * dim..(t + 1) * dim],
+            );
         }
         s.pos += n;
         Ok(())
@@ -414,7 +440,13 @@ impl Model {
     pub fn kernel_report(&self) -> Vec<String> {
         let mut seen = std::collections::BTreeSet::new();
         for lin in self.linears() {
-            seen.insert(format!("{} -> {} ({}, {:?})", describe(&lin.desc), lin.kernel_name(), lin.provider, lin.choice));
+            seen.insert(format!(
+                "{} -> {} ({}, {:?})",
+                describe(&lin.desc),
+                lin.kernel_name(),
+                lin.provider,
+                lin.choice
+            ));
         }
         seen.into_iter().collect()
     }

@@ -36,8 +36,7 @@ impl RopeTable {
         let mut sin = Vec::with_capacity(n_pos * half);
         // Frequencies as HF computes them (f32 inverse frequencies), angles
         // in f64 so large positions keep their precision.
-        let inv_freq: Vec<f32> =
-            (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32)).collect();
+        let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32)).collect();
         for p in 0..n_pos {
             for &f in &inv_freq {
                 let a = p as f64 * f as f64;
@@ -107,5 +106,4 @@ mod tests {
         let s = (12.5f32).sqrt();
         assert!((out[0] - 3.0 / s).abs() < 1e-6 && (out[1] - 8.0 / s).abs() < 1e-6);
     }
-
 }
