@@ -23,12 +23,12 @@ use crate::types::QK_K;
 use crate::{GgmlType, KernelError, Result};
 
 pub use kquants::{
-    dequantize_block_q2_k, dequantize_block_q3_k, dequantize_block_q4_k, dequantize_block_q5_k,
-    dequantize_block_q6_k, dequantize_block_q8_k, get_scale_min_k4, q3_k_scales,
+    dequantize_block_q2_k, dequantize_block_q3_k, dequantize_block_q4_k, dequantize_block_q5_k, dequantize_block_q6_k,
+    dequantize_block_q8_k, get_scale_min_k4, q3_k_scales,
 };
 pub use legacy::{
-    dequantize_block_q4_0, dequantize_block_q4_1, dequantize_block_q5_0, dequantize_block_q5_1,
-    dequantize_block_q8_0, dequantize_block_q8_1,
+    dequantize_block_q4_0, dequantize_block_q4_1, dequantize_block_q5_0, dequantize_block_q5_1, dequantize_block_q8_0,
+    dequantize_block_q8_1,
 };
 pub use ternary::{dequantize_block_tq1_0, dequantize_block_tq2_0};
 
@@ -45,12 +45,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
     let n = dst.len();
     let want = ty.row_bytes(n)?;
     if src.len() != want {
-        return Err(KernelError::BufferSize {
-            ty,
-            n,
-            want,
-            got: src.len(),
-        });
+        return Err(KernelError::BufferSize { ty, n, want, got: src.len() });
     }
     match ty {
         GgmlType::F32 => match bytemuck::try_cast_slice::<u8, f32>(src) {
@@ -99,11 +94,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
 /// `B`, otherwise copies each block out first. Sizes are checked by the
 /// caller; a mismatch would only shorten the loop.
 #[inline]
-fn for_each_block<B: Pod, const N: usize>(
-    src: &[u8],
-    dst: &mut [f32],
-    f: impl Fn(&B, &mut [f32; N]),
-) {
+fn for_each_block<B: Pod, const N: usize>(src: &[u8], dst: &mut [f32], f: impl Fn(&B, &mut [f32; N])) {
     let outs = dst.as_chunks_mut::<N>().0;
     match bytemuck::try_cast_slice::<u8, B>(src) {
         Ok(blocks) => {
@@ -169,29 +160,19 @@ mod tests {
 
     #[test]
     fn block_helpers_match_row() {
-        let b = BlockQ4_0 {
-            d: f16::from_f32(3.0),
-            qs: [0x9A; 16],
-        };
+        let b = BlockQ4_0 { d: f16::from_f32(3.0), qs: [0x9A; 16] };
         let mut out = [0f32; 32];
         dequantize_block_q4_0(&b, &mut out);
         assert_eq!(out[0], 6.0); // (10 - 8) * 3
         assert_eq!(out[16], 3.0); // (9 - 8) * 3
-        let b = BlockQ8_0 {
-            d: f16::from_f32(0.125),
-            qs: [-8; 32],
-        };
+        let b = BlockQ8_0 { d: f16::from_f32(0.125), qs: [-8; 32] };
         dequantize_block_q8_0(&b, &mut out);
         assert_eq!(out, [-1.0; 32]);
     }
 
     #[test]
     fn q8_1_and_q8_k() {
-        let b = BlockQ8_1 {
-            d: f16::from_f32(0.5),
-            s: f16::from_f32(123.0),
-            qs: [6; 32],
-        };
+        let b = BlockQ8_1 { d: f16::from_f32(0.5), s: f16::from_f32(123.0), qs: [6; 32] };
         let mut dst = [0f32; 32];
         dequantize_row(GgmlType::Q8_1, bytemuck::bytes_of(&b), &mut dst).unwrap();
         assert_eq!(dst, [3.0; 32]);
@@ -200,11 +181,7 @@ mod tests {
         for (j, q) in qs.iter_mut().enumerate() {
             *q = (j as i32 - 128) as i8;
         }
-        let b = BlockQ8K {
-            d: 0.1,
-            qs,
-            bsums: [0; 16],
-        };
+        let b = BlockQ8K { d: 0.1, qs, bsums: [0; 16] };
         let mut dst = vec![0f32; QK_K];
         dequantize_row(GgmlType::Q8_K, bytemuck::bytes_of(&b), &mut dst).unwrap();
         for (j, &x) in dst.iter().enumerate() {
@@ -255,19 +232,15 @@ mod tests {
             let n = 2 * ty.block_size().max(8);
             let bytes = ty.row_bytes(n).unwrap();
             // Deterministic bytes with small f16/f32 scales (0x3C3C ~ 1.06).
-            let mut buf: Vec<u8> = (0..bytes + 1)
-                .map(|i| (i * 37 % 251) as u8 & 0x3C)
-                .collect();
+            let mut buf: Vec<u8> = (0..bytes + 1).map(|i| (i * 37 % 251) as u8 & 0x3C).collect();
             let mut a = vec![0f32; n];
             let mut b = vec![0f32; n];
             buf.copy_within(0..bytes, 1);
             dequantize_row(ty, &buf[1..], &mut a).unwrap();
             buf.copy_within(1..bytes + 1, 0);
             dequantize_row(ty, &buf[..bytes], &mut b).unwrap();
-            let (a, b): (Vec<u32>, Vec<u32>) = (
-                a.iter().map(|x| x.to_bits()).collect(),
-                b.iter().map(|x| x.to_bits()).collect(),
-            );
+            let (a, b): (Vec<u32>, Vec<u32>) =
+                (a.iter().map(|x| x.to_bits()).collect(), b.iter().map(|x| x.to_bits()).collect());
             assert_eq!(a, b, "{ty}");
         }
     }
@@ -276,33 +249,12 @@ mod tests {
     fn bad_sizes_are_errors() {
         let mut dst = [0f32; 33];
         let err = dequantize_row(GgmlType::Q4_0, &[0; 18], &mut dst).unwrap_err();
-        assert!(matches!(
-            err,
-            KernelError::RowNotBlockAligned {
-                n: 33,
-                block: 32,
-                ..
-            }
-        ));
+        assert!(matches!(err, KernelError::RowNotBlockAligned { n: 33, block: 32, .. }));
         let mut dst = [0f32; 32];
         let err = dequantize_row(GgmlType::Q4_0, &[0; 17], &mut dst).unwrap_err();
-        assert!(matches!(
-            err,
-            KernelError::BufferSize {
-                want: 18,
-                got: 17,
-                ..
-            }
-        ));
+        assert!(matches!(err, KernelError::BufferSize { want: 18, got: 17, .. }));
         let err = dequantize_row(GgmlType::F16, &[0; 65], &mut dst).unwrap_err();
-        assert!(matches!(
-            err,
-            KernelError::BufferSize {
-                want: 64,
-                got: 65,
-                ..
-            }
-        ));
+        assert!(matches!(err, KernelError::BufferSize { want: 64, got: 65, .. }));
         // Empty rows are fine.
         dequantize_row(GgmlType::Q6_K, &[], &mut []).unwrap();
     }

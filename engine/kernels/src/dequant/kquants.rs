@@ -33,11 +33,7 @@ pub fn get_scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
 pub fn q3_k_scales(scales: &[u8; 12]) -> [i8; 16] {
     let mut out = [0i8; 16];
     for (k, o) in out.iter_mut().enumerate() {
-        let low = if k < 8 {
-            scales[k] & 0x0F
-        } else {
-            scales[k - 8] >> 4
-        };
+        let low = if k < 8 { scales[k] & 0x0F } else { scales[k - 8] >> 4 };
         let high = (scales[8 + k % 4] >> (2 * (k / 4))) & 3;
         *o = (low | (high << 4)) as i8 - 32;
     }
@@ -56,11 +52,7 @@ pub fn dequantize_block_q2_k(b: &BlockQ2K, out: &mut [f32; QK_K]) {
     for (y, q) in out.chunks_exact_mut(128).zip(b.qs.chunks_exact(32)) {
         for (j, y) in y.chunks_exact_mut(32).enumerate() {
             let shift = 2 * j;
-            for ((y, q), &sc) in y
-                .chunks_exact_mut(16)
-                .zip(q.chunks_exact(16))
-                .zip(sc.by_ref())
-            {
+            for ((y, q), &sc) in y.chunks_exact_mut(16).zip(q.chunks_exact(16)).zip(sc.by_ref()) {
                 let dl = d * f32::from(sc & 0x0F);
                 let ml = min * f32::from(sc >> 4);
                 for (o, &q) in y.iter_mut().zip(q) {
@@ -80,18 +72,11 @@ pub fn dequantize_block_q3_k(b: &BlockQ3K, out: &mut [f32; QK_K]) {
     let mut sc = scales.iter();
     // Low bits laid out as Q2_K; the high bit of sub-block pair `4 * n + j`
     // is that bit of `hmask[0..32]` (the mask does not advance per half).
-    for (n, (y, q)) in out
-        .chunks_exact_mut(128)
-        .zip(b.qs.chunks_exact(32))
-        .enumerate()
-    {
+    for (n, (y, q)) in out.chunks_exact_mut(128).zip(b.qs.chunks_exact(32)).enumerate() {
         for (j, y) in y.chunks_exact_mut(32).enumerate() {
             let shift = 2 * j;
             let m = 1u8 << (4 * n + j);
-            let subs = y
-                .chunks_exact_mut(16)
-                .zip(q.chunks_exact(16))
-                .zip(b.hmask.chunks_exact(16));
+            let subs = y.chunks_exact_mut(16).zip(q.chunks_exact(16)).zip(b.hmask.chunks_exact(16));
             for (((y, q), hm), &sc) in subs.zip(sc.by_ref()) {
                 let dl = d_all * f32::from(sc);
                 for ((o, &q), &h) in y.iter_mut().zip(q).zip(hm) {
@@ -110,11 +95,7 @@ pub fn dequantize_block_q4_k(b: &BlockQ4K, out: &mut [f32; QK_K]) {
     let d = b.d.to_f32();
     let min = b.dmin.to_f32();
     // Each 64-element chunk uses 32 bytes of `qs`: low nibbles first.
-    for (j, (y, q)) in out
-        .chunks_exact_mut(64)
-        .zip(b.qs.chunks_exact(32))
-        .enumerate()
-    {
+    for (j, (y, q)) in out.chunks_exact_mut(64).zip(b.qs.chunks_exact(32)).enumerate() {
         let (sc1, m1) = get_scale_min_k4(2 * j, &b.scales);
         let (sc2, m2) = get_scale_min_k4(2 * j + 1, &b.scales);
         let (d1, m1) = (d * f32::from(sc1), min * f32::from(m1));
@@ -133,11 +114,7 @@ pub fn dequantize_block_q4_k(b: &BlockQ4K, out: &mut [f32; QK_K]) {
 pub fn dequantize_block_q5_k(b: &BlockQ5K, out: &mut [f32; QK_K]) {
     let d = b.d.to_f32();
     let min = b.dmin.to_f32();
-    for (j, (y, ql)) in out
-        .chunks_exact_mut(64)
-        .zip(b.qs.chunks_exact(32))
-        .enumerate()
-    {
+    for (j, (y, ql)) in out.chunks_exact_mut(64).zip(b.qs.chunks_exact(32)).enumerate() {
         let (sc1, m1) = get_scale_min_k4(2 * j, &b.scales);
         let (sc2, m2) = get_scale_min_k4(2 * j + 1, &b.scales);
         let (d1, m1) = (d * f32::from(sc1), min * f32::from(m1));
@@ -161,21 +138,15 @@ pub fn dequantize_block_q6_k(b: &BlockQ6K, out: &mut [f32; QK_K]) {
     // Each 128-element half uses 64 bytes of `ql`, 32 of `qh`, 8 scales.
     // Quarter k (32 elements) of a half: `ql[32 * (k % 2) ..]`, nibble
     // `k / 2`, `qh` bits at `2 * k`; scales `2 * k` and `2 * k + 1`.
-    let halves = out
-        .chunks_exact_mut(128)
-        .zip(b.ql.chunks_exact(64))
-        .zip(b.qh.chunks_exact(32));
+    let halves = out.chunks_exact_mut(128).zip(b.ql.chunks_exact(64)).zip(b.qh.chunks_exact(32));
     for (n, ((y, ql), qh)) in halves.enumerate() {
         let sc = &b.scales[8 * n..8 * n + 8];
         for (k, yq) in y.chunks_exact_mut(32).enumerate() {
             let ql = &ql[32 * (k % 2)..32 * (k % 2) + 32];
             let lshift = 4 * (k / 2);
             let hshift = 2 * k;
-            for (s, ((ys, ql), qh)) in yq
-                .chunks_exact_mut(16)
-                .zip(ql.chunks_exact(16))
-                .zip(qh.chunks_exact(16))
-                .enumerate()
+            for (s, ((ys, ql), qh)) in
+                yq.chunks_exact_mut(16).zip(ql.chunks_exact(16)).zip(qh.chunks_exact(16)).enumerate()
             {
                 let dl = d * f32::from(sc[2 * k + s]);
                 for ((o, &l), &h) in ys.iter_mut().zip(ql).zip(qh) {

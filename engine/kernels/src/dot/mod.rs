@@ -1,0 +1,93 @@
+//! Dot products between weight rows and activation rows.
+//!
+//! * [`scalar`]: the portable reference for every supported pair, operating
+//!   on GGUF weight bytes and GGML activation blocks; fast mode mirrors
+//!   ggml's `ggml_vec_dot_*_generic`, precise mode dequantises and
+//!   accumulates in f32.
+//! * x86-64 only, crate-private: tile kernels that dot `R` weight rows with
+//!   `T` activation rows at once, reading activations in the packed layouts
+//!   of [`crate::quantize`]: `avx512` (Q4_0/Q4_1/Q5_0/Q5_1, two blocks per
+//!   512-bit `vpdpbusd`), `avx512_ymm` (Q8_0, one block per 256-bit
+//!   `vpdpbusd`), `avx512_k` (Q4_K/Q5_K/Q6_K), `avx2` and `avx2_k` (the same
+//!   with `vpmaddubsw`), and `f32simd` (precise mode, AVX-512 and AVX2).
+//!   They are `#[target_feature]` functions; [`crate::matmul`] selects them
+//!   at run time from [`crate::cpu::CpuFeatures`] and the tests check them
+//!   against [`scalar`].
+
+pub mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_k;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_k;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_ymm;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod f32simd;
+
+pub use scalar::*;
+
+/// f16 → f32 with the F16C instruction (half's `to_f32` checks CPU
+/// features at run time on every call).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn f16_bits_to_f32(bits: u16) -> f32 {
+    use std::arch::x86_64::*;
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// Reads the little-endian f16 at `p` and converts it (F16C).
+///
+/// # Safety
+/// `p..p + 2` must be readable.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn f16_at(p: *const u8) -> f32 {
+    // SAFETY: the caller guarantees 2 readable bytes.
+    f16_bits_to_f32(unsafe { p.cast::<u16>().read_unaligned() })
+}
+
+/// Weight formats of the 32-element family, as const-generic tags for the
+/// SIMD tile kernels.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) mod fmt {
+    pub const Q4_0: u8 = 0;
+    pub const Q4_1: u8 = 1;
+    pub const Q5_0: u8 = 2;
+    pub const Q5_1: u8 = 3;
+    pub const Q8_0: u8 = 4;
+
+    /// Bytes per block.
+    pub const fn block_bytes(f: u8) -> usize {
+        match f {
+            Q4_0 => 18,
+            Q4_1 => 20,
+            Q5_0 => 22,
+            Q5_1 => 24,
+            _ => 34,
+        }
+    }
+
+    /// Whether the format has a per-block minimum `m` (`x = d q + m`).
+    pub const fn has_min(f: u8) -> bool {
+        matches!(f, Q4_1 | Q5_1)
+    }
+
+    /// Offset subtracted from the stored unsigned quant (Q4_0: 8, Q5_0: 16),
+    /// or added to make a signed quant unsigned (Q8_0: 128, 512-bit kernels
+    /// only); folded into the activations' `corr` lanes.
+    pub const fn offset(f: u8) -> i32 {
+        match f {
+            Q4_0 => 8,
+            Q5_0 => 16,
+            Q8_0 => 128,
+            _ => 0,
+        }
+    }
+}

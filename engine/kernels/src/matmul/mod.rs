@@ -1,0 +1,300 @@
+//! Multi-threaded matvec/matmul built from the dot products.
+//!
+//! [`candidates`] offers, best first, an AVX-512 kernel, an AVX2 kernel and
+//! the scalar reference for every supported (weight type, activation type)
+//! pair:
+//!
+//! * fast mode: Q4_0·Q8_0, Q4_1·Q8_1, Q5_0·Q8_0, Q5_1·Q8_1, Q8_0·Q8_0 and
+//!   Q2_K..Q6_K·Q8_K (Q2_K/Q3_K are scalar only);
+//! * precise mode (`ActType::F32`): F32, F16, BF16 and all the quantised
+//!   types above, dequantised on the fly.
+//!
+//! A call validates the buffer sizes, quantises the activations once into
+//! `scratch` (the SIMD kernels use the packed layouts of
+//! [`crate::quantize`]; the Vec is reused, so steady-state calls do not
+//! allocate), then splits the weight rows into contiguous ranges, one per
+//! pool thread. Each thread walks its rows in tiles of up to 4 rows and,
+//! for each tile, all tokens in groups of up to 4, so that every weight
+//! block is loaded once per 4 tokens (prefill is matrix-matrix work) and
+//! decode (`n_tokens == 1`) streams the weights once.
+
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::ops::Range;
+
+use crate::cpu::CpuFeatures;
+use crate::kernel::{ActType, MatmulDesc, MatmulKernel};
+use crate::pool::{ThreadPool, chunk_aligned};
+use crate::{GgmlType, KernelError, Result};
+
+/// Instruction set a kernel is written for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Scalar,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx512,
+}
+
+impl Isa {
+    /// Whether the running CPU supports the instruction set (cached
+    /// detection).
+    fn available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2 => CpuFeatures::detect().has_avx2(),
+            Isa::Avx512 => CpuFeatures::detect().has_avx512(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+}
+
+/// Whether `(wtype, act)` is a pair this crate implements (in scalar).
+pub fn is_supported_pair(wtype: GgmlType, act: ActType) -> bool {
+    use GgmlType::*;
+    match act {
+        ActType::F32 => {
+            matches!(wtype, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K)
+        }
+        ActType::Q8_0 => matches!(wtype, Q4_0 | Q5_0 | Q8_0),
+        ActType::Q8_1 => matches!(wtype, Q4_1 | Q5_1),
+        ActType::Q8_K => matches!(wtype, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K),
+    }
+}
+
+/// Whether a SIMD kernel of `isa` exists for the pair.
+fn simd_supported(isa: Isa, wtype: GgmlType, act: ActType) -> bool {
+    use GgmlType::*;
+    match isa {
+        Isa::Scalar => true,
+        Isa::Avx2 | Isa::Avx512 => match act {
+            ActType::Q8_K => matches!(wtype, Q4_K | Q5_K | Q6_K),
+            _ => is_supported_pair(wtype, act),
+        },
+    }
+}
+
+/// Every kernel in this crate that serves `desc` on a CPU with `features`,
+/// best first (AVX-512, AVX2, scalar). Empty for unsupported pairs and for
+/// rows that are not a whole number of blocks.
+pub fn candidates(desc: &MatmulDesc, features: &CpuFeatures) -> Vec<Box<dyn MatmulKernel>> {
+    let mut v: Vec<Box<dyn MatmulKernel>> = Vec::new();
+    if !is_supported_pair(desc.wtype, desc.act) || desc.wtype.row_bytes(desc.cols).is_err() {
+        return v;
+    }
+    let mut isas = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if features.has_avx512() {
+            isas.push(Isa::Avx512);
+        }
+        if features.has_avx2() {
+            isas.push(Isa::Avx2);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = features;
+    isas.push(Isa::Scalar);
+    for isa in isas {
+        if simd_supported(isa, desc.wtype, desc.act) {
+            v.push(Box::new(Kernel::new(*desc, isa)));
+        }
+    }
+    v
+}
+
+/// A matmul kernel: one (weight type, activation type, shape) served by
+/// one instruction set.
+#[derive(Debug)]
+pub(crate) struct Kernel {
+    name: String,
+    desc: MatmulDesc,
+    isa: Isa,
+    row_bytes: usize,
+}
+
+impl Kernel {
+    fn new(desc: MatmulDesc, isa: Isa) -> Self {
+        let name = format!("{}/{}*{}", isa.name(), desc.wtype.name(), desc.act.name());
+        let row_bytes = desc.wtype.row_bytes(desc.cols).unwrap_or(0);
+        Self { name, desc, isa, row_bytes }
+    }
+
+    fn validate(&self, w: &[u8], x: &[f32], n_tokens: usize, out: &[f32]) -> Result<()> {
+        let d = &self.desc;
+        let want = d.rows * self.row_bytes;
+        if w.len() != want {
+            return Err(KernelError::BufferSize { ty: d.wtype, n: d.rows * d.cols, want, got: w.len() });
+        }
+        if x.len() != n_tokens * d.cols {
+            return Err(KernelError::Shape {
+                op: "matmul",
+                detail: format!("activations hold {} values, expected {n_tokens} tokens x {} columns", x.len(), d.cols),
+            });
+        }
+        if out.len() != n_tokens * d.rows {
+            return Err(KernelError::Shape {
+                op: "matmul",
+                detail: format!("output holds {} values, expected {n_tokens} tokens x {} rows", out.len(), d.rows),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl MatmulKernel for Kernel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn run(
+        &self,
+        pool: &ThreadPool,
+        w: &[u8],
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
+        self.validate(w, x, n_tokens, out)?;
+        // `candidates` trusts the features it is given; make sure the CPU we
+        // run on really has the instructions before executing them.
+        if !self.isa.available() {
+            return Err(KernelError::Unsupported { ty: self.desc.wtype, what: "this cpu (missing simd features)" });
+        }
+        if n_tokens == 0 || self.desc.rows == 0 {
+            return Ok(());
+        }
+        let job = Job { desc: self.desc, row_bytes: self.row_bytes, w, x, n_tokens, out: OutPtr(out.as_mut_ptr()) };
+        match self.isa {
+            Isa::Scalar => scalar::run(pool, &job, scratch),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 | Isa::Avx512 => x86::run(self.isa, pool, &job, scratch),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => Err(KernelError::Unsupported { ty: self.desc.wtype, what: "simd matmul" }),
+        }
+    }
+}
+
+/// Output pointer shared by the pool threads; each thread writes only the
+/// elements of its own rows.
+#[derive(Clone, Copy)]
+pub(crate) struct OutPtr(pub *mut f32);
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the `Sync` wrapper).
+    pub fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+// SAFETY: threads write disjoint elements (distinct rows), and the
+// pointer outlives the broadcast that uses it.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+/// One validated matmul call.
+pub(crate) struct Job<'a> {
+    pub desc: MatmulDesc,
+    pub row_bytes: usize,
+    pub w: &'a [u8],
+    pub x: &'a [f32],
+    pub n_tokens: usize,
+    pub out: OutPtr,
+}
+
+/// Returns a 64-byte aligned region of `bytes` bytes inside `scratch`,
+/// growing the Vec if needed (never shrinking it).
+pub(crate) fn scratch_aligned(scratch: &mut Vec<u8>, bytes: usize) -> &mut [u8] {
+    let need = bytes + 64;
+    if scratch.len() < need {
+        scratch.resize(need, 0);
+    }
+    let off = scratch.as_ptr().align_offset(64);
+    &mut scratch[off..off + bytes]
+}
+
+/// Mutable byte buffer shared by the pool threads for per-token writes to
+/// disjoint regions.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedBuf(pub *mut u8);
+
+impl SharedBuf {
+    /// The pointer (a method, so closures capture the `Sync` wrapper).
+    pub fn ptr(&self) -> *mut u8 {
+        self.0
+    }
+}
+
+// SAFETY: threads write disjoint per-token regions of the buffer, which
+// outlives the broadcast.
+unsafe impl Send for SharedBuf {}
+// SAFETY: as above.
+unsafe impl Sync for SharedBuf {}
+
+/// Quantises/packs `n_tokens` rows of `x` (`cols` each) into `dst` (`stride`
+/// bytes per token) with `pack`, spreading tokens over the pool when there
+/// are several.
+pub(crate) fn pack_tokens(
+    pool: &ThreadPool,
+    x: &[f32],
+    cols: usize,
+    n_tokens: usize,
+    dst: &mut [u8],
+    stride: usize,
+    pack: &(dyn Fn(&[f32], &mut [u8]) + Sync),
+) {
+    debug_assert!(dst.len() >= n_tokens * stride);
+    if n_tokens < 4 || pool.n_threads() == 1 {
+        for (xt, dt) in x.chunks_exact(cols).zip(dst.chunks_exact_mut(stride)) {
+            pack(xt, dt);
+        }
+        return;
+    }
+    let base = SharedBuf(dst.as_mut_ptr());
+    pool.broadcast(&|ti, nt| {
+        for t in crate::pool::chunk(n_tokens, ti, nt) {
+            // SAFETY: token `t`'s region `t * stride .. (t + 1) * stride`
+            // lies inside `dst` and is written by this thread only.
+            let dt = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(t * stride), stride) };
+            pack(&x[t * cols..(t + 1) * cols], dt);
+        }
+    });
+}
+
+/// Calls `tile(row0, n_rows, tok0, n_toks)` over the rows of thread `ti`
+/// (tiles of `rmax` rows, then single rows) and all tokens (groups of up to
+/// `tmax`).
+pub(crate) fn for_each_tile(
+    rows: usize,
+    n_tokens: usize,
+    ti: usize,
+    nt: usize,
+    rmax: usize,
+    tmax: usize,
+    mut tile: impl FnMut(usize, usize, usize, usize),
+) {
+    let Range { start, end } = chunk_aligned(rows, ti, nt, rmax);
+    let mut r = start;
+    while r < end {
+        let nr = if end - r >= rmax { rmax } else { 1 };
+        let mut t = 0;
+        while t < n_tokens {
+            let ntk = (n_tokens - t).min(tmax);
+            tile(r, nr, t, ntk);
+            t += ntk;
+        }
+        r += nr;
+    }
+}

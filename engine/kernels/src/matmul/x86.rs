@@ -1,0 +1,171 @@
+//! SIMD matmul drivers (AVX2 and AVX-512): activation packing and the
+//! tile loops over the [`crate::dot`] tile kernels.
+
+use super::{Isa, Job, OutPtr, for_each_tile, pack_tokens, scratch_aligned};
+use crate::GgmlType;
+use crate::Result;
+use crate::dot::avx512_k::{KQ4, KQ5, KQ6};
+use crate::dot::f32simd::wt;
+use crate::dot::{avx2, avx2_k, avx512, avx512_k, avx512_ymm, f32simd, fmt};
+use crate::kernel::ActType;
+use crate::pool::ThreadPool;
+use crate::quantize::{self, KLayout, LegacyLayout};
+
+/// Maximum tokens per tile.
+const TMAX: usize = 4;
+
+/// Expands to a `match` over the supported `(rows, tokens)` tile shapes,
+/// calling `$($f)::+::<$($g,)* R, T>(args)`. Row tiles are `$rmax` or 1.
+macro_rules! tiles {
+    ($($f:ident)::+, [$($g:expr),*], $rmax:literal, $nr:expr, $nt:expr, ($($a:expr),*)) => {
+        match ($nr, $nt) {
+            ($rmax, 4) => $($f)::+::<$($g,)* $rmax, 4>($($a),*),
+            ($rmax, 3) => $($f)::+::<$($g,)* $rmax, 3>($($a),*),
+            ($rmax, 2) => $($f)::+::<$($g,)* $rmax, 2>($($a),*),
+            ($rmax, 1) => $($f)::+::<$($g,)* $rmax, 1>($($a),*),
+            (_, 4) => $($f)::+::<$($g,)* 1, 4>($($a),*),
+            (_, 3) => $($f)::+::<$($g,)* 1, 3>($($a),*),
+            (_, 2) => $($f)::+::<$($g,)* 1, 2>($($a),*),
+            _ => $($f)::+::<$($g,)* 1, 1>($($a),*),
+        }
+    };
+}
+
+/// Runs `job` with the SIMD kernels of `isa` (the caller checked that the
+/// CPU supports it).
+pub(super) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) -> Result<()> {
+    let d = job.desc;
+    match d.act {
+        ActType::F32 => run_precise(isa, pool, job),
+        ActType::Q8_0 | ActType::Q8_1 => {
+            let f = match d.wtype {
+                GgmlType::Q4_0 => fmt::Q4_0,
+                GgmlType::Q4_1 => fmt::Q4_1,
+                GgmlType::Q5_0 => fmt::Q5_0,
+                GgmlType::Q5_1 => fmt::Q5_1,
+                _ => fmt::Q8_0,
+            };
+            match f {
+                fmt::Q4_0 => run_legacy::<{ fmt::Q4_0 }>(isa, pool, job, scratch),
+                fmt::Q4_1 => run_legacy::<{ fmt::Q4_1 }>(isa, pool, job, scratch),
+                fmt::Q5_0 => run_legacy::<{ fmt::Q5_0 }>(isa, pool, job, scratch),
+                fmt::Q5_1 => run_legacy::<{ fmt::Q5_1 }>(isa, pool, job, scratch),
+                _ => run_legacy::<{ fmt::Q8_0 }>(isa, pool, job, scratch),
+            }
+        }
+        ActType::Q8_K => match d.wtype {
+            GgmlType::Q4_K => run_k::<KQ4>(isa, pool, job, scratch),
+            GgmlType::Q5_K => run_k::<KQ5>(isa, pool, job, scratch),
+            _ => run_k::<KQ6>(isa, pool, job, scratch),
+        },
+    }
+    Ok(())
+}
+
+fn run_legacy<const F: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) {
+    let d = job.desc;
+    let avx512 = isa == Isa::Avx512;
+    // On Zen 4 the 256-bit VNNI kernel is faster for Q8_0 (no cross-lane
+    // shuffles in the inner loop), the 512-bit pair kernel for the nibble
+    // formats.
+    let ymm = avx512 && F == fmt::Q8_0;
+    // The AVX2 Q8_0 kernel uses the sign trick and needs no corrections.
+    let offset = if !avx512 && F == fmt::Q8_0 { 0 } else { fmt::offset(F) };
+    let l = LegacyLayout::new(d.cols, avx512 && !ymm, offset);
+    let buf = scratch_aligned(scratch, l.stride * job.n_tokens);
+    pack_tokens(pool, job.x, d.cols, job.n_tokens, buf, l.stride, &|x, dst| {
+        if avx512 {
+            quantize::pack_legacy(&l, x, dst);
+        } else {
+            quantize::pack_legacy_scalar(&l, x, dst);
+        }
+    });
+    let act = buf.as_ptr() as usize;
+    let (w, rb, rows, n) = (job.w.as_ptr() as usize, job.row_bytes, d.rows, job.n_tokens);
+    let out: OutPtr = job.out;
+    pool.broadcast(&|ti, nt| {
+        let (w, act) = (w as *const u8, act as *const u8);
+        let rmax = if avx512 { 4 } else { 2 };
+        for_each_tile(rows, n, ti, nt, rmax, TMAX, |r, nr, t, ntk| {
+            let (wp, ap, op) =
+                (w.wrapping_add(r * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
+            // SAFETY: the CPU supports `isa` (checked by `candidates`); rows
+            // `r..r + nr` and tokens `t..t + ntk` are inside the validated
+            // weight, packed-activation and output buffers; this thread owns
+            // the output rows.
+            unsafe {
+                if ymm {
+                    tiles!(avx512_ymm::q8_0_tile, [], 4, nr, ntk, (wp, rb, &l, ap, op, rows));
+                } else if avx512 {
+                    tiles!(avx512::legacy_tile, [F], 4, nr, ntk, (wp, rb, &l, ap, op, rows));
+                } else {
+                    tiles!(avx2::legacy_tile, [F], 2, nr, ntk, (wp, rb, &l, ap, op, rows));
+                }
+            }
+        });
+    });
+}
+
+fn run_k<const K: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) {
+    let d = job.desc;
+    let l = KLayout::new(d.cols);
+    let buf = scratch_aligned(scratch, l.stride * job.n_tokens);
+    pack_tokens(pool, job.x, d.cols, job.n_tokens, buf, l.stride, &|x, dst| {
+        quantize::pack_k(&l, x, dst);
+    });
+    let act = buf.as_ptr() as usize;
+    let (w, rb, rows, n) = (job.w.as_ptr() as usize, job.row_bytes, d.rows, job.n_tokens);
+    let out: OutPtr = job.out;
+    let avx512 = isa == Isa::Avx512;
+    pool.broadcast(&|ti, nt| {
+        let (w, act) = (w as *const u8, act as *const u8);
+        for_each_tile(rows, n, ti, nt, 2, TMAX, |r, nr, t, ntk| {
+            let (wp, ap, op) =
+                (w.wrapping_add(r * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
+            // SAFETY: as in `run_legacy`.
+            unsafe {
+                if avx512 {
+                    tiles!(avx512_k::k_tile, [K], 2, nr, ntk, (wp, rb, &l, ap, op, rows));
+                } else {
+                    tiles!(avx2_k::k_tile, [K], 2, nr, ntk, (wp, rb, &l, ap, op, rows));
+                }
+            }
+        });
+    });
+}
+
+fn run_precise(isa: Isa, pool: &ThreadPool, job: &Job<'_>) {
+    match job.desc.wtype {
+        GgmlType::F32 => precise::<{ wt::F32 }>(isa, pool, job),
+        GgmlType::F16 => precise::<{ wt::F16 }>(isa, pool, job),
+        GgmlType::BF16 => precise::<{ wt::BF16 }>(isa, pool, job),
+        GgmlType::Q4_0 => precise::<{ wt::Q4_0 }>(isa, pool, job),
+        GgmlType::Q4_1 => precise::<{ wt::Q4_1 }>(isa, pool, job),
+        GgmlType::Q8_0 => precise::<{ wt::Q8_0 }>(isa, pool, job),
+        _ => precise::<{ wt::OTHER }>(isa, pool, job),
+    }
+}
+
+fn precise<const W: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>) {
+    let d = job.desc;
+    let ty = d.wtype;
+    let (w, rb, rows, cols, n) = (job.w.as_ptr() as usize, job.row_bytes, d.rows, d.cols, job.n_tokens);
+    let x = job.x.as_ptr() as usize;
+    let out: OutPtr = job.out;
+    let avx512 = isa == Isa::Avx512;
+    pool.broadcast(&|ti, nt| {
+        let (w, x) = (w as *const u8, x as *const f32);
+        let rmax = if avx512 { 4 } else { 2 };
+        for_each_tile(rows, n, ti, nt, rmax, TMAX, |r, nr, t, ntk| {
+            let (wp, xp, op) = (w.wrapping_add(r * rb), x.wrapping_add(t * cols), out.ptr().wrapping_add(t * rows + r));
+            // SAFETY: as in `run_legacy`; `x` holds `n * cols` floats.
+            unsafe {
+                if avx512 {
+                    tiles!(f32simd::tile_avx512, [W], 4, nr, ntk, (ty, wp, rb, cols, xp, cols, op, rows));
+                } else {
+                    tiles!(f32simd::tile_avx2, [W], 2, nr, ntk, (ty, wp, rb, cols, xp, cols, op, rows));
+                }
+            }
+        });
+    });
+}
