@@ -30,10 +30,7 @@ fn load(name: &str) -> Fixture {
     let nbytes = read_u32(&bytes, 12) as usize;
     assert_eq!(bytes.len(), 16 + nbytes + 4 * n, "{name}: file size");
     let src = bytes[16..16 + nbytes].to_vec();
-    let expected = bytes[16 + nbytes..]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let expected = bytes[16 + nbytes..].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     Fixture { ty, src, expected }
 }
 
@@ -76,20 +73,12 @@ fn check(fx: &Fixture, src: &[u8]) {
         }
         if g.to_bits() != want {
             if mismatches < 8 {
-                eprintln!(
-                    "{ty}[{i}]: got {g:e} ({:#010x}), want {e:e} ({want:#010x})",
-                    g.to_bits()
-                );
+                eprintln!("{ty}[{i}]: got {g:e} ({:#010x}), want {e:e} ({want:#010x})", g.to_bits());
             }
             mismatches += 1;
         }
     }
-    assert_eq!(
-        mismatches,
-        0,
-        "{ty}: {mismatches} of {} elements differ",
-        got.len()
-    );
+    assert_eq!(mismatches, 0, "{ty}: {mismatches} of {} elements differ", got.len());
 }
 
 #[test]
@@ -97,10 +86,7 @@ fn dequantize_matches_gguf_python_bit_exact() {
     for ty in FIXTURE_TYPES {
         let fx = load(&ty.name().to_lowercase());
         assert_eq!(fx.ty, ty);
-        assert!(
-            fx.expected.len() >= 4 * ty.block_size(),
-            "{ty}: fixture too small"
-        );
+        assert!(fx.expected.len() >= 4 * ty.block_size(), "{ty}: fixture too small");
         check(&fx, &fx.src);
     }
 }
@@ -120,39 +106,24 @@ fn dequantize_unaligned_source_matches_fixtures() {
 #[test]
 fn block_helpers_match_fixtures() {
     use spinfer_kernels::blocks::{BlockQ4_1, BlockQ4K, BlockQ6K};
-    use spinfer_kernels::dequant::{
-        dequantize_block_q4_1, dequantize_block_q4_k, dequantize_block_q6_k,
-    };
+    use spinfer_kernels::dequant::{dequantize_block_q4_1, dequantize_block_q4_k, dequantize_block_q6_k};
 
     let fx = load("q4_1");
     let b: BlockQ4_1 = bytemuck::pod_read_unaligned(&fx.src[20..40]);
     let mut out = [0f32; 32];
     dequantize_block_q4_1(&b, &mut out);
-    assert_eq!(
-        out.map(f32::to_bits),
-        <[f32; 32]>::try_from(&fx.expected[32..64])
-            .unwrap()
-            .map(f32::to_bits)
-    );
+    assert_eq!(out.map(f32::to_bits), <[f32; 32]>::try_from(&fx.expected[32..64]).unwrap().map(f32::to_bits));
 
     let fx = load("q4_k");
     let b: BlockQ4K = bytemuck::pod_read_unaligned(&fx.src[144..288]);
     let mut out = [0f32; 256];
     dequantize_block_q4_k(&b, &mut out);
-    assert!(
-        out.iter()
-            .zip(&fx.expected[256..512])
-            .all(|(a, b)| a.to_bits() == b.to_bits())
-    );
+    assert!(out.iter().zip(&fx.expected[256..512]).all(|(a, b)| a.to_bits() == b.to_bits()));
 
     let fx = load("q6_k");
     let b: BlockQ6K = bytemuck::pod_read_unaligned(&fx.src[..210]);
     dequantize_block_q6_k(&b, &mut out);
-    assert!(
-        out.iter()
-            .zip(&fx.expected[..256])
-            .all(|(a, b)| a.to_bits() == b.to_bits())
-    );
+    assert!(out.iter().zip(&fx.expected[..256]).all(|(a, b)| a.to_bits() == b.to_bits()));
 }
 
 #[test]
@@ -174,13 +145,7 @@ fn wrong_sizes_are_errors_not_panics() {
         if bs > 1 {
             let mut dst = vec![0f32; n + 1];
             let src = vec![0u8; bytes];
-            assert!(
-                matches!(
-                    dequantize_row(ty, &src, &mut dst),
-                    Err(KernelError::RowNotBlockAligned { .. })
-                ),
-                "{ty}"
-            );
+            assert!(matches!(dequantize_row(ty, &src, &mut dst), Err(KernelError::RowNotBlockAligned { .. })), "{ty}");
         }
         // Garbage bytes of the right size never panic (results may be NaN).
         let src: Vec<u8> = (0..bytes).map(|i| (i * 131 + 7) as u8).collect();
