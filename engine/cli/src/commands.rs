@@ -142,6 +142,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
             "tokens": g.tokens,
             "prompt_tokens": g.prompt_tokens,
             "stop_reason": format!("{:?}", g.stop_reason),
+            "peak_rss_bytes": crate::bench::peak_rss_bytes(),
             "prefill_tokens_per_second": g.prefill_tokens_per_second(),
             "decode_tokens_per_second": g.decode_tokens_per_second(),
             "timings_ms": {

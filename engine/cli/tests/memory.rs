@@ -1,0 +1,33 @@
+//! Peak RSS of a 512-token-context generation stays within the model file
+//! size + 100 MB (weights are mapped, not copied; the KV cache is sized to
+//! the context).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+#[test]
+fn peak_rss_at_512_context_is_file_size_plus_100mb() {
+    let model = std::env::var_os("SPINFER_MODEL").map(PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    });
+    if !model.exists() {
+        assert!(std::env::var_os("CI").is_none(), "model missing in CI");
+        eprintln!("skipping: {} not found", model.display());
+        return;
+    }
+    // ~400 prompt tokens + 100 generated fill most of the 512 context.
+    let prompt = "The history of the city is long and complicated. ".repeat(40);
+    let out = Command::new(env!("CARGO_BIN_EXE_spinfer"))
+        .args(["generate", "-m", model.to_str().unwrap(), "-p", &prompt, "-c", "512", "-n", "100", "--temp", "0"])
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rss = v["peak_rss_bytes"].as_u64().expect("peak_rss_bytes reported");
+    let file = std::fs::metadata(&model).unwrap().len();
+    let n = v["prompt_tokens"].as_u64().unwrap() + v["tokens"].as_array().unwrap().len() as u64;
+    eprintln!("peak RSS {:.1} MB, file {:.1} MB, {n} tokens in context", rss as f64 / 1e6, file as f64 / 1e6);
+    assert!(n > 400, "the test should fill most of the context, got {n} tokens");
+    assert!(rss <= file + 100_000_000, "peak RSS {rss} > file size {file} + 100 MB");
+}
