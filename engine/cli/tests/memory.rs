@@ -7,9 +7,9 @@ use std::process::Command;
 
 #[test]
 fn peak_rss_at_512_context_is_file_size_plus_100mb() {
-    let model = std::env::var_os("SPINFER_MODEL").map(PathBuf::from).unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    });
+    let model = std::env::var_os("SPINFER_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf"));
     if !model.exists() {
         assert!(std::env::var_os("CI").is_none(), "model missing in CI");
         eprintln!("skipping: {} not found", model.display());
