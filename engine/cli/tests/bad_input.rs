@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod common;
+
 /// A tiny GGUF writer: metadata (key, type id, encoded value) and F32
 /// tensors (name, GGML dims).
 struct Gguf {
@@ -201,14 +203,7 @@ fn non_utf8_prompt_file() {
 
 #[test]
 fn context_overflow() {
-    let model = std::env::var_os("SPINFER_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    if !model.exists() {
-        assert!(std::env::var_os("CI").is_none(), "model missing in CI");
-        eprintln!("skipping: {} not found", model.display());
-        return;
-    }
+    let Some(model) = common::smollm2() else { return };
     let long = "word ".repeat(100);
     let e = fails(&["generate", "-m", model.to_str().unwrap(), "-p", &long, "-c", "16", "-n", "4", "--quiet"]);
     assert_mentions(&e, &["context overflow", "16"]);

@@ -2,19 +2,13 @@
 //! size + 100 MB (weights are mapped, not copied; the KV cache is sized to
 //! the context).
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
+
+mod common;
 
 #[test]
 fn peak_rss_at_512_context_is_file_size_plus_100mb() {
-    let model = std::env::var_os("SPINFER_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    if !model.exists() {
-        assert!(std::env::var_os("CI").is_none(), "model missing in CI");
-        eprintln!("skipping: {} not found", model.display());
-        return;
-    }
+    let Some(model) = common::smollm2() else { return };
     // ~400 prompt tokens + 100 generated fill most of the 512 context.
     let prompt = "The history of the city is long and complicated. ".repeat(40);
     let out = Command::new(env!("CARGO_BIN_EXE_spinfer"))
