@@ -309,14 +309,7 @@ impl Model {
         let neox = c.rope_style == RopeStyle::NeoX;
         for (l, layer) in self.weights.layers.iter().enumerate() {
             // Attention RMSNorm.
-            for t in 0..n {
-                math::rms_norm(
-                    &s.x[t * dim..(t + 1) * dim],
-                    &layer.attn_norm,
-                    c.rms_eps,
-                    &mut s.xn[t * dim..(t + 1) * dim],
-                );
-            }
+            math::rms_norm_rows(&s.x, &layer.attn_norm, c.rms_eps, &mut s.xn, n);
             // Q, K, V projections.
             layer.wq.forward(&s.pool, &s.xn, n, &mut s.q, &mut s.scratch)?;
             layer.wk.forward(&s.pool, &s.xn, n, &mut s.k, &mut s.scratch)?;
@@ -343,14 +336,7 @@ impl Model {
             add(&mut s.x[..n * dim], &s.tmp[..n * dim]);
 
             // FFN RMSNorm.
-            for t in 0..n {
-                math::rms_norm(
-                    &s.x[t * dim..(t + 1) * dim],
-                    &layer.ffn_norm,
-                    c.rms_eps,
-                    &mut s.xn[t * dim..(t + 1) * dim],
-                );
-            }
+            math::rms_norm_rows(&s.x, &layer.ffn_norm, c.rms_eps, &mut s.xn, n);
             // SwiGLU FFN: down(silu(gate(x)) * up(x)), and residual.
             layer.w_gate.forward(&s.pool, &s.xn, n, &mut s.gate, &mut s.scratch)?;
             layer.w_up.forward(&s.pool, &s.xn, n, &mut s.up, &mut s.scratch)?;
@@ -360,14 +346,7 @@ impl Model {
         }
 
         // Final RMSNorm; logits are computed on request.
-        for t in 0..n {
-            math::rms_norm(
-                &s.x[t * dim..(t + 1) * dim],
-                &self.weights.output_norm,
-                c.rms_eps,
-                &mut s.xn[t * dim..(t + 1) * dim],
-            );
-        }
+        math::rms_norm_rows(&s.x, &self.weights.output_norm, c.rms_eps, &mut s.xn, n);
         s.pos += n;
         Ok(())
     }

@@ -12,6 +12,14 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// [`rms_norm`] of each `dim`-wide row of `x` (`n` rows) into `out`.
+pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], n: usize) {
+    let dim = w.len();
+    for (xr, or) in x[..n * dim].chunks_exact(dim).zip(out[..n * dim].chunks_exact_mut(dim)) {
+        rms_norm(xr, w, eps, or);
+    }
+}
+
 pub use spinfer_kernels::vec::{axpy, dot, softmax};
 
 /// `gate = silu(gate) * up` (SwiGLU), in place.
