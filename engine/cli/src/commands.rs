@@ -22,10 +22,15 @@ pub struct CommonArgs {
     /// Worker threads (default: all cores).
     #[arg(short, long)]
     pub threads: Option<usize>,
-    /// f32 activations (matches PyTorch on the dequantised weights) instead
-    /// of 8-bit quantised activations.
-    #[arg(long)]
+    /// f32 activations: PyTorch's function on the dequantised weights
+    /// (slowest). The default runs integer kernels on two 8-bit activation
+    /// planes, which is nearly as accurate.
+    #[arg(long, conflicts_with = "int8")]
     pub precise: bool,
+    /// One 8-bit activation plane, as llama.cpp: fastest prefill, max
+    /// logit error ~1.
+    #[arg(long)]
+    pub int8: bool,
     /// Print only the result on stdout.
     #[arg(short, long)]
     pub quiet: bool,
@@ -40,7 +45,13 @@ impl CommonArgs {
         if let Some(t) = self.threads {
             o.threads = t.max(1);
         }
-        o.precision = if self.precise { Precision::Precise } else { Precision::Fast };
+        o.precision = if self.precise {
+            Precision::Precise
+        } else if self.int8 {
+            Precision::Int8
+        } else {
+            Precision::Fast
+        };
         o
     }
 }
