@@ -106,6 +106,15 @@ impl KernelRegistry {
         self.pins.insert(key.into(), kernel.into());
     }
 
+    /// Every kernel any usable provider offers for `desc`: providers by
+    /// descending score (ties in registration order), each provider's
+    /// kernels best first. The input of benchmark-driven selection.
+    pub fn candidates(&self, desc: &MatmulDesc) -> Vec<(String, Arc<dyn MatmulKernel>)> {
+        let mut providers: Vec<_> = self.providers.iter().filter(|p| p.score() > 0).collect();
+        providers.sort_by_key(|p| std::cmp::Reverse(p.score()));
+        providers.into_iter().flat_map(|p| p.kernels_for(desc).into_iter().map(|k| (p.name().to_string(), k))).collect()
+    }
+
     /// Picks the kernel for `desc`.
     pub fn resolve(&self, desc: &MatmulDesc) -> Result<Resolved> {
         let key = pin_key(desc.wtype, desc.act);
