@@ -1,0 +1,116 @@
+//! The CLI's output contracts: `--quiet` prints exactly the result,
+//! `perplexity` ends with `ppl <value>`, `--json` prints one object with
+//! the documented keys, progress and logs stay off stdout.
+
+use std::process::{Command, Output};
+
+mod common;
+
+fn spinfer(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_spinfer")).args(args).output().unwrap();
+    assert!(out.status.success(), "spinfer {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+#[test]
+fn generate_quiet_prints_exactly_the_continuation() {
+    let Some(m) = common::smollm2() else { return };
+    let m = m.to_str().unwrap();
+    let o = spinfer(&["generate", "-m", m, "-p", "The capital of France is", "-n", "1", "--temp", "0", "--quiet"]);
+    assert_eq!(stdout(&o), " Paris");
+    let o = spinfer(&["generate", "-m", m, "-p", "The capital of France is", "-n", "2", "--temp", "0", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["text"], " Paris.");
+    assert_eq!(v["prompt_tokens"], 5);
+    assert!(v["decode_tokens_per_second"].is_number());
+}
+
+#[test]
+fn generate_stops_at_stop_string() {
+    let Some(m) = common::smollm2() else { return };
+    let o = spinfer(&[
+        "generate",
+        "-m",
+        m.to_str().unwrap(),
+        "-p",
+        "The capital of France is",
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "--stop",
+        "\n",
+        "--quiet",
+    ]);
+    assert_eq!(stdout(&o), " Paris.");
+}
+
+#[test]
+fn perplexity_last_line_is_ppl() {
+    let Some(m) = common::smollm2() else { return };
+    let text =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/wikitext-2-raw/wiki.test.head.raw");
+    let o = spinfer(&[
+        "perplexity",
+        "-m",
+        m.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "128",
+        "--windows",
+        "2",
+    ]);
+    let out = stdout(&o);
+    let last = out.lines().last().unwrap();
+    let ppl: f64 = last.strip_prefix("ppl ").expect("last line starts with 'ppl '").parse().unwrap();
+    assert!(ppl > 1.0 && ppl < 1000.0, "{ppl}");
+    let o = spinfer(&[
+        "perplexity",
+        "-m",
+        m.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "128",
+        "--windows",
+        "2",
+        "--quiet",
+    ]);
+    assert_eq!(stdout(&o), format!("{last}\n"), "--quiet prints only the figure");
+}
+
+#[test]
+fn bench_json_has_the_documented_keys() {
+    let Some(m) = common::smollm2() else { return };
+    let o = spinfer(&["bench", "-m", m.to_str().unwrap(), "-t", "1", "-r", "1", "--json", "--int8"]);
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    for k in ["pp128", "pp512", "tg128"] {
+        assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k} in {v}");
+    }
+    assert!(v["peak_rss_bytes"].as_u64().is_some_and(|x| x > 0), "{v}");
+}
+
+#[test]
+fn inspect_lists_hyper_parameters_and_tensors() {
+    let Some(m) = common::smollm2() else { return };
+    let out = stdout(&spinfer(&["inspect", m.to_str().unwrap()]));
+    for needle in ["architecture: llama", "layers             30", "gpt2-bpe", "blk.0.ffn_down.weight", "q4_1"] {
+        assert!(out.contains(needle), "inspect output lacks {needle:?}");
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&stdout(&spinfer(&["inspect", m.to_str().unwrap(), "--json"]))).unwrap();
+    assert_eq!(v["tensors"].as_array().unwrap().len(), 272);
+}
+
+#[test]
+fn help_exists_for_every_command() {
+    for cmd in ["generate", "perplexity", "bench", "inspect", "convert"] {
+        let out = stdout(&spinfer(&[cmd, "--help"]));
+        assert!(out.contains("Usage:"), "{cmd} --help");
+    }
+}
