@@ -86,44 +86,74 @@ pub struct Resolved {
 /// Resolves operation descriptors to kernels.
 pub struct KernelRegistry {
     providers: Vec<Arc<dyn KernelProvider>>,
-    /// Kernel-name pins keyed by `"<wtype>*<act>"` (e.g. `"q4_1*q8_1"`).
+    /// Kernel pins keyed by `"<wtype>*<act>"` (e.g. `"q4_1*q8_1"`) or
+    /// `"matmul.<wtype>"`; values are a kernel name or `"<pack>/<kernel>"`.
     pins: BTreeMap<String, String>,
+    /// Provider base names (before `@`) never used.
+    excluded: Vec<String>,
 }
 
 impl KernelRegistry {
     /// A registry holding only the built-in CPU provider.
     pub fn builtin() -> Self {
-        Self { providers: vec![Arc::new(CpuBuiltin::new())], pins: BTreeMap::new() }
+        Self { providers: vec![Arc::new(CpuBuiltin::new())], pins: BTreeMap::new(), excluded: Vec::new() }
     }
 
     pub fn add_provider(&mut self, p: Arc<dyn KernelProvider>) {
         self.providers.push(p);
     }
 
-    /// Forces the kernel named `kernel` for weight/activation pair `key`
-    /// (`"q4_1*q8_1"`); resolution fails if no provider offers it.
+    /// Forces `kernel` (a kernel name, or `"<pack>/<kernel name>"`) for
+    /// operations matching `key` (`"q4_1*q8_1"` or `"matmul.q4_1"`);
+    /// resolution fails if no provider offers it.
     pub fn pin(&mut self, key: impl Into<String>, kernel: impl Into<String>) {
         self.pins.insert(key.into(), kernel.into());
+    }
+
+    /// Never uses providers whose base name (before `@`) is `name`.
+    pub fn exclude(&mut self, name: impl Into<String>) {
+        self.excluded.push(name.into());
+    }
+
+    /// Usable providers: not excluded, score > 0, by descending score (ties
+    /// in registration order, so resolution is deterministic).
+    fn usable(&self) -> Vec<&Arc<dyn KernelProvider>> {
+        let mut providers: Vec<_> = self
+            .providers
+            .iter()
+            .filter(|p| p.score() > 0 && !self.excluded.iter().any(|x| x == base_name(p.name())))
+            .collect();
+        providers.sort_by_key(|p| std::cmp::Reverse(p.score()));
+        providers
+    }
+
+    /// The pin that applies to `desc`, if any.
+    fn pin_for(&self, desc: &MatmulDesc) -> Option<&String> {
+        self.pins
+            .get(&pin_key(desc.wtype, desc.act))
+            .or_else(|| self.pins.get(&format!("matmul.{}", desc.wtype.name())))
     }
 
     /// Every kernel any usable provider offers for `desc`: providers by
     /// descending score (ties in registration order), each provider's
     /// kernels best first. The input of benchmark-driven selection.
     pub fn candidates(&self, desc: &MatmulDesc) -> Vec<(String, Arc<dyn MatmulKernel>)> {
-        let mut providers: Vec<_> = self.providers.iter().filter(|p| p.score() > 0).collect();
-        providers.sort_by_key(|p| std::cmp::Reverse(p.score()));
-        providers.into_iter().flat_map(|p| p.kernels_for(desc).into_iter().map(|k| (p.name().to_string(), k))).collect()
+        self.usable()
+            .into_iter()
+            .flat_map(|p| p.kernels_for(desc).into_iter().map(|k| (p.name().to_string(), k)))
+            .collect()
     }
 
-    /// Picks the kernel for `desc`.
+    /// Picks the kernel for `desc`: the pinned one if a pin applies,
+    /// otherwise the highest-scoring provider's best candidate.
     pub fn resolve(&self, desc: &MatmulDesc) -> Result<Resolved> {
-        let key = pin_key(desc.wtype, desc.act);
-        let mut providers: Vec<_> = self.providers.iter().filter(|p| p.score() > 0).collect();
-        // Highest score first; ties keep registration order (deterministic).
-        providers.sort_by_key(|p| std::cmp::Reverse(p.score()));
-        if let Some(want) = self.pins.get(&key) {
+        let providers = self.usable();
+        if let Some(want) = self.pin_for(desc) {
             for p in &providers {
-                if let Some(k) = p.kernels_for(desc).into_iter().find(|k| k.name() == want) {
+                let qualified = |k: &str| format!("{}/{k}", base_name(p.name()));
+                if let Some(k) =
+                    p.kernels_for(desc).into_iter().find(|k| k.name() == want || qualified(k.name()) == *want)
+                {
                     return Ok(Resolved { kernel: k, provider: p.name().to_string(), choice: Choice::Pinned });
                 }
             }
@@ -138,6 +168,11 @@ impl KernelRegistry {
     }
 }
 
+/// A provider's name without its `@version#hash` suffix.
+pub fn base_name(provider: &str) -> &str {
+    provider.split('@').next().unwrap_or(provider)
+}
+
 /// `"q4_1*q8_1"`: the key pins and reports use for a weight/activation pair.
 pub fn pin_key(w: spinfer_kernels::GgmlType, act: ActType) -> String {
     format!("{}*{}", w.name(), act.name())
@@ -146,4 +181,48 @@ pub fn pin_key(w: spinfer_kernels::GgmlType, act: ActType) -> String {
 /// Human-readable operation name, e.g. `"matmul q4_1*q8_1 1536x576"`.
 pub fn describe(desc: &MatmulDesc) -> String {
     format!("matmul {} {}x{}", pin_key(desc.wtype, desc.act), desc.rows, desc.cols)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spinfer_kernels::GgmlType;
+
+    /// A provider offering the scalar kernels under another name.
+    struct Fake(&'static str, u32);
+    impl KernelProvider for Fake {
+        fn name(&self) -> &str {
+            self.0
+        }
+        fn score(&self) -> u32 {
+            self.1
+        }
+        fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
+            spinfer_kernels::kernel::candidates(desc, &CpuFeatures::default()).into_iter().map(Arc::from).collect()
+        }
+    }
+
+    const DESC: MatmulDesc = MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows: 64, cols: 64 };
+
+    #[test]
+    fn score_order_pins_and_exclusions() {
+        let mut r = KernelRegistry::builtin();
+        r.add_provider(Arc::new(Fake("fast-pack@1.0.0#abc", 50)));
+        r.add_provider(Arc::new(Fake("dead-pack@1.0.0#def", 0)));
+        assert_eq!(r.resolve(&DESC).unwrap().provider, "fast-pack@1.0.0#abc");
+        assert!(r.candidates(&DESC).iter().all(|(p, _)| !p.starts_with("dead-pack")));
+
+        r.pin("matmul.q4_1", "cpu-builtin/scalar/q4_1*q8_1");
+        let got = r.resolve(&DESC).unwrap();
+        assert_eq!((got.provider.as_str(), got.choice), ("cpu-builtin", Choice::Pinned));
+
+        r.pin("q4_1*q8_1", "no-such-kernel");
+        let err = r.resolve(&DESC).err().expect("pinned kernel does not exist");
+        assert!(err.to_string().contains("no-such-kernel"));
+
+        let mut r = KernelRegistry::builtin();
+        r.add_provider(Arc::new(Fake("fast-pack@1.0.0#abc", 50)));
+        r.exclude("fast-pack");
+        assert_eq!(r.resolve(&DESC).unwrap().provider, "cpu-builtin");
+    }
 }
