@@ -6,6 +6,7 @@
 
 mod bench;
 mod commands;
+mod pack;
 
 use std::process::ExitCode;
 
@@ -30,6 +31,8 @@ enum Command {
     Inspect(commands::InspectArgs),
     /// Convert a GGUF model to a safetensors checkpoint (dequantising).
     Convert(commands::ConvertArgs),
+    /// Create keys, sign, verify and inspect kernel packs.
+    Pack(pack::PackArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,7 +41,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => a.common.quiet,
         Command::Perplexity(a) => a.common.quiet,
         Command::Bench(a) => a.quiet,
-        Command::Inspect(_) | Command::Convert(_) => false,
+        Command::Inspect(_) | Command::Convert(_) | Command::Pack(_) => false,
     };
     init_logging(quiet);
     let result = match cli.command {
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a),
         Command::Inspect(a) => commands::inspect(a),
         Command::Convert(a) => commands::convert(a),
+        Command::Pack(a) => pack::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -160,6 +160,20 @@ impl Config {
         Ok(())
     }
 
+    /// The trust policy of `[packs]` (keys parsed; a malformed key is an
+    /// error naming it).
+    pub fn trust_policy(&self) -> Result<spinfer_registry::TrustPolicy> {
+        let parse = |k: &String| {
+            k.parse::<spinfer_registry::PublicKey>()
+                .map_err(|e| Error::InvalidArgument(format!("packs key '{k}': {e}")))
+        };
+        Ok(spinfer_registry::TrustPolicy {
+            trusted: self.packs.trusted_keys.iter().map(parse).collect::<Result<_>>()?,
+            revoked: self.packs.revoked_keys.iter().map(parse).collect::<Result<_>>()?,
+            allow_unsigned: self.packs.allow_unsigned,
+        })
+    }
+
     /// The model options this config asks for.
     pub fn model_options(&self) -> ModelOptions {
         let precision = match self.model.precision {
