@@ -1,0 +1,408 @@
+//! Benchmark history: every measurement ever taken, per host, kept on disk
+//! in a `ruvector-core` vector database (redb storage + HNSW index).
+//!
+//! Each record's vector is a small scaled feature vector of the operation's
+//! shape ([`shape_features`]) so that shapes never measured can borrow the
+//! result of the nearest measured shape; the record itself is the entry's
+//! metadata (serde_json). All records are also cached in memory on open
+//! (exact lookups scan the cache; histories hold thousands, not millions).
+//!
+//! ruvector-core rebuilds its HNSW graph from redb on open, and the
+//! configuration stored in the database overrides the options passed in:
+//! [`HistoryStore::open`] checks the stored dimensions.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ruvector_core::VectorDB;
+use ruvector_core::types::{DbOptions, DistanceMetric, HnswConfig, SearchQuery, VectorEntry};
+use serde::{Deserialize, Serialize};
+use spinfer_kernels::GgmlType;
+use spinfer_kernels::cpu::CpuFeatures;
+use spinfer_kernels::kernel::{ActType, MatmulDesc};
+
+use super::bench::{BenchOptions, Phase};
+use crate::{Error, Result};
+
+/// Length of [`shape_features`] vectors.
+pub const DIM: usize = 16;
+
+/// The machine measurements were taken on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Host {
+    pub cpu_model: String,
+    pub features: String,
+    pub cores: usize,
+}
+
+impl Host {
+    /// This machine: `/proc/cpuinfo` "model name", detected CPU features,
+    /// available parallelism.
+    pub fn detect() -> Self {
+        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            })
+            .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        Self { cpu_model, features: CpuFeatures::detect().describe(), cores }
+    }
+
+    /// The string records are keyed by.
+    pub fn fingerprint(&self) -> String {
+        format!("{} | {} | {} cores", self.cpu_model, self.features, self.cores)
+    }
+}
+
+/// One measurement of one kernel on one operation shape.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// [`Host::fingerprint`].
+    pub host: String,
+    /// `"matmul"`.
+    pub op: String,
+    pub phase: Phase,
+    /// Weight type name (`"q4_1"`).
+    pub wtype: String,
+    /// Activation type name (`"q8_1"`).
+    pub act: String,
+    pub rows: usize,
+    pub cols: usize,
+    pub n_tokens: usize,
+    /// `"<provider>/<kernel name>"`.
+    pub kernel_id: String,
+    /// Median wall time of one run; `None` if the kernel was rejected.
+    pub median_ns: Option<u64>,
+    /// Why the kernel was rejected (disagreed with the reference, errored).
+    #[serde(default)]
+    pub rejected: Option<String>,
+    /// Unix seconds.
+    pub date: u64,
+}
+
+impl Record {
+    /// Whether this record is about `desc` in `phase` on `host` (any shape
+    /// if `shape` is false).
+    pub fn matches(&self, host: &str, desc: &MatmulDesc, phase: Phase, shape: bool) -> bool {
+        self.host == host
+            && self.op == "matmul"
+            && self.phase == phase
+            && self.wtype == desc.wtype.name()
+            && self.act == desc.act.name()
+            && (!shape || (self.rows == desc.rows && self.cols == desc.cols))
+    }
+}
+
+/// Current time in unix seconds.
+pub fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Weight-type bucket of the one-hot part of [`shape_features`].
+fn wtype_bucket(w: &str) -> usize {
+    match w {
+        "f32" => 0,
+        "f16" => 1,
+        "bf16" => 2,
+        "q4_0" | "q4_1" => 3,
+        "q5_0" | "q5_1" => 4,
+        "q8_0" => 5,
+        "q2_K" | "q3_K" => 6,
+        "q4_K" | "q5_K" => 7,
+        _ => 8,
+    }
+}
+
+fn act_bucket(a: &str) -> usize {
+    match a {
+        "f32" => 0,
+        "q8_0" => 1,
+        "q8_1" => 2,
+        _ => 3,
+    }
+}
+
+/// The shape's feature vector: `[log2 rows, log2 cols, log2 n_tokens] / 16`
+/// then a one-hot weight-type bucket (9) and a one-hot activation type (4).
+/// Every component lies in [0, 1].
+pub fn shape_features(wtype: &str, act: &str, rows: usize, cols: usize, n_tokens: usize) -> Vec<f32> {
+    let l = |n: usize| ((n.max(1) as f32).log2() / 16.0).min(1.0);
+    let mut v = vec![0.0; DIM];
+    v[0] = l(rows);
+    v[1] = l(cols);
+    v[2] = l(n_tokens);
+    v[3 + wtype_bucket(wtype)] = 1.0;
+    v[12 + act_bucket(act)] = 1.0;
+    v
+}
+
+fn record_features(r: &Record) -> Vec<f32> {
+    shape_features(&r.wtype, &r.act, r.rows, r.cols, r.n_tokens)
+}
+
+fn dist2(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum()
+}
+
+/// Measurement history persisted at one path.
+pub struct HistoryStore {
+    db: VectorDB,
+    path: PathBuf,
+    /// Every record, ordered by (date, id).
+    records: Vec<(String, Record)>,
+}
+
+impl std::fmt::Debug for HistoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HistoryStore").field("path", &self.path).field("records", &self.records.len()).finish()
+    }
+}
+
+fn db_err(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::io(path, std::io::Error::other(format!("history store: {e}")))
+}
+
+impl HistoryStore {
+    /// Opens (or creates) the history at `path` (a redb file).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let options = DbOptions {
+            dimensions: DIM,
+            distance_metric: DistanceMetric::Euclidean,
+            storage_path: path.to_string_lossy().into_owned(),
+            hnsw_config: Some(HnswConfig { m: 16, ef_construction: 100, ef_search: 64, max_elements: 100_000 }),
+            quantization: None,
+        };
+        let db = VectorDB::new(options).map_err(|e| db_err(&path, e))?;
+        // The stored configuration wins over ours: refuse a foreign database.
+        if db.options().dimensions != DIM {
+            return Err(db_err(&path, format!("holds {}-d vectors, expected {DIM}", db.options().dimensions)));
+        }
+        let mut records = Vec::new();
+        for id in db.keys().map_err(|e| db_err(&path, e))? {
+            let Some(entry) = db.get(&id).map_err(|e| db_err(&path, e))? else { continue };
+            let Some(meta) = entry.metadata else { continue };
+            let obj: serde_json::Map<String, serde_json::Value> = meta.into_iter().collect();
+            match serde_json::from_value::<Record>(serde_json::Value::Object(obj)) {
+                Ok(r) => records.push((id, r)),
+                Err(e) => tracing::warn!("{}: skipping history entry '{id}': {e}", path.display()),
+            }
+        }
+        records.sort_by(|a, b| (a.1.date, &a.0).cmp(&(b.1.date, &b.0)));
+        Ok(Self { db, path, records })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Every record, oldest first.
+    pub fn records(&self) -> impl Iterator<Item = &Record> {
+        self.records.iter().map(|(_, r)| r)
+    }
+
+    /// Appends `r` (committed to disk before returning).
+    pub fn record(&mut self, r: &Record) -> Result<()> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let id = format!("{:010}-{nanos}-{}-{}", r.date, std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
+        let serde_json::Value::Object(obj) = serde_json::to_value(r).map_err(|e| db_err(&self.path, e))? else {
+            unreachable!("a struct serialises to an object")
+        };
+        let metadata: HashMap<String, serde_json::Value> = obj.into_iter().collect();
+        let entry = VectorEntry { id: Some(id.clone()), vector: record_features(r), metadata: Some(metadata) };
+        self.db.insert(entry).map_err(|e| db_err(&self.path, e))?;
+        self.records.push((id, r.clone()));
+        Ok(())
+    }
+
+    /// Records of exactly `desc`'s shape in `phase` on `host`, oldest first.
+    pub fn records_for(&self, host: &str, desc: &MatmulDesc, phase: Phase) -> Vec<Record> {
+        self.records().filter(|r| r.matches(host, desc, phase, true)).cloned().collect()
+    }
+
+    /// Up to `k` records of the same host, op, phase, weight and activation
+    /// type whose shapes are nearest to `desc` (HNSW search), nearest first;
+    /// ties ordered by (rows, cols, date, kernel id).
+    pub fn nearest(&self, host: &str, desc: &MatmulDesc, phase: Phase, k: usize) -> Vec<Record> {
+        let (w, a) = (desc.wtype.name(), desc.act.name());
+        // Records of one phase share (nearly) one token count: a constant
+        // offset that does not change the ranking.
+        let query = shape_features(w, a, desc.rows, desc.cols, BenchOptions::default().tokens(phase));
+        let total = self.db.len().unwrap_or(self.records.len());
+        if k == 0 || total == 0 {
+            return Vec::new();
+        }
+        // The store filters metadata after the top-k cut: widen until enough
+        // matching records are found or everything was searched.
+        let mut fetch = (k * 8).max(32);
+        let mut found: Vec<Record> = loop {
+            let q = SearchQuery {
+                vector: query.clone(),
+                k: fetch.min(total),
+                filter: None,
+                ef_search: Some(fetch.max(64)),
+            };
+            let hits = match self.db.search(q) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!("{}: history search failed: {e}", self.path.display());
+                    return Vec::new();
+                }
+            };
+            let got: Vec<Record> = hits
+                .into_iter()
+                .filter_map(|h| {
+                    let obj: serde_json::Map<String, serde_json::Value> = h.metadata?.into_iter().collect();
+                    serde_json::from_value::<Record>(serde_json::Value::Object(obj)).ok()
+                })
+                .filter(|r| r.matches(host, desc, phase, false))
+                .collect();
+            if got.len() >= k || fetch >= total {
+                break got;
+            }
+            fetch *= 4;
+        };
+        let key = |r: &Record| dist2(&record_features(r), &query);
+        found.sort_by(|x, y| {
+            key(x)
+                .total_cmp(&key(y))
+                .then_with(|| (x.rows, x.cols, x.date, &x.kernel_id).cmp(&(y.rows, y.cols, y.date, &y.kernel_id)))
+        });
+        found.truncate(k);
+        found
+    }
+}
+
+/// A record for `kernel_id` measured on `desc` (helper for callers/tests).
+#[allow(clippy::too_many_arguments, reason = "flat constructor")]
+pub fn make_record(
+    host: &str,
+    desc: &MatmulDesc,
+    phase: Phase,
+    n_tokens: usize,
+    kernel_id: &str,
+    median_ns: Option<u64>,
+    rejected: Option<String>,
+    date: u64,
+) -> Record {
+    Record {
+        host: host.to_string(),
+        op: "matmul".to_string(),
+        phase,
+        wtype: desc.wtype.name().to_string(),
+        act: desc.act.name().to_string(),
+        rows: desc.rows,
+        cols: desc.cols,
+        n_tokens,
+        kernel_id: kernel_id.to_string(),
+        median_ns,
+        rejected,
+        date,
+    }
+}
+
+/// Parses a weight type name as stored in records.
+pub fn wtype_from_name(name: &str) -> Option<GgmlType> {
+    GgmlType::ALL.into_iter().find(|t| t.name() == name)
+}
+
+/// Parses an activation type name as stored in records.
+pub fn act_from_name(name: &str) -> Option<ActType> {
+    [ActType::F32, ActType::Q8_0, ActType::Q8_1, ActType::Q8_K].into_iter().find(|a| a.name() == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(rows: usize, cols: usize) -> MatmulDesc {
+        MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows, cols }
+    }
+
+    #[test]
+    fn round_trip_across_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("history.redb");
+        let host = Host::detect().fingerprint();
+        let mut written = Vec::new();
+        {
+            let mut h = HistoryStore::open(&path).unwrap();
+            assert!(h.is_empty());
+            for (i, (r, c)) in [(64, 64), (256, 256), (64, 256)].into_iter().enumerate() {
+                let rec = make_record(
+                    &host,
+                    &desc(r, c),
+                    Phase::Decode,
+                    1,
+                    "cpu-builtin/avx2/q4_1*q8_1",
+                    Some(100 + i as u64),
+                    None,
+                    1000 + i as u64,
+                );
+                h.record(&rec).unwrap();
+                written.push(rec);
+            }
+            let rej =
+                make_record(&host, &desc(64, 64), Phase::Prefill, 64, "p@1#ab/k", None, Some("wrong".into()), 2000);
+            h.record(&rej).unwrap();
+            written.push(rej);
+            assert_eq!(h.len(), 4);
+        }
+        let h = HistoryStore::open(&path).unwrap();
+        let back: Vec<Record> = h.records().cloned().collect();
+        assert_eq!(back, written);
+        assert_eq!(h.records_for(&host, &desc(256, 256), Phase::Decode), vec![written[1].clone()]);
+        assert_eq!(h.records_for(&host, &desc(64, 64), Phase::Prefill), vec![written[3].clone()]);
+        assert!(h.records_for("other host", &desc(256, 256), Phase::Decode).is_empty());
+        // The rebuilt HNSW index answers searches after reopen.
+        let near = h.nearest(&host, &desc(250, 250), Phase::Decode, 1);
+        assert_eq!(near.len(), 1);
+        assert_eq!((near[0].rows, near[0].cols), (256, 256));
+        drop(h);
+        // Writes after a reopen persist too.
+        {
+            let mut h = HistoryStore::open(&path).unwrap();
+            h.record(&written[0]).unwrap();
+        }
+        assert_eq!(HistoryStore::open(&path).unwrap().len(), 5);
+    }
+
+    #[test]
+    fn nearest_picks_closest_shape_of_same_type() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut h = HistoryStore::open(dir.path().join("h.redb")).unwrap();
+        let host = "host-a";
+        for (r, c) in [(64, 64), (256, 256), (1024, 1024), (4096, 1024)] {
+            h.record(&make_record(host, &desc(r, c), Phase::Decode, 1, "x/k", Some(1), None, 1)).unwrap();
+        }
+        // Same shape, different type or host: must be filtered out.
+        let q8 = MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows: 2048, cols: 1024 };
+        h.record(&make_record(host, &q8, Phase::Decode, 1, "x/k", Some(1), None, 1)).unwrap();
+        h.record(&make_record("host-b", &desc(2048, 1024), Phase::Decode, 1, "x/k", Some(1), None, 1)).unwrap();
+        let near = h.nearest(host, &desc(2048, 1024), Phase::Decode, 2);
+        let shapes: Vec<_> = near.iter().map(|r| (r.rows, r.cols)).collect();
+        // log2 distance: 4096x1024 and 1024x1024 are both one octave away;
+        // ties break by (rows, cols).
+        assert_eq!(shapes, vec![(1024, 1024), (4096, 1024)]);
+        let near = h.nearest(host, &desc(300, 200), Phase::Decode, 1);
+        assert_eq!((near[0].rows, near[0].cols), (256, 256));
+        assert!(h.nearest(host, &desc(300, 200), Phase::Prefill, 3).is_empty());
+        assert_eq!(wtype_from_name("q4_K"), Some(GgmlType::Q4_K));
+        assert_eq!(act_from_name("q8_K"), Some(ActType::Q8_K));
+    }
+}

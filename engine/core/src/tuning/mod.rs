@@ -1,0 +1,12 @@
+//! Benchmark-driven kernel tuning: measure every candidate kernel on the
+//! model's real operation shapes ([`bench`]), keep the results per host in a
+//! vector-indexed history ([`history`]), and pick per operation from that
+//! history ([`select`]).
+
+pub mod bench;
+pub mod history;
+pub mod select;
+
+pub use bench::{BenchOptions, Measurement, Outcome, Phase, benchmark, kernel_id};
+pub use history::{HistoryStore, Host, Record};
+pub use select::{Reason, Selection, select, tune, tune_with};
