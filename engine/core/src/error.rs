@@ -38,6 +38,12 @@ pub enum Error {
     Kernel { kernel: String, source: spinfer_kernels::KernelError },
     #[error(transparent)]
     Kernels(#[from] spinfer_kernels::KernelError),
+
+    // === Packs ===
+    #[error("pack {pack}: {detail}")]
+    Pack { pack: String, detail: String },
+    #[error(transparent)]
+    Registry(#[from] spinfer_registry::RegistryError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

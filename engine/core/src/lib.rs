@@ -1,4 +1,5 @@
 //! spinfer's inference engine.
+pub mod config;
 pub mod convert;
 pub mod engine;
 mod error;
@@ -7,11 +8,13 @@ pub mod gguf;
 pub mod inspect;
 pub mod loader;
 pub mod model;
+pub mod packs;
 pub mod perplexity;
 pub mod registry;
 pub mod safetensors;
 pub mod sampling;
 pub mod tensor;
 pub mod tokenizer;
+pub mod tuning;
 pub use engine::Engine;
 pub use error::{Error, Result};

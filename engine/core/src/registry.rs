@@ -14,6 +14,9 @@ use std::sync::Arc;
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
 
+use crate::tuning::bench::Phase;
+use crate::tuning::history::{Host, HistoryStore};
+use crate::tuning::select::{Reason, select};
 use crate::{Error, Result};
 
 /// Something that can offer kernels for operations (ggml-backend's "reg").
@@ -65,14 +68,31 @@ impl KernelProvider for CpuBuiltin {
     }
 }
 
-/// Why a kernel was chosen (reported by `spinfer inspect` and later
-/// `spinfer kernels`).
+/// Why a kernel was chosen (reported by `spinfer kernels`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Choice {
     /// The operator pinned this kernel by name.
     Pinned,
-    /// The best candidate of the highest-scoring provider.
+    /// The best candidate of the highest-scoring provider (no history).
     BestScore,
+    /// Fastest measured for this shape on this host.
+    Measured,
+    /// Fastest on the nearest recorded shape `(rows, cols)`.
+    NearestNeighbour { rows: usize, cols: usize },
+    /// No other candidate.
+    OnlyCandidate,
+}
+
+impl std::fmt::Display for Choice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Choice::Pinned => f.write_str("pinned"),
+            Choice::BestScore => f.write_str("default (highest-scoring provider)"),
+            Choice::Measured => f.write_str("measured"),
+            Choice::NearestNeighbour { rows, cols } => write!(f, "nearest measured shape {rows}x{cols}"),
+            Choice::OnlyCandidate => f.write_str("only candidate"),
+        }
+    }
 }
 
 /// A resolved operation.
@@ -81,6 +101,9 @@ pub struct Resolved {
     pub kernel: Arc<dyn MatmulKernel>,
     pub provider: String,
     pub choice: Choice,
+    /// Every candidate's `"<provider>/<kernel>"` with its recorded decode
+    /// median in ns where the history has one (empty without history).
+    pub alternatives: Vec<(String, Option<u64>)>,
 }
 
 /// Resolves operation descriptors to kernels.
@@ -91,12 +114,15 @@ pub struct KernelRegistry {
     pins: BTreeMap<String, String>,
     /// Provider base names (before `@`) never used.
     excluded: Vec<String>,
+    /// Measured kernel timings; when present, unpinned operations take the
+    /// fastest recorded kernel.
+    history: Option<(HistoryStore, String)>,
 }
 
 impl KernelRegistry {
     /// A registry holding only the built-in CPU provider.
     pub fn builtin() -> Self {
-        Self { providers: vec![Arc::new(CpuBuiltin::new())], pins: BTreeMap::new(), excluded: Vec::new() }
+        Self { providers: vec![Arc::new(CpuBuiltin::new())], pins: BTreeMap::new(), excluded: Vec::new(), history: None }
     }
 
     pub fn add_provider(&mut self, p: Arc<dyn KernelProvider>) {
@@ -108,6 +134,11 @@ impl KernelRegistry {
     /// resolution fails if no provider offers it.
     pub fn pin(&mut self, key: impl Into<String>, kernel: impl Into<String>) {
         self.pins.insert(key.into(), kernel.into());
+    }
+
+    /// Chooses unpinned kernels from `history` (measurements of this host).
+    pub fn set_history(&mut self, history: HistoryStore) {
+        self.history = Some((history, Host::detect().fingerprint()));
     }
 
     /// Never uses providers whose base name (before `@`) is `name`.
@@ -154,14 +185,28 @@ impl KernelRegistry {
                 if let Some(k) =
                     p.kernels_for(desc).into_iter().find(|k| k.name() == want || qualified(k.name()) == *want)
                 {
-                    return Ok(Resolved { kernel: k, provider: p.name().to_string(), choice: Choice::Pinned });
+                    let provider = p.name().to_string();
+                    return Ok(Resolved { kernel: k, provider, choice: Choice::Pinned, alternatives: Vec::new() });
                 }
             }
             return Err(Error::NoKernel { op: format!("{} (pinned kernel '{want}' is not offered)", describe(desc)) });
         }
+        if let Some((history, host)) = &self.history {
+            let mut candidates = self.candidates(desc);
+            let sel = select(desc, Phase::Decode, &candidates, history, host, &BTreeMap::new())?;
+            let (provider, kernel) = candidates.swap_remove(sel.index);
+            let choice = match sel.reason {
+                Reason::Measured => Choice::Measured,
+                Reason::NearestNeighbour { from: (rows, cols) } => Choice::NearestNeighbour { rows, cols },
+                Reason::OnlyCandidate => Choice::OnlyCandidate,
+                Reason::Pinned | Reason::Default => Choice::BestScore,
+            };
+            return Ok(Resolved { kernel, provider, choice, alternatives: sel.alternatives });
+        }
         for p in &providers {
             if let Some(k) = p.kernels_for(desc).into_iter().next() {
-                return Ok(Resolved { kernel: k, provider: p.name().to_string(), choice: Choice::BestScore });
+                let provider = p.name().to_string();
+                return Ok(Resolved { kernel: k, provider, choice: Choice::BestScore, alternatives: Vec::new() });
             }
         }
         Err(Error::NoKernel { op: describe(desc) })

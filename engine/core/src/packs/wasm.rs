@@ -1,0 +1,740 @@
+//! WebAssembly kernel packs: third-party matmul kernels run inside
+//! wasmtime's sandbox.
+//!
+//! # Model
+//!
+//! * One process-wide [`wasmtime::Engine`] per fuel setting (fuel metering
+//!   is an engine-wide compilation choice, so packs with and without a fuel
+//!   budget use two engines). Both have epoch interruption on; a background
+//!   thread per engine (holding only a weak handle) bumps the epoch every
+//!   [`EPOCH_TICK`], so a kernel that runs past its time budget is stopped
+//!   within budget + 2 ticks.
+//! * Per pack: the module is compiled once, and one `Store` holds its single
+//!   instance for the pack's lifetime, with a memory cap enforced by a
+//!   resource limiter. Modules may import nothing (no host functions, no
+//!   WASI): a kernel can only compute on its own linear memory.
+//! * Weights are copied into the module's memory once per weight matrix
+//!   (keyed by the host slice's address and length, plus a sampled
+//!   fingerprint that catches a freed-and-reused address) and stay resident;
+//!   activations are copied in and outputs copied out on every call.
+//! * The `Store` sits behind a mutex: calls into one pack are serialised (a
+//!   wasm instance is single-threaded; the engine's thread pool is not used).
+//!   Packs do not block each other.
+//! * Any failure inside the module (trap, timeout, fuel exhausted, memory
+//!   cap, bad status) disables the pack: it stops offering kernels and every
+//!   later call fails fast. The process never crashes because of a pack.
+//!
+//! # Module ABI (version [`WASM_ABI_VERSION`])
+//!
+//! Exports: `memory`; `spinfer_abi_version() -> i32`; `alloc(bytes) -> ptr`
+//! (0 = out of memory); `spinfer_kernel_count() -> i32` and
+//! `spinfer_kernel_wtype(i) -> i32` (GGML type id of kernel `i`'s weights;
+//! activations are f32); and for each kernel
+//! `matmul_<wtype>_f32(w, rows, cols, x, n_tokens, out) -> i32` (0 = ok)
+//! computing `out[t * rows + r] = dot(W[r, :], x[t * cols ..])`, the
+//! engine's precise-mode contract. `kernels-wasm/` is the reference
+//! implementation.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::pool::ThreadPool;
+use spinfer_kernels::{GgmlType, KernelError};
+use spinfer_registry::{PackKind, VerifiedPack};
+use wasmtime::{Config, Engine, Instance, Memory, Module, ResourceLimiter, Store, Trap, TypedFunc};
+
+use crate::registry::KernelProvider;
+use crate::{Error, Result};
+
+/// The module ABI this host implements; a module (and its `pack.toml`
+/// `abi_version`) must declare the same.
+pub const WASM_ABI_VERSION: u32 = 1;
+
+/// Period of the epoch ticker that enforces time budgets.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Resource limits for one WASM pack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WasmLimits {
+    /// Cap on the module's linear memory (weights are resident there, so
+    /// this must cover the weights the pack serves plus I/O buffers).
+    pub max_memory_bytes: usize,
+    /// Wall-clock budget of one kernel call (or one weight upload).
+    pub timeout_ms: u64,
+    /// Fuel (roughly: wasm instructions) per call; `None` = unmetered.
+    /// Metering costs some speed.
+    pub fuel: Option<u64>,
+}
+
+impl Default for WasmLimits {
+    /// 4 GiB (all of wasm32's address space), 10 s per call, no fuel.
+    fn default() -> Self {
+        Self { max_memory_bytes: usize::try_from(4u64 << 30).unwrap_or(usize::MAX), timeout_ms: 10_000, fuel: None }
+    }
+}
+
+/// Why a pack's module failed (and was disabled).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WasmFault {
+    #[error("timed out after {timeout_ms} ms (epoch interrupt)")]
+    Timeout { timeout_ms: u64 },
+    #[error("ran out of fuel ({fuel} units)")]
+    OutOfFuel { fuel: u64 },
+    #[error("memory limit: the module asked for {wanted} bytes of linear memory, the cap is {cap}")]
+    MemoryLimit { wanted: usize, cap: usize },
+    #[error("trapped: {0}")]
+    Trap(String),
+    #[error("returned status {0}")]
+    Status(i32),
+}
+
+/// A loaded WASM kernel pack; a [`KernelProvider`].
+pub struct WasmPack {
+    inner: Arc<Inner>,
+}
+
+/// Shared between the pack and the kernels it hands out.
+struct Inner {
+    name: String,
+    limits: WasmLimits,
+    /// Kernels the manifest declares and the module implements.
+    kernels: Vec<Decl>,
+    state: Mutex<State>,
+    disabled: AtomicBool,
+    fault: Mutex<Option<WasmFault>>,
+    uploads: AtomicUsize,
+}
+
+/// One kernel: manifest name and weight type (export
+/// `matmul_<wtype>_f32`).
+struct Decl {
+    name: String,
+    wtype: GgmlType,
+}
+
+/// `(w, rows, cols, x, n_tokens, out) -> status`.
+type MatmulFn = TypedFunc<(u32, u32, u32, u32, u32, u32), i32>;
+
+/// The instance and what lives in its memory.
+struct State {
+    store: Store<Host>,
+    memory: Memory,
+    alloc: TypedFunc<u32, u32>,
+    funcs: HashMap<GgmlType, MatmulFn>,
+    /// Resident weights: (host address, length) -> copy in wasm memory.
+    weights: HashMap<(usize, usize), Resident>,
+    /// Reused activation/output buffer: (offset, capacity in bytes).
+    io: (u32, usize),
+}
+
+struct Resident {
+    offset: u32,
+    fingerprint: u64,
+}
+
+/// Host data of a pack's store: the memory limiter.
+struct Host {
+    cap: usize,
+    /// Set when a growth was refused: (bytes wanted).
+    denied: Option<usize>,
+}
+
+/// Returned from the limiter to make a refused `memory.grow` trap.
+#[derive(Debug, thiserror::Error)]
+#[error("memory limit: {wanted} bytes wanted, cap {cap}")]
+struct MemoryDenied {
+    wanted: usize,
+    cap: usize,
+}
+
+impl ResourceLimiter for Host {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.cap {
+            self.denied = Some(desired);
+            // An error (not `Ok(false)`) traps, so a module cannot ignore the
+            // refusal and the failure is reported as a memory-limit fault.
+            return Err(wasmtime::Error::new(MemoryDenied { wanted: desired, cap: self.cap }));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= 10_000)
+    }
+
+    fn instances(&self) -> usize {
+        1
+    }
+
+    fn memories(&self) -> usize {
+        1
+    }
+}
+
+/// The process-wide engine for `fuel` metering on or off (created on first
+/// use, with its epoch ticker).
+fn engine(fuel: bool) -> std::result::Result<Engine, String> {
+    static ENGINES: [OnceLock<std::result::Result<Engine, String>>; 2] = [OnceLock::new(), OnceLock::new()];
+    ENGINES[usize::from(fuel)]
+        .get_or_init(|| {
+            let mut config = Config::new();
+            config.strategy(wasmtime::Strategy::Cranelift);
+            config.epoch_interruption(true);
+            config.consume_fuel(fuel);
+            let engine = Engine::new(&config).map_err(|e| format!("creating the wasm engine: {e}"))?;
+            let weak = engine.weak();
+            std::thread::Builder::new()
+                .name("spinfer-wasm-epoch".into())
+                .spawn(move || {
+                    // Ticks at fixed wall-clock instants (no drift under
+                    // load), so epochs track elapsed time.
+                    let mut next = std::time::Instant::now();
+                    while let Some(engine) = weak.upgrade() {
+                        engine.increment_epoch();
+                        drop(engine);
+                        next += EPOCH_TICK;
+                        let now = std::time::Instant::now();
+                        if next < now {
+                            next = now;
+                        }
+                        std::thread::sleep(next - now);
+                    }
+                })
+                .map_err(|e| format!("starting the wasm epoch ticker: {e}"))?;
+            Ok(engine)
+        })
+        .clone()
+}
+
+/// Epoch ticks to allow for `timeout_ms`: the deadline is relative to the
+/// current epoch, which may be about to tick, so one extra tick.
+fn deadline_ticks(timeout_ms: u64) -> u64 {
+    timeout_ms.div_ceil(EPOCH_TICK.as_millis() as u64).max(1) + 1
+}
+
+/// A cheap fingerprint of a weight slice: length and 64 sampled 8-byte
+/// windows (detects a freed-and-reused host address with other contents).
+fn fingerprint(w: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ w.len() as u64;
+    if w.is_empty() {
+        return h;
+    }
+    let n = 64usize;
+    for i in 0..n {
+        let at = (w.len() - 1) * i / (n - 1);
+        let end = (at + 8).min(w.len());
+        for &b in &w[at..end] {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+impl WasmPack {
+    /// Compiles and instantiates the module of `pack` (already verified by
+    /// the registry) under `limits`. Refuses a pack that is not
+    /// `kind = "wasm"`, whose module or manifest declares another ABI
+    /// version (naming both), that imports anything, or that lacks an
+    /// export for a kernel its manifest declares. Only manifest kernels
+    /// with `op = "matmul"`, `act = "f32"` are offered.
+    pub fn load(pack: &VerifiedPack, limits: WasmLimits) -> Result<Self> {
+        let m = pack.manifest();
+        let name = m.name.clone();
+        let err = |detail: String| Error::Pack { pack: name.clone(), detail };
+        if m.kind != PackKind::Wasm {
+            return Err(err(format!("kind is {:?}, not wasm", m.kind)));
+        }
+        if m.abi_version != WASM_ABI_VERSION {
+            return Err(err(format!(
+                "pack.toml declares abi_version {}, this host implements wasm abi {WASM_ABI_VERSION}",
+                m.abi_version
+            )));
+        }
+        let path = pack.artefact_path();
+        let bytes = std::fs::read(path).map_err(|e| err(format!("reading {}: {e}", path.display())))?;
+        let engine = engine(limits.fuel.is_some()).map_err(&err)?;
+        let module = Module::new(&engine, &bytes).map_err(|e| err(format!("compiling {}: {e}", path.display())))?;
+        if let Some(imp) = module.imports().next() {
+            return Err(err(format!(
+                "the module imports '{}::{}'; wasm packs may import nothing",
+                imp.module(),
+                imp.name()
+            )));
+        }
+
+        let mut store = Store::new(&engine, Host { cap: limits.max_memory_bytes, denied: None });
+        store.limiter(|h| h as &mut dyn ResourceLimiter);
+        set_budget(&mut store, &limits).map_err(&err)?;
+        let instance = Instance::new(&mut store, &module, &[]).map_err(|e| {
+            let fault = classify(&e, &store, &limits);
+            err(format!("instantiating: {}", fault.map_or_else(|| e.to_string(), |f| f.to_string())))
+        })?;
+        let abi: TypedFunc<(), u32> = typed(&instance, &mut store, "spinfer_abi_version").map_err(&err)?;
+        let got = abi.call(&mut store, ()).map_err(|e| err(format!("spinfer_abi_version trapped: {e}")))?;
+        if got != WASM_ABI_VERSION {
+            return Err(err(format!("module implements wasm abi {got}, this host implements {WASM_ABI_VERSION}")));
+        }
+        let memory = instance
+            .get_memory(&mut store, "memory")
+            .ok_or_else(|| err("the module does not export its memory as 'memory'".into()))?;
+        let alloc: TypedFunc<u32, u32> = typed(&instance, &mut store, "alloc").map_err(&err)?;
+        let count: TypedFunc<(), u32> = typed(&instance, &mut store, "spinfer_kernel_count").map_err(&err)?;
+        let wtype_of: TypedFunc<u32, u32> = typed(&instance, &mut store, "spinfer_kernel_wtype").map_err(&err)?;
+        let n = count.call(&mut store, ()).map_err(|e| err(format!("spinfer_kernel_count trapped: {e}")))?;
+        let mut table = Vec::new();
+        for i in 0..n.min(256) {
+            let id = wtype_of.call(&mut store, i).map_err(|e| err(format!("spinfer_kernel_wtype trapped: {e}")))?;
+            if let Some(t) = GgmlType::from_u32(id) {
+                table.push(t);
+            }
+        }
+
+        let mut kernels = Vec::new();
+        let mut funcs = HashMap::new();
+        for k in m.kernels.iter().filter(|k| k.op == "matmul" && k.act == ActType::F32.name()) {
+            let wtype = [GgmlType::F32, GgmlType::Q4_1, GgmlType::Q8_0]
+                .into_iter()
+                .chain(table.iter().copied())
+                .find(|t| t.name() == k.weight)
+                .ok_or_else(|| err(format!("kernel '{}': unknown weight type '{}'", k.name, k.weight)))?;
+            if !table.contains(&wtype) {
+                return Err(err(format!(
+                    "kernel '{}': the manifest declares {}*f32 but the module's kernel table lacks it",
+                    k.name, k.weight
+                )));
+            }
+            let export = format!("matmul_{}_f32", wtype.name());
+            let f: MatmulFn =
+                typed(&instance, &mut store, &export).map_err(|e| err(format!("kernel '{}': {e}", k.name)))?;
+            funcs.insert(wtype, f);
+            kernels.push(Decl { name: k.name.clone(), wtype });
+        }
+        let state = State { store, memory, alloc, funcs, weights: HashMap::new(), io: (0, 0) };
+        tracing::info!(pack = %name, kernels = kernels.len(), "loaded wasm pack");
+        Ok(Self {
+            inner: Arc::new(Inner {
+                name,
+                limits,
+                kernels,
+                state: Mutex::new(state),
+                disabled: AtomicBool::new(false),
+                fault: Mutex::new(None),
+                uploads: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    /// Whether a failure has disabled the pack.
+    pub fn is_disabled(&self) -> bool {
+        self.inner.disabled.load(Ordering::Acquire)
+    }
+
+    /// The failure that disabled the pack, if any.
+    pub fn fault(&self) -> Option<WasmFault> {
+        self.inner.fault.lock().map(|f| f.clone()).unwrap_or(None)
+    }
+
+    /// Weight matrices copied into the module's memory so far (each is
+    /// copied once, on its first use).
+    pub fn weight_uploads(&self) -> usize {
+        self.inner.uploads.load(Ordering::Relaxed)
+    }
+
+    /// The limits the pack runs under.
+    pub fn limits(&self) -> WasmLimits {
+        self.inner.limits
+    }
+
+    /// Names of the kernels the pack offers (manifest names).
+    pub fn kernel_names(&self) -> Vec<String> {
+        self.inner.kernels.iter().map(|k| k.name.clone()).collect()
+    }
+}
+
+impl KernelProvider for WasmPack {
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// 1 while usable (as the builtin provider: packs are chosen by pin or
+    /// benchmark, not by default), 0 once disabled.
+    fn score(&self) -> u32 {
+        u32::from(!self.is_disabled())
+    }
+
+    fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
+        if self.is_disabled() || desc.act != ActType::F32 {
+            return Vec::new();
+        }
+        let Ok(row_bytes) = desc.wtype.row_bytes(desc.cols) else { return Vec::new() };
+        self.inner
+            .kernels
+            .iter()
+            .filter(|k| k.wtype == desc.wtype)
+            .map(|k| {
+                Arc::new(WasmKernel { inner: Arc::clone(&self.inner), name: k.name.clone(), desc: *desc, row_bytes })
+                    as Arc<dyn MatmulKernel>
+            })
+            .collect()
+    }
+}
+
+/// A pack kernel bound to one operation.
+struct WasmKernel {
+    inner: Arc<Inner>,
+    name: String,
+    desc: MatmulDesc,
+    row_bytes: usize,
+}
+
+impl MatmulKernel for WasmKernel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs on the calling thread (the pool is not used); see the module
+    /// docs for the copy and locking model. Pack failures come back as
+    /// `KernelError::Shape { op: "wasm", .. }` carrying the pack error's
+    /// message (the kernels crate has no pack variant yet).
+    fn run(
+        &self,
+        _pool: &ThreadPool,
+        w: &[u8],
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+        _scratch: &mut Vec<u8>,
+    ) -> spinfer_kernels::Result<()> {
+        let d = &self.desc;
+        let want = d.rows * self.row_bytes;
+        if w.len() != want {
+            return Err(KernelError::BufferSize { ty: d.wtype, n: d.rows * d.cols, want, got: w.len() });
+        }
+        if x.len() != n_tokens * d.cols || out.len() != n_tokens * d.rows {
+            return Err(KernelError::Shape {
+                op: "wasm",
+                detail: format!(
+                    "{n_tokens} tokens of {}x{}: got {} activations and {} outputs",
+                    d.rows,
+                    d.cols,
+                    x.len(),
+                    out.len()
+                ),
+            });
+        }
+        self.inner
+            .call(&self.name, d, w, x, n_tokens, out)
+            .map_err(|e| KernelError::Shape { op: "wasm", detail: e.to_string() })
+    }
+}
+
+/// Looks up a typed export, naming it on failure.
+fn typed<P: wasmtime::WasmParams, R: wasmtime::WasmResults>(
+    instance: &Instance,
+    store: &mut Store<Host>,
+    export: &str,
+) -> std::result::Result<TypedFunc<P, R>, String> {
+    instance.get_typed_func::<P, R>(&mut *store, export).map_err(|e| format!("export '{export}': {e}"))
+}
+
+/// Arms the time (and fuel) budget for one call into the module.
+fn set_budget(store: &mut Store<Host>, limits: &WasmLimits) -> std::result::Result<(), String> {
+    store.set_epoch_deadline(deadline_ticks(limits.timeout_ms));
+    if let Some(fuel) = limits.fuel {
+        store.set_fuel(fuel).map_err(|e| format!("setting fuel: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Turns a wasmtime error from a call into a fault.
+fn classify(e: &wasmtime::Error, store: &Store<Host>, limits: &WasmLimits) -> Option<WasmFault> {
+    if let Some(wanted) = store.data().denied {
+        return Some(WasmFault::MemoryLimit { wanted, cap: limits.max_memory_bytes });
+    }
+    if let Some(m) = e.downcast_ref::<MemoryDenied>() {
+        return Some(WasmFault::MemoryLimit { wanted: m.wanted, cap: m.cap });
+    }
+    match e.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => Some(WasmFault::Timeout { timeout_ms: limits.timeout_ms }),
+        Some(Trap::OutOfFuel) => Some(WasmFault::OutOfFuel { fuel: limits.fuel.unwrap_or(0) }),
+        Some(t) => Some(WasmFault::Trap(t.to_string())),
+        None => None,
+    }
+}
+
+impl Inner {
+    fn pack_error(&self, kernel: &str, detail: impl std::fmt::Display) -> Error {
+        Error::Pack { pack: self.name.clone(), detail: format!("kernel '{kernel}': {detail}") }
+    }
+
+    /// Records `fault`, disables the pack and builds the error.
+    fn fail(&self, kernel: &str, fault: WasmFault) -> Error {
+        self.disabled.store(true, Ordering::Release);
+        tracing::error!(pack = %self.name, kernel, %fault, "wasm pack failed; disabling it");
+        if let Ok(mut f) = self.fault.lock() {
+            f.get_or_insert(fault.clone());
+        }
+        self.pack_error(kernel, format_args!("{fault}; pack disabled"))
+    }
+
+    fn call(&self, kernel: &str, d: &MatmulDesc, w: &[u8], x: &[f32], n_tokens: usize, out: &mut [f32]) -> Result<()> {
+        if self.disabled.load(Ordering::Acquire) {
+            let why = self.fault.lock().ok().and_then(|f| f.clone());
+            let why = why.map_or_else(|| "an earlier failure".to_string(), |f| f.to_string());
+            return Err(self.pack_error(kernel, format_args!("pack is disabled after {why}")));
+        }
+        if n_tokens == 0 || d.rows == 0 {
+            return Ok(());
+        }
+        let too_big = || self.pack_error(kernel, "operands exceed wasm32's 4 GiB address space");
+        let u32_of = |v: usize| u32::try_from(v).map_err(|_| too_big());
+        let (rows, cols, nt) = (u32_of(d.rows)?, u32_of(d.cols)?, u32_of(n_tokens)?);
+        let x_bytes = std::mem::size_of_val(x);
+        let out_bytes = std::mem::size_of_val(out);
+
+        let mut guard = self.state.lock().map_err(|_| self.pack_error(kernel, "state poisoned by an earlier panic"))?;
+        let st = &mut *guard;
+        let func = st.funcs.get(&d.wtype).cloned().ok_or_else(|| self.pack_error(kernel, "no export for the type"))?;
+
+        // Weights: resident after the first call.
+        let key = (w.as_ptr() as usize, w.len());
+        let fp = fingerprint(w);
+        let w_off = match st.weights.get(&key) {
+            Some(r) if r.fingerprint == fp => r.offset,
+            _ => {
+                let off = self.alloc(st, kernel, w.len())?;
+                st.memory.write(&mut st.store, off as usize, w).map_err(|e| self.pack_error(kernel, e))?;
+                st.weights.insert(key, Resident { offset: off, fingerprint: fp });
+                self.uploads.fetch_add(1, Ordering::Relaxed);
+                off
+            }
+        };
+
+        // Activations in, outputs out, through one reused buffer.
+        let need = x_bytes.checked_add(out_bytes).ok_or_else(too_big)?;
+        if st.io.1 < need {
+            let cap = need.max(st.io.1.saturating_mul(2));
+            st.io = (self.alloc(st, kernel, cap)?, cap);
+        }
+        let x_off = st.io.0;
+        let out_off = x_off.checked_add(u32_of(x_bytes)?).ok_or_else(too_big)?;
+        st.memory
+            .write(&mut st.store, x_off as usize, bytemuck::cast_slice(x))
+            .map_err(|e| self.pack_error(kernel, e))?;
+
+        set_budget(&mut st.store, &self.limits).map_err(|e| self.pack_error(kernel, e))?;
+        match func.call(&mut st.store, (w_off, rows, cols, x_off, nt, out_off)) {
+            Ok(0) => {}
+            Ok(status) => return Err(self.fail(kernel, WasmFault::Status(status))),
+            Err(e) => {
+                let fault = classify(&e, &st.store, &self.limits).unwrap_or_else(|| WasmFault::Trap(e.to_string()));
+                return Err(self.fail(kernel, fault));
+            }
+        }
+        st.memory
+            .read(&st.store, out_off as usize, bytemuck::cast_slice_mut(out))
+            .map_err(|e| self.pack_error(kernel, e))?;
+        Ok(())
+    }
+
+    /// `alloc(bytes)` in the module under the call budget; 0 or a trap is a
+    /// fault.
+    fn alloc(&self, st: &mut State, kernel: &str, bytes: usize) -> Result<u32> {
+        let n = u32::try_from(bytes).map_err(|_| {
+            self.fail(kernel, WasmFault::MemoryLimit { wanted: bytes, cap: self.limits.max_memory_bytes })
+        })?;
+        set_budget(&mut st.store, &self.limits).map_err(|e| self.pack_error(kernel, e))?;
+        match st.alloc.call(&mut st.store, n) {
+            Ok(0) => {
+                let used = st.memory.data_size(&st.store);
+                Err(self
+                    .fail(kernel, WasmFault::MemoryLimit { wanted: used + bytes, cap: self.limits.max_memory_bytes }))
+            }
+            Ok(off) => Ok(off),
+            Err(e) => {
+                let fault = classify(&e, &st.store, &self.limits).unwrap_or_else(|| WasmFault::Trap(e.to_string()));
+                Err(self.fail(kernel, fault))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use spinfer_registry::{TrustPolicy, sha256_hex, verify_pack};
+
+    use super::*;
+
+    /// A minimal module implementing the ABI with one F32 kernel whose body
+    /// is `body` (must leave an i32 status on the stack).
+    fn wat_module(abi: u32, body: &str) -> Vec<u8> {
+        let text = format!(
+            r#"(module
+  (memory (export "memory") 1)
+  (global $next (mut i32) (i32.const 1024))
+  (func (export "spinfer_abi_version") (result i32) (i32.const {abi}))
+  (func (export "spinfer_kernel_count") (result i32) (i32.const 1))
+  (func (export "spinfer_kernel_wtype") (param i32) (result i32) (i32.const 0))
+  (func (export "alloc") (param $n i32) (result i32)
+    (local $p i32) (local $end i32)
+    (local.set $p (global.get $next))
+    (local.set $end (i32.add (local.get $p) (local.get $n)))
+    (if (i32.gt_u (local.get $end) (i32.mul (memory.size) (i32.const 65536)))
+      (then
+        (if (i32.eq (memory.grow (i32.sub (i32.add (i32.shr_u (local.get $end) (i32.const 16)) (i32.const 1))
+                                          (memory.size)))
+                    (i32.const -1))
+          (then (return (i32.const 0))))))
+    (global.set $next (local.get $end))
+    (local.get $p))
+  (func (export "matmul_f32_f32") (param i32 i32 i32 i32 i32 i32) (result i32)
+    {body}))"#
+        );
+        wat::parse_str(text).expect("test module parses")
+    }
+
+    /// Writes an unsigned pack around `wasm` and verifies it.
+    fn pack(name: &str, abi: u32, wasm: &[u8]) -> (tempfile::TempDir, VerifiedPack) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("kernels.wasm"), wasm).unwrap();
+        let kname = name.replace('-', "_");
+        let manifest = format!(
+            r#"name = "{name}"
+version = "0.1.0"
+abi_version = {abi}
+kind = "wasm"
+min_host_version = "0.1.0"
+
+[artefact]
+file = "kernels.wasm"
+sha256 = "{}"
+
+[[kernels]]
+name = "{kname}_f32"
+op = "matmul"
+weight = "f32"
+act = "f32"
+"#,
+            sha256_hex(wasm)
+        );
+        std::fs::write(dir.path().join("pack.toml"), manifest).unwrap();
+        let verified = verify_pack(dir.path(), &TrustPolicy::new().with_unsigned_allowed(true)).unwrap();
+        (dir, verified)
+    }
+
+    const DESC: MatmulDesc = MatmulDesc { wtype: GgmlType::F32, act: ActType::F32, rows: 4, cols: 8 };
+
+    fn kernel(p: &WasmPack) -> Arc<dyn MatmulKernel> {
+        p.kernels_for(&DESC).into_iter().next().expect("the pack offers its f32 kernel")
+    }
+
+    /// Runs the pack's kernel once on small operands.
+    fn run(k: &dyn MatmulKernel, w: &[u8]) -> spinfer_kernels::Result<Vec<f32>> {
+        let x = vec![1.0f32; 8];
+        let mut out = vec![0.0f32; 4];
+        k.run(&ThreadPool::new(1), w, &x, 1, &mut out, &mut Vec::new())?;
+        Ok(out)
+    }
+
+    fn limits(timeout_ms: u64) -> WasmLimits {
+        WasmLimits { max_memory_bytes: 16 << 20, timeout_ms, fuel: None }
+    }
+
+    #[test]
+    fn looping_kernel_is_interrupted_within_budget_and_pack_disabled() {
+        let (_d, vp) = pack("test-loop", 1, &wat_module(1, "(loop $l (br $l)) (i32.const 0)"));
+        let p = WasmPack::load(&vp, limits(100)).unwrap();
+        let k = kernel(&p);
+        let w = vec![0u8; 4 * 8 * 4];
+        let t = Instant::now();
+        let e = run(k.as_ref(), &w).unwrap_err().to_string();
+        let ms = t.elapsed().as_millis();
+        eprintln!("interrupted after {ms} ms (budget 100 ms)");
+        assert!((100..=150).contains(&ms), "interrupted after {ms} ms, budget 100 ms");
+        assert!(e.contains("pack test-loop") && e.contains("kernel 'test_loop_f32'") && e.contains("timed out"), "{e}");
+        assert_eq!(p.fault(), Some(WasmFault::Timeout { timeout_ms: 100 }));
+        assert!(p.is_disabled());
+        assert_eq!(p.score(), 0);
+        assert!(p.kernels_for(&DESC).is_empty());
+        let again = run(k.as_ref(), &w).unwrap_err().to_string();
+        assert!(again.contains("disabled"), "{again}");
+    }
+
+    #[test]
+    fn growing_past_the_memory_cap_is_a_memory_fault() {
+        let (_d, vp) = pack("test-grow", 1, &wat_module(1, "(drop (memory.grow (i32.const 1024))) (i32.const 0)"));
+        let p = WasmPack::load(&vp, limits(5_000)).unwrap();
+        let e = run(kernel(&p).as_ref(), &[0u8; 128]).unwrap_err().to_string();
+        assert!(e.contains("memory limit"), "{e}");
+        assert!(matches!(p.fault(), Some(WasmFault::MemoryLimit { cap, .. }) if cap == 16 << 20), "{:?}", p.fault());
+        assert!(p.is_disabled());
+    }
+
+    #[test]
+    fn initial_memory_above_the_cap_is_refused_at_load() {
+        let (_d, vp) = pack("test-big", 1, &wat_module(1, "(i32.const 0)"));
+        let tiny = WasmLimits { max_memory_bytes: 1024, ..limits(1000) };
+        let e = WasmPack::load(&vp, tiny).err().expect("refused").to_string();
+        assert!(e.contains("pack test-big") && e.contains("memory limit"), "{e}");
+    }
+
+    #[test]
+    fn fuel_exhaustion_is_a_typed_fault() {
+        let (_d, vp) = pack("test-fuel", 1, &wat_module(1, "(loop $l (br $l)) (i32.const 0)"));
+        let p = WasmPack::load(&vp, WasmLimits { fuel: Some(100_000), ..limits(10_000) }).unwrap();
+        let t = Instant::now();
+        let e = run(kernel(&p).as_ref(), &[0u8; 128]).unwrap_err().to_string();
+        assert!(t.elapsed() < Duration::from_secs(5), "fuel, not the timeout, stopped it");
+        assert!(e.contains("out of fuel"), "{e}");
+        assert_eq!(p.fault(), Some(WasmFault::OutOfFuel { fuel: 100_000 }));
+    }
+
+    #[test]
+    fn wrong_abi_version_is_refused_naming_both() {
+        let (_d, vp) = pack("test-abi", 1, &wat_module(7, "(i32.const 0)"));
+        let e = WasmPack::load(&vp, limits(1000)).err().expect("refused").to_string();
+        assert!(e.contains("pack test-abi") && e.contains("abi 7") && e.contains("implements 1"), "{e}");
+        let (_d, vp) = pack("test-abi2", 3, &wat_module(1, "(i32.const 0)"));
+        let e = WasmPack::load(&vp, limits(1000)).err().expect("refused").to_string();
+        assert!(e.contains("abi_version 3") && e.contains("wasm abi 1"), "{e}");
+    }
+
+    #[test]
+    fn imports_are_refused() {
+        let wasm = wat::parse_str(r#"(module (import "env" "f" (func)) (memory (export "memory") 1))"#).unwrap();
+        let (_d, vp) = pack("test-imp", 1, &wasm);
+        let e = WasmPack::load(&vp, limits(1000)).err().expect("refused").to_string();
+        assert!(e.contains("imports 'env::f'"), "{e}");
+    }
+
+    #[test]
+    fn weights_are_uploaded_once_per_matrix() {
+        // Copies w[0..4] (the first row's first 4 floats) into out.
+        let body = "(memory.copy (local.get 5) (local.get 0) (i32.const 16)) (i32.const 0)";
+        let (_d, vp) = pack("test-once", 1, &wat_module(1, body));
+        let p = WasmPack::load(&vp, limits(1000)).unwrap();
+        let k = kernel(&p);
+        let w1: Vec<u8> = (0..32u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let w2: Vec<u8> = (0..32u32).flat_map(|i| (-(i as f32)).to_le_bytes()).collect();
+        for _ in 0..3 {
+            assert_eq!(run(k.as_ref(), &w1).unwrap(), [0.0, 1.0, 2.0, 3.0]);
+        }
+        assert_eq!(p.weight_uploads(), 1);
+        assert_eq!(run(k.as_ref(), &w2).unwrap(), [0.0, -1.0, -2.0, -3.0]);
+        assert_eq!(run(k.as_ref(), &w1).unwrap(), [0.0, 1.0, 2.0, 3.0]);
+        assert_eq!(p.weight_uploads(), 2);
+        assert!(!p.is_disabled());
+    }
+
+    #[test]
+    fn deadline_covers_the_budget() {
+        assert_eq!(deadline_ticks(100), 11);
+        assert_eq!(deadline_ticks(1), 2);
+        assert_eq!(deadline_ticks(0), 2);
+    }
+}
