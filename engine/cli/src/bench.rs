@@ -30,7 +30,7 @@ const TESTS: [(&str, usize, usize); 3] = [("pp128", 128, 0), ("pp512", 512, 0), 
 
 pub fn run(mut a: BenchArgs) -> Result<()> {
     a.quiet = a.common.quiet;
-    let engine = Engine::load(&a.common.model, a.common.options(1024))?;
+    let engine = crate::commands::load(&a.common, Some(1024))?;
     let mut session = engine.model.new_session();
     let vocab = engine.model.config.vocab_size as u64;
     let tokens: Vec<u32> = (0..512u64).map(|i| ((i * 2_654_435_761 + 12_345) % vocab) as u32).collect();
@@ -72,7 +72,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         let m = &engine.model;
         println!(
             "model: {} | threads: {} | precision: {:?}",
-            a.common.model.display(),
+            engine.path().display(),
             m.options.threads,
             m.options.precision
         );

@@ -8,8 +8,10 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use spinfer_engine::config::{Config, PrecisionSetting};
 use spinfer_engine::generate::{GenerateParams, StopReason};
 use spinfer_engine::model::{ModelOptions, Precision};
+
 use spinfer_engine::sampling::SamplerParams;
 use spinfer_engine::{Engine, perplexity};
 
@@ -17,8 +19,12 @@ use spinfer_engine::{Engine, perplexity};
 #[derive(Args, Clone)]
 pub struct CommonArgs {
     /// Model: a GGUF file, a safetensors file, or a directory with config.json.
-    #[arg(short, long)]
-    pub model: PathBuf,
+    #[arg(short, long, required_unless_present = "config")]
+    pub model: Option<PathBuf>,
+    /// Operator config (spinfer.toml): model, packs, trust, pins, history.
+    /// Flags given on the command line override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Worker threads (default: all cores).
     #[arg(short, long)]
     pub threads: Option<usize>,
@@ -40,19 +46,44 @@ pub struct CommonArgs {
 }
 
 impl CommonArgs {
-    pub fn options(&self, ctx: usize) -> ModelOptions {
-        let mut o = ModelOptions { ctx, ..ModelOptions::default() };
+    /// Model options from the config (if any) overridden by flags.
+    pub fn options(&self, base: ModelOptions, ctx: Option<usize>) -> ModelOptions {
+        let mut o = base;
+        if let Some(c) = ctx {
+            o.ctx = c;
+        }
         if let Some(t) = self.threads {
             o.threads = t.max(1);
         }
-        o.precision = if self.precise {
-            Precision::Precise
+        if self.precise {
+            o.precision = Precision::Precise;
         } else if self.int8 {
-            Precision::Int8
-        } else {
-            Precision::Fast
-        };
+            o.precision = Precision::Int8;
+        }
         o
+    }
+
+    /// The operator config (from `--config`, or a default one around
+    /// `--model`) with `--model` and flags applied.
+    pub fn config(&self, ctx: Option<usize>) -> Result<Config> {
+        let mut c = match &self.config {
+            Some(path) => Config::load(path)?,
+            None => Config::default(),
+        };
+        match (&self.model, c.model.path.as_os_str().is_empty()) {
+            (Some(m), _) => c.model.path = m.clone(),
+            (None, true) => bail!("give --model or --config"),
+            (None, false) => {}
+        }
+        let o = self.options(c.model_options(), ctx);
+        c.model.ctx = Some(o.ctx);
+        c.model.threads = Some(o.threads);
+        c.model.precision = match o.precision {
+            Precision::Fast => PrecisionSetting::Fast,
+            Precision::Int8 => PrecisionSetting::Int8,
+            Precision::Precise => PrecisionSetting::Precise,
+        };
+        Ok(c)
     }
 }
 
@@ -93,9 +124,9 @@ pub struct GenerateArgs {
     /// Stop when this string appears (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
-    /// Context size.
-    #[arg(short = 'c', long, default_value_t = 2048)]
-    pub ctx: usize,
+    /// Context size (default: the config's, else 2048).
+    #[arg(short = 'c', long)]
+    pub ctx: Option<usize>,
 }
 
 pub fn generate(a: GenerateArgs) -> Result<()> {
@@ -210,7 +241,7 @@ pub fn perplexity(a: PerplexityArgs) -> Result<()> {
             anyhow::anyhow!("{} is not valid UTF-8 (byte {})", a.file.display(), e.utf8_error().valid_up_to())
         })?
         .replace("\r\n", "\n");
-    let engine = load(&a.common, a.ctx)?;
+    let engine = load(&a.common, Some(a.ctx))?;
     let tokens = engine.tokenizer.encode(&text, false)?;
     let total = a.windows.map_or(tokens.len() / a.ctx, |w| w.min(tokens.len() / a.ctx));
     let bar = progress(a.common.quiet || a.common.json, total as u64, "windows");
@@ -277,8 +308,23 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn load(c: &CommonArgs, ctx: usize) -> Result<Engine> {
-    Ok(Engine::load(&c.model, c.options(ctx))?)
+/// Loads the engine that `--config`/`--model` and the flags describe.
+pub fn load(c: &CommonArgs, ctx: Option<usize>) -> Result<Engine> {
+    load_config(c, &c.config(ctx)?)
+}
+
+/// Loads `config`, reporting each pack found on stderr (unless quiet).
+pub fn load_config(c: &CommonArgs, config: &Config) -> Result<Engine> {
+    let (engine, packs) = Engine::from_config(config)?;
+    if !c.quiet && !c.json {
+        for p in packs {
+            match p.outcome {
+                Ok(name) => eprintln!("pack {name}: registered"),
+                Err(why) => eprintln!("pack {}: skipped: {why}", p.dir.display()),
+            }
+        }
+    }
+    Ok(engine)
 }
 
 /// A progress bar on stderr, hidden when `hidden`.

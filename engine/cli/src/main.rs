@@ -6,6 +6,7 @@
 
 mod bench;
 mod commands;
+mod kernels;
 mod pack;
 
 use std::process::ExitCode;
@@ -33,6 +34,10 @@ enum Command {
     Convert(commands::ConvertArgs),
     /// Create keys, sign, verify and inspect kernel packs.
     Pack(pack::PackArgs),
+    /// Which kernel serves each operation of a model, and why.
+    Kernels(kernels::KernelsArgs),
+    /// Benchmark every candidate kernel on the model's shapes and record it.
+    Tune(kernels::KernelsArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +46,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => a.common.quiet,
         Command::Perplexity(a) => a.common.quiet,
         Command::Bench(a) => a.quiet,
+        Command::Kernels(a) | Command::Tune(a) => a.common.quiet,
         Command::Inspect(_) | Command::Convert(_) | Command::Pack(_) => false,
     };
     init_logging(quiet);
@@ -51,6 +57,8 @@ fn main() -> ExitCode {
         Command::Inspect(a) => commands::inspect(a),
         Command::Convert(a) => commands::convert(a),
         Command::Pack(a) => pack::run(a),
+        Command::Kernels(a) => kernels::kernels(a),
+        Command::Tune(a) => kernels::tune_cmd(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

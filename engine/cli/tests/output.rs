@@ -114,3 +114,27 @@ fn help_exists_for_every_command() {
         assert!(out.contains("Usage:"), "{cmd} --help");
     }
 }
+
+#[test]
+fn tune_records_history_that_kernels_then_uses() {
+    let Some(m) = common::smollm2() else { return };
+    let m = m.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let hist = dir.path().join("history");
+    let h = hist.to_str().unwrap();
+    let before: serde_json::Value = serde_json::from_str(&stdout(&spinfer(&["kernels", "-m", m, "--json"]))).unwrap();
+    assert!(before.as_array().unwrap().iter().all(|op| op["why"].as_str().unwrap().starts_with("default")), "{before}");
+    spinfer(&["tune", "-m", m, "--history", h, "-t", "1", "--quiet"]);
+    let after: serde_json::Value =
+        serde_json::from_str(&stdout(&spinfer(&["kernels", "-m", m, "--history", h, "--json"]))).unwrap();
+    let ops = after.as_array().unwrap();
+    assert_eq!(ops.len(), 5, "{after}");
+    for op in ops {
+        assert_eq!(op["why"], "measured", "{op}");
+        let alts = op["alternatives"].as_array().unwrap();
+        assert!(alts.len() >= 2 && alts.iter().all(|a| a["median_ns"].as_u64().is_some()), "{op}");
+        // The chosen kernel is the fastest measured one.
+        let best = alts.iter().min_by_key(|a| a["median_ns"].as_u64().unwrap()).unwrap();
+        assert!(best["kernel"].as_str().unwrap().ends_with(op["kernel"].as_str().unwrap()), "{op}");
+    }
+}

@@ -15,7 +15,7 @@ use spinfer_kernels::split::split_hi_lo;
 use super::config::{ModelConfig, RopeStyle};
 use super::math::{self, RopeTable};
 use crate::loader::Loader;
-use crate::registry::{Choice, KernelRegistry, describe};
+use crate::registry::{Choice, KernelRegistry};
 use crate::tensor::{TensorData, TensorView};
 use crate::{Error, Result};
 
@@ -64,6 +64,8 @@ pub struct Linear {
     kernel: Arc<dyn MatmulKernel>,
     pub provider: String,
     pub choice: Choice,
+    /// The other candidates and their recorded decode medians (ns).
+    pub alternatives: Vec<(String, Option<u64>)>,
     bias: Option<Vec<f32>>,
     /// Feed activations as two 8-bit planes (see [`Precision::Fast`]).
     two_planes: bool,
@@ -111,6 +113,7 @@ impl Linear {
             kernel: r.kernel,
             provider: r.provider,
             choice: r.choice,
+            alternatives: r.alternatives,
             bias,
             two_planes,
         })
@@ -454,19 +457,11 @@ impl Model {
             .chain(std::iter::once(&self.weights.output))
     }
 
-    /// One line per distinct operation: `"matmul q4_1*q8_1 1536x576 -> avx512/... (cpu-builtin)"`.
-    pub fn kernel_report(&self) -> Vec<String> {
-        let mut seen = std::collections::BTreeSet::new();
-        for lin in self.linears() {
-            seen.insert(format!(
-                "{} -> {} ({}, {:?})",
-                describe(&lin.desc),
-                lin.kernel_name(),
-                lin.provider,
-                lin.choice
-            ));
-        }
-        seen.into_iter().collect()
+    /// One entry per distinct operation (first use order): the kernel
+    /// chosen for it, why, and the alternatives.
+    pub fn kernel_choices(&self) -> Vec<&Linear> {
+        let mut seen = std::collections::HashSet::new();
+        self.linears().filter(|l| seen.insert(l.desc)).collect()
     }
 
     /// Bytes of weights read to decode one token (all matmuls plus one

@@ -1,0 +1,96 @@
+//! `spinfer kernels` (which kernel serves each operation, and why) and
+//! `spinfer tune` (benchmark every candidate on the model's shapes and
+//! record the results in the history store).
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use spinfer_engine::Engine;
+use spinfer_engine::registry::describe;
+use spinfer_engine::tuning::{HistoryStore, Outcome, tune};
+
+use crate::commands::{CommonArgs, load_config, progress};
+
+#[derive(Args)]
+pub struct KernelsArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Kernel history store (overrides the config's `packs.history`).
+    #[arg(long)]
+    pub history: Option<PathBuf>,
+}
+
+pub fn kernels(a: KernelsArgs) -> Result<()> {
+    let mut config = a.common.config(None)?;
+    if a.history.is_some() {
+        config.packs.history = a.history.clone();
+    }
+    let engine = load_config(&a.common, &config)?;
+    print_choices(&engine, a.common.json);
+    Ok(())
+}
+
+pub fn tune_cmd(a: KernelsArgs) -> Result<()> {
+    let mut config = a.common.config(None)?;
+    let Some(history_path) = a.history.clone().or(config.packs.history.clone()) else {
+        bail!("give --history PATH (or packs.history in the config) to record measurements");
+    };
+    // Resolve candidates without history, measure, then reload with it.
+    config.packs.history = None;
+    let engine = load_config(&a.common, &config)?;
+    let (registry, _) = spinfer_engine::engine::registry_from_config(&config)?;
+    let descs: Vec<_> = engine.model.kernel_choices().iter().map(|l| l.desc).collect();
+    let n_candidates: usize = descs.iter().map(|d| registry.candidates(d).len()).sum();
+    let bar = progress(a.common.quiet || a.common.json, n_candidates as u64, "kernels");
+    let mut history = HistoryStore::open(&history_path)?;
+    let session = engine.new_session();
+    let results = tune(&registry, &descs, session.pool(), &mut history, &mut |_, _, what| {
+        bar.inc(1);
+        bar.set_message(what.to_string());
+    })?;
+    bar.finish_and_clear();
+    for (desc, ms) in &results {
+        for m in ms {
+            if let Outcome::Rejected { reason } = &m.outcome {
+                eprintln!("{}: {} rejected: {reason}", describe(desc), m.kernel_id);
+            }
+        }
+    }
+    drop(history);
+    drop(engine);
+    config.packs.history = Some(history_path);
+    let engine = load_config(&a.common, &config)?;
+    print_choices(&engine, a.common.json);
+    Ok(())
+}
+
+fn print_choices(engine: &Engine, json: bool) {
+    let choices = engine.model.kernel_choices();
+    if json {
+        let v: Vec<_> = choices
+            .iter()
+            .map(|l| {
+                serde_json::json!({
+                    "op": describe(&l.desc),
+                    "kernel": l.kernel_name(),
+                    "provider": l.provider,
+                    "why": l.choice.to_string(),
+                    "alternatives": l.alternatives.iter().map(|(k, ns)| serde_json::json!({"kernel": k, "median_ns": ns})).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+        return;
+    }
+    for l in choices {
+        println!("{}", describe(&l.desc));
+        println!("  -> {} ({}): {}", l.kernel_name(), l.provider, l.choice);
+        for (k, ns) in &l.alternatives {
+            match ns {
+                Some(ns) => println!("     {k:<48} {:>10.1} µs", *ns as f64 / 1e3),
+                None => println!("     {k:<48} {:>10}", "-"),
+            }
+        }
+    }
+}
