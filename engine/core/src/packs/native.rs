@@ -1,0 +1,322 @@
+//! Native kernel packs: a verified `cdylib` loaded through the stable ABI of
+//! `spinfer-plugin-api` and offered to the [`KernelRegistry`] as a
+//! [`KernelProvider`].
+//!
+//! Loading follows ggml's backend order: verify (already done: the input is
+//! a [`VerifiedPack`]) → open ([`load_pack`]: dlopen plus `abi_stable`'s
+//! layout checks) → ABI version (named on both sides) → `score(host)` (0
+//! means "does not run here", with a reason) → register (the caller's
+//! [`KernelRegistry::add_provider`]).
+//!
+//! Libraries are never unloaded: a [`NativePack`] holds a `'static` root
+//! module, and dropping it drops only the kernel objects. See
+//! `docs/plugin-abi.md` ("Libraries are never unloaded").
+//!
+//! [`KernelRegistry`]: crate::registry::KernelRegistry
+//! [`KernelRegistry::add_provider`]: crate::registry::KernelRegistry::add_provider
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use spinfer_kernels::cpu::CpuFeatures;
+use spinfer_kernels::kernel::{ActType as KActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::pool::ThreadPool;
+use spinfer_kernels::{GgmlType, KernelError};
+use spinfer_plugin_api::abi_stable::std_types::RSliceMut;
+use spinfer_plugin_api::{
+    ABI_VERSION, ActType, CpuFeatureSet, HostInfo, KernelBox, KernelDesc, Op, PackError, PackModuleRef, WeightType,
+    check_abi_version, load_pack,
+};
+use spinfer_registry::{PackKind, VerifiedPack, Version};
+
+use crate::registry::KernelProvider;
+use crate::{Error, Result};
+
+/// The version of this engine, as packs see it (`min_host_version`).
+pub const HOST_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// What the engine tells packs about itself and this machine: the CPU
+/// features `spinfer-kernels` detects, this engine's version and the
+/// logical cores available to the process.
+pub fn host_info() -> HostInfo {
+    let f = CpuFeatures::detect();
+    let mut set = CpuFeatureSet::empty();
+    for (on, bit) in [
+        (f.avx2, CpuFeatureSet::AVX2),
+        (f.fma, CpuFeatureSet::FMA),
+        (f.f16c, CpuFeatureSet::F16C),
+        (f.avx512f, CpuFeatureSet::AVX512F),
+        (f.avx512bw, CpuFeatureSet::AVX512BW),
+        (f.avx512vl, CpuFeatureSet::AVX512VL),
+        (f.avx512vnni, CpuFeatureSet::AVX512VNNI),
+    ] {
+        if on {
+            set = set.with(bit);
+        }
+    }
+    let n_cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    HostInfo {
+        host_version: format!("spinfer {HOST_VERSION}").into(),
+        cpu_features: set,
+        n_cores: u32::try_from(n_cores).unwrap_or(u32::MAX),
+    }
+}
+
+/// The ABI catalogue id of a `spinfer-kernels` weight type (both are GGML
+/// type ids).
+pub fn abi_weight_type(t: GgmlType) -> WeightType {
+    WeightType(t as u32)
+}
+
+/// The ABI catalogue id of a `spinfer-kernels` activation type.
+pub fn abi_act_type(a: KActType) -> ActType {
+    match a {
+        KActType::F32 => ActType::F32,
+        KActType::Q8_0 => ActType::Q8_0,
+        KActType::Q8_1 => ActType::Q8_1,
+        KActType::Q8_K => ActType::Q8_K,
+    }
+}
+
+/// A loaded, usable native pack: the engine-side provider of its kernels.
+pub struct NativePack {
+    /// `"{name}@{version}#{first 12 hex digits of the artefact's sha256}"`.
+    provider_name: String,
+    /// `"{name}@{version}"`.
+    id: String,
+    /// The name the pack reports about itself (its kernels are named
+    /// `"{pack_name}:{kernel}"` on the engine side).
+    pack_name: String,
+    score: u32,
+    kernels: Vec<(KernelDesc, Arc<KernelBox>)>,
+    // The root module is `'static`: the library stays mapped for the rest
+    // of the process whether or not this value lives. Never unload it:
+    // kernel vtables, error payloads and any threads the pack started point
+    // into the library's code (docs/plugin-abi.md).
+    module: PackModuleRef,
+}
+
+impl NativePack {
+    /// Opens a verified native pack, checks its ABI version and asks it how
+    /// well it suits `host`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Pack`] naming the pack (`name@version`) when the manifest is
+    /// not for a native pack or for a newer host, when the library does not
+    /// load (not a pack, another ABI or interface version, layout
+    /// mismatch), when the manifest's and the library's ABI versions
+    /// disagree, and when the pack scores 0 on this host ("pack X@v: scores
+    /// 0 on this host: ...").
+    pub fn load(pack: &VerifiedPack, host: &HostInfo) -> Result<Self> {
+        let m = pack.manifest();
+        let id = pack.id();
+        let err = |detail: String| Error::Pack { pack: id.clone(), detail };
+        if m.kind != PackKind::Native {
+            return Err(err(format!("is a {:?} pack, not a native one", m.kind).to_lowercase()));
+        }
+        let host_version = Version::parse(HOST_VERSION).map_err(|e| err(format!("host version: {e}")))?;
+        if !m.supports_host(&host_version) {
+            return Err(err(format!("needs spinfer {} or newer (this is {host_version})", m.min_host_version)));
+        }
+        // The manifest's claim first: a pack that says it is for another
+        // ABI is not opened at all.
+        check_abi_version(m.abi_version).map_err(|e| err(format!("manifest: {e}")))?;
+
+        // Open: dlopen + abi_stable checks + the module's own ABI version.
+        let module = load_pack(pack.artefact_path()).map_err(|e| {
+            if let Some(d) = e.details() {
+                tracing::debug!(pack = %id, "load details: {d}");
+            }
+            err(e.to_string())
+        })?;
+        if module.abi_version() != m.abi_version {
+            return Err(err(format!(
+                "the library declares pack ABI version {} but its manifest says {} (host ABI version {ABI_VERSION})",
+                module.abi_version(),
+                m.abi_version
+            )));
+        }
+
+        let score = (module.score())(host);
+        if score == 0 {
+            return Err(err(format!(
+                "scores 0 on this host: it does not run on {} with cpu features {} and {} cores \
+                 (the pack's log says why)",
+                host.host_version, host.cpu_features, host.n_cores
+            )));
+        }
+
+        let pack_name = (module.name())().to_string();
+        let kernels: Vec<(KernelDesc, Arc<KernelBox>)> =
+            (module.kernels())().into_iter().map(|k| (k.describe(), Arc::new(k))).collect();
+        let sha = &m.artefact.sha256;
+        let provider_name = format!("{id}#{}", &sha[..sha.len().min(12)]);
+        tracing::info!(
+            provider = %provider_name,
+            score,
+            kernels = kernels.len(),
+            signer = %pack.signer().map_or_else(|| "unsigned".to_string(), ToString::to_string),
+            "loaded native pack"
+        );
+        Ok(NativePack { provider_name, id, pack_name, score, kernels, module })
+    }
+
+    /// `name@version` of the pack.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The name the library reports (`"cpu-simd"`).
+    pub fn pack_name(&self) -> &str {
+        &self.pack_name
+    }
+
+    /// Every kernel the pack offers, as it describes them.
+    pub fn kernel_descs(&self) -> impl Iterator<Item = &KernelDesc> {
+        self.kernels.iter().map(|(d, _)| d)
+    }
+
+    /// The engine-side name of a pack kernel: `"{pack}:{kernel}"`, e.g.
+    /// `"cpu-simd:avx512/q4_1*q8_1"`, so pins can tell a pack's kernel from
+    /// the built-in one of the same name.
+    pub fn kernel_name(&self, desc: &KernelDesc) -> String {
+        format!("{}:{}", self.pack_name, desc.name)
+    }
+
+    /// The root module (for tools that list loaders, predictors, ...).
+    pub fn module(&self) -> PackModuleRef {
+        self.module
+    }
+}
+
+impl KernelProvider for NativePack {
+    fn name(&self) -> &str {
+        &self.provider_name
+    }
+
+    fn score(&self) -> u32 {
+        self.score
+    }
+
+    fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
+        let (w, a) = (abi_weight_type(desc.wtype), abi_act_type(desc.act));
+        self.kernels
+            .iter()
+            .filter(|(d, _)| d.op == Op::MAT_MUL && d.wtype == w && d.act == a && d.accepts_shape(desc.rows, desc.cols))
+            .map(|(d, k)| {
+                Arc::new(PackKernel {
+                    name: self.kernel_name(d),
+                    pack: self.provider_name.clone(),
+                    kernel: Arc::clone(k),
+                    desc: *desc,
+                    prepared: RwLock::new(HashSet::new()),
+                    failed: AtomicBool::new(false),
+                }) as Arc<dyn MatmulKernel>
+            })
+            .collect()
+    }
+}
+
+/// A pack kernel bound to one operation descriptor, as a `spinfer-kernels`
+/// [`MatmulKernel`]: calls cross the ABI to [`spinfer_plugin_api::Kernel::run`].
+///
+/// The host's thread pool does not cross the ABI: the pack computes on the
+/// calling thread (a known cost, documented with the packs).
+pub struct PackKernel {
+    name: String,
+    pack: String,
+    kernel: Arc<KernelBox>,
+    desc: MatmulDesc,
+    /// Weight slices (address, length) already given to `prepare`.
+    prepared: RwLock<HashSet<(usize, usize)>>,
+    /// Set at the first error, so it is logged once.
+    failed: AtomicBool,
+}
+
+impl PackKernel {
+    /// True once a call returned an error (the engine should stop using it).
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    fn error(&self, what: &str, e: &PackError) -> KernelError {
+        if !self.failed.swap(true, Ordering::Relaxed) {
+            tracing::error!(kernel = %self.name, pack = %self.pack, "pack kernel failed in {what}: {e}");
+        }
+        // KernelError has no variant for foreign failures; the text keeps the
+        // pack, the kernel and the pack's error kind and message.
+        KernelError::Shape { op: "pack", detail: format!("{} ({}) {what}: {e}", self.name, self.pack) }
+    }
+
+    /// `prepare` once per weight slice (the pack may key uploads by address).
+    fn ensure_prepared(&self, w: &[u8]) -> Result<(), KernelError> {
+        let key = (w.as_ptr() as usize, w.len());
+        if self.prepared.read().unwrap_or_else(PoisonError::into_inner).contains(&key) {
+            return Ok(());
+        }
+        let mut set = self.prepared.write().unwrap_or_else(PoisonError::into_inner);
+        if set.contains(&key) {
+            return Ok(());
+        }
+        self.kernel
+            .prepare(w.into(), self.desc.rows, self.desc.cols)
+            .into_result()
+            .map_err(|e| self.error("prepare", &e))?;
+        set.insert(key);
+        Ok(())
+    }
+}
+
+impl MatmulKernel for PackKernel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn run(
+        &self,
+        _pool: &ThreadPool,
+        w: &[u8],
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+        _scratch: &mut Vec<u8>,
+    ) -> spinfer_kernels::Result<()> {
+        self.ensure_prepared(w)?;
+        self.kernel
+            .run(w.into(), x.into(), n_tokens, self.desc.rows, self.desc.cols, RSliceMut::from_mut_slice(out))
+            .into_result()
+            .map_err(|e| self.error("run", &e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_info_matches_detection() {
+        let h = host_info();
+        assert_eq!(h.host_version.as_str(), concat!("spinfer ", env!("CARGO_PKG_VERSION")));
+        assert!(h.n_cores >= 1);
+        assert_eq!(h.cpu_features, CpuFeatureSet::detect());
+    }
+
+    #[test]
+    fn catalogue_ids_match_ggml() {
+        assert_eq!(abi_weight_type(GgmlType::Q4_1), WeightType::Q4_1);
+        assert_eq!(abi_weight_type(GgmlType::Q8_0), WeightType::Q8_0);
+        assert_eq!(abi_weight_type(GgmlType::Q4_K), WeightType::Q4_K);
+        assert_eq!(abi_weight_type(GgmlType::BF16), WeightType::BF16);
+        for (k, a) in [
+            (KActType::F32, ActType::F32),
+            (KActType::Q8_0, ActType::Q8_0),
+            (KActType::Q8_1, ActType::Q8_1),
+            (KActType::Q8_K, ActType::Q8_K),
+        ] {
+            assert_eq!(abi_act_type(k), a);
+            assert_eq!(a.name(), Some(k.name()));
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! Native kernel packs end to end: pack directory → sign → verify →
+//! `NativePack::load` → registry → SmolLM2 logits through the pack's
+//! kernels, plus the refusals (tampered artefact, unsigned pack, a host the
+//! pack does not run on).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+
+use spinfer_engine::Engine;
+use spinfer_engine::model::{ModelOptions, Precision};
+use spinfer_engine::packs::{NativePack, host_info};
+use spinfer_engine::registry::{KernelProvider, KernelRegistry};
+use spinfer_kernels::cpu::CpuFeatures;
+use spinfer_plugin_api::{CpuFeatureSet, HostInfo};
+use spinfer_registry::{KeyPair, RegistryError, TrustPolicy, VerifiedPack, sha256_file, sign_pack, verify_pack};
+use spinfer_tests::smollm2;
+
+const PROMPT: &str = "The capital of France is";
+
+/// `target/<profile>`, from this test executable's path
+/// (`target/<profile>/deps/<test>-<hash>`).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).expect("test executable inside target/<profile>/deps").to_path_buf()
+}
+
+/// Builds both pack libraries for this test's profile (as
+/// plugins/cpu-portable/tests/dlopen.rs does: `cargo test` does not
+/// reliably leave an up-to-date cdylib) and returns the profile directory.
+fn built_libs() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = profile_dir();
+        let profile = match dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "dev".to_string(),
+            Some(name) => name.to_string(),
+            None => panic!("cannot tell the cargo profile from {}", dir.display()),
+        };
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let status = Command::new(cargo)
+            .args(["build", "-p", "spinfer-pack-cpu-simd", "-p", "spinfer-pack-cpu-portable", "--profile", &profile])
+            .arg("--target-dir")
+            .arg(dir.parent().expect("target dir"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("running cargo build");
+        assert!(status.success(), "cargo build of the packs (profile {profile}) failed");
+        dir
+    })
+}
+
+/// The built library of pack `crate_stem` (`"cpu_simd"`).
+fn lib(crate_stem: &str) -> PathBuf {
+    let p = built_libs().join(format!("libspinfer_pack_{crate_stem}.so"));
+    assert!(p.exists(), "{} was not built", p.display());
+    p
+}
+
+/// A pack directory `<root>/<name>` holding a copy of `library`, its
+/// `pack.toml`, and `pack.sig` when `key` is given.
+fn make_pack(root: &Path, name: &str, library: &Path, key: Option<&KeyPair>) -> PathBuf {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = format!("lib{}.so", name.replace('-', "_"));
+    std::fs::copy(library, dir.join(&file)).unwrap();
+    let sha = sha256_file(&dir.join(&file)).unwrap();
+    let toml = format!(
+        r#"name = "{name}"
+version = "1.0.0"
+abi_version = 1
+kind = "native"
+min_host_version = "0.1.0"
+description = "test pack"
+
+[artefact]
+file = "{file}"
+sha256 = "{sha}"
+
+[[kernels]]
+name = "q4_1_q8_1"
+op = "matmul"
+weight = "q4_1"
+act = "q8_1"
+
+[[kernels]]
+name = "q8_0_q8_0"
+op = "matmul"
+weight = "q8_0"
+act = "q8_0"
+"#
+    );
+    std::fs::write(dir.join("pack.toml"), toml).unwrap();
+    if let Some(key) = key {
+        sign_pack(&dir, key).unwrap();
+    }
+    dir
+}
+
+/// A signed pack of `crate_stem`, verified against a policy trusting the key.
+fn verified(root: &Path, name: &str, crate_stem: &str) -> VerifiedPack {
+    let key = KeyPair::generate().unwrap();
+    let dir = make_pack(root, name, &lib(crate_stem), Some(&key));
+    verify_pack(&dir, &TrustPolicy::new().with_trusted(key.public_key())).unwrap()
+}
+
+/// The SIMD kernel prefix the cpu-simd pack offers first on this CPU.
+fn simd_isa() -> Option<&'static str> {
+    let f = CpuFeatures::detect();
+    if f.has_avx512() {
+        Some("avx512")
+    } else if f.has_avx2() {
+        Some("avx2")
+    } else {
+        None
+    }
+}
+
+fn last_logits(e: &Engine) -> Vec<f32> {
+    let ids = e.tokenizer.encode(PROMPT, false).unwrap();
+    let mut s = e.new_session();
+    e.model.forward_last(&mut s, &ids).unwrap().to_vec()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn smollm2_through_each_pack_matches_builtin_kernels() {
+    let Some(model) = smollm2() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let mut packs: Vec<(Arc<NativePack>, &str)> = Vec::new();
+    let portable = NativePack::load(&verified(root.path(), "cpu-portable", "cpu_portable"), &host_info()).unwrap();
+    packs.push((Arc::new(portable), "scalar"));
+    let simd = NativePack::load(&verified(root.path(), "cpu-simd", "cpu_simd"), &host_info());
+    match simd_isa() {
+        Some(isa) => packs.push((Arc::new(simd.unwrap()), isa)),
+        None => eprintln!("skipping cpu-simd: {}", simd.err().expect("scores 0 without avx2")),
+    }
+
+    for precision in [Precision::Int8, Precision::Fast] {
+        let options = ModelOptions { precision, ctx: 64, threads: 2 };
+        let default = last_logits(&Engine::load_with(&model, options.clone(), &KernelRegistry::builtin()).unwrap());
+        for (pack, isa) in &packs {
+            // The built-in provider pinned to the same kernels of
+            // spinfer-kernels: the pack must compute what they compute.
+            let mut same = KernelRegistry::builtin();
+            same.pin("q4_1*q8_1", format!("{isa}/q4_1*q8_1"));
+            same.pin("q8_0*q8_0", format!("{isa}/q8_0*q8_0"));
+            let want = last_logits(&Engine::load_with(&model, options.clone(), &same).unwrap());
+            let mut registry = KernelRegistry::builtin();
+            let q41 = format!("{}:{isa}/q4_1*q8_1", pack.pack_name());
+            let q80 = format!("{}:{isa}/q8_0*q8_0", pack.pack_name());
+            registry.pin("q4_1*q8_1", q41.clone());
+            registry.pin("q8_0*q8_0", q80.clone());
+            let provider = pack.name().to_string();
+            registry.add_provider(Arc::clone(pack) as Arc<dyn KernelProvider>);
+            let e = Engine::load_with(&model, options.clone(), &registry).unwrap();
+            let mut pinned = 0;
+            for lin in e.model.linears() {
+                let key = format!("{}*{}", lin.desc.wtype.name(), lin.desc.act.name());
+                if key == "q4_1*q8_1" || key == "q8_0*q8_0" {
+                    assert_eq!(lin.provider, provider, "{}", lin.name);
+                    assert!(lin.kernel_name() == q41 || lin.kernel_name() == q80, "{}", lin.kernel_name());
+                    pinned += 1;
+                }
+            }
+            assert!(pinned > 0, "no linear ran through {provider}");
+            let got = last_logits(&e);
+            let d = max_abs_diff(&got, &want);
+            let d_default = max_abs_diff(&got, &default);
+            eprintln!(
+                "{provider} {precision:?}: {pinned} linears through the pack, max |Δlogit| {d:.5} vs built-in \
+                 {isa} kernels, {d_default:.5} vs the built-in default"
+            );
+            assert!(d <= 0.3, "{provider} {precision:?}: max |Δlogit| {d} > 0.3 vs built-in {isa} kernels");
+        }
+    }
+}
+
+#[test]
+fn provider_is_named_by_id_and_artefact_hash() {
+    let root = tempfile::tempdir().unwrap();
+    let v = verified(root.path(), "cpu-portable", "cpu_portable");
+    let sha = v.manifest().artefact.sha256.clone();
+    let pack = NativePack::load(&v, &host_info()).unwrap();
+    let name = pack.name().to_string();
+    assert_eq!(name, format!("cpu-portable@1.0.0#{}", &sha[..12]));
+    assert_eq!(pack.score(), 1);
+    assert!(pack.kernel_descs().any(|d| d.name.as_str() == "scalar/q4_1*q8_1"));
+}
+
+#[test]
+fn simd_pack_scores_zero_without_avx2() {
+    let root = tempfile::tempdir().unwrap();
+    let v = verified(root.path(), "cpu-simd", "cpu_simd");
+    let host = HostInfo { cpu_features: CpuFeatureSet::FMA.with(CpuFeatureSet::F16C), ..host_info() };
+    let Err(e) = NativePack::load(&v, &host) else { panic!("loaded on a host without avx2") };
+    let msg = e.to_string();
+    assert!(msg.starts_with("pack cpu-simd@1.0.0: scores 0 on this host"), "{msg}");
+    if simd_isa().is_some() {
+        let pack = NativePack::load(&v, &host_info()).unwrap();
+        assert!(pack.score() > 1);
+    }
+}
+
+#[test]
+fn tampered_artefact_is_refused_at_verify() {
+    let root = tempfile::tempdir().unwrap();
+    let key = KeyPair::generate().unwrap();
+    let dir = make_pack(root.path(), "cpu-simd", &lib("cpu_simd"), Some(&key));
+    let policy = TrustPolicy::new().with_trusted(key.public_key());
+    verify_pack(&dir, &policy).unwrap();
+    let so = dir.join("libcpu_simd.so");
+    let mut bytes = std::fs::read(&so).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    std::fs::write(&so, bytes).unwrap();
+    let e = verify_pack(&dir, &policy).unwrap_err();
+    assert!(matches!(e, RegistryError::ArtefactHashMismatch { .. }), "{e}");
+}
+
+#[test]
+fn unsigned_pack_is_refused_unless_allowed() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = make_pack(root.path(), "cpu-portable", &lib("cpu_portable"), None);
+    let trusted = KeyPair::generate().unwrap().public_key();
+    let e = verify_pack(&dir, &TrustPolicy::new().with_trusted(trusted)).unwrap_err();
+    assert!(matches!(e, RegistryError::Unsigned { .. }), "{e}");
+    let v = verify_pack(&dir, &TrustPolicy::new().with_unsigned_allowed(true)).unwrap();
+    assert!(v.is_unsigned());
+    let pack = NativePack::load(&v, &host_info()).unwrap();
+    assert_eq!(pack.id(), "cpu-portable@1.0.0");
+}
+
+#[test]
+fn untrusted_signer_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let key = KeyPair::generate().unwrap();
+    let dir = make_pack(root.path(), "cpu-portable", &lib("cpu_portable"), Some(&key));
+    let other = KeyPair::generate().unwrap().public_key();
+    let e = verify_pack(&dir, &TrustPolicy::new().with_trusted(other)).unwrap_err();
+    assert!(matches!(e, RegistryError::UntrustedKey { .. }), "{e}");
+}
