@@ -10,14 +10,14 @@ use spinfer_registry::{InstallRecord, PackKind, discover, verify_pack};
 
 use crate::config::Config;
 use crate::gguf::GgufFile;
-use crate::packs::{NativePack, WasmLimits, WasmPack, host_info};
-use crate::registry::KernelProvider;
-use crate::tuning::HistoryStore;
 use crate::loader::Loader;
 use crate::model::{Model, ModelOptions, Session};
+use crate::packs::{NativePack, WasmLimits, WasmPack, host_info};
+use crate::registry::KernelProvider;
 use crate::registry::KernelRegistry;
 use crate::safetensors::SafetensorsModel;
 use crate::tokenizer::Tokenizer;
+use crate::tuning::HistoryStore;
 use crate::{Error, Result};
 
 pub struct Engine {

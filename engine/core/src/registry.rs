@@ -15,7 +15,7 @@ use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
 
 use crate::tuning::bench::Phase;
-use crate::tuning::history::{Host, HistoryStore};
+use crate::tuning::history::{HistoryStore, Host};
 use crate::tuning::select::{Reason, select};
 use crate::{Error, Result};
 
@@ -122,7 +122,12 @@ pub struct KernelRegistry {
 impl KernelRegistry {
     /// A registry holding only the built-in CPU provider.
     pub fn builtin() -> Self {
-        Self { providers: vec![Arc::new(CpuBuiltin::new())], pins: BTreeMap::new(), excluded: Vec::new(), history: None }
+        Self {
+            providers: vec![Arc::new(CpuBuiltin::new())],
+            pins: BTreeMap::new(),
+            excluded: Vec::new(),
+            history: None,
+        }
     }
 
     pub fn add_provider(&mut self, p: Arc<dyn KernelProvider>) {

@@ -17,6 +17,12 @@ pub enum KernelError {
     // === Shape errors ===
     #[error("shape mismatch in {op}: {detail}")]
     Shape { op: &'static str, detail: String },
+
+    // === Kernels from packs ===
+    /// A kernel provided by a pack (native or WASM) failed; `detail`
+    /// carries the pack's own error.
+    #[error("kernel {kernel} of pack {pack} failed: {detail}")]
+    Pack { pack: String, kernel: String, detail: String },
 }
 
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;

@@ -245,9 +245,7 @@ impl PackKernel {
         if !self.failed.swap(true, Ordering::Relaxed) {
             tracing::error!(kernel = %self.name, pack = %self.pack, "pack kernel failed in {what}: {e}");
         }
-        // KernelError has no variant for foreign failures; the text keeps the
-        // pack, the kernel and the pack's error kind and message.
-        KernelError::Shape { op: "pack", detail: format!("{} ({}) {what}: {e}", self.name, self.pack) }
+        KernelError::Pack { pack: self.pack.clone(), kernel: self.name.clone(), detail: format!("{what}: {e}") }
     }
 
     /// `prepare` once per weight slice (the pack may key uploads by address).

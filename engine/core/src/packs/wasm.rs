@@ -397,8 +397,7 @@ impl MatmulKernel for WasmKernel {
 
     /// Runs on the calling thread (the pool is not used); see the module
     /// docs for the copy and locking model. Pack failures come back as
-    /// `KernelError::Shape { op: "wasm", .. }` carrying the pack error's
-    /// message (the kernels crate has no pack variant yet).
+    /// `KernelError::Pack` carrying the pack error's message.
     fn run(
         &self,
         _pool: &ThreadPool,
@@ -425,9 +424,11 @@ impl MatmulKernel for WasmKernel {
                 ),
             });
         }
-        self.inner
-            .call(&self.name, d, w, x, n_tokens, out)
-            .map_err(|e| KernelError::Shape { op: "wasm", detail: e.to_string() })
+        self.inner.call(&self.name, d, w, x, n_tokens, out).map_err(|e| KernelError::Pack {
+            pack: self.inner.name.clone(),
+            kernel: self.name.clone(),
+            detail: e.to_string(),
+        })
     }
 }
 

@@ -382,6 +382,86 @@ mod tests {
         assert_eq!(HistoryStore::open(&path).unwrap().len(), 5);
     }
 
+    /// Environment variable that turns [`killed_mid_write_keeps_committed_records`]
+    /// into the writer child: its value is the store path.
+    const CHILD_ENV: &str = "SPINFER_HISTORY_CHILD";
+
+    /// A process killed (SIGKILL) while writing leaves a store that reopens,
+    /// keeps every record whose `record()` had returned, and takes new
+    /// writes. The test re-runs its own binary as the writer child.
+    #[test]
+    fn killed_mid_write_keeps_committed_records() {
+        use std::io::{BufRead, BufReader, Write};
+        use std::process::{Command, Stdio};
+
+        let host = "crash-host";
+        let rec = |i: u64| {
+            make_record(host, &desc(64 + (i as usize % 7) * 32, 256), Phase::Decode, 1, "x/k", Some(i), None, i)
+        };
+
+        if let Ok(path) = std::env::var(CHILD_ENV) {
+            // Child: write forever (bounded, in case the parent died), one
+            // line per committed record.
+            let mut h = HistoryStore::open(&path).unwrap();
+            let start = std::time::Instant::now();
+            let mut out = std::io::stdout().lock();
+            let mut i = 0u64;
+            while start.elapsed() < std::time::Duration::from_secs(60) {
+                h.record(&rec(i)).unwrap();
+                writeln!(out, "committed {i}").unwrap();
+                out.flush().unwrap();
+                i += 1;
+            }
+            return;
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("history.redb");
+        // Name of this test as libtest knows it (module path minus crate).
+        let module = module_path!().split_once("::").map_or(module_path!(), |(_, m)| m);
+        let name = format!("{module}::killed_mid_write_keeps_committed_records");
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, &path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut committed = Vec::new();
+        while committed.len() < 25 {
+            let Some(line) = lines.next() else { break };
+            if let Some(n) = line.unwrap().strip_prefix("committed ") {
+                committed.push(n.trim().parse::<u64>().unwrap());
+            }
+        }
+        // The child keeps writing between our read and the kill: it dies
+        // mid-write (or between writes) at an arbitrary point.
+        child.kill().unwrap();
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "child exited on its own: {status}");
+        assert_eq!(committed.len(), 25, "child reported {} commits before exiting", committed.len());
+        drop(lines);
+
+        let mut h = HistoryStore::open(&path).expect("store reopens after a crash");
+        assert!(h.len() >= committed.len(), "{} records on disk, {} committed", h.len(), committed.len());
+        let on_disk: Vec<u64> = h.records().map(|r| r.median_ns.unwrap()).collect();
+        for i in &committed {
+            assert!(on_disk.contains(i), "committed record {i} lost");
+            assert_eq!(h.records().find(|r| r.median_ns == Some(*i)), Some(&rec(*i)));
+        }
+        // Every entry on disk deserialised (open skips entries that do not).
+        assert_eq!(h.db.len().unwrap(), h.len());
+        // New writes work and persist; searches work on the reopened index.
+        let before = h.len();
+        h.record(&rec(1_000_000)).unwrap();
+        assert!(!h.nearest(host, &desc(64, 256), Phase::Decode, 1).is_empty());
+        drop(h);
+        let h = HistoryStore::open(&path).unwrap();
+        assert_eq!(h.len(), before + 1);
+        assert!(h.records().any(|r| r.median_ns == Some(1_000_000)));
+    }
+
     #[test]
     fn nearest_picks_closest_shape_of_same_type() {
         let dir = tempfile::tempdir().unwrap();
