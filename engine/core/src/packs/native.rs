@@ -21,7 +21,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType as KActType, MatmulDesc, MatmulKernel};
-use spinfer_kernels::pool::ThreadPool;
+use spinfer_kernels::pool::{ThreadPool, chunk, chunk_aligned};
 use spinfer_kernels::{GgmlType, KernelError};
 use spinfer_plugin_api::abi_stable::std_types::RSliceMut;
 use spinfer_plugin_api::{
@@ -272,20 +272,77 @@ impl MatmulKernel for PackKernel {
         &self.name
     }
 
+    /// Pack kernels are single-threaded (the pool does not cross the ABI),
+    /// so the work is spread over the host's pool here: weight rows for
+    /// one token (decode), tokens for a batch (prefill). Each thread
+    /// writes a disjoint part of `out`.
     fn run(
         &self,
-        _pool: &ThreadPool,
+        pool: &ThreadPool,
         w: &[u8],
         x: &[f32],
         n_tokens: usize,
         out: &mut [f32],
         _scratch: &mut Vec<u8>,
     ) -> spinfer_kernels::Result<()> {
-        self.ensure_prepared(w)?;
-        self.kernel
-            .run(w.into(), x.into(), n_tokens, self.desc.rows, self.desc.cols, RSliceMut::from_mut_slice(out))
-            .into_result()
-            .map_err(|e| self.error("run", &e))
+        let (rows, cols) = (self.desc.rows, self.desc.cols);
+        if !w.len().is_multiple_of(rows.max(1)) || x.len() != n_tokens * cols || out.len() != n_tokens * rows {
+            return Err(KernelError::Shape {
+                op: "pack kernel",
+                detail: format!(
+                    "{n_tokens} tokens of {rows}x{cols}: {} weight bytes, {} inputs, {} outputs",
+                    w.len(),
+                    x.len(),
+                    out.len()
+                ),
+            });
+        }
+        let row_bytes = w.len() / rows.max(1);
+        let first_error = std::sync::Mutex::new(None);
+        let out_ptr = OutPtr(out.as_mut_ptr());
+        pool.broadcast(&|i, n| {
+            // Decode splits rows (in tiles of 16), a batch splits tokens.
+            let (w_part, x_part, t_len, r_len, o_start) = if n_tokens == 1 {
+                let r = chunk_aligned(rows, i, n, 16);
+                (&w[r.start * row_bytes..r.end * row_bytes], x, 1, r.len(), r.start)
+            } else {
+                let t = chunk(n_tokens, i, n);
+                (w, &x[t.start * cols..t.end * cols], t.len(), rows, t.start * rows)
+            };
+            if t_len == 0 || r_len == 0 {
+                return;
+            }
+            // SAFETY: the pieces of `out` (rows `o_start..+r_len` of the one
+            // token, or whole token rows) are disjoint across threads and lie
+            // inside `out`, which outlives the broadcast.
+            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(o_start), t_len * r_len) };
+            let r = self.ensure_prepared(w_part).and_then(|()| {
+                self.kernel
+                    .run(w_part.into(), x_part.into(), t_len, r_len, cols, RSliceMut::from_mut_slice(o))
+                    .into_result()
+                    .map_err(|e| self.error("run", &e))
+            });
+            if let Err(e) = r {
+                first_error.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(e);
+            }
+        });
+        match first_error.into_inner().unwrap_or_else(PoisonError::into_inner) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `out`'s base pointer, shared with the pool's threads (disjoint writes).
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: only dereferenced for disjoint ranges, see `PackKernel::run`.
+unsafe impl Sync for OutPtr {}
+// SAFETY: as above.
+unsafe impl Send for OutPtr {}
+impl OutPtr {
+    fn get(self) -> *mut f32 {
+        self.0
     }
 }
 
