@@ -146,7 +146,11 @@ pub fn registry_from_config(c: &Config) -> Result<(KernelRegistry, Vec<PackStatu
                 return Err(Error::Pack { pack: pack.id(), detail: "excluded by [kernels] exclude".into() });
             }
             if let Some(record) = record.as_mut() {
-                let pinned = c.kernels.pin.values().any(|k| k.starts_with(&format!("{name}/")));
+                let pinned = c
+                    .kernels
+                    .pin
+                    .values()
+                    .any(|k| k.starts_with(&format!("{name}/")) || k.starts_with(&format!("{name}:")));
                 record.check_and_record(&pack, pinned)?;
             }
             Ok(match pack.manifest().kind {

@@ -186,7 +186,10 @@ impl KernelRegistry {
         let providers = self.usable();
         if let Some(want) = self.pin_for(desc) {
             for p in &providers {
-                let qualified = |k: &str| format!("{}/{k}", base_name(p.name()));
+                let base = base_name(p.name());
+                // `<pack>/<kernel>`; pack kernels may already carry a
+                // `<pack>:` prefix in their names.
+                let qualified = |k: &str| format!("{base}/{}", k.strip_prefix(&format!("{base}:")).unwrap_or(k));
                 if let Some(k) =
                     p.kernels_for(desc).into_iter().find(|k| k.name() == want || qualified(k.name()) == *want)
                 {
@@ -252,6 +255,37 @@ mod tests {
         }
     }
 
+    /// Offers one kernel named `pfx:<scalar name>`, as native packs do.
+    struct Prefixed;
+    struct Renamed(Arc<dyn MatmulKernel>);
+    impl MatmulKernel for Renamed {
+        fn name(&self) -> &str {
+            "pfx:scalar/q4_1*q8_1"
+        }
+        fn run(
+            &self,
+            pool: &spinfer_kernels::pool::ThreadPool,
+            w: &[u8],
+            x: &[f32],
+            n: usize,
+            out: &mut [f32],
+            scratch: &mut Vec<u8>,
+        ) -> spinfer_kernels::Result<()> {
+            self.0.run(pool, w, x, n, out, scratch)
+        }
+    }
+    impl KernelProvider for Prefixed {
+        fn name(&self) -> &str {
+            "pfx@0.1.0#000000000000"
+        }
+        fn score(&self) -> u32 {
+            1
+        }
+        fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
+            Fake("x", 1).kernels_for(desc).into_iter().map(|k| Arc::new(Renamed(k)) as Arc<dyn MatmulKernel>).collect()
+        }
+    }
+
     const DESC: MatmulDesc = MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows: 64, cols: 64 };
 
     #[test]
@@ -265,6 +299,12 @@ mod tests {
         r.pin("matmul.q4_1", "cpu-builtin/scalar/q4_1*q8_1");
         let got = r.resolve(&DESC).unwrap();
         assert_eq!((got.provider.as_str(), got.choice), ("cpu-builtin", Choice::Pinned));
+
+        // A pack-prefixed kernel name is reachable as `<pack>/<kernel>`.
+        let mut r2 = KernelRegistry::builtin();
+        r2.add_provider(Arc::new(Prefixed));
+        r2.pin("matmul.q4_1", "pfx/scalar/q4_1*q8_1");
+        assert_eq!(r2.resolve(&DESC).unwrap().kernel.name(), "pfx:scalar/q4_1*q8_1");
 
         r.pin("q4_1*q8_1", "no-such-kernel");
         let err = r.resolve(&DESC).err().expect("pinned kernel does not exist");
