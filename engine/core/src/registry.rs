@@ -14,7 +14,12 @@ use std::sync::Arc;
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
 
-use crate::tuning::bench::Phase;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use spinfer_kernels::pool::ThreadPool;
+
+use crate::tuning::bench::{Phase, kernel_id, verify};
 use crate::tuning::history::{HistoryStore, Host};
 use crate::tuning::select::{Reason, select};
 use crate::{Error, Result};
@@ -117,6 +122,9 @@ pub struct KernelRegistry {
     /// Measured kernel timings; when present, unpinned operations take the
     /// fastest recorded kernel.
     history: Option<(HistoryStore, String)>,
+    /// Pack kernels already checked against the scalar reference, per
+    /// operation: `Ok` or why they were refused.
+    verified: Mutex<HashMap<(String, MatmulDesc), std::result::Result<(), String>>>,
 }
 
 impl KernelRegistry {
@@ -127,6 +135,7 @@ impl KernelRegistry {
             pins: BTreeMap::new(),
             excluded: Vec::new(),
             history: None,
+            verified: Mutex::new(HashMap::new()),
         }
     }
 
@@ -170,13 +179,35 @@ impl KernelRegistry {
             .or_else(|| self.pins.get(&format!("matmul.{}", desc.wtype.name())))
     }
 
+    /// Whether a pack kernel computes the right function for `desc`:
+    /// checked once per (kernel, operation) against the scalar reference
+    /// on random data. Built-in kernels are trusted (tested in CI); a pack
+    /// kernel that disagrees is refused and reported, never used.
+    fn trusted(&self, provider: &str, kernel: &Arc<dyn MatmulKernel>, desc: &MatmulDesc) -> bool {
+        if provider == "cpu-builtin" {
+            return true;
+        }
+        let key = (kernel_id(provider, kernel.as_ref()), *desc);
+        let mut cache = self.verified.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let r = cache.entry(key).or_insert_with(|| {
+            let r = verify(desc, kernel.as_ref(), &ThreadPool::new(1));
+            if let Err(why) = &r {
+                tracing::error!(provider, kernel = kernel.name(), op = %describe(desc), "pack kernel refused: {why}");
+            }
+            r
+        });
+        r.is_ok()
+    }
+
     /// Every kernel any usable provider offers for `desc`: providers by
     /// descending score (ties in registration order), each provider's
-    /// kernels best first. The input of benchmark-driven selection.
+    /// kernels best first. Pack kernels that compute the wrong function are
+    /// left out. The input of benchmark-driven selection.
     pub fn candidates(&self, desc: &MatmulDesc) -> Vec<(String, Arc<dyn MatmulKernel>)> {
         self.usable()
             .into_iter()
             .flat_map(|p| p.kernels_for(desc).into_iter().map(|k| (p.name().to_string(), k)))
+            .filter(|(p, k)| self.trusted(p, k, desc))
             .collect()
     }
 
@@ -193,6 +224,14 @@ impl KernelRegistry {
                 if let Some(k) =
                     p.kernels_for(desc).into_iter().find(|k| k.name() == want || qualified(k.name()) == *want)
                 {
+                    if !self.trusted(p.name(), &k, desc) {
+                        return Err(Error::NoKernel {
+                            op: format!(
+                                "{} (pinned kernel '{want}' disagrees with the reference kernel)",
+                                describe(desc)
+                            ),
+                        });
+                    }
                     let provider = p.name().to_string();
                     return Ok(Resolved { kernel: k, provider, choice: Choice::Pinned, alternatives: Vec::new() });
                 }
@@ -211,13 +250,12 @@ impl KernelRegistry {
             };
             return Ok(Resolved { kernel, provider, choice, alternatives: sel.alternatives });
         }
-        for p in &providers {
-            if let Some(k) = p.kernels_for(desc).into_iter().next() {
-                let provider = p.name().to_string();
-                return Ok(Resolved { kernel: k, provider, choice: Choice::BestScore, alternatives: Vec::new() });
+        match self.candidates(desc).into_iter().next() {
+            Some((provider, kernel)) => {
+                Ok(Resolved { kernel, provider, choice: Choice::BestScore, alternatives: Vec::new() })
             }
+            None => Err(Error::NoKernel { op: describe(desc) }),
         }
-        Err(Error::NoKernel { op: describe(desc) })
     }
 }
 
@@ -284,6 +322,52 @@ mod tests {
         fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
             Fake("x", 1).kernels_for(desc).into_iter().map(|k| Arc::new(Renamed(k)) as Arc<dyn MatmulKernel>).collect()
         }
+    }
+
+    /// A pack whose only kernel returns zeros.
+    struct Wrong;
+    struct Zeros;
+    impl MatmulKernel for Zeros {
+        fn name(&self) -> &str {
+            "zeros"
+        }
+        fn run(
+            &self,
+            _: &spinfer_kernels::pool::ThreadPool,
+            _: &[u8],
+            _: &[f32],
+            _: usize,
+            out: &mut [f32],
+            _: &mut Vec<u8>,
+        ) -> spinfer_kernels::Result<()> {
+            out.fill(0.0);
+            Ok(())
+        }
+    }
+    impl KernelProvider for Wrong {
+        fn name(&self) -> &str {
+            "wrong@1.0.0#000000000000"
+        }
+        fn score(&self) -> u32 {
+            1000
+        }
+        fn kernels_for(&self, _: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
+            vec![Arc::new(Zeros)]
+        }
+    }
+
+    #[test]
+    fn a_pack_kernel_with_wrong_numbers_is_never_used() {
+        let mut r = KernelRegistry::builtin();
+        r.add_provider(Arc::new(Wrong));
+        // Highest score, but it disagrees with the reference: skipped.
+        let got = r.resolve(&DESC).unwrap();
+        assert_eq!(got.provider, "cpu-builtin");
+        assert!(r.candidates(&DESC).iter().all(|(p, _)| p == "cpu-builtin"));
+        // Pinning it is an error naming the reason, not a silent wrong answer.
+        r.pin("q4_1*q8_1", "wrong/zeros");
+        let err = r.resolve(&DESC).err().expect("refused").to_string();
+        assert!(err.contains("zeros") && err.contains("disagrees"), "{err}");
     }
 
     const DESC: MatmulDesc = MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows: 64, cols: 64 };

@@ -138,6 +138,40 @@ pub fn benchmark(
     out
 }
 
+/// Checks `got` against the scalar reference `want` with the tolerance of
+/// activation format `act`.
+fn compare(got: &[f32], want: &[f32], act: ActType) -> Result<(), String> {
+    let tol = match act {
+        ActType::F32 => 1e-3,
+        _ => 2e-2,
+    };
+    for (i, (&g, &r)) in got.iter().zip(want).enumerate() {
+        // Written so that a NaN output fails the check.
+        let close = (g - r).abs() <= tol * (1.0 + r.abs());
+        if !close {
+            return Err(format!("output {i} is {g}, reference {r} (tolerance {tol}·(1+|ref|))"));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `kernel` once on random data of `desc`'s shape (one token) and
+/// compares it with the scalar reference; `Err` says how it disagreed.
+pub fn verify(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -> Result<(), String> {
+    let reference = spinfer_kernels::kernel::candidates(desc, &CpuFeatures::default())
+        .pop()
+        .ok_or_else(|| "no scalar reference kernel serves this operation".to_string())?;
+    let mut rng = StdRng::seed_from_u64(0x5eed);
+    let w = random_weights(&mut rng, desc.wtype, desc.rows, desc.cols);
+    let x = random_acts(&mut rng, desc.cols);
+    let mut scratch = Vec::new();
+    let mut want = vec![0.0f32; desc.rows];
+    reference.run(pool, &w, &x, 1, &mut want, &mut scratch).map_err(|e| format!("reference: {e}"))?;
+    let mut got = vec![f32::NAN; desc.rows];
+    kernel.run(pool, &w, &x, 1, &mut got, &mut scratch).map_err(|e| format!("error: {e}"))?;
+    compare(&got, &want, desc.act)
+}
+
 /// Verifies then times one kernel.
 #[allow(clippy::too_many_arguments, reason = "internal helper")]
 fn measure(
@@ -155,18 +189,8 @@ fn measure(
     if let Err(e) = kernel.run(pool, w, x, n_tokens, &mut y, scratch) {
         return Outcome::Rejected { reason: format!("error: {e}") };
     }
-    let tol = match act {
-        ActType::F32 => 1e-3,
-        _ => 2e-2,
-    };
-    for (i, (&got, &r)) in y.iter().zip(want).enumerate() {
-        // Written so that a NaN output fails the check.
-        let close = (got - r).abs() <= tol * (1.0 + r.abs());
-        if !close {
-            return Outcome::Rejected {
-                reason: format!("output {i} is {got}, reference {r} (tolerance {tol}·(1+|ref|))"),
-            };
-        }
+    if let Err(reason) = compare(&y, want, act) {
+        return Outcome::Rejected { reason };
     }
     for _ in 0..opts.warmup {
         if let Err(e) = kernel.run(pool, w, x, n_tokens, &mut y, scratch) {

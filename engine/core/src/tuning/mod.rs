@@ -7,6 +7,6 @@ pub mod bench;
 pub mod history;
 pub mod select;
 
-pub use bench::{BenchOptions, Measurement, Outcome, Phase, benchmark, kernel_id};
+pub use bench::{BenchOptions, Measurement, Outcome, Phase, benchmark, kernel_id, verify};
 pub use history::{HistoryStore, Host, Record};
 pub use select::{Reason, Selection, select, tune, tune_with};
