@@ -16,4 +16,6 @@ mod wasm;
 #[cfg(not(feature = "wasm"))]
 #[path = "wasm_disabled.rs"]
 mod wasm;
-pub use wasm::{WASM_ABI_VERSION, WasmFault, WasmLimits, WasmPack};
+mod wasm_types;
+pub use wasm::WasmPack;
+pub use wasm_types::{WASM_ABI_VERSION, WasmFault, WasmLimits};

@@ -46,50 +46,12 @@ use spinfer_kernels::{GgmlType, KernelError};
 use spinfer_registry::{PackKind, VerifiedPack};
 use wasmtime::{Config, Engine, Instance, Memory, Module, ResourceLimiter, Store, Trap, TypedFunc};
 
+use super::wasm_types::{WASM_ABI_VERSION, WasmFault, WasmLimits};
 use crate::registry::KernelProvider;
 use crate::{Error, Result};
 
-/// The module ABI this host implements; a module (and its `pack.toml`
-/// `abi_version`) must declare the same.
-pub const WASM_ABI_VERSION: u32 = 1;
-
 /// Period of the epoch ticker that enforces time budgets.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
-
-/// Resource limits for one WASM pack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WasmLimits {
-    /// Cap on the module's linear memory (weights are resident there, so
-    /// this must cover the weights the pack serves plus I/O buffers).
-    pub max_memory_bytes: usize,
-    /// Wall-clock budget of one kernel call (or one weight upload).
-    pub timeout_ms: u64,
-    /// Fuel (roughly: wasm instructions) per call; `None` = unmetered.
-    /// Metering costs some speed.
-    pub fuel: Option<u64>,
-}
-
-impl Default for WasmLimits {
-    /// 4 GiB (all of wasm32's address space), 10 s per call, no fuel.
-    fn default() -> Self {
-        Self { max_memory_bytes: usize::try_from(4u64 << 30).unwrap_or(usize::MAX), timeout_ms: 10_000, fuel: None }
-    }
-}
-
-/// Why a pack's module failed (and was disabled).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum WasmFault {
-    #[error("timed out after {timeout_ms} ms (epoch interrupt)")]
-    Timeout { timeout_ms: u64 },
-    #[error("ran out of fuel ({fuel} units)")]
-    OutOfFuel { fuel: u64 },
-    #[error("memory limit: the module asked for {wanted} bytes of linear memory, the cap is {cap}")]
-    MemoryLimit { wanted: usize, cap: usize },
-    #[error("trapped: {0}")]
-    Trap(String),
-    #[error("returned status {0}")]
-    Status(i32),
-}
 
 /// A loaded WASM kernel pack; a [`KernelProvider`].
 pub struct WasmPack {

@@ -6,40 +6,9 @@ use std::sync::Arc;
 use spinfer_kernels::kernel::{MatmulDesc, MatmulKernel};
 use spinfer_registry::VerifiedPack;
 
+use super::wasm_types::{WasmFault, WasmLimits};
 use crate::registry::KernelProvider;
 use crate::{Error, Result};
-
-/// The module ABI the `wasm` feature implements.
-pub const WASM_ABI_VERSION: u32 = 1;
-
-/// Resource limits for one WASM pack (unused without the `wasm` feature).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WasmLimits {
-    pub max_memory_bytes: usize,
-    pub timeout_ms: u64,
-    pub fuel: Option<u64>,
-}
-
-impl Default for WasmLimits {
-    fn default() -> Self {
-        Self { max_memory_bytes: usize::try_from(4u64 << 30).unwrap_or(usize::MAX), timeout_ms: 10_000, fuel: None }
-    }
-}
-
-/// Why a pack's module failed (never produced without the `wasm` feature).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum WasmFault {
-    #[error("timed out after {timeout_ms} ms (epoch interrupt)")]
-    Timeout { timeout_ms: u64 },
-    #[error("ran out of fuel ({fuel} units)")]
-    OutOfFuel { fuel: u64 },
-    #[error("memory limit: the module asked for {wanted} bytes of linear memory, the cap is {cap}")]
-    MemoryLimit { wanted: usize, cap: usize },
-    #[error("trapped: {0}")]
-    Trap(String),
-    #[error("returned status {0}")]
-    Status(i32),
-}
 
 /// A WASM kernel pack; cannot be constructed without the `wasm` feature.
 pub struct WasmPack {
