@@ -59,7 +59,7 @@ impl Default for CpuBuiltin {
 
 impl KernelProvider for CpuBuiltin {
     fn name(&self) -> &str {
-        "cpu-builtin"
+        BUILTIN
     }
 
     fn score(&self) -> u32 {
@@ -72,6 +72,9 @@ impl KernelProvider for CpuBuiltin {
         spinfer_kernels::kernel::candidates(desc, &self.features).into_iter().map(Arc::from).collect()
     }
 }
+
+/// The provider name of the kernels compiled into the engine.
+pub const BUILTIN: &str = "cpu-builtin";
 
 /// Why a kernel was chosen (reported by `spinfer kernels`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +112,9 @@ pub struct Resolved {
     /// Every candidate's `"<provider>/<kernel>"` with its recorded decode
     /// median in ns where the history has one (empty without history).
     pub alternatives: Vec<(String, Option<u64>)>,
+    /// For a pack kernel: the built-in kernel to run instead if the pack
+    /// fails at run time (a trap, a timeout, a disabled pack).
+    pub fallback: Option<Arc<dyn MatmulKernel>>,
 }
 
 /// Resolves operation descriptors to kernels.
@@ -184,7 +190,7 @@ impl KernelRegistry {
     /// on random data. Built-in kernels are trusted (tested in CI); a pack
     /// kernel that disagrees is refused and reported, never used.
     fn trusted(&self, provider: &str, kernel: &Arc<dyn MatmulKernel>, desc: &MatmulDesc) -> bool {
-        if provider == "cpu-builtin" {
+        if provider == BUILTIN {
             return true;
         }
         let key = (kernel_id(provider, kernel.as_ref()), *desc);
@@ -212,8 +218,22 @@ impl KernelRegistry {
     }
 
     /// Picks the kernel for `desc`: the pinned one if a pin applies,
-    /// otherwise the highest-scoring provider's best candidate.
+    /// otherwise the fastest recorded in the history, otherwise the
+    /// highest-scoring provider's best candidate. A pack kernel comes with
+    /// the built-in kernel that replaces it if the pack fails.
     pub fn resolve(&self, desc: &MatmulDesc) -> Result<Resolved> {
+        let mut r = self.resolve_kernel(desc)?;
+        if r.provider != BUILTIN {
+            r.fallback = self
+                .providers
+                .iter()
+                .find(|p| p.name() == BUILTIN)
+                .and_then(|p| p.kernels_for(desc).into_iter().next());
+        }
+        Ok(r)
+    }
+
+    fn resolve_kernel(&self, desc: &MatmulDesc) -> Result<Resolved> {
         let providers = self.usable();
         if let Some(want) = self.pin_for(desc) {
             for p in &providers {
@@ -233,26 +253,32 @@ impl KernelRegistry {
                         });
                     }
                     let provider = p.name().to_string();
-                    return Ok(Resolved { kernel: k, provider, choice: Choice::Pinned, alternatives: Vec::new() });
+                    return Ok(Resolved {
+                        kernel: k,
+                        provider,
+                        choice: Choice::Pinned,
+                        alternatives: Vec::new(),
+                        fallback: None,
+                    });
                 }
             }
             return Err(Error::NoKernel { op: format!("{} (pinned kernel '{want}' is not offered)", describe(desc)) });
         }
         if let Some((history, host)) = &self.history {
             let mut candidates = self.candidates(desc);
-            let sel = select(desc, Phase::Decode, &candidates, history, host, &BTreeMap::new())?;
+            let sel = select(desc, Phase::Decode, &candidates, history, host)?;
             let (provider, kernel) = candidates.swap_remove(sel.index);
             let choice = match sel.reason {
                 Reason::Measured => Choice::Measured,
                 Reason::NearestNeighbour { from: (rows, cols) } => Choice::NearestNeighbour { rows, cols },
                 Reason::OnlyCandidate => Choice::OnlyCandidate,
-                Reason::Pinned | Reason::Default => Choice::BestScore,
+                Reason::Default => Choice::BestScore,
             };
-            return Ok(Resolved { kernel, provider, choice, alternatives: sel.alternatives });
+            return Ok(Resolved { kernel, provider, choice, alternatives: sel.alternatives, fallback: None });
         }
         match self.candidates(desc).into_iter().next() {
             Some((provider, kernel)) => {
-                Ok(Resolved { kernel, provider, choice: Choice::BestScore, alternatives: Vec::new() })
+                Ok(Resolved { kernel, provider, choice: Choice::BestScore, alternatives: Vec::new(), fallback: None })
             }
             None => Err(Error::NoKernel { op: describe(desc) }),
         }

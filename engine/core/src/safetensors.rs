@@ -458,14 +458,14 @@ impl Cfg<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
     /// (HF name, dtype, shape, bytes) -> a safetensors file.
-    type T<'a> = (&'a str, &'a str, Vec<usize>, Vec<u8>);
+    pub(crate) type T<'a> = (&'a str, &'a str, Vec<usize>, Vec<u8>);
 
-    fn st_bytes(tensors: &[T]) -> Vec<u8> {
+    pub(crate) fn st_bytes(tensors: &[T]) -> Vec<u8> {
         let mut header = serde_json::Map::new();
         header.insert("__metadata__".into(), json!({"format": "pt"}));
         let mut off = 0;
@@ -484,12 +484,12 @@ mod tests {
         b
     }
 
-    fn f32s(n: usize, seed: f32) -> Vec<u8> {
+    pub(crate) fn f32s(n: usize, seed: f32) -> Vec<u8> {
         (0..n).flat_map(|i| (seed + i as f32).to_le_bytes()).collect()
     }
 
     /// A one-layer model: hidden 8, 2 heads, 1 kv head, ffn 16, vocab 10.
-    fn tiny(lm_head: bool, q_bias: bool) -> Vec<T<'static>> {
+    pub(crate) fn tiny(lm_head: bool, q_bias: bool) -> Vec<T<'static>> {
         let l = |m: &str| -> &'static str { Box::leak(format!("model.layers.0.{m}").into_boxed_str()) };
         let mut v: Vec<T> = vec![
             ("model.embed_tokens.weight", "F32", vec![10, 8], f32s(80, 0.0)),
@@ -513,7 +513,7 @@ mod tests {
         v
     }
 
-    fn config(model_type: &str) -> Value {
+    pub(crate) fn config(model_type: &str) -> Value {
         json!({
             "architectures": ["LlamaForCausalLM"], "model_type": model_type, "hidden_size": 8,
             "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -522,7 +522,7 @@ mod tests {
         })
     }
 
-    fn write_dir(cfg: &Value, files: &[(&str, Vec<u8>)]) -> tempfile::TempDir {
+    pub(crate) fn write_dir(cfg: &Value, files: &[(&str, Vec<u8>)]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("config.json"), serde_json::to_vec(cfg).unwrap()).unwrap();
         for (name, bytes) in files {

@@ -6,6 +6,7 @@
 //! `LlamaForCausalLM` and llama.cpp's `llm_build_llama`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
@@ -62,6 +63,11 @@ pub struct Linear {
     w: TensorData,
     pub desc: MatmulDesc,
     kernel: Arc<dyn MatmulKernel>,
+    /// The built-in kernel that takes over if a pack kernel fails.
+    fallback: Option<Arc<dyn MatmulKernel>>,
+    /// Set once the pack kernel has failed: later calls go straight to the
+    /// fallback.
+    failed: AtomicBool,
     pub provider: String,
     pub choice: Choice,
     /// The other candidates and their recorded decode medians (ns).
@@ -111,6 +117,8 @@ impl Linear {
             w: t.data,
             desc,
             kernel: r.kernel,
+            fallback: r.fallback,
+            failed: AtomicBool::new(false),
             provider: r.provider,
             choice: r.choice,
             alternatives: r.alternatives,
@@ -125,9 +133,19 @@ impl Linear {
         let x = &x[..n * cols];
         let out = &mut out[..n * rows];
         let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
-            self.kernel
-                .run(pool, self.w.bytes(), x, n, out, bytes)
-                .map_err(|source| Error::Kernel { kernel: self.kernel.name().to_string(), source })
+            let w = self.w.bytes();
+            let err = |k: &dyn MatmulKernel, source| Error::Kernel { kernel: k.name().to_string(), source };
+            match &self.fallback {
+                Some(fb) if self.failed.load(Ordering::Relaxed) => fb.run(pool, w, x, n, out, bytes).map_err(|e| err(&**fb, e)),
+                Some(fb) => self.kernel.run(pool, w, x, n, out, bytes).or_else(|e| {
+                    // A failing pack disables itself; its operations move to
+                    // the built-in kernels for the rest of the process.
+                    tracing::error!(tensor = %self.name, kernel = self.kernel.name(), "{e}; falling back to {}", fb.name());
+                    self.failed.store(true, Ordering::Relaxed);
+                    fb.run(pool, w, x, n, out, bytes).map_err(|e| err(&**fb, e))
+                }),
+                None => self.kernel.run(pool, w, x, n, out, bytes).map_err(|e| err(&*self.kernel, e)),
+            }
         };
         if self.two_planes {
             // Rows [hi; lo] as one batch of 2n tokens: the weights are
@@ -156,6 +174,12 @@ impl Linear {
 
     pub fn kernel_name(&self) -> &str {
         self.kernel.name()
+    }
+
+    /// Whether the chosen (pack) kernel failed and the built-in fallback
+    /// now serves this matrix.
+    pub fn fell_back(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
     }
 
     /// Bytes of weights read per token.

@@ -700,4 +700,71 @@ act = "f32"
         assert_eq!(deadline_ticks(1), 2);
         assert_eq!(deadline_ticks(0), 2);
     }
+
+    /// A correct f32 matvec for one token; traps (`unreachable`) on a batch.
+    const MATVEC_TRAPS_ON_BATCH: &str = r#"
+    (if (i32.gt_u (local.get 4) (i32.const 1)) (then unreachable))
+    (local.set $r (i32.const 0))
+    (block $done (loop $rows
+      (br_if $done (i32.ge_u (local.get $r) (local.get 1)))
+      (local.set $acc (f32.const 0))
+      (local.set $c (i32.const 0))
+      (block $cd (loop $cols
+        (br_if $cd (i32.ge_u (local.get $c) (local.get 2)))
+        (local.set $acc (f32.add (local.get $acc) (f32.mul
+          (f32.load (i32.add (local.get 0)
+            (i32.shl (i32.add (i32.mul (local.get $r) (local.get 2)) (local.get $c)) (i32.const 2))))
+          (f32.load (i32.add (local.get 3) (i32.shl (local.get $c) (i32.const 2)))))))
+        (local.set $c (i32.add (local.get $c) (i32.const 1)))
+        (br $cols)))
+      (f32.store (i32.add (local.get 5) (i32.shl (local.get $r) (i32.const 2))) (local.get $acc))
+      (local.set $r (i32.add (local.get $r) (i32.const 1)))
+      (br $rows)))
+    (i32.const 0)"#;
+
+    /// A pack kernel that traps in the middle of a model's forward pass:
+    /// the error is typed, the pack disables itself, every matrix it served
+    /// moves to the built-in kernels, and the model keeps answering with
+    /// the built-in kernels' numbers.
+    #[test]
+    fn trapping_kernel_mid_model_falls_back_to_builtin() {
+        use crate::model::llama::Linear;
+        use crate::model::{Model, ModelOptions, Precision};
+        use crate::registry::KernelRegistry;
+        use crate::safetensors::SafetensorsModel;
+        use crate::safetensors::tests as st;
+
+        let body = format!("(local $r i32) (local $c i32) (local $acc f32) {MATVEC_TRAPS_ON_BATCH}");
+        let wasm = wat_module(1, &body);
+        let (_d, vp) = pack("test-trap", 1, &wasm);
+        let p = Arc::new(WasmPack::load(&vp, limits(5_000)).unwrap());
+
+        let dir = st::write_dir(&st::config("llama"), &[("model.safetensors", st::st_bytes(&st::tiny(true, false)))]);
+        let loader = SafetensorsModel::open(dir.path()).unwrap();
+        let options = ModelOptions { precision: Precision::Precise, ctx: 16, threads: 1 };
+        let builtin = Model::load(&loader, &KernelRegistry::builtin(), options.clone()).unwrap();
+        let mut registry = KernelRegistry::builtin();
+        registry.add_provider(p.clone());
+        registry.pin("matmul.f32", "test-trap/test_trap_f32");
+        let model = Model::load(&loader, &registry, options).unwrap();
+        assert!(model.linears().any(|l| l.kernel_name() == "test_trap_f32"));
+
+        let logits = |m: &Model, s: &mut crate::model::Session, toks: &[u32]| m.forward_last(s, toks).unwrap().to_vec();
+        let (mut s_ref, mut s) = (builtin.new_session(), model.new_session());
+        // One token: the pack's kernels serve and agree with the built-ins.
+        let (want, got) = (logits(&builtin, &mut s_ref, &[3]), logits(&model, &mut s, &[3]));
+        let tol = want.iter().fold(0.0f32, |m, v| m.max(v.abs())) * 1e-5;
+        assert!(want.iter().zip(&got).all(|(a, b)| (a - b).abs() <= tol), "{want:?} vs {got:?}");
+        assert!(model.linears().all(|l| !l.fell_back()));
+        assert!(p.weight_uploads() >= 5, "the pack served q, k, v, o, down and the output");
+        // A batch: the pack traps; the built-ins take over mid-pass.
+        let (want, got) = (logits(&builtin, &mut s_ref, &[1, 2]), logits(&model, &mut s, &[1, 2]));
+        assert!(matches!(p.fault(), Some(WasmFault::Trap(_))), "{:?}", p.fault());
+        assert!(p.is_disabled());
+        assert!(model.linears().filter(|l| l.kernel_name() == "test_trap_f32").all(Linear::fell_back));
+        assert!(want.iter().zip(&got).all(|(a, b)| (a - b).abs() <= tol), "{want:?} vs {got:?}");
+        // And the model keeps working.
+        let (want, got) = (logits(&builtin, &mut s_ref, &[4]), logits(&model, &mut s, &[4]));
+        assert!(want.iter().zip(&got).all(|(a, b)| (a - b).abs() <= tol), "{want:?} vs {got:?}");
+    }
 }

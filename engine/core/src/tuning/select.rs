@@ -1,10 +1,12 @@
 //! Benchmark-driven kernel selection from recorded history.
 //!
-//! Deterministic given the history: a pin wins; a lone candidate is taken;
+//! Deterministic given the history: a lone candidate is taken;
 //! else the fastest kernel measured on exactly this shape (latest record per
 //! kernel, ties by kernel id); else the fastest current candidate on the
 //! nearest recorded shape; else the registry's default (first candidate).
 //! A kernel whose latest record is a rejection is never chosen by timing.
+//! Pins are the registry's business ([`KernelRegistry::resolve`] applies
+//! them before asking for a selection).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use spinfer_kernels::pool::ThreadPool;
 
 use super::bench::{BenchOptions, Measurement, Outcome, Phase, benchmark, kernel_id};
 use super::history::{HistoryStore, Host, Record, make_record, now};
-use crate::registry::{KernelRegistry, base_name, describe, pin_key};
+use crate::registry::{KernelRegistry, describe};
 use crate::{Error, Result};
 
 /// Why a kernel was selected.
@@ -24,8 +26,6 @@ pub enum Reason {
     Measured,
     /// Fastest on the nearest recorded shape `(rows, cols)`.
     NearestNeighbour { from: (usize, usize) },
-    /// Pinned by the operator.
-    Pinned,
     /// The only candidate.
     OnlyCandidate,
     /// No usable history: the registry's default (first candidate).
@@ -84,16 +84,13 @@ fn fastest(ids: &[String], by_kernel: &BTreeMap<String, Record>) -> (Option<usiz
 
 /// Picks the kernel for `desc` in `phase` among `candidates` (as from
 /// [`KernelRegistry::candidates`]) using `history` measured on `host`
-/// ([`Host::fingerprint`]). `pins` follow the registry's pins: keys
-/// `"<wtype>*<act>"` or `"matmul.<wtype>"`, values a kernel name,
-/// `"<provider base name>/<kernel>"` or a full kernel id.
+/// ([`Host::fingerprint`]).
 pub fn select(
     desc: &MatmulDesc,
     phase: Phase,
     candidates: &[(String, Arc<dyn MatmulKernel>)],
     history: &HistoryStore,
     host: &str,
-    pins: &BTreeMap<String, String>,
 ) -> Result<Selection> {
     if candidates.is_empty() {
         return Err(Error::NoKernel { op: describe(desc) });
@@ -107,16 +104,6 @@ pub fn select(
         alternatives,
     };
 
-    let pin = pins.get(&pin_key(desc.wtype, desc.act)).or_else(|| pins.get(&format!("matmul.{}", desc.wtype.name())));
-    if let Some(want) = pin {
-        let matches = |((p, k), id): (&(String, Arc<dyn MatmulKernel>), &String)| {
-            k.name() == want || id == want || format!("{}/{}", base_name(p), k.name()) == *want
-        };
-        let Some(i) = candidates.iter().zip(&ids).position(matches) else {
-            return Err(Error::NoKernel { op: format!("{} (pinned kernel '{want}' is not offered)", describe(desc)) });
-        };
-        return Ok(pick(i, Reason::Pinned, fastest(&ids, &exact).1));
-    }
     if candidates.len() == 1 {
         return Ok(pick(0, Reason::OnlyCandidate, fastest(&ids, &exact).1));
     }
@@ -233,10 +220,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut h = HistoryStore::open(dir.path().join("h.redb")).unwrap();
         let c = cands(&["a", "b", "c", "d"]);
-        let none = BTreeMap::new();
         let d = desc(256, 256);
         // Nothing recorded: the default.
-        let s = select(&d, Phase::Decode, &c, &h, "h", &none).unwrap();
+        let s = select(&d, Phase::Decode, &c, &h, "h").unwrap();
         assert_eq!((s.kernel_id.as_str(), &s.reason), ("p/a", &Reason::Default));
         h.record(&rec(&d, "p/a", Some(500), 1)).unwrap();
         h.record(&rec(&d, "p/b", Some(300), 1)).unwrap();
@@ -244,24 +230,24 @@ mod tests {
         h.record(&rec(&d, "p/d", None, 1)).unwrap(); // rejected
         h.record(&rec(&d, "gone/x", Some(1), 1)).unwrap(); // no longer offered
         h.record(&rec(&d, "p/a", Some(200), 0)).unwrap(); // older: superseded
-        let s = select(&d, Phase::Decode, &c, &h, "h", &none).unwrap();
+        let s = select(&d, Phase::Decode, &c, &h, "h").unwrap();
         assert_eq!(s.kernel_id, "p/b"); // tie with p/c broken by id
         assert_eq!((s.index, &s.reason), (1, &Reason::Measured));
         let ids: Vec<_> = s.alternatives.iter().map(|(i, t)| (i.as_str(), *t)).collect();
         assert_eq!(ids, vec![("p/b", Some(300)), ("p/c", Some(300)), ("p/a", Some(500)), ("p/d", None)]);
         for _ in 0..5 {
-            assert_eq!(select(&d, Phase::Decode, &c, &h, "h", &none).unwrap(), s);
+            assert_eq!(select(&d, Phase::Decode, &c, &h, "h").unwrap(), s);
         }
         // A newer, faster measurement of p/a wins.
         h.record(&rec(&d, "p/a", Some(100), 2)).unwrap();
-        assert_eq!(select(&d, Phase::Decode, &c, &h, "h", &none).unwrap().kernel_id, "p/a");
+        assert_eq!(select(&d, Phase::Decode, &c, &h, "h").unwrap().kernel_id, "p/a");
         // Other host or phase: no exact history.
-        assert_eq!(select(&d, Phase::Prefill, &c, &h, "h", &none).unwrap().reason, Reason::Default);
-        assert_eq!(select(&d, Phase::Decode, &c, &h, "h2", &none).unwrap().reason, Reason::Default);
+        assert_eq!(select(&d, Phase::Prefill, &c, &h, "h").unwrap().reason, Reason::Default);
+        assert_eq!(select(&d, Phase::Decode, &c, &h, "h2").unwrap().reason, Reason::Default);
     }
 
     #[test]
-    fn nearest_shape_pins_and_single_candidate() {
+    fn nearest_shape_and_single_candidate() {
         let dir = tempfile::tempdir().unwrap();
         let mut h = HistoryStore::open(dir.path().join("h.redb")).unwrap();
         let c = cands(&["a", "b"]);
@@ -270,32 +256,14 @@ mod tests {
         h.record(&rec(&small, "p/b", Some(20), 1)).unwrap();
         h.record(&rec(&big, "p/a", Some(900), 1)).unwrap();
         h.record(&rec(&big, "p/b", Some(800), 1)).unwrap();
-        let none = BTreeMap::new();
-        let s = select(&desc(3072, 4096), Phase::Decode, &c, &h, "h", &none).unwrap();
+        let s = select(&desc(3072, 4096), Phase::Decode, &c, &h, "h").unwrap();
         assert_eq!((s.kernel_id.as_str(), &s.reason), ("p/b", &Reason::NearestNeighbour { from: (4096, 4096) }));
-        let s = select(&desc(128, 64), Phase::Decode, &c, &h, "h", &none).unwrap();
+        let s = select(&desc(128, 64), Phase::Decode, &c, &h, "h").unwrap();
         assert_eq!((s.kernel_id.as_str(), &s.reason), ("p/a", &Reason::NearestNeighbour { from: (64, 64) }));
 
-        // A pin (by kernel name or id) overrides measurements.
-        let mut pins = BTreeMap::new();
-        pins.insert("q4_0*q8_0".to_string(), "a".to_string());
-        let s = select(&big, Phase::Decode, &c, &h, "h", &pins).unwrap();
-        assert_eq!((s.kernel_id.as_str(), &s.reason), ("p/a", &Reason::Pinned));
-        pins.insert("q4_0*q8_0".to_string(), "p/b".to_string());
-        assert_eq!(select(&small, Phase::Decode, &c, &h, "h", &pins).unwrap().kernel_id, "p/b");
-        let mut by_op = BTreeMap::new();
-        by_op.insert("matmul.q4_0".to_string(), "b".to_string());
-        assert_eq!(select(&small, Phase::Decode, &c, &h, "h", &by_op).unwrap().kernel_id, "p/b");
-        let packed = vec![("pk@1.0#ab12".to_string(), Arc::new(Named("z")) as Arc<dyn MatmulKernel>)];
-        by_op.insert("matmul.q4_0".to_string(), "pk/z".to_string());
-        let s = select(&small, Phase::Decode, &packed, &h, "h", &by_op).unwrap();
-        assert_eq!((s.kernel_id.as_str(), &s.reason), ("pk@1.0#ab12/z", &Reason::Pinned));
-        pins.insert("q4_0*q8_0".to_string(), "nope".to_string());
-        assert!(select(&small, Phase::Decode, &c, &h, "h", &pins).is_err());
-
         let one = cands(&["b"]);
-        assert_eq!(select(&small, Phase::Decode, &one, &h, "h", &none).unwrap().reason, Reason::OnlyCandidate);
-        assert!(select(&small, Phase::Decode, &[], &h, "h", &none).is_err());
+        assert_eq!(select(&small, Phase::Decode, &one, &h, "h").unwrap().reason, Reason::OnlyCandidate);
+        assert!(select(&small, Phase::Decode, &[], &h, "h").is_err());
     }
 
     #[test]
@@ -313,7 +281,7 @@ mod tests {
         assert_eq!(last, (2 * n, 2 * n));
         assert_eq!(h.len(), 2 * n);
         let host = Host::detect().fingerprint();
-        let s = select(&d, Phase::Decode, &reg.candidates(&d), &h, &host, &BTreeMap::new()).unwrap();
+        let s = select(&d, Phase::Decode, &reg.candidates(&d), &h, &host).unwrap();
         if n > 1 {
             assert_eq!(s.reason, Reason::Measured);
             let best = out[0]
