@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Builds the shipped kernel packs from source into signed pack directories:
+#   scripts/make-packs.sh OUT_DIR KEY_NAME
+# OUT_DIR/{cpu-portable,cpu-simd,wasm-simd128}/ each get the artefact, a
+# pack.toml pinning its sha256, and pack.sig signed with KEY_NAME.key
+# (created with `spinfer pack keygen` when absent). Trust KEY_NAME.pub in
+# the operator config's `packs.trusted_keys` and list OUT_DIR in
+# `packs.dirs`. Needs the wasm32 target for the WASM pack
+# (`rustup target add wasm32-unknown-unknown`).
+set -euo pipefail
+if [ $# -ne 2 ]; then
+    echo "usage: $0 OUT_DIR KEY_NAME" >&2
+    exit 2
+fi
+cd "$(dirname "$0")/.."
+out=$1
+key=$2
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+cargo build --release --quiet -p spinfer-cli -p spinfer-pack-cpu-portable -p spinfer-pack-cpu-simd
+spinfer=target/release/spinfer
+[ -f "$key.key" ] || "$spinfer" pack keygen --name "$(basename "$key")" --dir "$(dirname "$key")"
+
+# pack NAME KIND ARTEFACT DESCRIPTION KERNEL...   (kernel: name:weight:act)
+pack() {
+    local name=$1 kind=$2 artefact=$3 description=$4
+    shift 4
+    local dir="$out/$name" file
+    file=$(basename "$artefact")
+    mkdir -p "$dir"
+    cp "$artefact" "$dir/$file"
+    {
+        echo "name = \"$name\""
+        echo "version = \"$version\""
+        echo "abi_version = 1"
+        echo "kind = \"$kind\""
+        echo "min_host_version = \"$version\""
+        echo "description = \"$description\""
+        echo
+        echo "[artefact]"
+        echo "file = \"$file\""
+        echo "sha256 = \"$(sha256sum "$dir/$file" | cut -d' ' -f1)\""
+        for k in "$@"; do
+            IFS=: read -r kname w a <<<"$k"
+            printf '\n[[kernels]]\nname = "%s"\nop = "matmul"\nweight = "%s"\nact = "%s"\n' "$kname" "$w" "$a"
+        done
+    } >"$dir/pack.toml"
+    "$spinfer" pack sign --key "$key.key" "$dir" >&2
+}
+
+pack cpu-portable native target/release/libspinfer_pack_cpu_portable.so \
+    "scalar reference kernels" q4_0:q4_0:q8_0 q4_1:q4_1:q8_1 q8_0:q8_0:q8_0 q4_k:q4_k:q8_k q6_k:q6_k:q8_k
+pack cpu-simd native target/release/libspinfer_pack_cpu_simd.so \
+    "AVX2 and AVX-512 (VNNI) quantised matmul kernels" q4_0:q4_0:q8_0 q4_1:q4_1:q8_1 q8_0:q8_0:q8_0 q4_k:q4_k:q8_k q6_k:q6_k:q8_k
+kernels-wasm/build.sh target/wasm-packs/spinfer_kernels_wasm.wasm
+pack wasm-simd128 wasm target/wasm-packs/spinfer_kernels_wasm.wasm \
+    "WebAssembly simd128 f32-activation kernels" f32:f32:f32 q4_1:q4_1:f32 q8_0:q8_0:f32
+echo "packs in $out, signed with $key.pub: $(cat "$key.pub")" >&2
