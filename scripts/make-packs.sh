@@ -20,7 +20,7 @@ cargo build --release --quiet -p spinfer-cli -p spinfer-pack-cpu-portable -p spi
 spinfer=target/release/spinfer
 [ -f "$key.key" ] || "$spinfer" pack keygen --name "$(basename "$key")" --dir "$(dirname "$key")"
 
-# pack NAME KIND ARTEFACT DESCRIPTION KERNEL...   (kernel: name:weight:act)
+# pack NAME KIND ARTEFACT DESCRIPTION KERNEL...   (kernel: name:weight:act[:op], op defaults to matmul)
 pack() {
     local name=$1 kind=$2 artefact=$3 description=$4
     shift 4
@@ -40,17 +40,19 @@ pack() {
         echo "file = \"$file\""
         echo "sha256 = \"$(sha256sum "$dir/$file" | cut -d' ' -f1)\""
         for k in "$@"; do
-            IFS=: read -r kname w a <<<"$k"
-            printf '\n[[kernels]]\nname = "%s"\nop = "matmul"\nweight = "%s"\nact = "%s"\n' "$kname" "$w" "$a"
+            IFS=: read -r kname w a op <<<"$k"
+            printf '\n[[kernels]]\nname = "%s"\nop = "%s"\nweight = "%s"\nact = "%s"\n' "$kname" "${op:-matmul}" "$w" "$a"
         done
     } >"$dir/pack.toml"
     "$spinfer" pack sign --key "$key.key" "$dir" >&2
 }
 
 pack cpu-portable native target/release/libspinfer_pack_cpu_portable.so \
-    "scalar reference kernels" q4_0:q4_0:q8_0 q4_1:q4_1:q8_1 q8_0:q8_0:q8_0 q4_k:q4_k:q8_k q6_k:q6_k:q8_k
+    "scalar reference kernels" q4_0:q4_0:q8_0 q4_1:q4_1:q8_1 q8_0:q8_0:q8_0 q4_k:q4_k:q8_k q6_k:q6_k:q8_k \
+    tq1_0:tq1_0:q8_k tq2_0:tq2_0:q8_k i2_s:i2_s:q8_k:ternary_matmul
 pack cpu-simd native target/release/libspinfer_pack_cpu_simd.so \
-    "AVX2 and AVX-512 (VNNI) quantised matmul kernels" q4_0:q4_0:q8_0 q4_1:q4_1:q8_1 q8_0:q8_0:q8_0 q4_k:q4_k:q8_k q6_k:q6_k:q8_k
+    "AVX2 and AVX-512 (VNNI) quantised matmul kernels" q4_0:q4_0:q8_0 q4_1:q4_1:q8_1 q8_0:q8_0:q8_0 q4_k:q4_k:q8_k q6_k:q6_k:q8_k \
+    tq1_0:tq1_0:q8_k tq2_0:tq2_0:q8_k i2_s:i2_s:q8_k:ternary_matmul
 kernels-wasm/build.sh target/wasm-packs/spinfer_kernels_wasm.wasm
 pack wasm-simd128 wasm target/wasm-packs/spinfer_kernels_wasm.wasm \
     "WebAssembly simd128 f32-activation kernels" f32:f32:f32 q4_1:q4_1:f32 q8_0:q8_0:f32

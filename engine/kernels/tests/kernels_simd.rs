@@ -227,7 +227,7 @@ fn unsupported_pairs_have_no_candidates() {
         (F32, ActType::Q8_0, 64),
         (Q4_K, ActType::Q8_0, 256),
         (Q8_K, ActType::F32, 256),
-        (TQ1_0, ActType::F32, 256),
+        (TQ1_0, ActType::Q8_0, 256),
         (Q8_1, ActType::Q8_1, 64),
         (Q4_0, ActType::Q8_0, 40),
         (Q4_K, ActType::Q8_K, 320),

@@ -10,11 +10,14 @@
 //!   512-bit `vpdpbusd`), `avx512_ymm` (Q8_0, one block per 256-bit
 //!   `vpdpbusd`), `avx512_k` (Q4_K/Q5_K/Q6_K), `avx2` and `avx2_k` (the same
 //!   with `vpmaddubsw`), and `f32simd` (precise mode, AVX-512 and AVX2).
+//!   `ternary` holds the TQ1_0/TQ2_0/I2_S kernels (scalar, AVX2, AVX-512)
+//!   and the I2_S layout.
 //!   They are `#[target_feature]` functions; [`crate::matmul`] selects them
 //!   at run time from [`crate::cpu::CpuFeatures`] and the tests check them
 //!   against [`scalar`].
 
 pub mod scalar;
+pub mod ternary;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;

@@ -5,7 +5,8 @@
 //! pair:
 //!
 //! * fast mode: Q4_0·Q8_0, Q4_1·Q8_1, Q5_0·Q8_0, Q5_1·Q8_1, Q8_0·Q8_0 and
-//!   Q2_K..Q6_K·Q8_K (Q2_K/Q3_K are scalar only);
+//!   Q2_K..Q6_K·Q8_K (Q2_K/Q3_K are scalar only), and the ternary
+//!   TQ1_0·Q8_K and TQ2_0·Q8_K ([`crate::dot::ternary`]);
 //! * precise mode (`ActType::F32`): F32, F16, BF16 and all the quantised
 //!   types above, dequantised on the fly.
 //!
@@ -64,11 +65,14 @@ pub fn is_supported_pair(wtype: GgmlType, act: ActType) -> bool {
     use GgmlType::*;
     match act {
         ActType::F32 => {
-            matches!(wtype, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K)
+            matches!(
+                wtype,
+                F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | TQ1_0 | TQ2_0
+            )
         }
         ActType::Q8_0 => matches!(wtype, Q4_0 | Q5_0 | Q8_0),
         ActType::Q8_1 => matches!(wtype, Q4_1 | Q5_1),
-        ActType::Q8_K => matches!(wtype, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K),
+        ActType::Q8_K => matches!(wtype, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | TQ1_0 | TQ2_0),
     }
 }
 
@@ -78,7 +82,7 @@ fn simd_supported(isa: Isa, wtype: GgmlType, act: ActType) -> bool {
     match isa {
         Isa::Scalar => true,
         Isa::Avx2 | Isa::Avx512 => match act {
-            ActType::Q8_K => matches!(wtype, Q4_K | Q5_K | Q6_K),
+            ActType::Q8_K => matches!(wtype, Q4_K | Q5_K | Q6_K | TQ1_0 | TQ2_0),
             _ => is_supported_pair(wtype, act),
         },
     }
@@ -174,6 +178,10 @@ impl MatmulKernel for Kernel {
         }
         if n_tokens == 0 || self.desc.rows == 0 {
             return Ok(());
+        }
+        if self.desc.act == ActType::Q8_K && matches!(self.desc.wtype, GgmlType::TQ1_0 | GgmlType::TQ2_0) {
+            let out = OutPtr(out.as_mut_ptr());
+            return crate::dot::ternary::run(self.isa, pool, &self.desc, self.row_bytes, w, x, n_tokens, out, scratch);
         }
         let job = Job { desc: self.desc, row_bytes: self.row_bytes, w, x, n_tokens, out: OutPtr(out.as_mut_ptr()) };
         match self.isa {

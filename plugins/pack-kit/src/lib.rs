@@ -1,0 +1,408 @@
+//! `spinfer-pack-kit`: what spinfer's CPU kernel packs (`cpu-portable`,
+//! `cpu-simd`) share.
+//!
+//! Both packs serve the matmul kernels of `spinfer-kernels` through the
+//! native pack ABI of `spinfer-plugin-api`; they differ only in their name,
+//! which of the kernels they offer, and their score. A pack describes the
+//! first two as a [`CpuPack`] and keeps its root module (with `abi_version`
+//! first, as every ABI version requires) and its `score` in its own
+//! `lib.rs`; this crate does the rest:
+//!
+//! * [`CpuPack::kernel_boxes`]: one [`CpuKernel`] per (instruction set,
+//!   weight type, activation type) the pack serves, as FFI-safe
+//!   [`KernelBox`]es;
+//! * [`CpuKernel`]: the adapter from a `spinfer-kernels`
+//!   [`MatmulKernel`] to the ABI's [`Kernel`] trait (per-shape kernel cache,
+//!   per-thread scratch, a one-thread pool, panics caught, errors mapped to
+//!   [`PackErrorKind`](spinfer_plugin_api::PackErrorKind)s);
+//! * the type mapping between the ABI catalogues and `spinfer-kernels`,
+//!   including `WeightType::I2_S`, which has no GGML id and is served by
+//!   `spinfer_kernels::dot::ternary` under [`Op::TERNARY_MAT_MUL`];
+//! * [`kernel_pack_module`]: the root module of a pack that offers only
+//!   kernels (`abi_version` first), from the pack's `name`, `score` and
+//!   `kernels` entry points;
+//! * with feature `testing`, the `testing` module: the checks every CPU
+//!   pack passes, in process and through dlopen.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use spinfer_kernels::cpu::CpuFeatures;
+use spinfer_kernels::dot::ternary;
+use spinfer_kernels::kernel::{self as sk, MatmulDesc, MatmulKernel};
+use spinfer_kernels::pool::ThreadPool;
+use spinfer_kernels::{GgmlType, KernelError, QK_K};
+use spinfer_plugin_api::abi_stable::prefix_type::PrefixTypeTrait;
+use spinfer_plugin_api::abi_stable::sabi_extern_fn;
+use spinfer_plugin_api::abi_stable::sabi_trait::TD_Opaque;
+use spinfer_plugin_api::abi_stable::std_types::{RResult, RSlice, RSliceMut, RString, RVec};
+use spinfer_plugin_api::{
+    ABI_VERSION, ActType, CachePolicyBox, HostInfo, Kernel, Kernel_TO, KernelBox, KernelDesc, LoaderBox, Op, PackError,
+    PackModule, PackModuleRef, PredictorBox, PredictorSpec, WeightType,
+};
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+// === Type mapping ===
+
+/// The `spinfer-kernels` type for a catalogue weight type (both use GGML's
+/// numeric ids); `None` for extension types such as `I2_S`.
+pub fn ggml_type(w: WeightType) -> Option<GgmlType> {
+    w.ggml_id().and_then(GgmlType::from_u32)
+}
+
+/// The `spinfer-kernels` activation type for a catalogue activation type.
+pub fn kernel_act(a: ActType) -> Option<sk::ActType> {
+    match a {
+        ActType::F32 => Some(sk::ActType::F32),
+        ActType::Q8_0 => Some(sk::ActType::Q8_0),
+        ActType::Q8_1 => Some(sk::ActType::Q8_1),
+        ActType::Q8_K => Some(sk::ActType::Q8_K),
+        _ => None,
+    }
+}
+
+/// The smallest valid row length of `w` (its block size; 256 for I2_S), 1
+/// for types the kernels do not know.
+pub fn min_cols(w: WeightType) -> usize {
+    if w == WeightType::I2_S { QK_K } else { ggml_type(w).map_or(1, GgmlType::block_size) }
+}
+
+/// The operation a kernel for `w` serves: [`Op::TERNARY_MAT_MUL`] for
+/// `I2_S` (no GGML type, so no plain matmul over it exists), otherwise
+/// [`Op::MAT_MUL`] (TQ1_0/TQ2_0 included: they are GGML types the host
+/// resolves as matmuls).
+pub fn op_for(w: WeightType) -> Op {
+    if w == WeightType::I2_S { Op::TERNARY_MAT_MUL } else { Op::MAT_MUL }
+}
+
+/// The instruction-set prefix of a `spinfer-kernels` kernel name
+/// (`"avx512"` of `"avx512/q4_1*q8_1"`).
+pub fn isa_of(kernel_name: &str) -> &str {
+    kernel_name.split_once('/').map_or(kernel_name, |(isa, _)| isa)
+}
+
+/// Every `spinfer-kernels` kernel for `(w, a)` at `rows x cols` on a CPU
+/// with `features`, best first (scalar last); empty for unsupported pairs
+/// and shapes.
+pub fn kernel_candidates(
+    w: WeightType,
+    a: ActType,
+    rows: usize,
+    cols: usize,
+    features: &CpuFeatures,
+) -> Vec<Box<dyn MatmulKernel>> {
+    if w == WeightType::I2_S {
+        return if a == ActType::Q8_K { ternary::i2s_candidates(rows, cols, features) } else { Vec::new() };
+    }
+    let (Some(wtype), Some(act)) = (ggml_type(w), kernel_act(a)) else { return Vec::new() };
+    sk::candidates(&MatmulDesc { wtype, act, rows, cols }, features)
+}
+
+// === The pack ===
+
+/// What distinguishes one CPU pack: its name and which `spinfer-kernels`
+/// kernels it serves (those of the instruction sets `isas` among the
+/// candidates for the CPU `features()` describes).
+#[derive(Clone, Copy, Debug)]
+pub struct CpuPack {
+    /// The pack's name as reported to the host (`"cpu-simd"`).
+    pub name: &'static str,
+    /// The CPU the kernels are chosen for: `CpuFeatures::detect` for SIMD
+    /// kernels, `CpuFeatures::default` (no extensions) for the scalar ones.
+    pub features: fn() -> CpuFeatures,
+    /// Kernel-name prefixes served (`"scalar"`, `"avx2"`, `"avx512"`).
+    pub isas: &'static [&'static str],
+}
+
+impl CpuPack {
+    /// The served kernels for `(w, a)` at `rows x cols`, best first.
+    fn candidates(&self, w: WeightType, a: ActType, rows: usize, cols: usize) -> Vec<Box<dyn MatmulKernel>> {
+        kernel_candidates(w, a, rows, cols, &(self.features)())
+            .into_iter()
+            .filter(|k| self.isas.contains(&isa_of(k.name())))
+            .collect()
+    }
+
+    /// Every (instruction set, weight type, activation type) the pack
+    /// serves on this CPU: catalogue order of the pairs, best instruction
+    /// set first within a pair.
+    pub fn supported_kernels(&self) -> Vec<(String, WeightType, ActType)> {
+        let mut v = Vec::new();
+        for w in WeightType::ALL {
+            for a in ActType::ALL {
+                for k in self.candidates(w, a, 1, min_cols(w)) {
+                    v.push((isa_of(k.name()).to_string(), w, a));
+                }
+            }
+        }
+        v
+    }
+
+    /// The kernel for an entry of [`CpuPack::supported_kernels`], or
+    /// `None` if this CPU has no `isa` kernel for the pair.
+    pub fn kernel(&self, isa: &str, wtype: WeightType, act: ActType) -> Option<CpuKernel> {
+        let block = min_cols(wtype);
+        let name =
+            self.candidates(wtype, act, 1, block).into_iter().find(|k| isa_of(k.name()) == isa)?.name().to_string();
+        Some(CpuKernel {
+            pack: *self,
+            isa: isa.to_string(),
+            wtype,
+            act,
+            name,
+            block,
+            pool: ThreadPool::new(1),
+            by_shape: RwLock::new(HashMap::new()),
+        })
+    }
+
+    /// Every kernel of [`CpuPack::supported_kernels`] as an ABI object: the
+    /// body of a pack's `kernels` entry point. A panic offers nothing (it
+    /// must not unwind into the host).
+    pub fn kernel_boxes(&self) -> RVec<KernelBox> {
+        catch_unwind(|| {
+            self.supported_kernels()
+                .into_iter()
+                .filter_map(|(isa, w, a)| self.kernel(&isa, w, a))
+                .map(|k| Kernel_TO::from_value(k, TD_Opaque))
+                .collect::<RVec<KernelBox>>()
+        })
+        .unwrap_or_default()
+    }
+}
+
+// === Root modules of kernel-only packs ===
+
+/// Re-exported for [`export_cpu_pack!`].
+#[doc(hidden)]
+pub use spinfer_plugin_api::abi_stable;
+
+/// Exports the root module of a [`CpuPack`]: `export_cpu_pack!(PACK,
+/// score)` defines the pack's `#[export_root_module]` function,
+/// `pub fn instantiate_root_module() -> PackModuleRef` (built by
+/// [`kernel_pack_module`], so `abi_version` comes first), and its `name`
+/// and `kernels` entry points from the `CpuPack` constant `PACK`; `score`
+/// is the pack's own `#[sabi_extern_fn] fn(&HostInfo) -> u32`. The pack
+/// crate must depend on `abi_stable` (its macros name it).
+#[macro_export]
+macro_rules! export_cpu_pack {
+    ($pack:path, $score:path) => {
+        /// The pack's root module (`abi_version` first, then this pack's
+        /// entry points; see `spinfer_pack_kit::kernel_pack_module`). Not
+        /// run until `abi_stable` has checked the layout of the type it
+        /// returns against the host's.
+        #[$crate::abi_stable::export_root_module]
+        pub fn instantiate_root_module() -> $crate::__PackModuleRef {
+            $crate::kernel_pack_module(__spinfer_pack_name, $score, __spinfer_pack_kernels)
+        }
+
+        #[$crate::abi_stable::sabi_extern_fn]
+        fn __spinfer_pack_name() -> $crate::abi_stable::std_types::RString {
+            $pack.name.into()
+        }
+
+        #[$crate::abi_stable::sabi_extern_fn]
+        fn __spinfer_pack_kernels() -> $crate::abi_stable::std_types::RVec<$crate::__KernelBox> {
+            $pack.kernel_boxes()
+        }
+    };
+}
+
+#[doc(hidden)]
+pub use spinfer_plugin_api::{KernelBox as __KernelBox, PackModuleRef as __PackModuleRef};
+
+/// The root module of a pack that offers only kernels: `abi_version` first
+/// (the one field every ABI version keeps in place, so a host can explain
+/// a version mismatch), the pack's own `name`, `score` and `kernels` entry
+/// points, and [`no_loaders`], [`no_predictors`], [`no_cache_policies`].
+/// Call it from the pack's `#[export_root_module]` function; the entry
+/// points must be `#[sabi_extern_fn]`s.
+pub fn kernel_pack_module(
+    name: extern "C" fn() -> RString,
+    score: extern "C" fn(&HostInfo) -> u32,
+    kernels: extern "C" fn() -> RVec<KernelBox>,
+) -> PackModuleRef {
+    PackModule {
+        abi_version: ABI_VERSION,
+        name,
+        score,
+        kernels,
+        loaders: no_loaders,
+        predictors: no_predictors,
+        cache_policies: no_cache_policies,
+    }
+    .leak_into_prefix()
+}
+
+/// `loaders` entry point of a pack without loaders.
+#[sabi_extern_fn]
+pub fn no_loaders() -> RVec<LoaderBox> {
+    RVec::new()
+}
+
+/// `predictors` entry point of a pack without predictors.
+#[sabi_extern_fn]
+pub fn no_predictors(_spec: &PredictorSpec) -> RVec<PredictorBox> {
+    RVec::new()
+}
+
+/// `cache_policies` entry point of a pack without cache policies.
+#[sabi_extern_fn]
+pub fn no_cache_policies(_capacity: u64) -> RVec<CachePolicyBox> {
+    RVec::new()
+}
+
+// === The kernel ===
+
+thread_local! {
+    /// Activation-quantisation scratch, per calling thread, reused across
+    /// calls so steady-state calls do not allocate.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One (instruction set, weight type, activation type) of a [`CpuPack`],
+/// serving any shape whose row length is a whole number of blocks, for any
+/// number of tokens, on the calling thread.
+pub struct CpuKernel {
+    pack: CpuPack,
+    isa: String,
+    wtype: WeightType,
+    act: ActType,
+    name: String,
+    block: usize,
+    /// A one-thread pool: the caller's thread does all the work. The host's
+    /// pool cannot cross the ABI, and concurrent calls from several host
+    /// threads do not contend.
+    pool: ThreadPool,
+    /// `spinfer-kernels` kernels are built per shape; a model has a handful
+    /// of shapes per type, so keep them.
+    by_shape: RwLock<HashMap<(usize, usize), Arc<dyn MatmulKernel>>>,
+}
+
+impl CpuKernel {
+    fn for_shape(&self, rows: usize, cols: usize) -> Result<Arc<dyn MatmulKernel>, PackError> {
+        if let Some(k) = self.by_shape.read().unwrap_or_else(PoisonError::into_inner).get(&(rows, cols)) {
+            return Ok(Arc::clone(k));
+        }
+        if !cols.is_multiple_of(self.block) {
+            return Err(PackError::unsupported(format!(
+                "{}: {cols} columns is not a multiple of the block size {}",
+                self.name, self.block
+            )));
+        }
+        let k: Arc<dyn MatmulKernel> = self
+            .pack
+            .candidates(self.wtype, self.act, rows, cols)
+            .into_iter()
+            .find(|k| isa_of(k.name()) == self.isa)
+            .ok_or_else(|| PackError::unsupported(format!("{}: no kernel for {rows}x{cols}", self.name)))?
+            .into();
+        self.by_shape.write().unwrap_or_else(PoisonError::into_inner).insert((rows, cols), Arc::clone(&k));
+        Ok(k)
+    }
+
+    fn run_impl(
+        &self,
+        w: &[u8],
+        x: &[f32],
+        n_tokens: usize,
+        rows: usize,
+        cols: usize,
+        out: &mut [f32],
+    ) -> Result<(), PackError> {
+        let k = self.for_shape(rows, cols)?;
+        SCRATCH.with_borrow_mut(|scratch| k.run(&self.pool, w, x, n_tokens, out, scratch)).map_err(to_pack_error)
+    }
+}
+
+impl Kernel for CpuKernel {
+    fn describe(&self) -> KernelDesc {
+        KernelDesc {
+            name: self.name.as_str().into(),
+            op: op_for(self.wtype),
+            wtype: self.wtype,
+            act: self.act,
+            cols_multiple: u32::try_from(self.block).unwrap_or(u32::MAX),
+            rows_multiple: 1,
+        }
+    }
+
+    fn prepare(&self, _weights: RSlice<'_, u8>, rows: usize, cols: usize) -> RResult<(), PackError> {
+        // CPU kernels read the host's weights in place; only warm the
+        // per-shape cache and reject shapes early.
+        match catch_unwind(AssertUnwindSafe(|| self.for_shape(rows, cols).map(drop))) {
+            Ok(r) => r.into(),
+            Err(_) => RResult::RErr(PackError::internal(format!("{} panicked in prepare", self.name))),
+        }
+    }
+
+    fn run(
+        &self,
+        weights: RSlice<'_, u8>,
+        x: RSlice<'_, f32>,
+        n_tokens: usize,
+        rows: usize,
+        cols: usize,
+        mut out: RSliceMut<'_, f32>,
+    ) -> RResult<(), PackError> {
+        // A panic must not unwind into the host (abi_stable would abort).
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            self.run_impl(weights.as_slice(), x.as_slice(), n_tokens, rows, cols, out.as_mut_slice())
+        }));
+        match r {
+            Ok(r) => r.into(),
+            Err(_) => RResult::RErr(PackError::internal(format!("{} panicked", self.name))),
+        }
+    }
+}
+
+/// Maps a `spinfer-kernels` error onto the ABI's kinds, keeping its text.
+pub fn to_pack_error(e: KernelError) -> PackError {
+    match e {
+        KernelError::Unsupported { .. } | KernelError::RowNotBlockAligned { .. } => {
+            PackError::unsupported(e.to_string())
+        }
+        // Buffer sizes and shapes, and whatever the kernels add later.
+        _ => PackError::invalid_argument(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCALAR: CpuPack = CpuPack { name: "scalar-test", features: CpuFeatures::default, isas: &["scalar"] };
+
+    #[test]
+    fn type_mapping() {
+        assert_eq!(ggml_type(WeightType::TQ2_0), Some(GgmlType::TQ2_0));
+        assert_eq!(ggml_type(WeightType::I2_S), None);
+        assert_eq!(kernel_act(ActType::Q8_K), Some(sk::ActType::Q8_K));
+        assert_eq!(kernel_act(ActType(12345)), None);
+        assert_eq!(min_cols(WeightType::I2_S), 256);
+        assert_eq!(min_cols(WeightType::Q4_1), 32);
+        assert_eq!(min_cols(WeightType::F16), 1);
+        assert_eq!(op_for(WeightType::I2_S), Op::TERNARY_MAT_MUL);
+        assert_eq!(op_for(WeightType::TQ1_0), Op::MAT_MUL);
+        assert_eq!(isa_of("avx2/q4_1*q8_1"), "avx2");
+    }
+
+    #[test]
+    fn scalar_pack_lists_ternary_kernels() {
+        let listed = SCALAR.supported_kernels();
+        assert!(listed.iter().all(|(isa, _, _)| isa == "scalar"));
+        for w in [WeightType::TQ1_0, WeightType::TQ2_0, WeightType::I2_S] {
+            assert!(listed.contains(&("scalar".to_string(), w, ActType::Q8_K)), "{w}");
+        }
+        assert!(!listed.iter().any(|(_, w, a)| *w == WeightType::I2_S && *a != ActType::Q8_K));
+        let k = SCALAR.kernel("scalar", WeightType::I2_S, ActType::Q8_K).unwrap();
+        let d = k.describe();
+        assert_eq!((d.name.as_str(), d.op, d.cols_multiple), ("scalar/i2_s*q8_K", Op::TERNARY_MAT_MUL, 256));
+        assert!(SCALAR.kernel("avx2", WeightType::Q4_1, ActType::Q8_1).is_none());
+        assert_eq!(SCALAR.kernel_boxes().len(), listed.len());
+    }
+}

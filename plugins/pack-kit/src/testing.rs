@@ -1,0 +1,307 @@
+//! The test harness of the CPU packs (feature `testing`): whatever way a
+//! pack's root module was obtained (in process through the `rlib`, or by
+//! dlopen of the `cdylib`), it must report the current ABI version and its
+//! name, list exactly the kernels its [`CpuPack`] serves, compute bit for
+//! bit what `spinfer-kernels`' own kernel of the same name computes, and
+//! return errors as values of the right kinds. [`check_module`] checks all
+//! of that; each pack's tests add their score and the kernels they expect.
+//!
+//! Test code: it panics on every failed check. [`dlopen_tests!`] defines
+//! a pack's dlopen tests.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use half::f16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use spinfer_kernels::dot::ternary::i2s_row_bytes;
+use spinfer_kernels::pool::ThreadPool;
+use spinfer_plugin_api::abi_stable::library::lib_header_from_path;
+use spinfer_plugin_api::abi_stable::std_types::{RSliceMut, RVec};
+use spinfer_plugin_api::{
+    ABI_VERSION, ActType, KernelBox, LoadErrorKind, PackErrorKind, PackModuleRef, PredictorSpec, WeightType, check_abi,
+    load_pack,
+};
+
+use crate::{CpuPack, ggml_type, isa_of, kernel_candidates, min_cols, op_for};
+
+/// Weight types whose kernels [`check_module`] compares bit for bit.
+pub const CHECKED_TYPES: [WeightType; 5] =
+    [WeightType::Q4_1, WeightType::Q8_0, WeightType::TQ1_0, WeightType::TQ2_0, WeightType::I2_S];
+
+pub fn rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+/// `rows` random rows of `cols` weights of a [`CHECKED_TYPES`] type:
+/// random quant bytes with finite scales (f16 fields of the GGML blocks,
+/// the f32 row scale of I2_S).
+///
+/// # Panics
+///
+/// For other types.
+pub fn random_weights(r: &mut StdRng, w: WeightType, rows: usize, cols: usize) -> Vec<u8> {
+    if w == WeightType::I2_S {
+        let rb = i2s_row_bytes(cols).unwrap();
+        let mut v: Vec<u8> = (0..rb * rows).map(|_| r.random()).collect();
+        for row in v.chunks_exact_mut(rb) {
+            row[rb - 4..].copy_from_slice(&r.random_range(-0.05f32..0.05).to_le_bytes());
+        }
+        return v;
+    }
+    let ty = ggml_type(w).unwrap_or_else(|| panic!("random_weights: {w} has no GGML type"));
+    let scale_fields: &[usize] = match w {
+        WeightType::Q4_1 => &[0, 2],
+        WeightType::Q8_0 => &[0],
+        WeightType::TQ1_0 => &[52],
+        WeightType::TQ2_0 => &[64],
+        _ => panic!("random_weights: {w} not handled"),
+    };
+    let mut v: Vec<u8> = (0..ty.row_bytes(cols).unwrap() * rows).map(|_| r.random()).collect();
+    for blk in v.chunks_exact_mut(ty.type_size()) {
+        for &off in scale_fields {
+            let s = f16::from_f32(r.random_range(-0.05f32..0.05));
+            blk[off..off + 2].copy_from_slice(&s.to_le_bytes());
+        }
+    }
+    v
+}
+
+/// `n` random activations in `-2..2`.
+pub fn random_acts(r: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| r.random_range(-2.0f32..2.0)).collect()
+}
+
+/// What `spinfer-kernels`' kernel named `name`, as `pack` chooses it,
+/// computes, called directly (with a two-thread pool: the split over rows
+/// must not change the result).
+#[allow(clippy::too_many_arguments, reason = "one matmul's description")]
+pub fn reference(
+    pack: &CpuPack,
+    name: &str,
+    w: WeightType,
+    a: ActType,
+    rows: usize,
+    cols: usize,
+    wb: &[u8],
+    x: &[f32],
+) -> Vec<f32> {
+    let n_tokens = x.len() / cols;
+    let k = kernel_candidates(w, a, rows, cols, &(pack.features)())
+        .into_iter()
+        .find(|k| k.name() == name)
+        .unwrap_or_else(|| panic!("spinfer-kernels has no {name}"));
+    let mut out = vec![0.0; n_tokens * rows];
+    k.run(&ThreadPool::new(2), wb, x, n_tokens, &mut out, &mut Vec::new()).unwrap();
+    out
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
+/// Runs the pack's kernel `k` on random data and compares bit for bit with
+/// `spinfer-kernels`.
+pub fn check_bit_exact(pack: &CpuPack, k: &KernelBox, n_tokens: usize, seed: u64) {
+    let d = k.describe();
+    let (rows, cols) = (37, 512);
+    let mut r = rng(seed);
+    let wb = random_weights(&mut r, d.wtype, rows, cols);
+    let x = random_acts(&mut r, n_tokens * cols);
+    let want = reference(pack, &d.name, d.wtype, d.act, rows, cols, &wb, &x);
+
+    k.prepare(wb.as_slice().into(), rows, cols).into_result().unwrap();
+    let mut got = vec![f32::NAN; n_tokens * rows];
+    k.run(wb.as_slice().into(), x.as_slice().into(), n_tokens, rows, cols, RSliceMut::from_mut_slice(&mut got))
+        .into_result()
+        .unwrap();
+    assert!(want.iter().all(|v| v.is_finite()), "{}: reference has non-finite values", d.name);
+    assert!(want.iter().any(|&v| v != 0.0), "{}: reference is all zeros", d.name);
+    assert_eq!(bits(&got), bits(&want), "{} n_tokens={n_tokens}", d.name);
+}
+
+/// Every check common to the CPU packs; returns the kernels for the pack's
+/// own checks. A pack without kernels on this CPU (`cpu-simd` without
+/// AVX2) only gets the module-level checks.
+pub fn check_module(module: PackModuleRef, pack: &CpuPack) -> RVec<KernelBox> {
+    assert_eq!(module.abi_version(), ABI_VERSION);
+    assert_eq!(check_abi(module), Ok(()));
+    assert_eq!(module.name()().as_str(), pack.name);
+
+    // The pack offers nothing but kernels.
+    assert!(module.loaders()().is_empty());
+    let spec = PredictorSpec {
+        arch: "llama".into(),
+        model_dir: "/nonexistent".into(),
+        n_layers: 2,
+        hidden_dim: 64,
+        ffn_dim: 256,
+    };
+    assert!(module.predictors()(&spec).is_empty());
+    assert!(module.cache_policies()(1024).is_empty());
+
+    // Kernels: one per (isa, pair) the pack serves, named as
+    // spinfer-kernels names them.
+    let kernels = module.kernels()();
+    let listed: Vec<(String, WeightType, ActType)> = kernels
+        .iter()
+        .map(|k| {
+            let d = k.describe();
+            let (isa, pair) = d.name.split_once('/').unwrap();
+            assert!(pack.isas.contains(&isa), "{}: not one of {:?}", d.name, pack.isas);
+            assert_eq!(isa, isa_of(&d.name));
+            assert_eq!(pair, format!("{}*{}", d.wtype, d.act));
+            assert_eq!(d.op, op_for(d.wtype), "{}", d.name);
+            assert_eq!(d.cols_multiple as usize, min_cols(d.wtype), "{}", d.name);
+            assert_eq!(d.rows_multiple, 1);
+            (isa.to_string(), d.wtype, d.act)
+        })
+        .collect();
+    assert_eq!(listed, pack.supported_kernels());
+    if kernels.is_empty() {
+        return kernels;
+    }
+
+    // Every instruction set offered serves the ternary types with Q8_K.
+    for (isa, _, _) in &listed {
+        for w in [WeightType::TQ1_0, WeightType::TQ2_0, WeightType::I2_S] {
+            let want = (isa.clone(), w, ActType::Q8_K);
+            assert!(listed.contains(&want), "{isa}/{w}*q8_K missing");
+        }
+    }
+
+    // Matvec (one token) and matmul (several) are bit-exact.
+    for (i, k) in kernels.iter().enumerate() {
+        if CHECKED_TYPES.contains(&k.describe().wtype) {
+            for n_tokens in [1, 3, 8] {
+                check_bit_exact(pack, k, n_tokens, i as u64 * 10 + n_tokens as u64);
+            }
+        }
+    }
+
+    // Errors come back as values with the right kinds.
+    let k = kernels
+        .iter()
+        .find(|k| k.describe().wtype == WeightType::Q8_0 && k.describe().act == ActType::Q8_0)
+        .expect("a q8_0*q8_0 kernel");
+    let w = vec![0u8; 34 * 2];
+    let x = vec![0.0f32; 32];
+    let mut out = vec![0.0f32; 2];
+    let e = k.run(w[..10].into(), x.as_slice().into(), 1, 2, 32, RSliceMut::from_mut_slice(&mut out));
+    assert_eq!(e.into_result().unwrap_err().kind, PackErrorKind::INVALID_ARGUMENT);
+    let e = k.run(w.as_slice().into(), x[..30].into(), 1, 2, 30, RSliceMut::from_mut_slice(&mut out));
+    assert_eq!(e.into_result().unwrap_err().kind, PackErrorKind::UNSUPPORTED);
+    let e = k.run_sparse(
+        w.as_slice().into(),
+        x.as_slice().into(),
+        1,
+        2,
+        32,
+        [0u32].as_slice().into(),
+        RSliceMut::from_mut_slice(&mut out),
+    );
+    assert_eq!(e.into_result().unwrap_err().kind, PackErrorKind::UNSUPPORTED);
+    let k = kernels.iter().find(|k| k.describe().wtype == WeightType::I2_S).expect("an i2_s kernel");
+    let x = vec![0.0f32; 384];
+    let e = k.run(w.as_slice().into(), x.as_slice().into(), 1, 1, 384, RSliceMut::from_mut_slice(&mut out[..1]));
+    assert_eq!(e.into_result().unwrap_err().kind, PackErrorKind::UNSUPPORTED);
+    let x = vec![0.0f32; 256];
+    let e = k.run(w[..10].into(), x.as_slice().into(), 1, 1, 256, RSliceMut::from_mut_slice(&mut out[..1]));
+    assert_eq!(e.into_result().unwrap_err().kind, PackErrorKind::INVALID_ARGUMENT);
+    kernels
+}
+
+/// `target/<profile>`, from the running test executable's path
+/// (`target/<profile>/deps/<test>-<hash>`).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).expect("test executable inside target/<profile>/deps").to_path_buf()
+}
+
+/// `package`'s library (`target/<profile>/<lib_file>`), built for the
+/// running test's profile. `cargo test` builds the crate for the tests to
+/// link against but does not reliably leave an up-to-date cdylib in
+/// `target/<profile>` (a stale one from an older build would be tested
+/// instead), so this runs `cargo build` for the same profile, a no-op when
+/// the library is fresh. `manifest_dir` is the calling crate's
+/// `CARGO_MANIFEST_DIR`. Built once per test binary (a test binary tests
+/// one pack).
+pub fn pack_library(package: &str, lib_file: &str, manifest_dir: &str) -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| build_pack_library(package, lib_file, manifest_dir))
+}
+
+fn build_pack_library(package: &str, lib_file: &str, manifest_dir: &str) -> PathBuf {
+    let dir = profile_dir();
+    let profile = match dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev".to_string(),
+        Some(name) => name.to_string(),
+        None => panic!("cannot tell the cargo profile from {}", dir.display()),
+    };
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let status = Command::new(cargo)
+        .args(["build", "-p", package, "--profile", &profile, "--target-dir"])
+        .arg(dir.parent().expect("target dir"))
+        .current_dir(manifest_dir)
+        .status()
+        .expect("running cargo build");
+    assert!(status.success(), "cargo build -p {package} --profile {profile} failed");
+    let lib = dir.join(lib_file);
+    assert!(lib.exists(), "{} was not built", lib.display());
+    lib
+}
+
+/// The root module of the library at `lib`, loaded as `abi_stable` loads
+/// it (dlopen, header, version and layout checks), without `load_pack`'s
+/// own checks.
+pub fn root_module_from_cdylib(lib: &Path) -> PackModuleRef {
+    lib_header_from_path(lib).unwrap().init_root_module::<PackModuleRef>().unwrap()
+}
+
+/// The root module of the library at `lib` through the host's
+/// [`load_pack`] (all its checks).
+pub fn load_checked(lib: &Path) -> PackModuleRef {
+    load_pack(lib).unwrap()
+}
+
+/// Defines a pack's dlopen tests: `dlopen_tests!("package-name",
+/// "libfile.so", check)` builds the package's cdylib for the test's
+/// profile ([`pack_library`]), loads it with `abi_stable` alone
+/// (`root_module_from_cdylib`) and with the host's `load_pack`
+/// (`load_pack_checks_and_loads`), runs `check(module)` on each, and checks
+/// the one-line error for a missing library.
+#[macro_export]
+macro_rules! dlopen_tests {
+    ($package:literal, $lib_file:literal, $check:path) => {
+        /// The pack library, freshly built for this test's profile.
+        fn library() -> &'static ::std::path::Path {
+            $crate::testing::pack_library($package, $lib_file, env!("CARGO_MANIFEST_DIR"))
+        }
+
+        #[test]
+        fn root_module_from_cdylib() {
+            $check($crate::testing::root_module_from_cdylib(library()));
+        }
+
+        #[test]
+        fn load_pack_checks_and_loads() {
+            $check($crate::testing::load_checked(library()));
+        }
+
+        #[test]
+        fn load_pack_reports_missing_files_in_one_line() {
+            $crate::testing::check_missing_library_error();
+        }
+    };
+}
+
+/// `load_pack` of a missing file fails with a one-line `Open` error.
+pub fn check_missing_library_error() {
+    let Err(e) = load_pack(Path::new("/nonexistent/libnothing.so")) else { panic!("loaded a missing file") };
+    assert_eq!(e.kind(), LoadErrorKind::Open);
+    let msg = e.to_string();
+    assert!(msg.starts_with("cannot load pack /nonexistent/libnothing.so: "), "{msg}");
+    assert!(!msg.contains('\n'), "{msg}");
+}
