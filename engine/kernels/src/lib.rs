@@ -18,6 +18,7 @@ pub mod kernel;
 pub mod matmul;
 pub mod pool;
 pub mod quantize;
+pub mod sparse;
 pub mod split;
 mod types;
 pub mod vec;

@@ -1,0 +1,498 @@
+//! Sparse FFN kernels: gathered-row matvec against the dense kernel,
+//! the Q8_0 neuron-major transpose, and the row AXPY (SIMD against the
+//! scalar reference and against the dense f32 product).
+
+mod kernels_common;
+
+use std::time::Instant;
+
+use half::f16;
+use kernels_common::*;
+use rand::Rng;
+use rand::rngs::StdRng;
+use spinfer_kernels::GgmlType;
+use spinfer_kernels::cpu::CpuFeatures;
+use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel, candidates};
+use spinfer_kernels::pool::ThreadPool;
+use spinfer_kernels::sparse::{
+    AxpyIsa, axpy_rows_q8_0, axpy_rows_q8_0_scalar, axpy_rows_q8_0_with, gather_rows, transpose_to_q8_0,
+};
+
+const TYPES: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
+
+fn cols_for(ty: GgmlType) -> usize {
+    if ty.block_size() == 32 { 576 } else { 768 }
+}
+
+/// The best (first) dense kernel for `ty` in fast mode.
+fn dense_kernel(ty: GgmlType, rows: usize, cols: usize) -> Box<dyn MatmulKernel> {
+    let desc = MatmulDesc { wtype: ty, act: ActType::fast_for(ty), rows, cols };
+    candidates(&desc, &CpuFeatures::detect()).into_iter().next().expect("no kernel")
+}
+
+fn matvec(k: &dyn MatmulKernel, pool: &ThreadPool, w: &[u8], x: &[f32], rows: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; rows];
+    k.run(pool, w, x, 1, &mut out, &mut Vec::new()).unwrap();
+    out
+}
+
+/// `n` distinct sorted indices out of `0..total`.
+fn random_subset(r: &mut StdRng, total: usize, n: usize) -> Vec<u32> {
+    let mut all: Vec<u32> = (0..total as u32).collect();
+    for i in 0..n {
+        let j = r.random_range(i..total);
+        all.swap(i, j);
+    }
+    let mut v = all[..n].to_vec();
+    v.sort_unstable();
+    v
+}
+
+fn dequant_matrix(ty: GgmlType, w: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    let rb = ty.row_bytes(cols).unwrap();
+    (0..rows).flat_map(|r| dequant(ty, &w[r * rb..(r + 1) * rb], cols)).collect()
+}
+
+// === (a) gathered rows + dense kernel ===
+
+#[test]
+fn gathered_matvec_is_bitwise_the_dense_matvec() {
+    let mut r = rng(11);
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    for ty in TYPES {
+        let (rows, cols) = (300, cols_for(ty));
+        let rb = ty.row_bytes(cols).unwrap();
+        let w = random_weights(&mut r, ty, rows, cols);
+        let x = random_acts(&mut r, cols);
+        for pool in &pools {
+            let dense = matvec(dense_kernel(ty, rows, cols).as_ref(), pool, &w, &x, rows);
+            assert!(dense.iter().any(|&v| v != 0.0));
+
+            let all: Vec<u32> = (0..rows as u32).collect();
+            let mut g = Vec::new();
+            gather_rows(pool, &w, rb, &all, &mut g).unwrap();
+            assert_eq!(g, w, "{ty}: gathering every row is the identity");
+            let got = matvec(dense_kernel(ty, rows, cols).as_ref(), pool, &g, &x, rows);
+            assert_eq!(bits(&got), bits(&dense), "{ty}: all rows");
+
+            for n in [1, 7, 150, 299] {
+                let idx = random_subset(&mut r, rows, n);
+                gather_rows(pool, &w, rb, &idx, &mut g).unwrap();
+                assert_eq!(g.len(), n * rb);
+                let got = matvec(dense_kernel(ty, n, cols).as_ref(), pool, &g, &x, n);
+                let want: Vec<f32> = idx.iter().map(|&i| dense[i as usize]).collect();
+                assert_eq!(bits(&got), bits(&want), "{ty}: {n} rows, {} threads", pool.n_threads());
+            }
+        }
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Large copies take the multi-threaded path; unsorted and repeated
+/// indices are copied in order.
+#[test]
+fn gather_large_unsorted_and_repeated() {
+    let mut r = rng(12);
+    let ty = GgmlType::Q4_1;
+    let (rows, cols) = (1536, 576);
+    let rb = ty.row_bytes(cols).unwrap();
+    let w = random_weights(&mut r, ty, rows, cols);
+    let mut idx: Vec<u32> = (0..1200).map(|_| r.random_range(0..rows as u32)).collect();
+    idx.push(0);
+    idx.push(rows as u32 - 1);
+    idx.push(0);
+    let want: Vec<u8> = idx.iter().flat_map(|&i| w[i as usize * rb..(i as usize + 1) * rb].iter().copied()).collect();
+    for t in [1, 2, 3] {
+        let pool = ThreadPool::new(t);
+        let mut g = vec![0xAB; 5];
+        gather_rows(&pool, &w, rb, &idx, &mut g).unwrap();
+        assert!(g == want, "{t} threads");
+        // Reuse with fewer rows shrinks the length, keeps the allocation.
+        let cap = g.capacity();
+        gather_rows(&pool, &w, rb, &idx[..3], &mut g).unwrap();
+        assert_eq!(g, want[..3 * rb]);
+        assert_eq!(g.capacity(), cap);
+        gather_rows(&pool, &w, rb, &[], &mut g).unwrap();
+        assert!(g.is_empty());
+    }
+}
+
+// === (d) transpose round trip ===
+
+/// Dequantised row `j` of the transpose equals column `j` of the
+/// dequantised `W` within Q8_0 rounding: per element at most half a step
+/// of the unrounded block scale `d = amax / 127`, plus the f16 rounding of
+/// the stored scale (`127 |f16(d) - d|`).
+#[test]
+fn transpose_round_trips_within_q8_0_rounding() {
+    let mut r = rng(13);
+    for ty in TYPES.into_iter().chain([GgmlType::F32, GgmlType::F16, GgmlType::Q5_1]) {
+        let (rows, cols) = (96, if ty.block_size() == 256 { 512 } else { 160 });
+        let w = random_weights(&mut r, ty, rows, cols);
+        let wd = dequant_matrix(ty, &w, rows, cols);
+        let t = transpose_to_q8_0(ty, &w, rows, cols).unwrap();
+        let rbt = GgmlType::Q8_0.row_bytes(rows).unwrap();
+        assert_eq!(t.len(), cols * rbt);
+        let mut worst = 0.0f32;
+        for j in 0..cols {
+            let got = dequant(GgmlType::Q8_0, &t[j * rbt..(j + 1) * rbt], rows);
+            for b in 0..rows / 32 {
+                let col: Vec<f32> = (b * 32..b * 32 + 32).map(|i| wd[i * cols + j]).collect();
+                let amax = col.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let d = amax / 127.0;
+                let tol = 0.5 * d * (1.0 + 1e-5) + 127.0 * (f16::from_f32(d).to_f32() - d).abs() + 1e-30;
+                for (i, &c) in col.iter().enumerate() {
+                    let e = (got[b * 32 + i] - c).abs();
+                    worst = worst.max(e / tol);
+                    assert!(e <= tol, "{ty}: W[{}, {j}] = {c}, transposed {} (tol {tol})", b * 32 + i, got[b * 32 + i]);
+                }
+            }
+        }
+        assert!(worst > 0.0, "{ty}: suspiciously exact");
+    }
+}
+
+#[test]
+fn transpose_of_q8_0_aligned_values_is_exact() {
+    // Values that are exactly representable with a power-of-two scale per
+    // column block come back bit-exact.
+    let (rows, cols) = (64, 32);
+    let mut w = Vec::new();
+    for i in 0..rows {
+        for j in 0..cols {
+            let q = ((i * 7 + j * 3) % 255) as f32 - 127.0;
+            let q = if i % 32 == 0 { 127.0 } else { q };
+            w.extend_from_slice(&(q * 0.25f32).to_le_bytes());
+        }
+    }
+    let t = transpose_to_q8_0(GgmlType::F32, &w, rows, cols).unwrap();
+    let rbt = GgmlType::Q8_0.row_bytes(rows).unwrap();
+    let wd = dequant_matrix(GgmlType::F32, &w, rows, cols);
+    for j in 0..cols {
+        let got = dequant(GgmlType::Q8_0, &t[j * rbt..(j + 1) * rbt], rows);
+        for i in 0..rows {
+            assert_eq!(got[i], wd[i * cols + j]);
+        }
+    }
+}
+
+// === (b) SIMD against the scalar reference ===
+
+fn isas() -> Vec<AxpyIsa> {
+    let mut v = vec![AxpyIsa::Scalar];
+    let f = CpuFeatures::detect();
+    if f.has_avx2() {
+        v.push(AxpyIsa::Avx2);
+    }
+    if f.has_avx2() && f.avx512f {
+        v.push(AxpyIsa::Avx512);
+    }
+    v
+}
+
+/// `(scalar result, Σ_k |coef_k · Wt[idx_k, c]|)` per column.
+fn axpy_reference(wt: &[u8], cols: usize, idx: &[u32], coef: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let mut out = vec![f32::NAN; cols];
+    axpy_rows_q8_0_scalar(wt, cols, idx, coef, &mut out).unwrap();
+    let rb = GgmlType::Q8_0.row_bytes(cols).unwrap();
+    let mut mag = vec![0.0f32; cols];
+    for (&i, &c) in idx.iter().zip(coef) {
+        let row = dequant(GgmlType::Q8_0, &wt[i as usize * rb..(i as usize + 1) * rb], cols);
+        for (m, v) in mag.iter_mut().zip(row) {
+            *m += (c * v).abs();
+        }
+    }
+    (out, mag)
+}
+
+fn random_coef(r: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| r.random_range(-1.0f32..1.0) * 10f32.powf(r.random_range(-2.0f32..1.0))).collect()
+}
+
+#[test]
+fn axpy_simd_matches_scalar() {
+    let mut r = rng(21);
+    let pools: Vec<ThreadPool> = [1, 2, 3].into_iter().map(ThreadPool::new).collect();
+    let available = isas();
+    eprintln!("axpy isas: {available:?}, default {:?}", AxpyIsa::select(&CpuFeatures::detect()));
+    for cols in [32, 64, 96, 288, 544, 576, 1024] {
+        let n_rows = 200;
+        let wt = random_weights(&mut r, GgmlType::Q8_0, n_rows, cols);
+        let mut cases: Vec<Vec<u32>> = vec![
+            vec![],
+            vec![5],
+            vec![n_rows as u32 - 1],
+            (0..n_rows as u32).collect(),
+            random_subset(&mut r, n_rows, 60),
+        ];
+        // Unsorted with duplicates.
+        cases.push((0..150).map(|_| r.random_range(0..n_rows as u32)).collect());
+        cases.push(vec![3, 3, 3, 1, 0, 3]);
+        for idx in &cases {
+            let coef = random_coef(&mut r, idx.len());
+            let (exp, mag) = axpy_reference(&wt, cols, idx, &coef);
+            if idx.is_empty() {
+                assert!(exp.iter().all(|&v| v == 0.0));
+            }
+            for &isa in &available {
+                for pool in &pools {
+                    let mut got = vec![f32::NAN; cols];
+                    axpy_rows_q8_0_with(pool, isa, &wt, cols, idx, &coef, &mut got).unwrap();
+                    for c in 0..cols {
+                        let ok = if isa == AxpyIsa::Scalar {
+                            got[c] == exp[c]
+                        } else {
+                            (got[c] - exp[c]).abs() <= 1e-5 * mag[c] + 1e-30
+                        };
+                        assert!(
+                            ok,
+                            "{isa:?} cols {cols} n {} threads {}: out[{c}] = {}, scalar {} (magnitude {})",
+                            idx.len(),
+                            pool.n_threads(),
+                            got[c],
+                            exp[c],
+                            mag[c]
+                        );
+                    }
+                }
+            }
+            // The default entry point agrees too.
+            let mut got = vec![f32::NAN; cols];
+            axpy_rows_q8_0(&pools[1], &wt, cols, idx, &coef, &mut got).unwrap();
+            for c in 0..cols {
+                assert!((got[c] - exp[c]).abs() <= 1e-5 * mag[c] + 1e-30);
+            }
+        }
+    }
+}
+
+#[test]
+fn axpy_overwrites_output() {
+    let mut r = rng(22);
+    let cols = 96;
+    let wt = random_weights(&mut r, GgmlType::Q8_0, 10, cols);
+    let pool = ThreadPool::new(2);
+    for isa in isas() {
+        let mut out = vec![123.0f32; cols];
+        axpy_rows_q8_0_with(&pool, isa, &wt, cols, &[], &[], &mut out).unwrap();
+        assert!(out.iter().all(|&v| v == 0.0), "{isa:?}");
+        let mut a = vec![7.0f32; cols];
+        let mut b = vec![-1.0f32; cols];
+        axpy_rows_q8_0_with(&pool, isa, &wt, cols, &[2, 4], &[0.5, -2.0], &mut a).unwrap();
+        axpy_rows_q8_0_with(&pool, isa, &wt, cols, &[2, 4], &[0.5, -2.0], &mut b).unwrap();
+        assert_eq!(a, b, "{isa:?}");
+    }
+}
+
+// === (c) sparse down projection against the dense product ===
+
+/// With every neuron active, `axpy(transpose(W), h)` is `W · h` up to the
+/// Q8_0 requantisation of `W`. Per output `i`, each weight is off by at
+/// most half a quantisation step of its block of the transpose (plus the
+/// f16 rounding of the scale), so `|err_i| <= Σ_k |h_k| · tol(k, i) +
+/// 1e-5 · Σ_k |h_k W[i, k]|`. The relative L2 error over all outputs is
+/// also required to be below 2e-2 (these weights have wildly varying
+/// block scales) and below 6e-3 for uniformly distributed weights.
+#[test]
+fn all_neurons_axpy_equals_dense_product() {
+    let mut r = rng(31);
+    let pool = ThreadPool::new(2);
+    for ty in TYPES {
+        // W_down: dim rows x ffn cols.
+        let (dim, ffn) = if ty.block_size() == 256 { (256, 512) } else { (96, 320) };
+        let w = random_weights(&mut r, ty, dim, ffn);
+        let wd = dequant_matrix(ty, &w, dim, ffn);
+        let h = random_acts(&mut r, ffn);
+        let wt = transpose_to_q8_0(ty, &w, dim, ffn).unwrap();
+        let rbt = GgmlType::Q8_0.row_bytes(dim).unwrap();
+        let all: Vec<u32> = (0..ffn as u32).collect();
+        for isa in isas() {
+            let mut got = vec![f32::NAN; dim];
+            axpy_rows_q8_0_with(&pool, isa, &wt, dim, &all, &h, &mut got).unwrap();
+            let (mut err2, mut ref2) = (0.0f64, 0.0f64);
+            for i in 0..dim {
+                let mut exact = 0.0f64;
+                let mut bound = 0.0f64;
+                let mut mag = 0.0f64;
+                for k in 0..ffn {
+                    let wv = f64::from(wd[i * ffn + k]);
+                    exact += wv * f64::from(h[k]);
+                    mag += (wv * f64::from(h[k])).abs();
+                    // The Q8_0 block of row k of the transpose holding column i.
+                    let blk = &wt[k * rbt + (i / 32) * 34..][..2];
+                    let d_stored = f64::from(f16::from_le_bytes([blk[0], blk[1]]).to_f32());
+                    let b0 = i / 32 * 32;
+                    let amax = (b0..b0 + 32).map(|ii| f64::from(wd[ii * ffn + k].abs())).fold(0.0, f64::max);
+                    let d = amax / 127.0;
+                    bound += f64::from(h[k]).abs() * (0.5 * d * (1.0 + 1e-5) + 127.0 * (d_stored - d).abs());
+                }
+                let g = f64::from(got[i]);
+                let tol = bound + 1e-5 * mag + 1e-30;
+                assert!((g - exact).abs() <= tol, "{ty} {isa:?}: out[{i}] = {g}, dense {exact}, tol {tol}");
+                err2 += (g - exact).powi(2);
+                ref2 += exact * exact;
+            }
+            let rel = (err2 / ref2).sqrt();
+            // `random_weights` draws every block scale independently over
+            // ~2.5 decades, and one Q8_0 block of the transpose mixes 32
+            // rows of W: the worst case for requantisation (observed
+            // 0.4-1.1%); realistic weights are checked below.
+            assert!(rel < 2e-2, "{ty} {isa:?}: relative L2 error {rel}");
+            assert!(rel > 0.0);
+        }
+    }
+}
+
+/// Uniform weights in [-1, 1]: Q8_0 requantisation adds an error of
+/// rms `d / sqrt(12)` to values of rms `amax / sqrt(3)`, i.e. `1/254` ~ 0.4%
+/// relative, and so does the product.
+#[test]
+fn all_neurons_axpy_on_uniform_weights_is_within_half_a_percent() {
+    let mut r = rng(32);
+    let pool = ThreadPool::new(2);
+    let (dim, ffn) = (576, 1536);
+    let wd: Vec<f32> = (0..dim * ffn).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    let w: Vec<u8> = wd.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let h = random_acts(&mut r, ffn);
+    let wt = transpose_to_q8_0(GgmlType::F32, &w, dim, ffn).unwrap();
+    let all: Vec<u32> = (0..ffn as u32).collect();
+    let mut got = vec![f32::NAN; dim];
+    axpy_rows_q8_0(&pool, &wt, dim, &all, &h, &mut got).unwrap();
+    let (mut err2, mut ref2) = (0.0f64, 0.0f64);
+    for i in 0..dim {
+        let exact: f64 = (0..ffn).map(|k| f64::from(wd[i * ffn + k]) * f64::from(h[k])).sum();
+        err2 += (f64::from(got[i]) - exact).powi(2);
+        ref2 += exact * exact;
+    }
+    let rel = (err2 / ref2).sqrt();
+    assert!(rel < 6e-3 && rel > 1e-4, "relative L2 error {rel}");
+}
+
+// === (e) bad input ===
+
+#[test]
+fn bad_input_is_an_error() {
+    let mut r = rng(41);
+    let pool = ThreadPool::new(2);
+    let ty = GgmlType::Q4_1;
+    let (rows, cols) = (8, 64);
+    let rb = ty.row_bytes(cols).unwrap();
+    let w = random_weights(&mut r, ty, rows, cols);
+    let mut g = vec![1u8, 2, 3];
+    assert!(gather_rows(&pool, &w, rb, &[0, 8], &mut g).is_err(), "index out of range");
+    assert!(gather_rows(&pool, &w, rb, &[u32::MAX], &mut g).is_err(), "index u32::MAX");
+    assert!(gather_rows(&pool, &w[..w.len() - 1], rb, &[0], &mut g).is_err(), "partial row");
+    assert!(gather_rows(&pool, &w, 0, &[0], &mut g).is_err(), "zero row size");
+    assert!(gather_rows(&pool, &[], rb, &[0], &mut g).is_err(), "empty matrix");
+    assert_eq!(g, [1, 2, 3], "dst untouched on error");
+    assert!(gather_rows(&pool, &[], rb, &[], &mut g).is_ok());
+
+    // Transpose.
+    assert!(transpose_to_q8_0(ty, &w, rows, cols).is_err(), "rows not a multiple of 32");
+    let w32 = random_weights(&mut r, ty, 32, cols);
+    assert!(transpose_to_q8_0(ty, &w32, 32, cols).is_ok());
+    assert!(transpose_to_q8_0(ty, &w32[..w32.len() - 1], 32, cols).is_err(), "short w");
+    assert!(transpose_to_q8_0(ty, &w32, 32, cols - 1).is_err(), "cols not block aligned");
+    assert!(transpose_to_q8_0(ty, &w32, 64, cols).is_err(), "too many rows");
+    assert!(transpose_to_q8_0(ty, &w32, usize::MAX / 32 * 32, cols).is_err(), "overflow");
+    assert!(transpose_to_q8_0(GgmlType::Q4_K, &w32, 32, cols).is_err(), "cols not a K block");
+
+    // AXPY.
+    let cols = 64;
+    let wt = random_weights(&mut r, GgmlType::Q8_0, 10, cols);
+    let mut out = vec![0.0f32; cols];
+    for isa in isas() {
+        let call = |wt: &[u8], cols: usize, idx: &[u32], coef: &[f32], out: &mut [f32]| {
+            let a = axpy_rows_q8_0_with(&pool, isa, wt, cols, idx, coef, out);
+            let b = axpy_rows_q8_0_scalar(wt, cols, idx, coef, out);
+            assert_eq!(a.is_err(), b.is_err());
+            a.is_err()
+        };
+        assert!(call(&wt, cols, &[10], &[1.0], &mut out), "index out of range");
+        assert!(call(&wt, cols, &[0, u32::MAX], &[1.0, 1.0], &mut out), "index u32::MAX");
+        assert!(call(&wt, 48, &[0], &[1.0], &mut out[..48]), "cols not a multiple of 32");
+        assert!(call(&wt, 0, &[], &[], &mut out[..0]), "zero cols");
+        assert!(call(&wt, 96, &[0], &[1.0], &mut vec![0.0; 96]), "wt not whole rows");
+        assert!(call(&wt[..wt.len() - 1], cols, &[0], &[1.0], &mut out), "short wt");
+        assert!(call(&wt, cols, &[0, 1], &[1.0], &mut out), "coef shorter than idx");
+        assert!(call(&wt, cols, &[0], &[1.0, 2.0], &mut out), "coef longer than idx");
+        assert!(call(&wt, cols, &[0], &[1.0], &mut out[..32]), "short out");
+        assert!(call(&wt, cols, &[0], &[1.0], &mut vec![0.0; 96]), "long out");
+        assert!(!call(&wt, cols, &[9, 0], &[1.0, 1.0], &mut out), "valid call");
+    }
+}
+
+// === timings ===
+
+fn time_us(iters: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..iters / 10 + 1 {
+        f();
+    }
+    // Best of 5 batches.
+    (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            t.elapsed().as_secs_f64() * 1e6 / iters as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// `cargo test --release -p spinfer-kernels --test sparse -- --ignored --nocapture`
+#[test]
+#[ignore = "timing, run by hand"]
+fn sparse_ffn_timings() {
+    let mut r = rng(51);
+    let (dim, ffn) = (576, 1536);
+    let ty = GgmlType::Q4_1;
+    let down = random_weights(&mut r, ty, dim, ffn);
+    let up = random_weights(&mut r, ty, ffn, dim);
+    let h = random_acts(&mut r, ffn);
+    let x = random_acts(&mut r, dim);
+    let t0 = Instant::now();
+    let wt = transpose_to_q8_0(ty, &down, dim, ffn).unwrap();
+    let transpose_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let features = CpuFeatures::detect();
+    let isa = AxpyIsa::select(&features);
+    println!(
+        "cpu: {}; axpy isa {}; transpose_to_q8_0 {dim}x{ffn} {ty}: {transpose_ms:.2} ms",
+        features.describe(),
+        isa.name()
+    );
+    let dk = dense_kernel(ty, dim, ffn);
+    let uk = dense_kernel(ty, ffn / 2, dim);
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads);
+        let mut out = vec![0.0; dim];
+        let mut scratch = Vec::new();
+        let dense = time_us(2000, || dk.run(&pool, &down, &h, 1, &mut out, &mut scratch).unwrap());
+        println!("[{threads}t] dense {} down {dim}x{ffn}: {dense:.2} us", dk.name());
+        for pct in [100, 50, 30] {
+            let n = ffn * pct / 100;
+            let idx = random_subset(&mut r, ffn, n);
+            let coef: Vec<f32> = idx.iter().map(|&i| h[i as usize]).collect();
+            for a in isas().into_iter().rev() {
+                let t = time_us(2000, || axpy_rows_q8_0_with(&pool, a, &wt, dim, &idx, &coef, &mut out).unwrap());
+                println!("[{threads}t] axpy_rows_q8_0 ({}) {pct}% ({n} neurons): {t:.2} us", a.name());
+            }
+        }
+        let rb = ty.row_bytes(dim).unwrap();
+        let idx = random_subset(&mut r, ffn, ffn / 2);
+        let mut g = Vec::new();
+        let gather = time_us(2000, || gather_rows(&pool, &up, rb, &idx, &mut g).unwrap());
+        let mut up_out = vec![0.0; ffn / 2];
+        let upmv = time_us(2000, || uk.run(&pool, &g, &x, 1, &mut up_out, &mut scratch).unwrap());
+        let uk_full = dense_kernel(ty, ffn, dim);
+        let mut full_out = vec![0.0; ffn];
+        let upfull = time_us(2000, || uk_full.run(&pool, &up, &x, 1, &mut full_out, &mut scratch).unwrap());
+        println!(
+            "[{threads}t] gather_rows 50% of {ffn}x{dim} {ty} ({} KiB): {gather:.2} us; dense up on gathered: {upmv:.2} us; dense up full: {upfull:.2} us",
+            g.len() / 1024
+        );
+    }
+}
