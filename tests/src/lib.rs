@@ -33,6 +33,24 @@ pub fn smollm2() -> Option<PathBuf> {
     None
 }
 
+/// The all-MiniLM-L6-v2 sentence-transformers directory:
+/// `$SPINFER_EMBED_MODEL` or `models/all-MiniLM-L6-v2`. `None` (the test
+/// should skip, saying so) when absent outside CI; a failure in CI, as for
+/// [`smollm2`].
+pub fn minilm() -> Option<PathBuf> {
+    let p = std::env::var_os("SPINFER_EMBED_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("models/all-MiniLM-L6-v2"));
+    if p.join("model.safetensors").exists() {
+        return Some(p);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{} is missing in CI: scripts/fetch-models.sh should have fetched it", p.display());
+    }
+    eprintln!("skipping: {} not found (run scripts/fetch-models.sh)", p.display());
+    None
+}
+
 #[derive(Deserialize)]
 pub struct Reference {
     pub prompts: Vec<RefPrompt>,

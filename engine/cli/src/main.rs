@@ -6,6 +6,7 @@
 
 mod bench;
 mod commands;
+mod embed;
 mod kernels;
 mod pack;
 
@@ -38,6 +39,10 @@ enum Command {
     Kernels(kernels::KernelsArgs),
     /// Benchmark every candidate kernel on the model's shapes and record it.
     Tune(kernels::KernelsArgs),
+    /// Sentence embeddings of texts or of a file's lines (JSON lines or .npy).
+    Embed(embed::EmbedArgs),
+    /// Spearman correlation of embedding cosine similarity with STS-B gold scores.
+    EvalSts(embed::EvalStsArgs),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +52,8 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => a.common.quiet,
         Command::Bench(a) => a.quiet,
         Command::Kernels(a) | Command::Tune(a) => a.common.quiet,
+        Command::Embed(a) => a.common.quiet,
+        Command::EvalSts(a) => a.common.quiet || a.json,
         Command::Inspect(_) | Command::Convert(_) | Command::Pack(_) => false,
     };
     init_logging(quiet);
@@ -59,6 +66,8 @@ fn main() -> ExitCode {
         Command::Pack(a) => pack::run(a),
         Command::Kernels(a) => kernels::kernels(a),
         Command::Tune(a) => kernels::tune_cmd(a),
+        Command::Embed(a) => embed::embed(a),
+        Command::EvalSts(a) => embed::eval_sts(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,7 @@
 //! spinfer's inference engine.
 pub mod config;
 pub mod convert;
+pub mod embed;
 pub mod engine;
 mod error;
 pub mod generate;

@@ -1,4 +1,5 @@
 //! Model definitions.
+pub mod bert;
 pub mod config;
 pub mod llama;
 pub mod math;
