@@ -141,7 +141,7 @@ fn smollm2_through_each_pack_matches_builtin_kernels() {
     }
 
     for precision in [Precision::Int8, Precision::Fast] {
-        let options = ModelOptions { precision, ctx: 64, threads: 2 };
+        let options = ModelOptions { precision, ctx: 64, threads: 2, sparsity: None };
         let default = last_logits(&Engine::load_with(&model, options.clone(), &KernelRegistry::builtin()).unwrap());
         for (pack, isa) in &packs {
             // The built-in provider pinned to the same kernels of

@@ -12,7 +12,7 @@ use spinfer_tests::{RefPrompt, reference, smollm2, top_k};
 
 fn engine(precision: Precision, ctx: usize) -> Option<Engine> {
     let path = smollm2()?;
-    Some(Engine::load(path, ModelOptions { precision, ctx, threads: 2 }).expect("model loads"))
+    Some(Engine::load(path, ModelOptions { precision, ctx, threads: 2, sparsity: None }).expect("model loads"))
 }
 
 fn last_logits(e: &Engine, p: &RefPrompt) -> Vec<f32> {

@@ -8,11 +8,12 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use spinfer_engine::config::{Config, PrecisionSetting};
+use spinfer_engine::config::{Config, PrecisionSetting, SparsitySection};
 use spinfer_engine::generate::{GenerateParams, StopReason};
-use spinfer_engine::model::{ModelOptions, Precision};
+use spinfer_engine::model::{ModelOptions, Precision, Session};
 
 use spinfer_engine::sampling::SamplerParams;
+use spinfer_engine::sparse::PredictorKind;
 use spinfer_engine::{Engine, perplexity};
 
 /// Options every model-running command shares.
@@ -37,6 +38,13 @@ pub struct CommonArgs {
     /// logit error ~1.
     #[arg(long)]
     pub int8: bool,
+    /// Run the FFN sparse with this calibration sidecar (written by
+    /// `spinfer calibrate`); without it the model runs dense.
+    #[arg(long)]
+    pub sparsity: Option<PathBuf>,
+    /// Use this predictor instead of the sidecar's: gate-threshold | top-k.
+    #[arg(long, requires = "sparsity")]
+    pub predictor: Option<String>,
     /// Print only the result on stdout.
     #[arg(short, long)]
     pub quiet: bool,
@@ -83,6 +91,15 @@ impl CommonArgs {
             Precision::Int8 => PrecisionSetting::Int8,
             Precision::Precise => PrecisionSetting::Precise,
         };
+        if let Some(p) = &self.predictor
+            && PredictorKind::parse(p).is_none()
+        {
+            bail!("--predictor '{p}' is not one of gate-threshold, top-k");
+        }
+        if let Some(file) = &self.sparsity {
+            let dense_above = c.sparsity.as_ref().and_then(|s| s.dense_above);
+            c.sparsity = Some(SparsitySection { file: file.clone(), predictor: self.predictor.clone(), dense_above });
+        }
         Ok(c)
     }
 }
@@ -127,6 +144,10 @@ pub struct GenerateArgs {
     /// Context size (default: the config's, else 2048).
     #[arg(short = 'c', long)]
     pub ctx: Option<usize>,
+    /// Print the sparse FFN's per-layer statistics (kept fraction, dense
+    /// fallbacks) to stderr, or under "sparsity" with --json.
+    #[arg(long)]
+    pub stats: bool,
 }
 
 pub fn generate(a: GenerateArgs) -> Result<()> {
@@ -193,6 +214,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
                 "decode": ms(g.timings.decode),
                 "sample": ms(g.timings.sample),
             },
+            "sparsity": sparsity_json(&engine, &session),
         });
         writeln!(stdout, "{v}")?;
     } else if !a.common.quiet {
@@ -212,7 +234,48 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
             g.decode_tokens_per_second()
         );
     }
+    if a.stats && !a.common.json {
+        print_sparsity_stats(&engine, &session);
+    }
     Ok(())
+}
+
+/// The session's sparse-FFN statistics as JSON (`null` when dense).
+pub fn sparsity_json(engine: &Engine, session: &Session) -> serde_json::Value {
+    let Some(sp) = &engine.model.sparse else { return serde_json::Value::Null };
+    let st = session.sparsity_stats();
+    let layers: Vec<_> = st
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(l, c)| serde_json::json!({"layer": l, "tokens": c.tokens, "active_fraction": st.active_fraction(l), "dense_tokens": c.dense}))
+        .collect();
+    serde_json::json!({
+        "sidecar": sp.path,
+        "predictor": sp.predictor.name(),
+        "target_sparsity": sp.sidecar.target_sparsity,
+        "active_fraction": st.mean_active_fraction(),
+        "layers": layers,
+    })
+}
+
+/// Per-layer sparse-FFN statistics on stderr.
+fn print_sparsity_stats(engine: &Engine, session: &Session) {
+    let Some(sp) = &engine.model.sparse else {
+        eprintln!("[dense FFN: no --sparsity sidecar]");
+        return;
+    };
+    let st = session.sparsity_stats();
+    eprintln!(
+        "[sparse FFN: {} predictor, target sparsity {:.2}; kept {:.1}% of neurons on average]",
+        sp.predictor.name(),
+        sp.sidecar.target_sparsity,
+        100.0 * st.mean_active_fraction()
+    );
+    eprintln!("layer  tokens  kept%  dense-tokens");
+    for (l, c) in st.layers.iter().enumerate() {
+        eprintln!("{l:>5}  {:>6}  {:>5.1}  {:>12}", c.tokens, 100.0 * st.active_fraction(l), c.dense);
+    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -254,11 +317,16 @@ pub fn perplexity(a: PerplexityArgs) -> Result<()> {
     if a.common.json {
         println!(
             "{}",
-            serde_json::json!({"ppl": r.ppl, "nll": r.nll, "scored_tokens": r.scored_tokens, "windows": r.windows, "ctx": a.ctx})
+            serde_json::json!({"ppl": r.ppl, "nll": r.nll, "scored_tokens": r.scored_tokens, "windows": r.windows, "ctx": a.ctx,
+                "sparsity": sparsity_json(&engine, &session)})
         );
     } else {
         if !a.common.quiet {
             eprintln!("{} windows of {} tokens, {} tokens scored", r.windows, a.ctx, r.scored_tokens);
+            if engine.model.sparse.is_some() {
+                let kept = session.sparsity_stats().mean_active_fraction();
+                eprintln!("sparse FFN: kept {:.1}% of neurons on average", 100.0 * kept);
+            }
         }
         println!("ppl {:.4}", r.ppl);
     }

@@ -5,6 +5,7 @@
 //! machine-readable object; errors exit non-zero with a message on stderr.
 
 mod bench;
+mod calibrate;
 mod commands;
 mod embed;
 mod kernels;
@@ -39,6 +40,8 @@ enum Command {
     Kernels(kernels::KernelsArgs),
     /// Benchmark every candidate kernel on the model's shapes and record it.
     Tune(kernels::KernelsArgs),
+    /// Fit a sparsity sidecar (per-layer thresholds, neuron frequencies) on real text.
+    Calibrate(calibrate::CalibrateArgs),
     /// Sentence embeddings of texts or of a file's lines (JSON lines or .npy).
     Embed(embed::EmbedArgs),
     /// Spearman correlation of embedding cosine similarity with STS-B gold scores.
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => a.common.quiet,
         Command::Bench(a) => a.quiet,
         Command::Kernels(a) | Command::Tune(a) => a.common.quiet,
+        Command::Calibrate(a) => a.common.quiet,
         Command::Embed(a) => a.common.quiet,
         Command::EvalSts(a) => a.common.quiet || a.json,
         Command::Inspect(_) | Command::Convert(_) | Command::Pack(_) => false,
@@ -66,6 +70,7 @@ fn main() -> ExitCode {
         Command::Pack(a) => pack::run(a),
         Command::Kernels(a) => kernels::kernels(a),
         Command::Tune(a) => kernels::tune_cmd(a),
+        Command::Calibrate(a) => calibrate::run(a),
         Command::Embed(a) => embed::embed(a),
         Command::EvalSts(a) => embed::eval_sts(a),
     };

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::model::{ModelOptions, Precision};
+use crate::sparse::{PredictorKind, SparsityOptions};
 use crate::{Error, Result};
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -22,6 +23,21 @@ pub struct Config {
     pub kernels: KernelsSection,
     #[serde(default)]
     pub wasm: WasmSection,
+    /// Sparse FFN; absent: dense.
+    pub sparsity: Option<SparsitySection>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SparsitySection {
+    /// The sidecar written by `spinfer calibrate`. Relative paths are
+    /// resolved against the config file's directory.
+    pub file: PathBuf,
+    /// `"gate-threshold"` or `"top-k"` (default: the sidecar's).
+    pub predictor: Option<String>,
+    /// A layer keeping more than this fraction of its neurons for a token
+    /// runs dense for that token (default 0.85).
+    pub dense_above: Option<f32>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -129,6 +145,9 @@ impl Config {
         if let Some(p) = c.packs.history.as_mut() {
             abs(p);
         }
+        if let Some(sp) = c.sparsity.as_mut() {
+            abs(&mut sp.file);
+        }
         Ok(c)
     }
 
@@ -152,6 +171,16 @@ impl Config {
         for k in self.packs.trusted_keys.iter().chain(&self.packs.revoked_keys) {
             if !k.starts_with("ed25519:") {
                 return Err(format!("packs key '{k}' must look like 'ed25519:<base64>'"));
+            }
+        }
+        if let Some(sp) = &self.sparsity {
+            if let Some(p) = &sp.predictor
+                && PredictorKind::parse(p).is_none()
+            {
+                return Err(format!("sparsity.predictor '{p}' is not one of gate-threshold, top-k"));
+            }
+            if sp.dense_above.is_some_and(|d| !(0.0..=1.0).contains(&d)) {
+                return Err("sparsity.dense_above must be between 0 and 1".into());
             }
         }
         if self.wasm.max_memory_mb == 0 || self.wasm.timeout_ms == 0 {
@@ -188,6 +217,14 @@ impl Config {
         if let Some(t) = self.model.threads {
             o.threads = t;
         }
+        o.sparsity = self.sparsity.as_ref().map(|sp| {
+            let mut so = SparsityOptions::new(&sp.file);
+            so.predictor = sp.predictor.as_deref().and_then(PredictorKind::parse);
+            if let Some(d) = sp.dense_above {
+                so.dense_above = d;
+            }
+            so
+        });
         o
     }
 }

@@ -39,6 +39,10 @@ pub enum Error {
     #[error(transparent)]
     Kernels(#[from] spinfer_kernels::KernelError),
 
+    // === Sparsity ===
+    #[error("sparsity file {path}: {detail}")]
+    Sparsity { path: PathBuf, detail: String },
+
     // === Packs ===
     #[error("pack {pack}: {detail}")]
     Pack { pack: String, detail: String },

@@ -14,6 +14,7 @@ pub mod perplexity;
 pub mod registry;
 pub mod safetensors;
 pub mod sampling;
+pub mod sparse;
 pub mod tensor;
 pub mod tokenizer;
 pub mod tuning;

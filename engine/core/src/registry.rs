@@ -189,14 +189,26 @@ impl KernelRegistry {
     /// checked once per (kernel, operation) against the scalar reference
     /// on random data. Built-in kernels are trusted (tested in CI); a pack
     /// kernel that disagrees is refused and reported, never used.
-    fn trusted(&self, provider: &str, kernel: &Arc<dyn MatmulKernel>, desc: &MatmulDesc) -> bool {
+    fn trusted(&self, p: &dyn KernelProvider, kernel: &Arc<dyn MatmulKernel>, desc: &MatmulDesc) -> bool {
+        let provider = p.name();
         if provider == BUILTIN {
             return true;
         }
         let key = (kernel_id(provider, kernel.as_ref()), *desc);
         let mut cache = self.verified.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let r = cache.entry(key).or_insert_with(|| {
-            let r = verify(desc, kernel.as_ref(), &ThreadPool::new(1));
+            // Tall matrices are checked on a prefix of their rows (256 plus
+            // the remainder modulo 64, so partial row tiles are exercised
+            // too), with the provider's kernel for that shape: the full
+            // 49152-row output matrix would cost tens of milliseconds per
+            // kernel at every load.
+            let rows = if desc.rows > 320 { 256 + desc.rows % 64 } else { desc.rows };
+            let small = MatmulDesc { rows, ..*desc };
+            let pool = ThreadPool::new(1);
+            let r = match p.kernels_for(&small).into_iter().find(|k| k.name() == kernel.name()) {
+                Some(k) if rows < desc.rows => verify(&small, k.as_ref(), &pool),
+                _ => verify(desc, kernel.as_ref(), &pool),
+            };
             if let Err(why) = &r {
                 tracing::error!(provider, kernel = kernel.name(), op = %describe(desc), "pack kernel refused: {why}");
             }
@@ -212,8 +224,12 @@ impl KernelRegistry {
     pub fn candidates(&self, desc: &MatmulDesc) -> Vec<(String, Arc<dyn MatmulKernel>)> {
         self.usable()
             .into_iter()
-            .flat_map(|p| p.kernels_for(desc).into_iter().map(|k| (p.name().to_string(), k)))
-            .filter(|(p, k)| self.trusted(p, k, desc))
+            .flat_map(|p| {
+                p.kernels_for(desc)
+                    .into_iter()
+                    .filter(|k| self.trusted(p.as_ref(), k, desc))
+                    .map(|k| (p.name().to_string(), k))
+            })
             .collect()
     }
 
@@ -244,7 +260,7 @@ impl KernelRegistry {
                 if let Some(k) =
                     p.kernels_for(desc).into_iter().find(|k| k.name() == want || qualified(k.name()) == *want)
                 {
-                    if !self.trusted(p.name(), &k, desc) {
+                    if !self.trusted(p.as_ref(), &k, desc) {
                         return Err(Error::NoKernel {
                             op: format!(
                                 "{} (pinned kernel '{want}' disagrees with the reference kernel)",

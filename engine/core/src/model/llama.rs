@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
 use spinfer_kernels::pool::{ThreadPool, chunk};
@@ -17,8 +18,11 @@ use super::config::{ModelConfig, RopeStyle};
 use super::math::{self, RopeTable};
 use crate::loader::Loader;
 use crate::registry::{Choice, KernelRegistry};
+use crate::sparse::{self, ModelId, SparseFfn, SparsityOptions, SparsityStats};
 use crate::tensor::{TensorData, TensorView};
 use crate::{Error, Result};
+
+mod sparse_ffn;
 
 /// How activations meet quantised weights.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,6 +48,8 @@ pub struct ModelOptions {
     pub ctx: usize,
     /// Threads per session.
     pub threads: usize,
+    /// Run the FFN sparse with a calibration sidecar (`None`: dense).
+    pub sparsity: Option<SparsityOptions>,
 }
 
 impl Default for ModelOptions {
@@ -52,6 +58,7 @@ impl Default for ModelOptions {
             precision: Precision::Fast,
             ctx: 2048,
             threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            sparsity: None,
         }
     }
 }
@@ -77,15 +84,24 @@ pub struct Linear {
     two_planes: bool,
 }
 
+/// One matmul call: `(x, n tokens, out, kernel scratch)`.
+type RunFn<'a> = dyn Fn(&[f32], usize, &mut [f32], &mut Vec<u8>) -> Result<()> + 'a;
+
+/// A hook called in each dense FFN with the layer and its gate and up
+/// projections (`n × ffn_dim` values each), before the activation.
+pub type FfnProbe = Box<dyn FnMut(usize, &[f32], &[f32]) + Send>;
+
 /// Reusable buffers of the matmul calls.
 #[derive(Default)]
-struct Scratch {
+pub(crate) struct Scratch {
     /// The kernels' quantised activations.
     bytes: Vec<u8>,
     /// Two-plane activations `[hi; lo]` (2n, cols).
     planes: Vec<f32>,
     /// Their outputs (2n, rows).
     planes_out: Vec<f32>,
+    /// Rows gathered for a sparse product.
+    gathered: Vec<u8>,
 }
 
 impl Linear {
@@ -129,14 +145,13 @@ impl Linear {
 
     /// `out[t, :] = W · x[t, :] (+ b)` for `n` tokens.
     fn forward(&self, pool: &ThreadPool, x: &[f32], n: usize, out: &mut [f32], scratch: &mut Scratch) -> Result<()> {
-        let (rows, cols) = (self.desc.rows, self.desc.cols);
-        let x = &x[..n * cols];
-        let out = &mut out[..n * rows];
         let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
             let w = self.w.bytes();
             let err = |k: &dyn MatmulKernel, source| Error::Kernel { kernel: k.name().to_string(), source };
             match &self.fallback {
-                Some(fb) if self.failed.load(Ordering::Relaxed) => fb.run(pool, w, x, n, out, bytes).map_err(|e| err(&**fb, e)),
+                Some(fb) if self.failed.load(Ordering::Relaxed) => {
+                    fb.run(pool, w, x, n, out, bytes).map_err(|e| err(&**fb, e))
+                }
                 Some(fb) => self.kernel.run(pool, w, x, n, out, bytes).or_else(|e| {
                     // A failing pack disables itself; its operations move to
                     // the built-in kernels for the rest of the process.
@@ -147,27 +162,87 @@ impl Linear {
                 None => self.kernel.run(pool, w, x, n, out, bytes).map_err(|e| err(&*self.kernel, e)),
             }
         };
-        if self.two_planes {
-            // Rows [hi; lo] as one batch of 2n tokens: the weights are
-            // streamed once, and W·x = W·hi + W·lo.
-            grow(&mut scratch.planes, 2 * n * cols);
-            grow(&mut scratch.planes_out, 2 * n * rows);
-            let (hi, lo) = scratch.planes[..2 * n * cols].split_at_mut(n * cols);
-            split_hi_lo(self.desc.act, x, hi, lo)?;
-            run(&scratch.planes[..2 * n * cols], 2 * n, &mut scratch.planes_out[..2 * n * rows], &mut scratch.bytes)?;
-            let (a, b) = scratch.planes_out[..2 * n * rows].split_at(n * rows);
-            for ((o, &u), &v) in out.iter_mut().zip(a).zip(b) {
-                *o = u + v;
-            }
-        } else {
-            run(x, n, out, &mut scratch.bytes)?;
-        }
+        let rows = self.desc.rows;
+        self.matmul(&run, rows, x, n, &mut out[..n * rows], scratch)?;
         if let Some(b) = &self.bias {
-            for row in out.chunks_exact_mut(rows) {
+            for row in out[..n * rows].chunks_exact_mut(rows) {
                 for (o, bi) in row.iter_mut().zip(b) {
                     *o += bi;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The gathered-row product: `out[t, k] = W[idx[k], :] · x[t, :] (+ b)`,
+    /// only the rows `idx` (the sparse up projection). The rows are copied
+    /// into one compact matrix and multiplied by the built-in kernel of the
+    /// same operation, so the numbers equal the dense product's rows.
+    pub(crate) fn forward_rows(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        idx: &[u32],
+        out: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        let k = idx.len();
+        if k == 0 {
+            return Ok(());
+        }
+        let row_bytes = self.w.bytes().len() / self.desc.rows;
+        let mut rows = std::mem::take(&mut scratch.gathered);
+        spinfer_kernels::sparse::gather_rows(pool, self.w.bytes(), row_bytes, idx, &mut rows)?;
+        let desc = MatmulDesc { rows: k, ..self.desc };
+        let kernel = spinfer_kernels::kernel::candidates(&desc, &CpuFeatures::detect())
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::NoKernel { op: crate::registry::describe(&desc) })?;
+        let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
+            kernel
+                .run(pool, &rows, x, n, out, bytes)
+                .map_err(|source| Error::Kernel { kernel: kernel.name().into(), source })
+        };
+        let r = self.matmul(&run, k, x, n, &mut out[..n * k], scratch);
+        scratch.gathered = rows;
+        r?;
+        if let Some(b) = &self.bias {
+            for row in out[..n * k].chunks_exact_mut(k) {
+                for (o, &j) in row.iter_mut().zip(idx) {
+                    *o += b[j as usize];
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `run` on `x` (n tokens) into `out` (n × rows), as two 8-bit
+    /// planes in fast mode.
+    fn matmul(
+        &self,
+        run: &RunFn,
+        rows: usize,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        let cols = self.desc.cols;
+        let x = &x[..n * cols];
+        if !self.two_planes {
+            return run(x, n, out, &mut scratch.bytes);
+        }
+        // Rows [hi; lo] as one batch of 2n tokens: the weights are streamed
+        // once, and W·x = W·hi + W·lo.
+        grow(&mut scratch.planes, 2 * n * cols);
+        grow(&mut scratch.planes_out, 2 * n * rows);
+        let (hi, lo) = scratch.planes[..2 * n * cols].split_at_mut(n * cols);
+        split_hi_lo(self.desc.act, x, hi, lo)?;
+        run(&scratch.planes[..2 * n * cols], 2 * n, &mut scratch.planes_out[..2 * n * rows], &mut scratch.bytes)?;
+        let (a, b) = scratch.planes_out[..2 * n * rows].split_at(n * rows);
+        for ((o, &u), &v) in out.iter_mut().zip(a).zip(b) {
+            *o = u + v;
         }
         Ok(())
     }
@@ -215,6 +290,8 @@ pub struct Model {
     pub config: ModelConfig,
     pub weights: Weights,
     pub options: ModelOptions,
+    /// The sparse FFN, when running with a sparsity sidecar.
+    pub sparse: Option<SparseFfn>,
     rope: RopeTable,
 }
 
@@ -240,6 +317,20 @@ pub struct Session {
     tmp: Vec<f32>,         // projection output before the residual add (n, dim)
     logits: Vec<f32>,      // (rows requested, vocab)
     scratch: Scratch,      // matmul buffers
+    sparse: SparseScratch, // sparse FFN buffers and counters
+    /// Called in each dense FFN with `(layer, gate, up)` (calibration
+    /// collects its statistics here).
+    ffn_probe: Option<FfnProbe>,
+}
+
+/// Buffers and counters of the sparse FFN.
+#[derive(Default)]
+struct SparseScratch {
+    idx: Vec<u32>,  // kept neurons of the current token, ascending
+    mags: Vec<f32>, // |activations| (top-K selection)
+    up: Vec<f32>,   // up projection of the kept neurons (k)
+    h: Vec<f32>,    // silu(gate) * up of the kept neurons (k)
+    stats: SparsityStats,
 }
 
 impl Session {
@@ -265,6 +356,23 @@ impl Session {
 
     pub fn pool(&self) -> &ThreadPool {
         &self.pool
+    }
+
+    /// What the sparse FFN did in this session (empty when dense).
+    pub fn sparsity_stats(&self) -> &SparsityStats {
+        &self.sparse.stats
+    }
+
+    /// Resets the sparse FFN counters.
+    pub fn reset_sparsity_stats(&mut self) {
+        self.sparse.stats.layers.iter_mut().for_each(|c| *c = Default::default());
+    }
+
+    /// Installs (or removes) a probe called in every dense FFN with
+    /// `(layer, gate, up)` (`n × ffn_dim` values each), before the
+    /// activation. Not called when the model runs sparse.
+    pub fn set_ffn_probe(&mut self, probe: Option<FfnProbe>) {
+        self.ffn_probe = probe;
     }
 }
 
@@ -300,8 +408,16 @@ impl Model {
         let output = linear(output_name, c.vocab_size, dim)?;
         tracing::debug!(layers = c.n_layers, output = output.kernel_name(), "model loaded");
 
+        let sparse = match &options.sparsity {
+            Some(o) => {
+                let id = ModelId::of(&c, loader)?;
+                let downs: Vec<_> = layers.iter().map(|l| (l.w_down.desc.wtype, l.w_down.w.bytes())).collect();
+                Some(sparse::build(o, &id, &downs, dim, c.ffn_dim)?)
+            }
+            None => None,
+        };
         let rope = RopeTable::new(c.head_dim, c.rope_theta, options.ctx);
-        Ok(Self { weights: Weights { token_embd, layers, output_norm, output }, config: c, options, rope })
+        Ok(Self { weights: Weights { token_embd, layers, output_norm, output }, config: c, options, sparse, rope })
     }
 
     /// A fresh session with an empty KV cache of `options.ctx` positions.
@@ -331,6 +447,11 @@ impl Model {
             tmp: Vec::new(),
             logits: Vec::new(),
             scratch: Scratch::default(),
+            sparse: SparseScratch {
+                stats: SparsityStats { ffn_dim: c.ffn_dim, layers: vec![Default::default(); c.n_layers] },
+                ..Default::default()
+            },
+            ffn_probe: None,
         }
     }
 
@@ -403,11 +524,19 @@ impl Model {
 
             // FFN RMSNorm.
             math::rms_norm_rows(&s.x, &layer.ffn_norm, c.rms_eps, &mut s.xn, n);
-            // SwiGLU FFN: down(silu(gate(x)) * up(x)), and residual.
+            // SwiGLU FFN: down(silu(gate(x)) * up(x)), and residual; sparse
+            // when a sidecar is loaded (only the neurons kept per token).
             layer.w_gate.forward(&s.pool, &s.xn, n, &mut s.gate, &mut s.scratch)?;
-            layer.w_up.forward(&s.pool, &s.xn, n, &mut s.up, &mut s.scratch)?;
-            math::swiglu(&mut s.gate[..n * c.ffn_dim], &s.up[..n * c.ffn_dim]);
-            layer.w_down.forward(&s.pool, &s.gate, n, &mut s.tmp, &mut s.scratch)?;
+            if let Some(sp) = &self.sparse {
+                self.sparse_ffn(s, l, n, sp)?;
+            } else {
+                layer.w_up.forward(&s.pool, &s.xn, n, &mut s.up, &mut s.scratch)?;
+                if let Some(probe) = s.ffn_probe.as_mut() {
+                    probe(l, &s.gate[..n * c.ffn_dim], &s.up[..n * c.ffn_dim]);
+                }
+                math::swiglu(&mut s.gate[..n * c.ffn_dim], &s.up[..n * c.ffn_dim]);
+                layer.w_down.forward(&s.pool, &s.gate, n, &mut s.tmp, &mut s.scratch)?;
+            }
             add(&mut s.x[..n * dim], &s.tmp[..n * dim]);
         }
 

@@ -22,6 +22,14 @@ pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], n: usize) 
 
 pub use spinfer_kernels::vec::{axpy, dot, softmax};
 
+/// `silu(x) = x · sigmoid(x)`, in place (the same expression as
+/// [`swiglu`], so `silu` then `* up` equals it bit for bit).
+pub fn silu(x: &mut [f32]) {
+    for g in x {
+        *g = *g / (1.0 + (-*g).exp());
+    }
+}
+
 /// `gate = silu(gate) * up` (SwiGLU), in place.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {

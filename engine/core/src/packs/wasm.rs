@@ -741,7 +741,7 @@ act = "f32"
 
         let dir = st::write_dir(&st::config("llama"), &[("model.safetensors", st::st_bytes(&st::tiny(true, false)))]);
         let loader = SafetensorsModel::open(dir.path()).unwrap();
-        let options = ModelOptions { precision: Precision::Precise, ctx: 16, threads: 1 };
+        let options = ModelOptions { precision: Precision::Precise, ctx: 16, threads: 1, sparsity: None };
         let builtin = Model::load(&loader, &KernelRegistry::builtin(), options.clone()).unwrap();
         let mut registry = KernelRegistry::builtin();
         registry.add_provider(p.clone());

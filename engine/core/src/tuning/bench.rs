@@ -157,14 +157,7 @@ fn compare(got: &[f32], want: &[f32], act: ActType) -> Result<(), String> {
 
 /// Runs `kernel` once on random data of `desc`'s shape (one token) and
 /// compares it with the scalar reference; `Err` says how it disagreed.
-///
-/// Tall matrices are checked on a prefix of their rows (at most 256 plus the
-/// remainder modulo 64, so partial row tiles are still exercised): a load
-/// with packs verifies every pack kernel of every operation, and the full
-/// 49152-row output matrix would cost tens of milliseconds per kernel.
 pub fn verify(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -> Result<(), String> {
-    let rows = if desc.rows > 320 { 256 + desc.rows % 64 } else { desc.rows };
-    let desc = &MatmulDesc { rows, ..*desc };
     let reference = spinfer_kernels::kernel::candidates(desc, &CpuFeatures::default())
         .pop()
         .ok_or_else(|| "no scalar reference kernel serves this operation".to_string())?;

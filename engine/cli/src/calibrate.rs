@@ -1,0 +1,119 @@
+//! `spinfer calibrate`: fit a sparsity sidecar on real text.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use spinfer_engine::gguf::GgufFile;
+use spinfer_engine::loader::Loader;
+use spinfer_engine::safetensors::SafetensorsModel;
+use spinfer_engine::sparse::calibrate::{CalibrateOptions, calibrate};
+use spinfer_engine::sparse::{CalibrationInfo, PredictorKind};
+
+use crate::commands::{CommonArgs, progress};
+
+#[derive(Args)]
+pub struct CalibrateArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Calibration text (UTF-8; CRLF is read as LF). Keep it disjoint from
+    /// evaluation text (see --offset).
+    #[arg(long)]
+    pub text: PathBuf,
+    /// Start reading the text at this byte (e.g. 800000 for WikiText-2's
+    /// test split, whose start is used for evaluation).
+    #[arg(long, default_value_t = 0)]
+    pub offset: usize,
+    /// Calibration tokens (from the offset on).
+    #[arg(long, default_value_t = 8192)]
+    pub tokens: usize,
+    /// Tokens per window, each run from an empty cache.
+    #[arg(long, default_value_t = 512)]
+    pub window: usize,
+    /// Fraction of FFN neurons to skip per token.
+    #[arg(long, default_value_t = 0.5)]
+    pub target_sparsity: f32,
+    /// Predictor recorded as the sidecar's default: gate-threshold | top-k.
+    #[arg(long = "predictor-kind", default_value = "gate-threshold")]
+    pub predictor_kind: String,
+    /// Output sidecar (never the model file).
+    #[arg(short, long)]
+    pub out: PathBuf,
+}
+
+pub fn run(a: CalibrateArgs) -> Result<()> {
+    let predictor = PredictorKind::parse(&a.predictor_kind)
+        .with_context(|| format!("--predictor-kind '{}' is not one of gate-threshold, top-k", a.predictor_kind))?;
+    if !(0.0..1.0).contains(&a.target_sparsity) {
+        bail!("--target-sparsity must be in [0, 1), got {}", a.target_sparsity);
+    }
+    if a.common.sparsity.is_some() {
+        bail!("calibrate runs the model dense: drop --sparsity");
+    }
+    let config = a.common.config(Some(a.window))?;
+    if config.model.path == a.out {
+        bail!("--out {} is the model file; write the sidecar beside it", a.out.display());
+    }
+    let bytes = std::fs::read(&a.text).with_context(|| format!("cannot read {}", a.text.display()))?;
+    if a.offset >= bytes.len() {
+        bail!("--offset {} is past the end of {} ({} bytes)", a.offset, a.text.display(), bytes.len());
+    }
+    // Start at a character boundary.
+    let start = (a.offset..bytes.len()).find(|&i| (bytes[i] as i8) >= -0x40).unwrap_or(bytes.len());
+    let text = std::str::from_utf8(&bytes[start..])
+        .map_err(|e| anyhow::anyhow!("{} is not valid UTF-8 (byte {})", a.text.display(), start + e.valid_up_to()))?
+        .replace("\r\n", "\n");
+
+    let engine = crate::commands::load_config(&a.common, &config)?;
+    let mut tokens = engine.tokenizer.encode(&text, false)?;
+    tokens.truncate(a.tokens);
+    if tokens.len() < a.tokens {
+        tracing::warn!("{} holds only {} tokens after byte {}", a.text.display(), tokens.len(), a.offset);
+    }
+    // The sidecar records the model's identity, read from its file.
+    let path = engine.path();
+    let loader: Box<dyn Loader> = if spinfer_engine::engine::is_safetensors(path) {
+        Box::new(SafetensorsModel::open(path)?)
+    } else {
+        Box::new(GgufFile::open(path)?)
+    };
+    let windows = tokens.len().div_ceil(a.window) as u64;
+    let hidden = a.common.quiet || a.common.json;
+    let bar = progress(hidden, 2 * windows, "windows");
+    let opts = CalibrateOptions {
+        target_sparsity: a.target_sparsity,
+        predictor,
+        window: a.window,
+        info: CalibrationInfo {
+            text: a.text.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+            byte_offset: start,
+            tokens: 0,
+        },
+    };
+    let sidecar = calibrate(&engine.model, loader.as_ref(), &tokens, &opts, &mut |pass, done, _| {
+        bar.set_position((pass as u64 - 1) * windows + done as u64);
+        bar.set_message(format!("pass {pass}/2"));
+    })?;
+    bar.finish_and_clear();
+    sidecar.write(&a.out)?;
+    let thresholds: Vec<f32> = sidecar.layers.iter().map(|l| l.threshold).collect();
+    if a.common.json {
+        println!(
+            "{}",
+            serde_json::json!({"out": a.out, "tokens": tokens.len(), "target_sparsity": a.target_sparsity,
+                "predictor": predictor.name(), "thresholds": thresholds})
+        );
+    } else {
+        if !a.common.quiet {
+            eprintln!(
+                "calibrated on {} tokens of {} (from byte {start}); thresholds {:.4}..{:.4}",
+                tokens.len(),
+                a.text.display(),
+                thresholds.iter().copied().fold(f32::INFINITY, f32::min),
+                thresholds.iter().copied().fold(0.0, f32::max)
+            );
+        }
+        println!("{}", a.out.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,230 @@
+//! Activation sparsity in the FFN (CATS / Deja Vu / PowerInfer style): per
+//! token, predict which FFN neurons matter and compute only those.
+//!
+//! * [`sidecar`]: the calibration file `spinfer calibrate` writes beside a
+//!   model (thresholds, top-K budgets, neuron frequencies).
+//! * [`calibrate`]: collects `|silu(gate)|` statistics on real text and fits
+//!   per-layer thresholds to a target sparsity.
+//! * [`SparseFfn`]: what a model runs with a sidecar. Per token and layer,
+//!   the full gate projection is computed, the predictor keeps a set of
+//!   neurons, the up projection runs on those rows only (gathered-row
+//!   matvec on the quantised weights) and the down projection accumulates
+//!   only those neurons' columns (AXPY over a neuron-major Q8_0 copy of
+//!   `W_down` made at load). A layer whose kept fraction exceeds
+//!   `dense_above` runs dense for that token.
+
+pub mod calibrate;
+pub mod sidecar;
+
+use std::path::{Path, PathBuf};
+
+pub use sidecar::{CalibrationInfo, LayerStats, ModelId, PredictorKind, Sidecar};
+
+use crate::{Error, Result};
+
+/// How a model runs sparse (the CLI's `--sparsity`, the config's
+/// `[sparsity]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SparsityOptions {
+    /// The sidecar written by `spinfer calibrate`.
+    pub sidecar: PathBuf,
+    /// Use this predictor instead of the sidecar's.
+    pub predictor: Option<PredictorKind>,
+    /// A layer keeping more than this fraction of its neurons for a token
+    /// runs dense for that token (the sparse path's bookkeeping would cost
+    /// more than it saves).
+    pub dense_above: f32,
+}
+
+impl SparsityOptions {
+    pub fn new(sidecar: impl Into<PathBuf>) -> Self {
+        Self { sidecar: sidecar.into(), predictor: None, dense_above: 0.85 }
+    }
+}
+
+/// One layer's sparse FFN data.
+pub struct SparseLayer {
+    /// Keep neurons with `|silu(gate)|` above this (gate-threshold).
+    pub threshold: f32,
+    /// Neurons kept per token (top-K).
+    pub keep: usize,
+    /// Keep neurons with `|silu(gate) · up|` above this (input-magnitude).
+    pub input_threshold: f32,
+    /// `W_down` transposed, neuron-major: (ffn_dim, dim) as Q8_0 rows, so
+    /// one neuron's output column is one contiguous row.
+    pub down_t: Vec<u8>,
+}
+
+/// The sparse FFN of a loaded model.
+pub struct SparseFfn {
+    pub predictor: PredictorKind,
+    pub dense_above: f32,
+    /// The sidecar it was built from.
+    pub path: PathBuf,
+    pub sidecar: Sidecar,
+    pub layers: Vec<SparseLayer>,
+}
+
+impl SparseFfn {
+    /// Bytes of the neuron-major down copies held in memory.
+    pub fn resident_bytes(&self) -> usize {
+        self.layers.iter().map(|l| l.down_t.len()).sum()
+    }
+}
+
+/// Selects the neurons to keep for one token of one layer, ascending, into
+/// `idx`. `act` is `silu(gate)`, or for [`PredictorKind::InputMagnitude`]
+/// the down projection's input `silu(gate) · up`. `mags` is scratch.
+pub fn select_neurons(
+    predictor: PredictorKind,
+    layer: &SparseLayer,
+    act: &[f32],
+    idx: &mut Vec<u32>,
+    mags: &mut Vec<f32>,
+) {
+    idx.clear();
+    let threshold = match predictor {
+        PredictorKind::GateThreshold => layer.threshold,
+        PredictorKind::InputMagnitude => layer.input_threshold,
+        PredictorKind::TopK => {
+            let k = layer.keep.min(act.len());
+            if k == 0 {
+                return;
+            }
+            if k == act.len() {
+                idx.extend(0..act.len() as u32);
+                return;
+            }
+            // The k-th largest magnitude; neurons at or above it in index
+            // order (ties beyond k are dropped from the end).
+            mags.clear();
+            mags.extend(act.iter().map(|a| a.abs()));
+            let (_, kth, _) = mags.select_nth_unstable_by(act.len() - k, f32::total_cmp);
+            let kth = *kth;
+            for (j, a) in act.iter().enumerate() {
+                if a.abs() >= kth && idx.len() < k {
+                    idx.push(j as u32);
+                }
+            }
+            return;
+        }
+    };
+    for (j, a) in act.iter().enumerate() {
+        if a.abs() > threshold {
+            idx.push(j as u32);
+        }
+    }
+}
+
+/// Per-layer counters of a session's sparse FFN.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LayerCounters {
+    /// Tokens through this layer.
+    pub tokens: u64,
+    /// Neurons kept, summed over tokens.
+    pub active: u64,
+    /// Tokens that ran dense (kept fraction above `dense_above`).
+    pub dense: u64,
+}
+
+/// What a session's sparse FFN did (see [`crate::model::Session::sparsity_stats`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SparsityStats {
+    pub ffn_dim: usize,
+    pub layers: Vec<LayerCounters>,
+}
+
+impl SparsityStats {
+    /// Mean fraction of FFN neurons kept per token in layer `l`.
+    pub fn active_fraction(&self, l: usize) -> f64 {
+        let c = &self.layers[l];
+        if c.tokens == 0 { 1.0 } else { c.active as f64 / (c.tokens as f64 * self.ffn_dim as f64) }
+    }
+
+    /// Mean kept fraction over all layers.
+    pub fn mean_active_fraction(&self) -> f64 {
+        let (a, t): (u64, u64) = self.layers.iter().fold((0, 0), |(a, t), c| (a + c.active, t + c.tokens));
+        if t == 0 { 1.0 } else { a as f64 / (t as f64 * self.ffn_dim as f64) }
+    }
+}
+
+pub(crate) fn sparsity_err(path: &Path, detail: impl Into<String>) -> Error {
+    Error::Sparsity { path: path.to_path_buf(), detail: detail.into() }
+}
+
+/// Reads `opts.sidecar`, checks it belongs to `model` and builds the
+/// neuron-major down copies.
+pub(crate) fn build(
+    opts: &SparsityOptions,
+    id: &ModelId,
+    downs: &[(spinfer_kernels::GgmlType, &[u8])],
+    dim: usize,
+    ffn_dim: usize,
+) -> Result<SparseFfn> {
+    let path = &opts.sidecar;
+    let sidecar = Sidecar::read(path)?;
+    sidecar.check_model(id, path)?;
+    if !(0.0..=1.0).contains(&opts.dense_above) {
+        return Err(Error::InvalidArgument(format!("dense_above must be in 0..=1, got {}", opts.dense_above)));
+    }
+    let mut layers = Vec::with_capacity(sidecar.layers.len());
+    for (l, (s, &(ty, bytes))) in sidecar.layers.iter().zip(downs).enumerate() {
+        let down_t = spinfer_kernels::sparse::transpose_to_q8_0(ty, bytes, dim, ffn_dim)
+            .map_err(|e| sparsity_err(path, format!("layer {l}: repacking ffn_down: {e}")))?;
+        layers.push(SparseLayer { threshold: s.threshold, keep: s.keep, input_threshold: s.input_threshold, down_t });
+    }
+    let predictor = opts.predictor.unwrap_or(sidecar.predictor);
+    tracing::info!(path = %path.display(), predictor = predictor.name(), "sparse FFN enabled");
+    Ok(SparseFfn { predictor, dense_above: opts.dense_above, path: path.clone(), sidecar, layers })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(threshold: f32, keep: usize) -> SparseLayer {
+        SparseLayer { threshold, keep, input_threshold: threshold, down_t: Vec::new() }
+    }
+
+    #[test]
+    fn threshold_keeps_neurons_above_it_in_order() {
+        let act = [0.5, -0.05, -0.7, 0.1, 0.0, 0.2];
+        let (mut idx, mut mags) = (Vec::new(), Vec::new());
+        select_neurons(PredictorKind::GateThreshold, &layer(0.1, 0), &act, &mut idx, &mut mags);
+        assert_eq!(idx, [0, 2, 5]);
+        select_neurons(PredictorKind::GateThreshold, &layer(-1.0, 0), &act, &mut idx, &mut mags);
+        assert_eq!(idx, [0, 1, 2, 3, 4, 5]);
+        select_neurons(PredictorKind::InputMagnitude, &layer(0.3, 0), &act, &mut idx, &mut mags);
+        assert_eq!(idx, [0, 2]);
+    }
+
+    #[test]
+    fn top_k_keeps_the_k_largest_magnitudes_in_order() {
+        let act = [0.5, -0.05, -0.7, 0.1, 0.0, 0.2];
+        let (mut idx, mut mags) = (Vec::new(), Vec::new());
+        let mut top = |k| {
+            select_neurons(PredictorKind::TopK, &layer(0.0, k), &act, &mut idx, &mut mags);
+            idx.clone()
+        };
+        assert_eq!(top(3), [0, 2, 5]);
+        assert_eq!(top(1), [2]);
+        assert_eq!(top(0), Vec::<u32>::new());
+        assert_eq!(top(6), [0, 1, 2, 3, 4, 5]);
+        assert_eq!(top(60), [0, 1, 2, 3, 4, 5]);
+        // Ties never exceed k.
+        let tied = [1.0f32; 8];
+        select_neurons(PredictorKind::TopK, &layer(0.0, 3), &tied, &mut idx, &mut mags);
+        assert_eq!(idx, [0, 1, 2]);
+    }
+
+    #[test]
+    fn stats_fractions() {
+        let st = SparsityStats {
+            ffn_dim: 10,
+            layers: vec![LayerCounters { tokens: 2, active: 6, dense: 0 }, LayerCounters::default()],
+        };
+        assert!((st.active_fraction(0) - 0.3).abs() < 1e-12);
+        assert_eq!(st.active_fraction(1), 1.0);
+        assert!((st.mean_active_fraction() - 0.3).abs() < 1e-12);
+    }
+}
