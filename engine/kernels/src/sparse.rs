@@ -13,6 +13,11 @@
 //!
 //! [`axpy_rows_q8_0_scalar`] is the scalar reference of the AXPY; the AVX2
 //! and AVX-512 versions are chosen at run time and tested against it.
+//!
+//! The Q8_0 transpose requantises `W_down`. For Q4_0 / Q4_1 / Q8_0 weights,
+//! [`NeuronMajor`] is an exact neuron-major form instead (integer codes plus
+//! the original block scales and minimums), with its own AXPY
+//! ([`NeuronMajor::axpy`]).
 
 use crate::blocks::{BlockQ8_0, QK};
 use crate::cpu::CpuFeatures;
@@ -20,6 +25,10 @@ use crate::dequant::dequantize_row;
 use crate::pool::{ThreadPool, chunk};
 use crate::quantize::quantize_row_q8_0_ref;
 use crate::{GgmlType, KernelError, Result};
+
+mod neuron_major;
+
+pub use neuron_major::NeuronMajor;
 
 /// Bytes of one Q8_0 block (`f16` scale + 32 int8).
 const Q8_0_BYTES: usize = std::mem::size_of::<BlockQ8_0>();
@@ -344,11 +353,11 @@ mod x86 {
     /// Distance, in neurons, of the software prefetch of the next rows'
     /// tiles (their order is data-dependent, so the hardware prefetchers
     /// cannot follow).
-    const PREFETCH: usize = 8;
+    pub(super) const PREFETCH: usize = 8;
 
     /// Prefetches the `len` bytes at offset `off` of row `idx[k]`, if any.
     #[inline(always)]
-    fn prefetch_tile(base: *const u8, rb: usize, off: usize, len: usize, idx: &[u32], k: usize) {
+    pub(super) fn prefetch_tile(base: *const u8, rb: usize, off: usize, len: usize, idx: &[u32], k: usize) {
         if let Some(&i) = idx.get(k) {
             let p = base.wrapping_add(i as usize * rb + off);
             let mut o = 0;

@@ -1,6 +1,7 @@
 //! Sparse FFN kernels: gathered-row matvec against the dense kernel,
-//! the Q8_0 neuron-major transpose, and the row AXPY (SIMD against the
-//! scalar reference and against the dense f32 product).
+//! the Q8_0 neuron-major transpose, the row AXPY (SIMD against the
+//! scalar reference and against the dense f32 product), and the exact
+//! neuron-major form (`NeuronMajor`).
 
 mod kernels_common;
 
@@ -15,7 +16,7 @@ use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel, candidates};
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::sparse::{
-    AxpyIsa, axpy_rows_q8_0, axpy_rows_q8_0_scalar, axpy_rows_q8_0_with, gather_rows, transpose_to_q8_0,
+    AxpyIsa, NeuronMajor, axpy_rows_q8_0, axpy_rows_q8_0_scalar, axpy_rows_q8_0_with, gather_rows, transpose_to_q8_0,
 };
 
 const TYPES: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
@@ -425,6 +426,243 @@ fn bad_input_is_an_error() {
     }
 }
 
+// === (f) exact neuron-major form ===
+
+const NM_TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+
+/// `(outputs, neurons)` = `(dim, ffn)`: the SmolLM2 shape, small ones, and
+/// output counts that are not a multiple of 16 (padded code rows).
+const NM_SHAPES: [(usize, usize); 6] = [(576, 1536), (40, 64), (17, 96), (1, 32), (16, 32), (200, 320)];
+
+/// Random weights with the sign of some block scales flipped (so that
+/// `d * 0` is `-0.0` somewhere).
+fn nm_weights(r: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let mut w = random_weights(r, ty, rows, cols);
+    for blk in w.chunks_exact_mut(ty.type_size()) {
+        if r.random_bool(0.3) {
+            blk[1] ^= 0x80;
+        }
+    }
+    w
+}
+
+#[test]
+fn neuron_major_reconstructs_dequantize_row_bitwise() {
+    let mut r = rng(61);
+    for ty in NM_TYPES {
+        for (rows, cols) in NM_SHAPES {
+            let w = nm_weights(&mut r, ty, rows, cols);
+            let nm = NeuronMajor::from_weights(ty, &w, rows, cols).unwrap();
+            assert_eq!((nm.outputs(), nm.neurons(), nm.wtype()), (rows, cols, ty));
+            assert_eq!(nm.has_min(), ty == GgmlType::Q4_1);
+            assert!(nm.bytes() >= rows * cols);
+            let wd = dequant_matrix(ty, &w, rows, cols);
+            let mut neg_zero = 0;
+            for i in 0..rows {
+                for j in 0..cols {
+                    let q = nm.code(i, j);
+                    let (d, m) = nm.block_scale(i, j / 32);
+                    let v = d * f32::from(q) + m;
+                    let want = wd[i * cols + j];
+                    assert_eq!(v.to_bits(), want.to_bits(), "{ty} {rows}x{cols}: W[{i}, {j}] = {want}, d*q+m = {v}");
+                    assert_eq!(nm.weight(i, j).to_bits(), want.to_bits());
+                    match ty {
+                        GgmlType::Q4_0 => assert!((-8..8).contains(&q)),
+                        GgmlType::Q4_1 => assert!((0..16).contains(&q)),
+                        _ => {}
+                    }
+                    neg_zero += usize::from(want.to_bits() == (-0.0f32).to_bits());
+                }
+            }
+            if rows * cols >= 1536 {
+                assert!(neg_zero > 0 || ty == GgmlType::Q4_1, "{ty}: no -0.0 weight exercised");
+            }
+        }
+    }
+}
+
+/// `(f64 Σ_k coef_k W[i, idx_k], scale)` per output, where `scale` is the
+/// error scale of the factorised sum `Σ_B d·S_B + m·H_B`:
+/// `Σ_k |coef_k| (|d q| + |m|)`, i.e. `Σ_k |coef_k W[i, idx_k]|` for types
+/// without a minimum. (For Q4_1 a weight `d q + m` can cancel to exactly 0
+/// while `d S` and `m H` round separately.)
+fn nm_exact(nm: &NeuronMajor, idx: &[u32], coef: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    (0..nm.outputs())
+        .map(|i| {
+            idx.iter().zip(coef).fold((0.0, 0.0), |(s, mag), (&j, &c)| {
+                let j = j as usize;
+                let (d, m) = nm.block_scale(i, j / 32);
+                let dq = f64::from(d) * f64::from(nm.code(i, j));
+                let c = f64::from(c);
+                (s + f64::from(nm.weight(i, j)) * c, mag + c.abs() * (dq.abs() + f64::from(m).abs()))
+            })
+        })
+        .unzip()
+}
+
+/// With every neuron active, the AXPY is the dense product of the
+/// dequantised `W` up to f32 rounding: no requantisation.
+#[test]
+fn neuron_major_all_neurons_equals_dense_product() {
+    let mut r = rng(62);
+    let pools: Vec<ThreadPool> = [1, 2, 3].into_iter().map(ThreadPool::new).collect();
+    for ty in NM_TYPES {
+        for (dim, ffn) in NM_SHAPES {
+            let w = nm_weights(&mut r, ty, dim, ffn);
+            let wd = dequant_matrix(ty, &w, dim, ffn);
+            let nm = NeuronMajor::from_weights(ty, &w, dim, ffn).unwrap();
+            let h = random_acts(&mut r, ffn);
+            let all: Vec<u32> = (0..ffn as u32).collect();
+            let mut worst = 0.0f64;
+            for isa in isas() {
+                for pool in &pools {
+                    let mut got = vec![f32::NAN; dim];
+                    nm.axpy_with(pool, isa, &all, &h, &mut got).unwrap();
+                    for i in 0..dim {
+                        let (mut exact, mut mag) = (0.0f64, 0.0f64);
+                        for j in 0..ffn {
+                            let t = f64::from(wd[i * ffn + j]) * f64::from(h[j]);
+                            exact += t;
+                            mag += t.abs();
+                        }
+                        let e = (f64::from(got[i]) - exact).abs();
+                        worst = worst.max(e / mag);
+                        assert!(
+                            e <= 1e-5 * mag + 1e-30,
+                            "{ty} {dim}x{ffn} {isa:?} {}t: out[{i}] = {}, dense {exact} (magnitude {mag})",
+                            pool.n_threads(),
+                            got[i]
+                        );
+                    }
+                }
+            }
+            if dim == 576 {
+                eprintln!("{ty} {dim}x{ffn}: worst |err| / Σ|terms| = {worst:.2e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn neuron_major_simd_matches_scalar() {
+    let mut r = rng(63);
+    let pools: Vec<ThreadPool> = [1, 2, 3].into_iter().map(ThreadPool::new).collect();
+    for ty in NM_TYPES {
+        for (dim, ffn) in NM_SHAPES {
+            let w = nm_weights(&mut r, ty, dim, ffn);
+            let nm = NeuronMajor::from_weights(ty, &w, dim, ffn).unwrap();
+            let mut cases: Vec<Vec<u32>> = vec![
+                vec![],
+                vec![0],
+                vec![ffn as u32 - 1],
+                vec![r.random_range(0..ffn as u32)],
+                (0..ffn as u32).collect(),
+                random_subset(&mut r, ffn, ffn * 3 / 10),
+                random_subset(&mut r, ffn, ffn / 2),
+                random_subset(&mut r, ffn, ffn.div_ceil(10)),
+            ];
+            // One whole neuron block, and its first and last neurons.
+            cases.push((0..32).collect());
+            let mut ends = vec![0, 31, ffn as u32 - 32, ffn as u32 - 1];
+            ends.sort_unstable();
+            ends.dedup();
+            cases.push(ends);
+            for idx in &cases {
+                let coef = random_coef(&mut r, idx.len());
+                let mut exp = vec![f32::NAN; dim];
+                nm.axpy_scalar(idx, &coef, &mut exp).unwrap();
+                let (exact, mag) = nm_exact(&nm, idx, &coef);
+                for i in 0..dim {
+                    assert!(
+                        (f64::from(exp[i]) - exact[i]).abs() <= 1e-5 * mag[i] + 1e-30,
+                        "{ty} {dim}x{ffn} n {}: scalar out[{i}] = {}, exact {}",
+                        idx.len(),
+                        exp[i],
+                        exact[i]
+                    );
+                }
+                if idx.is_empty() {
+                    assert!(exp.iter().all(|&v| v == 0.0));
+                }
+                for &isa in &isas() {
+                    for pool in &pools {
+                        let mut got = vec![f32::NAN; dim];
+                        nm.axpy_with(pool, isa, idx, &coef, &mut got).unwrap();
+                        for i in 0..dim {
+                            let ok = if isa == AxpyIsa::Scalar {
+                                got[i].to_bits() == exp[i].to_bits()
+                            } else {
+                                f64::from((got[i] - exp[i]).abs()) <= 1e-5 * mag[i] + 1e-30
+                            };
+                            assert!(
+                                ok,
+                                "{ty} {dim}x{ffn} {isa:?} n {} threads {}: out[{i}] = {}, scalar {} (magnitude {})",
+                                idx.len(),
+                                pool.n_threads(),
+                                got[i],
+                                exp[i],
+                                mag[i]
+                            );
+                        }
+                    }
+                }
+                let mut got = vec![f32::NAN; dim];
+                nm.axpy(&pools[1], idx, &coef, &mut got).unwrap();
+                for i in 0..dim {
+                    assert!(f64::from((got[i] - exp[i]).abs()) <= 1e-5 * mag[i] + 1e-30);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn neuron_major_bad_input_is_an_error() {
+    let mut r = rng(64);
+    let pool = ThreadPool::new(2);
+    let (rows, cols) = (40, 96);
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::F32, GgmlType::F16] {
+        let c = if ty.block_size() == 256 { 256 } else { cols };
+        let w = random_weights(&mut r, ty, rows, c);
+        assert!(NeuronMajor::from_weights(ty, &w, rows, c).is_err(), "{ty} is unsupported");
+    }
+    let ty = GgmlType::Q4_1;
+    let w = random_weights(&mut r, ty, rows, cols);
+    assert!(NeuronMajor::from_weights(ty, &w[..w.len() - 1], rows, cols).is_err(), "short w");
+    assert!(NeuronMajor::from_weights(ty, &w, rows + 1, cols).is_err(), "too many rows");
+    assert!(NeuronMajor::from_weights(ty, &w, rows - 1, cols).is_err(), "too few rows");
+    assert!(NeuronMajor::from_weights(ty, &w, rows, cols - 16).is_err(), "cols not a multiple of 32");
+    assert!(NeuronMajor::from_weights(ty, &w, usize::MAX / 2, cols).is_err(), "overflow");
+    assert!(NeuronMajor::from_weights(ty, &[], 0, cols).is_ok_and(|nm| nm.outputs() == 0));
+
+    let nm = NeuronMajor::from_weights(ty, &w, rows, cols).unwrap();
+    let mut out = vec![5.0f32; rows];
+    let n = cols as u32;
+    let bad: [(&str, Vec<u32>, usize, usize); 9] = [
+        ("unsorted", vec![3, 1], 2, rows),
+        ("duplicate", vec![2, 2], 2, rows),
+        ("duplicate after others", vec![0, 7, 9, 9, 12], 5, rows),
+        ("index out of range", vec![0, n], 2, rows),
+        ("index u32::MAX", vec![u32::MAX], 1, rows),
+        ("coef shorter than idx", vec![0, 1], 1, rows),
+        ("coef longer than idx", vec![0], 2, rows),
+        ("short out", vec![0], 1, rows - 1),
+        ("long out", vec![0], 1, rows + 1),
+    ];
+    for (what, idx, nc, no) in bad {
+        let coef = vec![1.0f32; nc];
+        let mut o = vec![5.0f32; no];
+        assert!(nm.axpy_scalar(&idx, &coef, &mut o).is_err(), "scalar: {what}");
+        assert!(nm.axpy(&pool, &idx, &coef, &mut o).is_err(), "{what}");
+        for isa in isas() {
+            assert!(nm.axpy_with(&pool, isa, &idx, &coef, &mut o).is_err(), "{isa:?}: {what}");
+        }
+        assert!(o.iter().all(|&v| v == 5.0), "{what}: out untouched on error");
+    }
+    assert!(nm.axpy(&pool, &[0, n - 1], &[1.0, 1.0], &mut out).is_ok(), "valid call");
+    assert!(nm.axpy(&pool, &[], &[], &mut out).is_ok() && out.iter().all(|&v| v == 0.0), "empty overwrites");
+}
+
 // === timings ===
 
 fn time_us(iters: usize, mut f: impl FnMut()) -> f64 {
@@ -464,6 +702,15 @@ fn sparse_ffn_timings() {
         features.describe(),
         isa.name()
     );
+    let t0 = Instant::now();
+    let nm = NeuronMajor::from_weights(ty, &down, dim, ffn).unwrap();
+    println!(
+        "NeuronMajor::from_weights {dim}x{ffn} {ty}: {:.2} ms, {} KiB (q8_0 transpose {} KiB, {ty} {} KiB)",
+        t0.elapsed().as_secs_f64() * 1e3,
+        nm.bytes() / 1024,
+        wt.len() / 1024,
+        down.len() / 1024
+    );
     let dk = dense_kernel(ty, dim, ffn);
     let uk = dense_kernel(ty, ffn / 2, dim);
     for threads in [1, 2] {
@@ -479,6 +726,10 @@ fn sparse_ffn_timings() {
             for a in isas().into_iter().rev() {
                 let t = time_us(2000, || axpy_rows_q8_0_with(&pool, a, &wt, dim, &idx, &coef, &mut out).unwrap());
                 println!("[{threads}t] axpy_rows_q8_0 ({}) {pct}% ({n} neurons): {t:.2} us", a.name());
+            }
+            for a in isas().into_iter().rev() {
+                let t = time_us(2000, || nm.axpy_with(&pool, a, &idx, &coef, &mut out).unwrap());
+                println!("[{threads}t] NeuronMajor::axpy ({}) {pct}% ({n} neurons): {t:.2} us", a.name());
             }
         }
         let rb = ty.row_bytes(dim).unwrap();
