@@ -33,7 +33,7 @@ pub struct CalibrateArgs {
     /// Fraction of FFN neurons to skip per token.
     #[arg(long, default_value_t = 0.5)]
     pub target_sparsity: f32,
-    /// Predictor recorded as the sidecar's default: gate-threshold | top-k.
+    /// Predictor recorded as the sidecar's default: gate-threshold | top-k | input-magnitude.
     #[arg(long = "predictor-kind", default_value = "gate-threshold")]
     pub predictor_kind: String,
     /// Output sidecar (never the model file).
@@ -42,8 +42,9 @@ pub struct CalibrateArgs {
 }
 
 pub fn run(a: CalibrateArgs) -> Result<()> {
-    let predictor = PredictorKind::parse(&a.predictor_kind)
-        .with_context(|| format!("--predictor-kind '{}' is not one of gate-threshold, top-k", a.predictor_kind))?;
+    let predictor = PredictorKind::parse(&a.predictor_kind).with_context(|| {
+        format!("--predictor-kind '{}' is not one of gate-threshold, top-k, input-magnitude", a.predictor_kind)
+    })?;
     if !(0.0..1.0).contains(&a.target_sparsity) {
         bail!("--target-sparsity must be in [0, 1), got {}", a.target_sparsity);
     }

@@ -42,7 +42,7 @@ pub struct CommonArgs {
     /// `spinfer calibrate`); without it the model runs dense.
     #[arg(long)]
     pub sparsity: Option<PathBuf>,
-    /// Use this predictor instead of the sidecar's: gate-threshold | top-k.
+    /// Use this predictor instead of the sidecar's: gate-threshold | top-k | input-magnitude.
     #[arg(long, requires = "sparsity")]
     pub predictor: Option<String>,
     /// Print only the result on stdout.
@@ -94,7 +94,7 @@ impl CommonArgs {
         if let Some(p) = &self.predictor
             && PredictorKind::parse(p).is_none()
         {
-            bail!("--predictor '{p}' is not one of gate-threshold, top-k");
+            bail!("--predictor '{p}' is not one of gate-threshold, top-k, input-magnitude");
         }
         if let Some(file) = &self.sparsity {
             let dense_above = c.sparsity.as_ref().and_then(|s| s.dense_above);

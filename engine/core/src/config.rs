@@ -177,7 +177,7 @@ impl Config {
             if let Some(p) = &sp.predictor
                 && PredictorKind::parse(p).is_none()
             {
-                return Err(format!("sparsity.predictor '{p}' is not one of gate-threshold, top-k"));
+                return Err(format!("sparsity.predictor '{p}' is not one of gate-threshold, top-k, input-magnitude"));
             }
             if sp.dense_above.is_some_and(|d| !(0.0..=1.0).contains(&d)) {
                 return Err("sparsity.dense_above must be between 0 and 1".into());

@@ -9,8 +9,9 @@
 //!   the full gate projection is computed, the predictor keeps a set of
 //!   neurons, the up projection runs on those rows only (gathered-row
 //!   matvec on the quantised weights) and the down projection accumulates
-//!   only those neurons' columns (AXPY over a neuron-major Q8_0 copy of
-//!   `W_down` made at load). A layer whose kept fraction exceeds
+//!   only those neurons' columns (AXPY over a neuron-major copy of `W_down`
+//!   made at load: exact for Q4_0/Q4_1/Q8_0, requantised to Q8_0 for the
+//!   other types). A layer whose kept fraction exceeds
 //!   `dense_above` runs dense for that token.
 
 pub mod calibrate;
@@ -19,6 +20,10 @@ pub mod sidecar;
 use std::path::{Path, PathBuf};
 
 pub use sidecar::{CalibrationInfo, LayerStats, ModelId, PredictorKind, Sidecar};
+
+use spinfer_kernels::GgmlType;
+use spinfer_kernels::pool::ThreadPool;
+use spinfer_kernels::sparse::{NeuronMajor, axpy_rows_q8_0, transpose_to_q8_0};
 
 use crate::{Error, Result};
 
@@ -50,9 +55,36 @@ pub struct SparseLayer {
     pub keep: usize,
     /// Keep neurons with `|silu(gate) · up|` above this (input-magnitude).
     pub input_threshold: f32,
-    /// `W_down` transposed, neuron-major: (ffn_dim, dim) as Q8_0 rows, so
-    /// one neuron's output column is one contiguous row.
-    pub down_t: Vec<u8>,
+    /// `W_down` neuron-major: one neuron's output column is one
+    /// contiguous row.
+    pub down: NeuronMajorDown,
+}
+
+/// The neuron-major copy of a layer's `W_down`.
+pub enum NeuronMajorDown {
+    /// The same weights, transposed exactly (Q4_0, Q4_1, Q8_0).
+    Exact(NeuronMajor),
+    /// Other types: requantised to Q8_0 rows (ffn_dim, dim).
+    Q8_0(Vec<u8>),
+}
+
+impl NeuronMajorDown {
+    /// `out = Σ_k coef[k] · W_down[:, idx[k]]` (`idx` ascending).
+    pub fn axpy(&self, pool: &ThreadPool, dim: usize, idx: &[u32], coef: &[f32], out: &mut [f32]) -> Result<()> {
+        match self {
+            NeuronMajorDown::Exact(nm) => nm.axpy(pool, idx, coef, out)?,
+            NeuronMajorDown::Q8_0(t) => axpy_rows_q8_0(pool, t, dim, idx, coef, out)?,
+        }
+        Ok(())
+    }
+
+    /// Resident bytes.
+    pub fn bytes(&self) -> usize {
+        match self {
+            NeuronMajorDown::Exact(nm) => nm.bytes(),
+            NeuronMajorDown::Q8_0(t) => t.len(),
+        }
+    }
 }
 
 /// The sparse FFN of a loaded model.
@@ -68,7 +100,7 @@ pub struct SparseFfn {
 impl SparseFfn {
     /// Bytes of the neuron-major down copies held in memory.
     pub fn resident_bytes(&self) -> usize {
-        self.layers.iter().map(|l| l.down_t.len()).sum()
+        self.layers.iter().map(|l| l.down.bytes()).sum()
     }
 }
 
@@ -157,7 +189,7 @@ pub(crate) fn sparsity_err(path: &Path, detail: impl Into<String>) -> Error {
 pub(crate) fn build(
     opts: &SparsityOptions,
     id: &ModelId,
-    downs: &[(spinfer_kernels::GgmlType, &[u8])],
+    downs: &[(GgmlType, &[u8])],
     dim: usize,
     ffn_dim: usize,
 ) -> Result<SparseFfn> {
@@ -169,9 +201,15 @@ pub(crate) fn build(
     }
     let mut layers = Vec::with_capacity(sidecar.layers.len());
     for (l, (s, &(ty, bytes))) in sidecar.layers.iter().zip(downs).enumerate() {
-        let down_t = spinfer_kernels::sparse::transpose_to_q8_0(ty, bytes, dim, ffn_dim)
-            .map_err(|e| sparsity_err(path, format!("layer {l}: repacking ffn_down: {e}")))?;
-        layers.push(SparseLayer { threshold: s.threshold, keep: s.keep, input_threshold: s.input_threshold, down_t });
+        let repack =
+            |e: spinfer_kernels::KernelError| sparsity_err(path, format!("layer {l}: repacking ffn_down: {e}"));
+        let down = match ty {
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
+                NeuronMajorDown::Exact(NeuronMajor::from_weights(ty, bytes, dim, ffn_dim).map_err(repack)?)
+            }
+            _ => NeuronMajorDown::Q8_0(transpose_to_q8_0(ty, bytes, dim, ffn_dim).map_err(repack)?),
+        };
+        layers.push(SparseLayer { threshold: s.threshold, keep: s.keep, input_threshold: s.input_threshold, down });
     }
     let predictor = opts.predictor.unwrap_or(sidecar.predictor);
     tracing::info!(path = %path.display(), predictor = predictor.name(), "sparse FFN enabled");
@@ -183,7 +221,7 @@ mod tests {
     use super::*;
 
     fn layer(threshold: f32, keep: usize) -> SparseLayer {
-        SparseLayer { threshold, keep, input_threshold: threshold, down_t: Vec::new() }
+        SparseLayer { threshold, keep, input_threshold: threshold, down: NeuronMajorDown::Q8_0(Vec::new()) }
     }
 
     #[test]

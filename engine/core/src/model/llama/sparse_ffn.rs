@@ -2,8 +2,6 @@
 //! from `silu(gate)`, run the up projection on their rows only and
 //! accumulate only their down-projection columns.
 
-use spinfer_kernels::sparse::axpy_rows_q8_0;
-
 use super::{Model, Session, grow};
 use crate::Result;
 use crate::model::math;
@@ -49,7 +47,7 @@ impl Model {
                     counters.dense += 1;
                     layer.w_down.forward(&s.pool, act, 1, out, &mut s.scratch)?;
                 } else {
-                    axpy_rows_q8_0(&s.pool, &sl.down_t, dim, &sc.idx, &sc.h[..k], out)?;
+                    sl.down.axpy(&s.pool, dim, &sc.idx, &sc.h[..k], out)?;
                 }
                 continue;
             }
@@ -70,7 +68,7 @@ impl Model {
                 *h = act[j as usize] * u;
             }
             // Down projection: out = Σ_k h_k · W_down[:, idx_k].
-            axpy_rows_q8_0(&s.pool, &sl.down_t, dim, &sc.idx, &sc.h[..k], out)?;
+            sl.down.axpy(&s.pool, dim, &sc.idx, &sc.h[..k], out)?;
         }
         Ok(())
     }

@@ -1,0 +1,134 @@
+//! Activation sparsity on SmolLM2: calibration writes a deterministic
+//! sidecar, a model loaded with it runs sparse and still answers, a
+//! keep-everything sidecar reproduces the dense model, and a sidecar of
+//! another model is refused.
+
+use std::path::Path;
+
+use spinfer_engine::Engine;
+use spinfer_engine::gguf::GgufFile;
+use spinfer_engine::model::{ModelOptions, Precision};
+use spinfer_engine::sparse::calibrate::{CalibrateOptions, calibrate};
+use spinfer_engine::sparse::{CalibrationInfo, PredictorKind, Sidecar, SparsityOptions};
+use spinfer_tests::{data, reference, smollm2, top_k};
+
+fn options(sparsity: Option<SparsityOptions>) -> ModelOptions {
+    ModelOptions { precision: Precision::Fast, ctx: 512, threads: 2, sparsity }
+}
+
+/// Calibration tokens: WikiText-2 test after byte 800,000 (the evaluation
+/// uses the start of the file).
+fn calibration_tokens(e: &Engine, n: usize) -> Vec<u32> {
+    let text = std::fs::read(data("wikitext-2-raw/wiki.test.raw")).unwrap();
+    let text = String::from_utf8_lossy(&text[800_000..]).replace("\r\n", "\n");
+    let mut t = e.tokenizer.encode(&text, false).unwrap();
+    t.truncate(n);
+    t
+}
+
+fn calibrated(model: &Path, e: &Engine, target: f32, predictor: PredictorKind) -> Sidecar {
+    let g = GgufFile::open(model).unwrap();
+    let opts = CalibrateOptions { target_sparsity: target, predictor, window: 256, info: CalibrationInfo::default() };
+    calibrate(&e.model, &g, &calibration_tokens(e, 1024), &opts, &mut |_, _, _| {}).unwrap()
+}
+
+fn last_logits(e: &Engine, text: &str) -> Vec<f32> {
+    let ids = e.tokenizer.encode(text, false).unwrap();
+    let mut s = e.new_session();
+    e.model.forward_last(&mut s, &ids).unwrap().to_vec()
+}
+
+fn greedy(e: &Engine, prompt: &str, n: usize) -> Vec<u32> {
+    let mut ids = e.tokenizer.encode(prompt, false).unwrap();
+    let mut s = e.new_session();
+    let mut out = Vec::new();
+    let mut step = ids.clone();
+    for _ in 0..n {
+        let logits = e.model.forward_last(&mut s, &step).unwrap();
+        let next = top_k(logits, 1)[0];
+        out.push(next);
+        ids.push(next);
+        step = vec![next];
+    }
+    out
+}
+
+#[test]
+fn calibrated_sparse_model_runs_and_keeps_its_answer() {
+    let Some(model) = smollm2() else { return };
+    let dense = Engine::load(&model, options(None)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+
+    // Deterministic: two calibrations write identical files.
+    let sidecar = calibrated(&model, &dense, 0.3, PredictorKind::GateThreshold);
+    let (a, b) = (dir.path().join("a.spinfer"), dir.path().join("b.spinfer"));
+    sidecar.write(&a).unwrap();
+    calibrated(&model, &dense, 0.3, PredictorKind::GateThreshold).write(&b).unwrap();
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    assert_eq!(Sidecar::read(&a).unwrap(), sidecar);
+    assert_eq!(sidecar.layers.len(), 30);
+    assert!(sidecar.layers.iter().all(|l| l.threshold > 0.0 && l.input_threshold > 0.0 && l.keep == 1075));
+
+    for predictor in [PredictorKind::GateThreshold, PredictorKind::TopK, PredictorKind::InputMagnitude] {
+        let mut so = SparsityOptions::new(&a);
+        so.predictor = Some(predictor);
+        let sparse = Engine::load(&model, options(Some(so))).unwrap();
+        let ids = sparse.tokenizer.encode("The capital of France is", false).unwrap();
+        let mut s = sparse.new_session();
+        let logits = sparse.model.forward_last(&mut s, &ids).unwrap().to_vec();
+        assert_eq!(sparse.tokenizer.decode(&top_k(&logits, 1)).unwrap(), " Paris", "{predictor:?}");
+        // About 70% of the neurons kept (calibrated on other text).
+        let kept = s.sparsity_stats().mean_active_fraction();
+        assert!((0.5..0.85).contains(&kept), "{predictor:?}: kept {kept}");
+        assert!(s.sparsity_stats().layers.iter().all(|c| c.tokens == ids.len() as u64));
+    }
+}
+
+#[test]
+fn keeping_every_neuron_matches_the_dense_model() {
+    let Some(model) = smollm2() else { return };
+    let dense = Engine::load(&model, options(None)).unwrap();
+    let mut all = calibrated(&model, &dense, 0.0, PredictorKind::GateThreshold);
+    for l in &mut all.layers {
+        l.threshold = -1.0; // |silu(g)| > -1 for every neuron
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("all.spinfer");
+    all.write(&path).unwrap();
+    let mut so = SparsityOptions::new(&path);
+    so.dense_above = 1.0; // never fall back: exercise the sparse kernels
+    let sparse = Engine::load(&model, options(Some(so))).unwrap();
+    // The only difference is W_down requantised to Q8_0 (neuron-major):
+    // the same top-5 on every reference prompt, logits within 0.1.
+    for p in &reference().prompts {
+        let (want, got) = (last_logits(&dense, &p.text), last_logits(&sparse, &p.text));
+        let diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(diff < 0.1, "{:?}: max |Δlogit| {diff}", p.text);
+        assert_eq!(top_k(&want, 5), top_k(&got, 5), "{:?}", p.text);
+    }
+    assert_eq!(greedy(&dense, "The capital of France is", 8), greedy(&sparse, "The capital of France is", 8));
+}
+
+#[test]
+fn a_sidecar_of_another_model_or_a_corrupt_one_is_refused() {
+    let Some(model) = smollm2() else { return };
+    let dense = Engine::load(&model, options(None)).unwrap();
+    let mut other = calibrated(&model, &dense, 0.5, PredictorKind::TopK);
+    let dir = tempfile::tempdir().unwrap();
+
+    other.model.n_layers = 24;
+    other.layers.truncate(24);
+    let path = dir.path().join("other.spinfer");
+    other.write(&path).unwrap();
+    let e = Engine::load(&model, options(Some(SparsityOptions::new(&path)))).err().expect("refused").to_string();
+    assert!(e.contains("other.spinfer") && e.contains("24 layers") && e.contains("30 layers"), "{e}");
+
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    let e = Engine::load(&model, options(Some(SparsityOptions::new(&path)))).err().expect("refused").to_string();
+    assert!(e.contains("other.spinfer") && e.contains("truncated"), "{e}");
+
+    let missing = dir.path().join("missing.spinfer");
+    let e = Engine::load(&model, options(Some(SparsityOptions::new(&missing)))).err().expect("refused").to_string();
+    assert!(e.contains("missing.spinfer"), "{e}");
+}
