@@ -167,6 +167,8 @@ fn main() -> Result<()> {
             predictor: PredictorKind::GateThreshold,
             window: 512,
             info: CalibrationInfo { text: "wiki.test.raw".into(), byte_offset: 800_000, tokens: 0 },
+            rank: if a.predictors.contains(&PredictorKind::LowRank) { 64 } else { 0 },
+            recall_target: 0.95,
         };
         let sidecar = calibrate(&dense.model, &loader, &calib_tokens, &opts, &mut |_, _, _| {})?;
         let path = dir.path().join(format!("s{level}.spinfer"));

@@ -28,7 +28,15 @@ fn calibration_tokens(e: &Engine, n: usize) -> Vec<u32> {
 
 fn calibrated(model: &Path, e: &Engine, target: f32, predictor: PredictorKind) -> Sidecar {
     let g = GgufFile::open(model).unwrap();
-    let opts = CalibrateOptions { target_sparsity: target, predictor, window: 256, info: CalibrationInfo::default() };
+    let rank = if predictor == PredictorKind::LowRank { 32 } else { 0 };
+    let opts = CalibrateOptions {
+        target_sparsity: target,
+        predictor,
+        window: 256,
+        info: CalibrationInfo::default(),
+        rank,
+        recall_target: 0.95,
+    };
     calibrate(&e.model, &g, &calibration_tokens(e, 1024), &opts, &mut |_, _, _| {}).unwrap()
 }
 
@@ -109,6 +117,14 @@ fn keeping_every_neuron_matches_the_dense_model() {
     assert_eq!(greedy(&dense, "The capital of France is", 8), greedy(&sparse, "The capital of France is", 8));
 }
 
+/// The error of loading `model` with the sidecar `sidecar`.
+fn load_err(model: &Path, sidecar: &Path) -> String {
+    match Engine::load(model, options(Some(SparsityOptions::new(sidecar)))) {
+        Ok(_) => panic!("{} was accepted", sidecar.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
 #[test]
 fn a_sidecar_of_another_model_or_a_corrupt_one_is_refused() {
     let Some(model) = smollm2() else { return };
@@ -120,15 +136,50 @@ fn a_sidecar_of_another_model_or_a_corrupt_one_is_refused() {
     other.layers.truncate(24);
     let path = dir.path().join("other.spinfer");
     other.write(&path).unwrap();
-    let e = Engine::load(&model, options(Some(SparsityOptions::new(&path)))).err().expect("refused").to_string();
+    let e = load_err(&model, &path);
     assert!(e.contains("other.spinfer") && e.contains("24 layers") && e.contains("30 layers"), "{e}");
 
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
-    let e = Engine::load(&model, options(Some(SparsityOptions::new(&path)))).err().expect("refused").to_string();
+    let e = load_err(&model, &path);
     assert!(e.contains("other.spinfer") && e.contains("truncated"), "{e}");
 
     let missing = dir.path().join("missing.spinfer");
-    let e = Engine::load(&model, options(Some(SparsityOptions::new(&missing)))).err().expect("refused").to_string();
+    let e = load_err(&model, &missing);
     assert!(e.contains("missing.spinfer"), "{e}");
+}
+
+#[test]
+fn low_rank_predictor_recalls_its_target_and_runs() {
+    let Some(model) = smollm2() else { return };
+    let dense = Engine::load(&model, options(None)).unwrap();
+    let sidecar = calibrated(&model, &dense, 0.3, PredictorKind::LowRank);
+    let info = sidecar.lowrank.as_ref().expect("low-rank metadata");
+    assert_eq!((info.rank, info.heldout_recall.len()), (32, 30));
+    // Held out (the last eighth of the calibration text): near the target.
+    let mean = info.heldout_recall.iter().sum::<f32>() / 30.0;
+    assert!(mean > 0.9, "mean held-out recall {mean}");
+    assert!(info.predicted_fraction.iter().all(|&k| k > 0.0 && k <= 1.0));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lr.spinfer");
+    sidecar.write(&path).unwrap();
+    assert_eq!(Sidecar::read(&path).unwrap(), sidecar);
+
+    let sparse = Engine::load(&model, options(Some(SparsityOptions::new(&path)))).unwrap();
+    let ids = sparse.tokenizer.encode("The capital of France is", false).unwrap();
+    let mut s = sparse.new_session();
+    let logits = sparse.model.forward_last(&mut s, &ids).unwrap().to_vec();
+    assert_eq!(sparse.tokenizer.decode(&top_k(&logits, 1)).unwrap(), " Paris");
+    let st = s.sparsity_stats();
+    // Gate rows computed only for predicted neurons, and fewer kept after
+    // the gate threshold.
+    assert!(st.layers.iter().all(|c| c.active <= c.predicted && c.predicted < c.tokens * 1536));
+
+    // A sidecar without factors cannot run the low-rank predictor.
+    let plain = dir.path().join("plain.spinfer");
+    calibrated(&model, &dense, 0.3, PredictorKind::GateThreshold).write(&plain).unwrap();
+    let mut so = SparsityOptions::new(&plain);
+    so.predictor = Some(PredictorKind::LowRank);
+    let e = Engine::load(&model, options(Some(so))).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.contains("plain.spinfer") && e.contains("--rank"), "{e}");
 }

@@ -36,6 +36,14 @@ pub struct CalibrateArgs {
     /// Predictor recorded as the sidecar's default: gate-threshold | top-k | input-magnitude.
     #[arg(long = "predictor-kind", default_value = "gate-threshold")]
     pub predictor_kind: String,
+    /// Also fit a low-rank predictor of this rank (a multiple of 32; 0:
+    /// none), so that `--predictor low-rank` can skip the gate too.
+    #[arg(long, default_value_t = 0)]
+    pub rank: usize,
+    /// Fraction of truly active neurons the low-rank predictor keeps
+    /// (measured on the held-out last eighth of the calibration text).
+    #[arg(long, default_value_t = 0.95)]
+    pub recall_target: f32,
     /// Output sidecar (never the model file).
     #[arg(short, long)]
     pub out: PathBuf,
@@ -78,9 +86,12 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
     } else {
         Box::new(GgufFile::open(path)?)
     };
-    let windows = tokens.len().div_ceil(a.window) as u64;
+    if !a.rank.is_multiple_of(32) {
+        bail!("--rank must be a multiple of 32, got {}", a.rank);
+    }
     let hidden = a.common.quiet || a.common.json;
-    let bar = progress(hidden, 2 * windows, "windows");
+    let bar = progress(hidden, tokens.len().div_ceil(a.window) as u64, "steps");
+    let passes = if a.rank > 0 { 5 } else { 2 };
     let opts = CalibrateOptions {
         target_sparsity: a.target_sparsity,
         predictor,
@@ -90,10 +101,21 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
             byte_offset: start,
             tokens: 0,
         },
+        rank: a.rank,
+        recall_target: a.recall_target,
     };
-    let sidecar = calibrate(&engine.model, loader.as_ref(), &tokens, &opts, &mut |pass, done, _| {
-        bar.set_position((pass as u64 - 1) * windows + done as u64);
-        bar.set_message(format!("pass {pass}/2"));
+    let what = [
+        "",
+        "activation histograms",
+        "neuron frequencies",
+        "low-rank factors",
+        "predictor thresholds",
+        "held-out recall",
+    ];
+    let sidecar = calibrate(&engine.model, loader.as_ref(), &tokens, &opts, &mut |pass, done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+        bar.set_message(format!("pass {pass}/{passes}: {}", what.get(pass).copied().unwrap_or("")));
     })?;
     bar.finish_and_clear();
     sidecar.write(&a.out)?;
@@ -113,6 +135,15 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
                 thresholds.iter().copied().fold(f32::INFINITY, f32::min),
                 thresholds.iter().copied().fold(0.0, f32::max)
             );
+            if let Some(lr) = &sidecar.lowrank {
+                eprintln!(
+                    "low-rank predictor, rank {}: held-out recall (target {}) and kept fraction per layer over {} tokens:",
+                    lr.rank, lr.recall_target, lr.heldout_tokens
+                );
+                for (l, (r, k)) in lr.heldout_recall.iter().zip(&lr.predicted_fraction).enumerate() {
+                    eprintln!("  layer {l:>2}: recall {r:.3}, keeps {:.1}%", 100.0 * k);
+                }
+            }
         }
         println!("{}", a.out.display());
     }

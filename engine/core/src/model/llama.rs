@@ -87,9 +87,10 @@ pub struct Linear {
 /// One matmul call: `(x, n tokens, out, kernel scratch)`.
 type RunFn<'a> = dyn Fn(&[f32], usize, &mut [f32], &mut Vec<u8>) -> Result<()> + 'a;
 
-/// A hook called in each dense FFN with the layer and its gate and up
-/// projections (`n × ffn_dim` values each), before the activation.
-pub type FfnProbe = Box<dyn FnMut(usize, &[f32], &[f32]) + Send>;
+/// A hook called in each dense FFN with the layer, its input (`n × dim`)
+/// and its gate and up projections (`n × ffn_dim` each), before the
+/// activation.
+pub type FfnProbe = Box<dyn FnMut(usize, &[f32], &[f32], &[f32]) + Send>;
 
 /// Reusable buffers of the matmul calls.
 #[derive(Default)]
@@ -251,6 +252,11 @@ impl Linear {
         self.kernel.name()
     }
 
+    /// The weight bytes, in the file's format.
+    pub(crate) fn raw_weights(&self) -> &[u8] {
+        self.w.bytes()
+    }
+
     /// Whether the chosen (pack) kernel failed and the built-in fallback
     /// now serves this matrix.
     pub fn fell_back(&self) -> bool {
@@ -318,8 +324,8 @@ pub struct Session {
     logits: Vec<f32>,      // (rows requested, vocab)
     scratch: Scratch,      // matmul buffers
     sparse: SparseScratch, // sparse FFN buffers and counters
-    /// Called in each dense FFN with `(layer, gate, up)` (calibration
-    /// collects its statistics here).
+    /// Called in each dense FFN with `(layer, input, gate, up)`
+    /// (calibration collects its statistics here).
     ffn_probe: Option<FfnProbe>,
 }
 
@@ -327,6 +333,7 @@ pub struct Session {
 #[derive(Default)]
 struct SparseScratch {
     idx: Vec<u32>,  // kept neurons of the current token, ascending
+    pred: Vec<u32>, // neurons the low-rank predictor keeps (before the gate)
     mags: Vec<f32>, // |activations| (top-K selection)
     up: Vec<f32>,   // up projection of the kept neurons (k)
     h: Vec<f32>,    // silu(gate) * up of the kept neurons (k)
@@ -369,8 +376,8 @@ impl Session {
     }
 
     /// Installs (or removes) a probe called in every dense FFN with
-    /// `(layer, gate, up)` (`n × ffn_dim` values each), before the
-    /// activation. Not called when the model runs sparse.
+    /// `(layer, input, gate, up)` before the activation. Not called when
+    /// the model runs sparse.
     pub fn set_ffn_probe(&mut self, probe: Option<FfnProbe>) {
         self.ffn_probe = probe;
     }
@@ -526,13 +533,13 @@ impl Model {
             math::rms_norm_rows(&s.x, &layer.ffn_norm, c.rms_eps, &mut s.xn, n);
             // SwiGLU FFN: down(silu(gate(x)) * up(x)), and residual; sparse
             // when a sidecar is loaded (only the neurons kept per token).
-            layer.w_gate.forward(&s.pool, &s.xn, n, &mut s.gate, &mut s.scratch)?;
             if let Some(sp) = &self.sparse {
                 self.sparse_ffn(s, l, n, sp)?;
             } else {
+                layer.w_gate.forward(&s.pool, &s.xn, n, &mut s.gate, &mut s.scratch)?;
                 layer.w_up.forward(&s.pool, &s.xn, n, &mut s.up, &mut s.scratch)?;
                 if let Some(probe) = s.ffn_probe.as_mut() {
-                    probe(l, &s.gate[..n * c.ffn_dim], &s.up[..n * c.ffn_dim]);
+                    probe(l, &s.xn[..n * dim], &s.gate[..n * c.ffn_dim], &s.up[..n * c.ffn_dim]);
                 }
                 math::swiglu(&mut s.gate[..n * c.ffn_dim], &s.up[..n * c.ffn_dim]);
                 layer.w_down.forward(&s.pool, &s.gate, n, &mut s.tmp, &mut s.scratch)?;
@@ -621,6 +628,16 @@ impl Model {
     /// embedding row).
     pub fn bytes_per_token(&self) -> usize {
         self.linears().map(Linear::weight_bytes).sum()
+    }
+
+    /// The final-normed hidden states (`rows.len() x dim`, row-major) of
+    /// tokens `rows` (indices into the last [`Model::forward`] call's
+    /// tokens): the input of the output projection. `rows` must lie within
+    /// that call's tokens (past them: stale values, or a panic past the
+    /// buffer).
+    pub fn hidden_states<'s>(&self, s: &'s Session, rows: std::ops::Range<usize>) -> &'s [f32] {
+        let dim = self.config.dim;
+        &s.xn[rows.start * dim..rows.end * dim]
     }
 }
 

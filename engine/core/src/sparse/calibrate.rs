@@ -11,7 +11,10 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::sidecar::{CalibrationInfo, LayerStats, ModelId, PredictorKind, Sidecar};
+use spinfer_kernels::pool::ThreadPool;
+
+use super::lowrank::{self, LowRank};
+use super::sidecar::{CalibrationInfo, LayerStats, LowRankFactors, LowRankInfo, ModelId, PredictorKind, Sidecar};
 use crate::loader::Loader;
 use crate::model::llama::FfnProbe;
 use crate::model::{Model, math};
@@ -28,6 +31,10 @@ pub struct CalibrateOptions {
     pub window: usize,
     /// Where the text came from (recorded in the sidecar).
     pub info: CalibrationInfo,
+    /// Rank of the low-rank predictor (a multiple of 32); 0: none.
+    pub rank: usize,
+    /// Fraction of truly active neurons the low-rank predictor must keep.
+    pub recall_target: f32,
 }
 
 /// Histogram bins: `log2 |a|` from `LO` to `HI` in steps of `1/STEPS`;
@@ -113,7 +120,7 @@ pub fn calibrate(
     let hist = Arc::new(Mutex::new(vec![[vec![0u64; BINS], vec![0u64; BINS]]; n_layers]));
     let h = Arc::clone(&hist);
     let mut act = Vec::new();
-    let probe = move |l: usize, gate: &[f32], up: &[f32]| {
+    let probe = move |l: usize, _x: &[f32], gate: &[f32], up: &[f32]| {
         act.clear();
         act.extend_from_slice(gate);
         math::silu(&mut act);
@@ -137,7 +144,7 @@ pub fn calibrate(
     let th = if by_input { input_thresholds.clone() } else { thresholds.clone() };
     let cn = Arc::clone(&counts);
     let mut act = Vec::new();
-    let probe = move |l: usize, gate: &[f32], up: &[f32]| {
+    let probe = move |l: usize, _x: &[f32], gate: &[f32], up: &[f32]| {
         act.clear();
         act.extend_from_slice(gate);
         if by_input {
@@ -158,14 +165,25 @@ pub fn calibrate(
     let (per_neuron, seen) = std::mem::take(&mut *counts.lock().unwrap_or_else(PoisonError::into_inner));
 
     let keep = ((1.0 - opts.target_sparsity) * ffn as f32).round() as usize;
-    let layers = (0..n_layers)
+    let layers: Vec<LayerStats> = (0..n_layers)
         .map(|l| LayerStats {
             threshold: thresholds[l],
             keep,
             input_threshold: input_thresholds[l],
             active_freq: per_neuron[l].iter().map(|&k| (k as f64 / seen[l].max(1) as f64) as f32).collect(),
+            lowrank: None,
         })
         .collect();
+    let (lowrank_factors, lowrank) = if opts.rank > 0 {
+        let (f, info) = fit_lowrank(model, tokens, opts, &thresholds, progress)?;
+        (f.into_iter().map(Some).collect(), Some(info))
+    } else {
+        (vec![None; n_layers], None)
+    };
+    let mut layers = layers;
+    for (l, f) in layers.iter_mut().zip(lowrank_factors) {
+        l.lowrank = f;
+    }
     let mut info = opts.info.clone();
     info.tokens = tokens.len();
     Ok(Sidecar {
@@ -174,6 +192,126 @@ pub fn calibrate(
         model: ModelId::of(c, loader)?,
         calibration: info,
         layers,
+        lowrank,
+    })
+}
+
+/// Fits the low-rank predictor of every layer: factors from the gate's
+/// weights, then (pass 3, on the first 7/8 of the windows) the threshold on
+/// `|silu(ĝ)|` that keeps `recall_target` of the truly active neurons
+/// (`|silu(gate)| > gate_thresholds[l]`), and (pass 4, the last 1/8, held
+/// out) the recall and kept fraction it achieves.
+fn fit_lowrank(
+    model: &Model,
+    tokens: &[u32],
+    opts: &CalibrateOptions,
+    gate_thresholds: &[f32],
+    progress: &mut dyn FnMut(usize, usize, usize),
+) -> Result<(Vec<LowRankFactors>, LowRankInfo)> {
+    let c = &model.config;
+    let (dim, ffn, rank) = (c.dim, c.ffn_dim, opts.rank);
+    if !(0.0..=1.0).contains(&opts.recall_target) {
+        return Err(Error::InvalidArgument(format!("recall target must be in [0, 1], got {}", opts.recall_target)));
+    }
+    let mut factors = Vec::with_capacity(c.n_layers);
+    let mut predictors = Vec::with_capacity(c.n_layers);
+    for (l, layer) in model.weights.layers.iter().enumerate() {
+        let mut w = vec![0.0f32; ffn * dim];
+        let ty = layer.w_gate.desc.wtype;
+        let row_bytes = ty.row_bytes(dim)?;
+        for (row, out) in layer.w_gate.raw_weights().chunks_exact(row_bytes).zip(w.chunks_exact_mut(dim)) {
+            spinfer_kernels::dequant::dequantize_row(ty, row, out)?;
+        }
+        let (p, q) = lowrank::factors(&w, ffn, dim, rank, 30);
+        predictors.push(LowRank::new(&p, &q, rank, dim, ffn, 0.0)?);
+        factors.push(LowRankFactors { rank, p, q, threshold: 0.0 });
+        progress(3, l + 1, c.n_layers);
+    }
+    let predictors = Arc::new(predictors);
+
+    // Windows: 7/8 to fit the thresholds, the rest held out.
+    let n_windows = tokens.len().div_ceil(opts.window);
+    let split = (n_windows * 7 / 8).max(1).min(n_windows) * opts.window;
+    let (train, heldout) = tokens.split_at(split.min(tokens.len()));
+
+    // |silu(ĝ)| of the truly active neurons, per layer.
+    let hist = Arc::new(Mutex::new(vec![vec![0u64; BINS]; c.n_layers]));
+    let probe = predictor_probe(&predictors, gate_thresholds, ffn, {
+        let hist = Arc::clone(&hist);
+        move |l, pred: &[f32], act: &[f32], th: f32| {
+            let mut h = hist.lock().unwrap_or_else(PoisonError::into_inner);
+            for (&p, &a) in pred.iter().zip(act) {
+                if a.abs() > th {
+                    h[l][bin_of(p)] += 1;
+                }
+            }
+        }
+    });
+    run_windows(model, train, opts.window, probe, &mut |d, t| progress(4, d, t))?;
+    let hist = std::mem::take(&mut *hist.lock().unwrap_or_else(PoisonError::into_inner));
+    let q = f64::from(1.0 - opts.recall_target);
+    for (f, h) in factors.iter_mut().zip(&hist) {
+        f.threshold = quantile(h, q);
+    }
+    // Held-out recall with the fitted thresholds.
+    let fitted: Vec<LowRank> =
+        factors.iter().map(|f| LowRank::new(&f.p, &f.q, rank, dim, ffn, f.threshold)).collect::<Result<_>>()?;
+    let fitted = Arc::new(fitted);
+    // (truly active, truly active and kept, kept, all) per layer.
+    let counts = Arc::new(Mutex::new(vec![[0u64; 4]; c.n_layers]));
+    let probe = predictor_probe(&fitted, gate_thresholds, ffn, {
+        let counts = Arc::clone(&counts);
+        let fitted = Arc::clone(&fitted);
+        move |l, pred: &[f32], act: &[f32], th: f32| {
+            let t = fitted[l].threshold;
+            let mut g = counts.lock().unwrap_or_else(PoisonError::into_inner);
+            for (&p, &a) in pred.iter().zip(act) {
+                let (active, kept) = (a.abs() > th, p.abs() > t);
+                g[l][0] += u64::from(active);
+                g[l][1] += u64::from(active && kept);
+                g[l][2] += u64::from(kept);
+                g[l][3] += 1;
+            }
+        }
+    });
+    let heldout_tokens = if heldout.len() >= 2 { heldout } else { train };
+    run_windows(model, heldout_tokens, opts.window, probe, &mut |d, t| progress(5, d, t))?;
+    let counts = std::mem::take(&mut *counts.lock().unwrap_or_else(PoisonError::into_inner));
+    let ratio = |a: u64, b: u64| if b == 0 { 1.0 } else { (a as f64 / b as f64) as f32 };
+    let info = LowRankInfo {
+        rank,
+        recall_target: opts.recall_target,
+        heldout_recall: counts.iter().map(|c| ratio(c[1], c[0])).collect(),
+        predicted_fraction: counts.iter().map(|c| ratio(c[2], c[3])).collect(),
+        heldout_tokens: heldout_tokens.len(),
+    };
+    Ok((factors, info))
+}
+
+/// A probe computing, per token of layer `l`, the predictor's `|silu(ĝ)|`
+/// and the true `silu(gate)`, handed to `f(l, pred, act, gate_threshold)`.
+fn predictor_probe(
+    predictors: &Arc<Vec<LowRank>>,
+    gate_thresholds: &[f32],
+    ffn: usize,
+    mut f: impl FnMut(usize, &[f32], &[f32], f32) + Send + 'static,
+) -> FfnProbe {
+    let predictors = Arc::clone(predictors);
+    let th = gate_thresholds.to_vec();
+    let pool = ThreadPool::new(1);
+    let (mut pred, mut act, mut t, mut bytes) = (vec![0.0f32; ffn], Vec::new(), Vec::new(), Vec::new());
+    Box::new(move |l: usize, x: &[f32], gate: &[f32], _up: &[f32]| {
+        let dim = x.len() / (gate.len() / ffn).max(1);
+        for (xt, gt) in x.chunks_exact(dim).zip(gate.chunks_exact(ffn)) {
+            if predictors[l].scores(&pool, xt, &mut t, &mut pred, &mut bytes).is_err() {
+                return;
+            }
+            math::silu(&mut pred);
+            act.clear();
+            act.extend_from_slice(gt);
+            math::silu(&mut act);
+            f(l, &pred, &act, th[l]);
+        }
     })
 }
 

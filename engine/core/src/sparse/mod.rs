@@ -15,15 +15,18 @@
 //!   `dense_above` runs dense for that token.
 
 pub mod calibrate;
+pub mod lowrank;
 pub mod sidecar;
 
 use std::path::{Path, PathBuf};
 
-pub use sidecar::{CalibrationInfo, LayerStats, ModelId, PredictorKind, Sidecar};
+pub use sidecar::{CalibrationInfo, LayerStats, LowRankFactors, LowRankInfo, ModelId, PredictorKind, Sidecar};
 
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::sparse::{NeuronMajor, axpy_rows_q8_0, transpose_to_q8_0};
+
+use self::lowrank::LowRank;
 
 use crate::{Error, Result};
 
@@ -55,6 +58,8 @@ pub struct SparseLayer {
     pub keep: usize,
     /// Keep neurons with `|silu(gate) · up|` above this (input-magnitude).
     pub input_threshold: f32,
+    /// The low-rank predictor, when the sidecar has one.
+    pub lowrank: Option<LowRank>,
     /// `W_down` neuron-major: one neuron's output column is one
     /// contiguous row.
     pub down: NeuronMajorDown,
@@ -118,6 +123,8 @@ pub fn select_neurons(
     let threshold = match predictor {
         PredictorKind::GateThreshold => layer.threshold,
         PredictorKind::InputMagnitude => layer.input_threshold,
+        // Filtered by the gate threshold once the predicted gate rows ran.
+        PredictorKind::LowRank => layer.threshold,
         PredictorKind::TopK => {
             let k = layer.keep.min(act.len());
             if k == 0 {
@@ -157,6 +164,9 @@ pub struct LayerCounters {
     pub active: u64,
     /// Tokens that ran dense (kept fraction above `dense_above`).
     pub dense: u64,
+    /// Neurons the low-rank predictor selected (their gate rows were
+    /// computed), summed over tokens.
+    pub predicted: u64,
 }
 
 /// What a session's sparse FFN did (see [`crate::model::Session::sparsity_stats`]).
@@ -209,9 +219,25 @@ pub(crate) fn build(
             }
             _ => NeuronMajorDown::Q8_0(transpose_to_q8_0(ty, bytes, dim, ffn_dim).map_err(repack)?),
         };
-        layers.push(SparseLayer { threshold: s.threshold, keep: s.keep, input_threshold: s.input_threshold, down });
+        let lowrank = match &s.lowrank {
+            Some(f) => Some(
+                LowRank::new(&f.p, &f.q, f.rank, dim, ffn_dim, f.threshold)
+                    .map_err(|e| sparsity_err(path, format!("layer {l}: {e}")))?,
+            ),
+            None => None,
+        };
+        layers.push(SparseLayer {
+            threshold: s.threshold,
+            keep: s.keep,
+            input_threshold: s.input_threshold,
+            lowrank,
+            down,
+        });
     }
     let predictor = opts.predictor.unwrap_or(sidecar.predictor);
+    if predictor == PredictorKind::LowRank && layers.iter().any(|l| l.lowrank.is_none()) {
+        return Err(sparsity_err(path, "has no low-rank predictor (calibrate with --rank)"));
+    }
     tracing::info!(path = %path.display(), predictor = predictor.name(), "sparse FFN enabled");
     Ok(SparseFfn { predictor, dense_above: opts.dense_above, path: path.clone(), sidecar, layers })
 }
@@ -221,7 +247,13 @@ mod tests {
     use super::*;
 
     fn layer(threshold: f32, keep: usize) -> SparseLayer {
-        SparseLayer { threshold, keep, input_threshold: threshold, down: NeuronMajorDown::Q8_0(Vec::new()) }
+        SparseLayer {
+            threshold,
+            keep,
+            input_threshold: threshold,
+            lowrank: None,
+            down: NeuronMajorDown::Q8_0(Vec::new()),
+        }
     }
 
     #[test]
@@ -259,7 +291,7 @@ mod tests {
     fn stats_fractions() {
         let st = SparsityStats {
             ffn_dim: 10,
-            layers: vec![LayerCounters { tokens: 2, active: 6, dense: 0 }, LayerCounters::default()],
+            layers: vec![LayerCounters { tokens: 2, active: 6, dense: 0, predicted: 0 }, LayerCounters::default()],
         };
         assert!((st.active_fraction(0) - 0.3).abs() < 1e-12);
         assert_eq!(st.active_fraction(1), 1.0);

@@ -7,10 +7,11 @@
 //! |---|---|
 //! | `format` | `"spinfer-sparsity"` |
 //! | `version` | `"1"` |
-//! | `predictor` | `"gate-threshold"`, `"top-k"` or `"input-magnitude"` |
+//! | `predictor` | `"gate-threshold"`, `"top-k"`, `"input-magnitude"` or `"low-rank"` |
 //! | `target_sparsity` | fraction of FFN neurons skipped per token, e.g. `"0.5"` |
 //! | `model` | JSON: `{"arch", "n_layers", "dim", "ffn_dim", "vocab_size", "fingerprint"}` |
 //! | `calibration` | JSON: `{"text", "byte_offset", "tokens"}` (informational) |
+//! | `lowrank` | optional JSON: `{"rank", "recall_target", "heldout_recall": [per layer], "predicted_fraction": [per layer], "heldout_tokens"}` |
 //!
 //! and per layer `l` these F32 tensors:
 //!
@@ -20,6 +21,14 @@
 //! | `blk.{l}.ffn.keep` | `[1]` | neurons kept per token by the top-K predictor |
 //! | `blk.{l}.ffn_down.input_threshold` | `[1]` | input-magnitude: keep neuron j when `|silu(gate_j) · up_j| > threshold` |
 //! | `blk.{l}.ffn.active_freq` | `[ffn_dim]` | fraction of calibration tokens on which neuron j was kept (hot/cold) |
+//!
+//! With a low-rank predictor (`lowrank` metadata present), also:
+//!
+//! | tensor | shape | meaning |
+//! |---|---|---|
+//! | `blk.{l}.ffn_pred.p` | `[rank, dim]` | the gate's top right singular vectors |
+//! | `blk.{l}.ffn_pred.q` | `[ffn_dim, rank]` | `W_gate · pᵀ` |
+//! | `blk.{l}.ffn_pred.threshold` | `[1]` | keep neuron j when `|silu((q·p·x)_j)| > threshold` |
 //!
 //! `fingerprint` is the SHA-256 (first 16 hex digits) of layer 0's gate
 //! weight bytes: a sidecar calibrated on another model (or another
@@ -52,6 +61,10 @@ pub enum PredictorKind {
     /// full, keep neurons with `|silu(gate) · up|` above a calibrated
     /// per-layer threshold, and run the down projection on those only.
     InputMagnitude,
+    /// Deja Vu / PowerInfer style: a rank-r predictor of the gate picks the
+    /// neurons before any FFN projection runs; the gate is computed for
+    /// those only and filtered by the gate threshold, then up and down.
+    LowRank,
 }
 
 impl PredictorKind {
@@ -60,6 +73,7 @@ impl PredictorKind {
             PredictorKind::GateThreshold => "gate-threshold",
             PredictorKind::TopK => "top-k",
             PredictorKind::InputMagnitude => "input-magnitude",
+            PredictorKind::LowRank => "low-rank",
         }
     }
 
@@ -68,6 +82,7 @@ impl PredictorKind {
             "gate-threshold" | "threshold" | "cats" => Some(PredictorKind::GateThreshold),
             "top-k" | "topk" => Some(PredictorKind::TopK),
             "input-magnitude" | "teal" => Some(PredictorKind::InputMagnitude),
+            "low-rank" | "lowrank" => Some(PredictorKind::LowRank),
             _ => None,
         }
     }
@@ -120,6 +135,33 @@ pub struct LayerStats {
     pub input_threshold: f32,
     /// Fraction of calibration tokens each neuron was kept on (ffn_dim).
     pub active_freq: Vec<f32>,
+    /// The low-rank predictor's factors, if calibrated with one.
+    pub lowrank: Option<LowRankFactors>,
+}
+
+/// One layer's low-rank predictor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LowRankFactors {
+    pub rank: usize,
+    /// (rank, dim), row-major.
+    pub p: Vec<f32>,
+    /// (ffn_dim, rank), row-major.
+    pub q: Vec<f32>,
+    /// Keep neuron j when `|silu(ĝ_j)| > threshold`.
+    pub threshold: f32,
+}
+
+/// How the low-rank predictor did on held-out calibration text.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LowRankInfo {
+    pub rank: usize,
+    pub recall_target: f32,
+    /// Per layer: fraction of truly active neurons (|silu(gate)| above the
+    /// gate threshold) the predictor kept.
+    pub heldout_recall: Vec<f32>,
+    /// Per layer: fraction of all neurons the predictor kept.
+    pub predicted_fraction: Vec<f32>,
+    pub heldout_tokens: usize,
 }
 
 /// A sparsity sidecar in memory.
@@ -130,6 +172,8 @@ pub struct Sidecar {
     pub model: ModelId,
     pub calibration: CalibrationInfo,
     pub layers: Vec<LayerStats>,
+    /// Present when the sidecar holds a low-rank predictor.
+    pub lowrank: Option<LowRankInfo>,
 }
 
 fn err(path: &Path, detail: impl Into<String>) -> Error {
@@ -167,6 +211,12 @@ impl Sidecar {
             ));
             let freq: Vec<u8> = s.active_freq.iter().flat_map(|v| v.to_le_bytes()).collect();
             tensors.push((format!("blk.{l}.ffn.active_freq"), vec![s.active_freq.len()], freq));
+            if let Some(f) = &s.lowrank {
+                let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+                tensors.push((format!("blk.{l}.ffn_pred.p"), vec![f.rank, f.p.len() / f.rank.max(1)], bytes(&f.p)));
+                tensors.push((format!("blk.{l}.ffn_pred.q"), vec![f.q.len() / f.rank.max(1), f.rank], bytes(&f.q)));
+                tensors.push((format!("blk.{l}.ffn_pred.threshold"), vec![1], f.threshold.to_le_bytes().to_vec()));
+            }
         }
         let model = serde_json::to_string(&self.model).map_err(|e| err(path, e.to_string()))?;
         let calibration = serde_json::to_string(&self.calibration).map_err(|e| err(path, e.to_string()))?;
@@ -177,6 +227,9 @@ impl Sidecar {
         meta.insert("target_sparsity".into(), self.target_sparsity.to_string().into());
         meta.insert("model".into(), model.into());
         meta.insert("calibration".into(), calibration.into());
+        if let Some(info) = &self.lowrank {
+            meta.insert("lowrank".into(), serde_json::to_string(info).map_err(|e| err(path, e.to_string()))?.into());
+        }
         let mut header = serde_json::Map::new();
         header.insert("__metadata__".into(), meta.into());
         let mut off = 0usize;
@@ -227,12 +280,16 @@ impl Sidecar {
             Some(c) => serde_json::from_str(c).map_err(|e| err(path, format!("metadata 'calibration': {e}")))?,
             None => CalibrationInfo::default(),
         };
-        let f32s = |name: &str, len: usize| -> Result<Vec<f32>> {
+        let lowrank: Option<LowRankInfo> = match meta.get("lowrank") {
+            Some(c) => Some(serde_json::from_str(c).map_err(|e| err(path, format!("metadata 'lowrank': {e}")))?),
+            None => None,
+        };
+        let tensor = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
             let t = st.tensor(name).map_err(|_| err(path, format!("tensor '{name}' is missing")))?;
-            if t.dtype() != safetensors::Dtype::F32 || t.shape() != [len] {
+            if t.dtype() != safetensors::Dtype::F32 || t.shape() != shape {
                 return Err(err(
                     path,
-                    format!("tensor '{name}' is {:?} {:?}, expected F32 [{len}]", t.dtype(), t.shape()),
+                    format!("tensor '{name}' is {:?} {:?}, expected F32 {shape:?}", t.dtype(), t.shape()),
                 ));
             }
             let v: Vec<f32> = t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
@@ -241,6 +298,7 @@ impl Sidecar {
             }
             Ok(v)
         };
+        let f32s = |name: &str, len: usize| tensor(name, &[len]);
         let mut layers = Vec::with_capacity(model.n_layers);
         for l in 0..model.n_layers {
             let threshold = f32s(&format!("blk.{l}.ffn_gate.threshold"), 1)?[0];
@@ -253,15 +311,33 @@ impl Sidecar {
             }
             let input_threshold = f32s(&format!("blk.{l}.ffn_down.input_threshold"), 1)?[0];
             let active_freq = f32s(&format!("blk.{l}.ffn.active_freq"), model.ffn_dim)?;
-            layers.push(LayerStats { threshold, keep: keep as usize, input_threshold, active_freq });
+            let lowrank = match &lowrank {
+                Some(info) => {
+                    let r = info.rank;
+                    Some(LowRankFactors {
+                        rank: r,
+                        p: tensor(&format!("blk.{l}.ffn_pred.p"), &[r, model.dim])?,
+                        q: tensor(&format!("blk.{l}.ffn_pred.q"), &[model.ffn_dim, r])?,
+                        threshold: f32s(&format!("blk.{l}.ffn_pred.threshold"), 1)?[0],
+                    })
+                }
+                None => None,
+            };
+            layers.push(LayerStats { threshold, keep: keep as usize, input_threshold, active_freq, lowrank });
         }
-        if st.len() != 4 * model.n_layers {
+        let per_layer = if lowrank.is_some() { 7 } else { 4 };
+        if st.len() != per_layer * model.n_layers {
             return Err(err(
                 path,
-                format!("holds {} tensors, expected {} for {} layers", st.len(), 4 * model.n_layers, model.n_layers),
+                format!(
+                    "holds {} tensors, expected {} for {} layers",
+                    st.len(),
+                    per_layer * model.n_layers,
+                    model.n_layers
+                ),
             ));
         }
-        Ok(Self { predictor, target_sparsity, model, calibration, layers })
+        Ok(Self { predictor, target_sparsity, model, calibration, layers, lowrank })
     }
 }
 
@@ -292,9 +368,22 @@ mod tests {
                     threshold: 0.1 * (l + 1) as f32,
                     keep: ffn / 2,
                     input_threshold: 0.01 * (l + 1) as f32,
+                    lowrank: (l == 0 || n_layers > 0).then(|| LowRankFactors {
+                        rank: 32,
+                        p: (0..32 * 8).map(|i| i as f32).collect(),
+                        q: (0..ffn * 32).map(|i| -(i as f32)).collect(),
+                        threshold: 0.25,
+                    }),
                     active_freq: (0..ffn).map(|j| j as f32 / ffn as f32).collect(),
                 })
                 .collect(),
+            lowrank: Some(LowRankInfo {
+                rank: 32,
+                recall_target: 0.95,
+                heldout_recall: vec![0.96; n_layers],
+                predicted_fraction: vec![0.7; n_layers],
+                heldout_tokens: 512,
+            }),
         }
     }
 

@@ -1,6 +1,6 @@
-//! The sparse SwiGLU FFN: per token, keep the neurons the predictor picks
-//! from `silu(gate)`, run the up projection on their rows only and
-//! accumulate only their down-projection columns.
+//! The sparse SwiGLU FFN: per token, keep the neurons the predictor picks,
+//! run the up projection on their rows only and accumulate only their
+//! down-projection columns.
 
 use super::{Model, Session, grow};
 use crate::Result;
@@ -8,37 +8,69 @@ use crate::model::math;
 use crate::sparse::{PredictorKind, SparseFfn, select_neurons};
 
 impl Model {
-    /// FFN of layer `l` for the `n` tokens of this step: `s.gate` holds the
-    /// gate projection of `s.xn`; the FFN output goes to `s.tmp`.
+    /// FFN of layer `l` for the `n` tokens of this step, from `s.xn` into
+    /// `s.tmp`.
     pub(super) fn sparse_ffn(&self, s: &mut Session, l: usize, n: usize, sp: &SparseFfn) -> Result<()> {
         let (dim, ffn) = (self.config.dim, self.config.ffn_dim);
         let layer = &self.weights.layers[l];
         let sl = &sp.layers[l];
         let dense_above = (sp.dense_above * ffn as f32) as usize;
-        grow(&mut s.up, ffn);
+        grow(&mut s.gate, n * ffn);
+        grow(&mut s.up, n * ffn);
         grow(&mut s.sparse.up, ffn);
         grow(&mut s.sparse.h, ffn);
-        let input_magnitude = sp.predictor == PredictorKind::InputMagnitude;
-        if input_magnitude {
+        let predictor = sp.predictor;
+        match predictor {
+            // The mask comes before the gate: computed per token below.
+            PredictorKind::LowRank => {}
             // The down projection's input in full: h = silu(gate) * up.
-            layer.w_up.forward(&s.pool, &s.xn, n, &mut s.up, &mut s.scratch)?;
-            math::swiglu(&mut s.gate[..n * ffn], &s.up[..n * ffn]);
+            PredictorKind::InputMagnitude => {
+                layer.w_gate.forward(&s.pool, &s.xn, n, &mut s.gate, &mut s.scratch)?;
+                layer.w_up.forward(&s.pool, &s.xn, n, &mut s.up, &mut s.scratch)?;
+                math::swiglu(&mut s.gate[..n * ffn], &s.up[..n * ffn]);
+            }
+            PredictorKind::GateThreshold | PredictorKind::TopK => {
+                layer.w_gate.forward(&s.pool, &s.xn, n, &mut s.gate, &mut s.scratch)?;
+            }
         }
         for t in 0..n {
-            // Activations (silu(gate), or h) and the neurons to keep.
+            let x = &s.xn[t * dim..(t + 1) * dim];
+            let out = &mut s.tmp[t * dim..(t + 1) * dim];
             let act = &mut s.gate[t * ffn..(t + 1) * ffn];
-            if !input_magnitude {
-                math::silu(act);
-            }
             let sc = &mut s.sparse;
-            select_neurons(sp.predictor, sl, act, &mut sc.idx, &mut sc.mags);
+            // The neurons to keep, and act[j] = silu(gate_j) (or h_j) for them.
+            match predictor {
+                PredictorKind::LowRank => {
+                    let lr = sl.lowrank.as_ref().expect("checked at load: low-rank factors present");
+                    // Predicted gate, the neurons it keeps, then their exact
+                    // gate values, filtered by the gate threshold (CATS).
+                    lr.scores(&s.pool, x, &mut sc.mags, act, &mut s.scratch.bytes)?;
+                    math::silu(act);
+                    sc.pred.clear();
+                    sc.pred.extend((0..ffn as u32).filter(|&j| act[j as usize].abs() > lr.threshold));
+                    let k = sc.pred.len();
+                    layer.w_gate.forward_rows(&s.pool, x, 1, &sc.pred, &mut sc.up[..k], &mut s.scratch)?;
+                    math::silu(&mut sc.up[..k]);
+                    sc.idx.clear();
+                    for (&j, &a) in sc.pred.iter().zip(&sc.up[..k]) {
+                        act[j as usize] = a;
+                        if a.abs() > sl.threshold {
+                            sc.idx.push(j);
+                        }
+                    }
+                    sc.stats.layers[l].predicted += k as u64;
+                }
+                PredictorKind::InputMagnitude => select_neurons(predictor, sl, act, &mut sc.idx, &mut sc.mags),
+                PredictorKind::GateThreshold | PredictorKind::TopK => {
+                    math::silu(act);
+                    select_neurons(predictor, sl, act, &mut sc.idx, &mut sc.mags);
+                }
+            }
             let k = sc.idx.len();
             let counters = &mut sc.stats.layers[l];
             counters.tokens += 1;
             counters.active += k as u64;
-            let x = &s.xn[t * dim..(t + 1) * dim];
-            let out = &mut s.tmp[t * dim..(t + 1) * dim];
-            if input_magnitude {
+            if predictor == PredictorKind::InputMagnitude {
                 // Down projection over the kept inputs only.
                 for (h, &j) in sc.h[..k].iter_mut().zip(&sc.idx) {
                     *h = act[j as usize];
@@ -51,7 +83,7 @@ impl Model {
                 }
                 continue;
             }
-            if k > dense_above {
+            if k > dense_above && predictor != PredictorKind::LowRank {
                 // Too many to gain from: dense for this token.
                 counters.dense += 1;
                 layer.w_up.forward(&s.pool, x, 1, &mut s.up[..ffn], &mut s.scratch)?;

@@ -1,0 +1,202 @@
+//! The low-rank predictor (Deja Vu / PowerInfer style, made from the
+//! weights): scores `ĝ = Q · (P · x)` approximate the gate projection
+//! `W_gate · x` before it is computed, so the gate, up and down projections
+//! all run on the predicted neurons only.
+//!
+//! `P` (r × dim) holds the top-`r` right singular vectors of `W_gate`
+//! (subspace iteration on `W_gateᵀ W_gate`), `Q = W_gate Pᵀ` (ffn × r): `ĝ`
+//! is the gate of `x` projected onto the gate's dominant input directions.
+//! Calibration then sets, per layer, the threshold on `|silu(ĝ)|` that
+//! recalls a target fraction of the truly active neurons on real text.
+//! At run time both factors are Q8_0 matrices multiplied by the built-in
+//! kernels.
+
+use spinfer_kernels::GgmlType;
+use spinfer_kernels::blocks::BlockQ8_0;
+use spinfer_kernels::cpu::CpuFeatures;
+use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::pool::ThreadPool;
+use spinfer_kernels::quantize::quantize_row_q8_0_ref;
+use spinfer_kernels::vec::dot;
+
+use crate::{Error, Result};
+
+/// The top-`r` right singular vectors of `w` (rows × cols, row-major f32),
+/// as `r` orthonormal rows of `cols` values: subspace iteration on
+/// `A = wᵀw` from a fixed start, so the result is deterministic.
+pub fn top_right_singular(w: &[f32], rows: usize, cols: usize, r: usize, iters: usize) -> Vec<f32> {
+    assert_eq!(w.len(), rows * cols);
+    let r = r.min(cols);
+    // wᵀ, so each entry of A is one contiguous dot product.
+    let mut wt = vec![0.0f32; cols * rows];
+    for i in 0..rows {
+        for j in 0..cols {
+            wt[j * rows + i] = w[i * cols + j];
+        }
+    }
+    let mut a = vec![0.0f32; cols * cols];
+    for i in 0..cols {
+        for j in i..cols {
+            let v = dot(&wt[i * rows..(i + 1) * rows], &wt[j * rows..(j + 1) * rows]);
+            a[i * cols + j] = v;
+            a[j * cols + i] = v;
+        }
+    }
+    // Start: a fixed pseudo-random basis.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut v: Vec<f32> = (0..r * cols)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect();
+    orthonormalise(&mut v, r, cols);
+    let mut next = vec![0.0f32; r * cols];
+    for _ in 0..iters {
+        // next_k = A v_k (A is symmetric: rows of A dot v_k).
+        for k in 0..r {
+            let vk = &v[k * cols..(k + 1) * cols];
+            for i in 0..cols {
+                next[k * cols + i] = dot(&a[i * cols..(i + 1) * cols], vk);
+            }
+        }
+        std::mem::swap(&mut v, &mut next);
+        orthonormalise(&mut v, r, cols);
+    }
+    v
+}
+
+/// Modified Gram-Schmidt on the `r` rows of `v` (each `n` long).
+fn orthonormalise(v: &mut [f32], r: usize, n: usize) {
+    for k in 0..r {
+        for j in 0..k {
+            let (done, rest) = v.split_at_mut(k * n);
+            let vj = &done[j * n..(j + 1) * n];
+            let vk = &mut rest[..n];
+            let p = dot(vj, vk);
+            for (a, b) in vk.iter_mut().zip(vj) {
+                *a -= p * b;
+            }
+        }
+        let vk = &mut v[k * n..(k + 1) * n];
+        let norm = dot(vk, vk).sqrt();
+        let inv = if norm > 0.0 { 1.0 / norm } else { 0.0 };
+        vk.iter_mut().for_each(|a| *a *= inv);
+    }
+}
+
+/// A rank-`r` predictor of one layer's gate, ready to run.
+pub struct LowRank {
+    pub rank: usize,
+    /// Keep neurons with `|silu(ĝ)|` above this.
+    pub threshold: f32,
+    p: Vec<u8>, // (rank, dim) Q8_0
+    q: Vec<u8>, // (ffn, rank) Q8_0
+    kp: Box<dyn MatmulKernel>,
+    kq: Box<dyn MatmulKernel>,
+}
+
+fn to_q8_0(x: &[f32]) -> Result<Vec<u8>> {
+    let mut blocks = vec![<BlockQ8_0 as bytemuck::Zeroable>::zeroed(); x.len() / 32];
+    quantize_row_q8_0_ref(x, &mut blocks)?;
+    Ok(bytemuck::cast_slice(&blocks).to_vec())
+}
+
+fn kernel(rows: usize, cols: usize) -> Result<Box<dyn MatmulKernel>> {
+    let desc = MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows, cols };
+    spinfer_kernels::kernel::candidates(&desc, &CpuFeatures::detect())
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::NoKernel { op: crate::registry::describe(&desc) })
+}
+
+impl LowRank {
+    /// From f32 factors `p` (rank × dim) and `q` (ffn × rank); `rank` and
+    /// `dim` must be multiples of 32.
+    pub fn new(p: &[f32], q: &[f32], rank: usize, dim: usize, ffn: usize, threshold: f32) -> Result<Self> {
+        if rank == 0 || !rank.is_multiple_of(32) || !dim.is_multiple_of(32) {
+            return Err(Error::InvalidArgument(format!(
+                "low-rank predictor: rank {rank} and dim {dim} must be positive multiples of 32"
+            )));
+        }
+        if p.len() != rank * dim || q.len() != ffn * rank {
+            return Err(Error::InvalidArgument(format!(
+                "low-rank predictor: factors hold {} and {} values, expected {rank}x{dim} and {ffn}x{rank}",
+                p.len(),
+                q.len()
+            )));
+        }
+        Ok(Self { rank, threshold, p: to_q8_0(p)?, q: to_q8_0(q)?, kp: kernel(rank, dim)?, kq: kernel(ffn, rank)? })
+    }
+
+    /// Predicted gate `ĝ` (ffn) of one token `x` (dim); `t` (rank) and
+    /// `bytes` are scratch.
+    pub fn scores(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        t: &mut Vec<f32>,
+        out: &mut [f32],
+        bytes: &mut Vec<u8>,
+    ) -> Result<()> {
+        t.resize(self.rank, 0.0);
+        let err = |k: &dyn MatmulKernel, source| Error::Kernel { kernel: k.name().into(), source };
+        self.kp.run(pool, &self.p, x, 1, t, bytes).map_err(|e| err(&*self.kp, e))?;
+        self.kq.run(pool, &self.q, t, 1, out, bytes).map_err(|e| err(&*self.kq, e))
+    }
+
+    /// Bytes read per token.
+    pub fn bytes(&self) -> usize {
+        self.p.len() + self.q.len()
+    }
+}
+
+/// The f32 factors `(p, q)` of the rank-`rank` predictor of `w_gate`
+/// (ffn × dim, f32).
+pub fn factors(w_gate: &[f32], ffn: usize, dim: usize, rank: usize, iters: usize) -> (Vec<f32>, Vec<f32>) {
+    let p = top_right_singular(w_gate, ffn, dim, rank, iters);
+    let mut q = vec![0.0f32; ffn * rank];
+    for j in 0..ffn {
+        let row = &w_gate[j * dim..(j + 1) * dim];
+        for k in 0..rank {
+            q[j * rank + k] = dot(row, &p[k * dim..(k + 1) * dim]);
+        }
+    }
+    (p, q)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recovers_the_dominant_subspace_of_a_low_rank_matrix() {
+        // w = Σ_k s_k u_k v_kᵀ with s = 10, 5, 0.01: rank 2 captures it.
+        let (rows, cols) = (40, 64);
+        let basis = |n: usize, k: usize, i: usize| ((i * (k + 3) * 7 + k) % 13) as f32 - 6.0 + (n as f32) * 0.0;
+        let mut w = vec![0.0f32; rows * cols];
+        for (k, s) in [10.0f32, 5.0, 0.01].iter().enumerate() {
+            for i in 0..rows {
+                for j in 0..cols {
+                    w[i * cols + j] += s * basis(rows, k, i) * basis(cols, k + 5, j);
+                }
+            }
+        }
+        let (p, q) = factors(&w, rows, cols, 2, 100);
+        // p rows orthonormal.
+        assert!((dot(&p[..cols], &p[..cols]) - 1.0).abs() < 1e-4);
+        assert!(dot(&p[..cols], &p[cols..2 * cols]).abs() < 1e-4);
+        // q p ≈ w: relative error tiny.
+        let (mut err, mut norm) = (0.0f64, 0.0f64);
+        for i in 0..rows {
+            for j in 0..cols {
+                let approx: f32 = (0..2).map(|k| q[i * 2 + k] * p[k * cols + j]).sum();
+                err += f64::from(approx - w[i * cols + j]).powi(2);
+                norm += f64::from(w[i * cols + j]).powi(2);
+            }
+        }
+        assert!(err / norm < 1e-4, "relative error {}", err / norm);
+    }
+}
