@@ -1,20 +1,56 @@
 //! [`Engine`]: a loaded model with its tokenizer, the unit applications
-//! hold on to. Immutable after loading and `Send + Sync`: every request
-//! opens its own [`Session`] (KV cache and buffers), weights are shared.
+//! hold on to. Immutable after loading (but for its metrics counters) and
+//! `Send + Sync`: every request opens its own [`Session`] (KV cache and
+//! buffers), weights are shared.
+//!
+//! The library face, for applications that embed spinfer:
+//! - [`Engine::generate`], [`Engine::generate_stream`] (a callback per
+//!   piece of text; `ControlFlow::Break` cancels) and [`Engine::stream`] (an
+//!   iterator of pieces; dropping it cancels);
+//! - [`Engine::logits`], [`Engine::tokenize`], [`Engine::detokenize`];
+//! - [`Engine::embed`] / [`Engine::embed_batch`]: sentence vectors from the
+//!   decoder (mean of the final-normed hidden states, L2-normalised), also
+//!   through [`crate::provider::EmbeddingProvider`];
+//! - [`Engine::metrics`]: counters since load.
+//!
+//! ```no_run
+//! use std::ops::ControlFlow;
+//! use spinfer_engine::Engine;
+//! use spinfer_engine::generate::GenerateParams;
+//! use spinfer_engine::model::ModelOptions;
+//! use spinfer_engine::sampling::SamplerParams;
+//!
+//! let engine = Engine::load("models/SmolLM2-135M-Instruct.Q4_1.gguf", ModelOptions::default())?;
+//! let params = GenerateParams { max_tokens: 32, sampler: SamplerParams::greedy(), ..Default::default() };
+//! let out = engine.generate_stream("The capital of France is", &params, |piece| {
+//!     print!("{piece}");
+//!     ControlFlow::Continue(())
+//! })?;
+//! println!("\n{:?}, {:.1} tokens/s", out.stop_reason, out.metrics.decode_tokens_per_second());
+//! let v = engine.embed("a sentence")?; // unit length, engine.dimensions() wide
+//! # let _ = v;
+//! # Ok::<(), spinfer_engine::Error>(())
+//! ```
 
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-
-use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use spinfer_registry::{InstallRecord, PackKind, discover, verify_pack};
 
 use crate::config::Config;
+use crate::generate::{self, GenerateParams, StopReason, Timings};
 use crate::gguf::GgufFile;
 use crate::loader::Loader;
+use crate::model::bert::l2_normalize;
 use crate::model::{Model, ModelOptions, Session};
 use crate::packs::{NativePack, WasmLimits, WasmPack, host_info};
 use crate::registry::KernelProvider;
 use crate::registry::KernelRegistry;
+use crate::registry::describe;
 use crate::safetensors::SafetensorsModel;
 use crate::tokenizer::Tokenizer;
 use crate::tuning::HistoryStore;
@@ -25,6 +61,24 @@ pub struct Engine {
     pub tokenizer: Tokenizer,
     path: PathBuf,
     file_size: usize,
+    /// Cumulative counters of the requests served (see [`Engine::metrics`]).
+    counters: Mutex<Counters>,
+}
+
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Engine>();
+};
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("path", &self.path)
+            .field("arch", &self.model.config.arch)
+            .field("dim", &self.model.config.dim)
+            .field("tokenizer", &self.tokenizer)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Engine {
@@ -65,7 +119,13 @@ impl Engine {
                 model.config.vocab_size
             )));
         }
-        Ok(Self { model, tokenizer, path: path.to_path_buf(), file_size: loader.file_size() })
+        Ok(Self {
+            model,
+            tokenizer,
+            path: path.to_path_buf(),
+            file_size: loader.file_size(),
+            counters: Mutex::new(Counters::default()),
+        })
     }
 
     /// Loads the model an operator config names, with its packs, pins,
@@ -90,6 +150,474 @@ impl Engine {
     /// A fresh session (empty KV cache) for one request.
     pub fn new_session(&self) -> Session {
         self.model.new_session()
+    }
+}
+
+/// The library API: generation, streaming, logits, tokenization,
+/// embeddings and metrics. Every call opens its own [`Session`], so one
+/// `Engine` (e.g. in an `Arc`) serves any number of threads at once; the
+/// results do not depend on what other threads do.
+impl Engine {
+    /// Generates a continuation of `prompt` (see [`Engine::generate_stream`]
+    /// for the rules) and returns it whole.
+    pub fn generate(&self, prompt: &str, params: &GenerateParams) -> Result<Output> {
+        self.generate_stream(prompt, params, |_| ControlFlow::Continue(()))
+    }
+
+    /// Generates a continuation of `prompt`, handing each piece of text to
+    /// `on_piece` as soon as it is final (valid UTF-8, never part of a stop
+    /// string). Returning `ControlFlow::Break(())` cancels: generation stops
+    /// at once with [`StopReason::Cancelled`], and the returned text holds
+    /// the pieces streamed so far.
+    ///
+    /// The prompt is tokenized with BOS when `params.add_bos` (default: the
+    /// tokenizer's choice) says so. A prompt with no tokens (the empty
+    /// string, for a tokenizer that adds no BOS, as SmolLM2's) is an
+    /// [`Error::InvalidArgument`]; a prompt longer than the context is an
+    /// [`Error::ContextOverflow`].
+    pub fn generate_stream(
+        &self,
+        prompt: &str,
+        params: &GenerateParams,
+        mut on_piece: impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<Output> {
+        let t0 = Instant::now();
+        let mut session = self.new_session();
+        let generation = generate::generate(&self.model, &self.tokenizer, &mut session, prompt, params, &mut on_piece);
+        let generation = match generation {
+            Ok(g) => g,
+            Err(e) => {
+                self.counters().errors += 1;
+                return Err(e);
+            }
+        };
+        let sparse = self.sparse_counts(&session);
+        let metrics = RequestMetrics {
+            prompt_tokens: generation.prompt_tokens,
+            generated_tokens: generation.tokens.len(),
+            timings: generation.timings,
+            total: t0.elapsed(),
+            sparse_kept_fraction: sparse.map(|(active, slots)| ratio(active, slots)),
+        };
+        {
+            let mut c = self.counters();
+            c.requests += 1;
+            c.generate_requests += 1;
+            c.cancelled += u64::from(generation.stop_reason == StopReason::Cancelled);
+            c.prompt_tokens += generation.prompt_tokens as u64;
+            c.generated_tokens += generation.tokens.len() as u64;
+            c.decoded_tokens += generation.tokens.len().saturating_sub(1) as u64;
+            c.add_timings(&generation.timings);
+            if let Some((active, slots)) = sparse {
+                c.sparse_active += active;
+                c.sparse_slots += slots;
+            }
+        }
+        Ok(Output { text: generation.text, tokens: generation.tokens, stop_reason: generation.stop_reason, metrics })
+    }
+
+    /// Generation as an iterator of text pieces, run on a thread of its own
+    /// (hence `Arc<Engine>`). Dropping the iterator cancels the generation
+    /// (it stops before its next token; the drop waits for that). An error
+    /// is the last item; after the last item, [`TextStream::output`] holds
+    /// the whole [`Output`]. Panics only if the OS refuses a new thread.
+    pub fn stream(self: &Arc<Self>, prompt: &str, params: &GenerateParams) -> TextStream {
+        // A small buffer lets the generator run ahead of a slow reader by a
+        // few pieces; a dropped receiver fails the next send, which cancels.
+        let (tx, rx): (SyncSender<StreamMsg>, Receiver<StreamMsg>) = sync_channel(16);
+        let (engine, prompt, params) = (Arc::clone(self), prompt.to_owned(), params.clone());
+        let handle = std::thread::Builder::new()
+            .name("spinfer-stream".into())
+            .spawn(move || {
+                let r =
+                    engine.generate_stream(&prompt, &params, |piece| match tx.send(StreamMsg::Piece(piece.into())) {
+                        Ok(()) => ControlFlow::Continue(()),
+                        Err(_) => ControlFlow::Break(()),
+                    });
+                let _ = tx.send(StreamMsg::Done(Box::new(r)));
+            })
+            .expect("spawning the generation thread");
+        TextStream { rx: Some(rx), handle: Some(handle), output: None }
+    }
+
+    /// The logits (`vocab` values) after the last of `tokens`, run from an
+    /// empty cache. An empty slice or an id outside the model's vocabulary
+    /// is an [`Error::InvalidArgument`], more tokens than the context an
+    /// [`Error::ContextOverflow`].
+    pub fn logits(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let r = self.logits_inner(tokens);
+        let mut c = self.counters();
+        match &r {
+            Ok(_) => {
+                c.requests += 1;
+                c.prompt_tokens += tokens.len() as u64;
+            }
+            Err(_) => c.errors += 1,
+        }
+        r
+    }
+
+    fn logits_inner(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(Error::InvalidArgument("logits need at least one token".into()));
+        }
+        self.check_ids(tokens)?;
+        let mut session = self.new_session();
+        let t = Instant::now();
+        let logits = self.model.forward_last(&mut session, tokens)?.to_vec();
+        let elapsed = t.elapsed();
+        let sparse = self.sparse_counts(&session);
+        let mut c = self.counters();
+        c.prefill += elapsed;
+        if let Some((active, slots)) = sparse {
+            c.sparse_active += active;
+            c.sparse_slots += slots;
+        }
+        Ok(logits)
+    }
+
+    /// Token ids of `text`, with BOS first when the tokenizer adds one by
+    /// default (as [`Engine::generate`] does with default parameters).
+    pub fn tokenize(&self, text: &str) -> Result<Vec<u32>> {
+        self.tokenizer.encode(text, self.tokenizer.add_bos_default())
+    }
+
+    /// The text of `ids`; an id outside the vocabulary is an error.
+    pub fn detokenize(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer.decode(ids)
+    }
+
+    /// Width of [`Engine::embed`]'s vectors: the model's hidden size.
+    pub fn dimensions(&self) -> usize {
+        self.model.config.dim
+    }
+
+    /// A sentence embedding from the decoder: `text` is tokenized as
+    /// [`Engine::tokenize`] does, run from an empty cache, and the
+    /// final-normed hidden states (the output projection's input) are
+    /// averaged over all its tokens (BOS included when the tokenizer adds
+    /// one), then scaled to unit L2 norm. [`Engine::dimensions`] values.
+    ///
+    /// Texts longer than the context are cut to it (with a warning). A text
+    /// with no tokens (the empty string, without BOS) is an
+    /// [`Error::InvalidArgument`].
+    pub fn embed(&self, text: &str) -> Result<Vec<f32>> {
+        Ok(self.embed_batch(&[text])?.pop().unwrap_or_default())
+    }
+
+    /// [`Engine::embed`] for several texts, in order (one session reused).
+    /// Fails as a whole if any text fails.
+    pub fn embed_batch(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+        let r = self.embed_batch_inner(texts);
+        if r.is_err() {
+            self.counters().errors += 1;
+        }
+        r
+    }
+
+    fn embed_batch_inner(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+        let mut out = Vec::with_capacity(texts.len());
+        let mut session: Option<Session> = None;
+        for text in texts {
+            let t0 = Instant::now();
+            let mut ids = self.tokenize(text)?;
+            let tokenize = t0.elapsed();
+            if ids.is_empty() {
+                return Err(Error::InvalidArgument("cannot embed a text with no tokens (the empty string)".into()));
+            }
+            let s = session.get_or_insert_with(|| self.new_session());
+            if ids.len() > s.ctx() {
+                tracing::warn!(tokens = ids.len(), ctx = s.ctx(), "text cut to the context size for embedding");
+                ids.truncate(s.ctx());
+            }
+            s.reset();
+            s.reset_sparsity_stats();
+            let t1 = Instant::now();
+            self.model.forward(s, &ids)?;
+            let hidden = self.model.hidden_states(s, 0..ids.len());
+            let dim = self.dimensions();
+            let mut v = vec![0.0f32; dim];
+            for row in hidden.chunks_exact(dim) {
+                for (a, &h) in v.iter_mut().zip(row) {
+                    *a += h;
+                }
+            }
+            let inv = 1.0 / ids.len() as f32;
+            v.iter_mut().for_each(|a| *a *= inv);
+            l2_normalize(&mut v);
+            let prefill = t1.elapsed();
+            let sparse = self.sparse_counts(s);
+            {
+                let mut c = self.counters();
+                c.requests += 1;
+                c.embed_requests += 1;
+                c.prompt_tokens += ids.len() as u64;
+                c.tokenize += tokenize;
+                c.prefill += prefill;
+                if let Some((active, slots)) = sparse {
+                    c.sparse_active += active;
+                    c.sparse_slots += slots;
+                }
+            }
+            out.push(v);
+        }
+        Ok(out)
+    }
+
+    /// Counters since load: requests, tokens, time per phase, the sparse
+    /// FFN's mean kept fraction (when the model runs sparse) and the kernel
+    /// chosen for each operation.
+    pub fn metrics(&self) -> Metrics {
+        let c = self.counters().clone();
+        let kernels = self
+            .model
+            .kernel_choices()
+            .into_iter()
+            .map(|l| KernelInfo {
+                op: describe(&l.desc),
+                tensor: l.name.clone(),
+                kernel: l.kernel_name().to_string(),
+                provider: l.provider.clone(),
+                choice: l.choice.to_string(),
+                fell_back: l.fell_back(),
+            })
+            .collect();
+        Metrics {
+            requests: c.requests,
+            generate_requests: c.generate_requests,
+            embed_requests: c.embed_requests,
+            cancelled: c.cancelled,
+            errors: c.errors,
+            prompt_tokens: c.prompt_tokens,
+            generated_tokens: c.generated_tokens,
+            decoded_tokens: c.decoded_tokens,
+            timings: Timings { tokenize: c.tokenize, prefill: c.prefill, decode: c.decode, sample: c.sample },
+            sparse_kept_fraction: self.model.sparse.as_ref().map(|_| ratio(c.sparse_active, c.sparse_slots)),
+            kernels,
+        }
+    }
+
+    fn counters(&self) -> MutexGuard<'_, Counters> {
+        // The counters are plain numbers: a panic elsewhere cannot leave
+        // them inconsistent enough to matter.
+        self.counters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `(neurons kept, neurons available)` summed over the session's
+    /// tokens and layers, when the model runs sparse.
+    fn sparse_counts(&self, s: &Session) -> Option<(u64, u64)> {
+        self.model.sparse.as_ref()?;
+        let st = s.sparsity_stats();
+        let (active, tokens) = st.layers.iter().fold((0u64, 0u64), |(a, t), c| (a + c.active, t + c.tokens));
+        Some((active, tokens * st.ffn_dim as u64))
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        let vocab = self.model.config.vocab_size;
+        match ids.iter().find(|&&id| id as usize >= vocab) {
+            Some(id) => Err(Error::InvalidArgument(format!("token id {id} is outside the vocabulary (size {vocab})"))),
+            None => Ok(()),
+        }
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 { 1.0 } else { a as f64 / b as f64 }
+}
+
+/// The result of one generation request.
+#[derive(Clone, Debug)]
+pub struct Output {
+    /// The generated continuation (a stop string excluded).
+    pub text: String,
+    /// Generated token ids (an end-of-generation token is not included).
+    pub tokens: Vec<u32>,
+    pub stop_reason: StopReason,
+    pub metrics: RequestMetrics,
+}
+
+/// What one request cost.
+#[derive(Clone, Debug, Default)]
+pub struct RequestMetrics {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Time per phase (tokenize, prefill, decode, sample).
+    pub timings: Timings,
+    /// Wall time of the whole call (session set-up included).
+    pub total: Duration,
+    /// Mean fraction of FFN neurons kept per token and layer, when the
+    /// model runs sparse.
+    pub sparse_kept_fraction: Option<f64>,
+}
+
+impl RequestMetrics {
+    /// Prompt tokens per second of prefill.
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        per_second(self.prompt_tokens as u64, self.timings.prefill)
+    }
+
+    /// Decoded tokens per second (tokens after the first, which comes from
+    /// the prefill's logits).
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        per_second(self.generated_tokens.saturating_sub(1) as u64, self.timings.decode)
+    }
+}
+
+fn per_second(n: u64, t: Duration) -> f64 {
+    let s = t.as_secs_f64();
+    if s > 0.0 { n as f64 / s } else { 0.0 }
+}
+
+/// Cumulative counters of an [`Engine`] since load.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    /// Successful calls: generations, logits, and one per embedded text.
+    pub requests: u64,
+    pub generate_requests: u64,
+    /// Texts embedded.
+    pub embed_requests: u64,
+    /// Generations cancelled by their caller.
+    pub cancelled: u64,
+    /// Calls that returned an error.
+    pub errors: u64,
+    /// Tokens prefilled: prompts, [`Engine::logits`] inputs, embedded texts.
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+    /// Tokens run through the decode step (generated tokens but the first
+    /// of each request).
+    pub decoded_tokens: u64,
+    /// Time per phase, summed over requests (concurrent requests each
+    /// count their own time).
+    pub timings: Timings,
+    /// Mean fraction of FFN neurons kept per token and layer over all
+    /// requests, when the model runs sparse (`None`: dense).
+    pub sparse_kept_fraction: Option<f64>,
+    /// The kernel chosen for each distinct operation.
+    pub kernels: Vec<KernelInfo>,
+}
+
+impl Metrics {
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        per_second(self.prompt_tokens, self.timings.prefill)
+    }
+
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        per_second(self.decoded_tokens, self.timings.decode)
+    }
+}
+
+/// The kernel bound to one operation (weight type, activation, shape).
+#[derive(Clone, Debug)]
+pub struct KernelInfo {
+    /// E.g. `matmul q4_1*q8_1 576x576`.
+    pub op: String,
+    /// The first tensor of the model using it.
+    pub tensor: String,
+    pub kernel: String,
+    pub provider: String,
+    /// Why it was chosen.
+    pub choice: String,
+    /// Whether it failed and the built-in fallback took over.
+    pub fell_back: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Counters {
+    requests: u64,
+    generate_requests: u64,
+    embed_requests: u64,
+    cancelled: u64,
+    errors: u64,
+    prompt_tokens: u64,
+    generated_tokens: u64,
+    decoded_tokens: u64,
+    tokenize: Duration,
+    prefill: Duration,
+    decode: Duration,
+    sample: Duration,
+    sparse_active: u64,
+    sparse_slots: u64,
+}
+
+impl Counters {
+    fn add_timings(&mut self, t: &Timings) {
+        self.tokenize += t.tokenize;
+        self.prefill += t.prefill;
+        self.decode += t.decode;
+        self.sample += t.sample;
+    }
+}
+
+enum StreamMsg {
+    Piece(String),
+    Done(Box<Result<Output>>),
+}
+
+/// The pieces of one generation, from [`Engine::stream`]. Dropping it
+/// cancels the generation.
+pub struct TextStream {
+    rx: Option<Receiver<StreamMsg>>,
+    handle: Option<JoinHandle<()>>,
+    output: Option<Output>,
+}
+
+impl TextStream {
+    /// The finished generation's [`Output`], once the iterator has ended
+    /// without an error.
+    pub fn output(&self) -> Option<&Output> {
+        self.output.as_ref()
+    }
+
+    /// Waits for the generation thread; a panic there is re-raised here.
+    fn finish(&mut self) {
+        self.rx = None;
+        if let Some(h) = self.handle.take()
+            && let Err(panic) = h.join()
+        {
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
+
+impl Iterator for TextStream {
+    type Item = Result<String>;
+
+    fn next(&mut self) -> Option<Result<String>> {
+        let msg = self.rx.as_ref()?.recv();
+        match msg {
+            Ok(StreamMsg::Piece(piece)) => Some(Ok(piece)),
+            Ok(StreamMsg::Done(r)) => {
+                self.finish();
+                match *r {
+                    Ok(out) => {
+                        self.output = Some(out);
+                        None
+                    }
+                    Err(e) => Some(Err(e)),
+                }
+            }
+            // The thread ended without a result: it panicked.
+            Err(_) => {
+                self.finish();
+                None
+            }
+        }
+    }
+}
+
+impl Drop for TextStream {
+    fn drop(&mut self) {
+        // Disconnect first: the generator's next send fails and it stops.
+        self.rx = None;
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for TextStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextStream").field("finished", &self.rx.is_none()).finish_non_exhaustive()
     }
 }
 

@@ -11,6 +11,7 @@ pub mod loader;
 pub mod model;
 pub mod packs;
 pub mod perplexity;
+pub mod provider;
 pub mod registry;
 pub mod safetensors;
 pub mod sampling;
