@@ -183,3 +183,55 @@ fn low_rank_predictor_recalls_its_target_and_runs() {
     let e = Engine::load(&model, options(Some(so))).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(e.contains("plain.spinfer") && e.contains("--rank"), "{e}");
 }
+
+/// Under a memory budget the FFN runs from the bundle (hot neurons in RAM,
+/// cold ones read from `<sidecar>.ffn`): the same arithmetic on the same
+/// weights as the unbudgeted low-rank path (the bundle's AXPY follows
+/// `NeuronMajor::axpy`'s order and fused multiply-adds on this CPU), so
+/// the same logits, bit for bit. (A different summation order is not
+/// harmless here: threshold decisions flip and the difference grows.)
+#[test]
+fn a_memory_budget_gives_the_unbudgeted_logits() {
+    let Some(model) = smollm2() else { return };
+    let dense = Engine::load(&model, options(None)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lr.spinfer");
+    calibrated(&model, &dense, 0.5, PredictorKind::LowRank).write(&path).unwrap();
+    drop(dense);
+    let mut so = SparsityOptions::new(&path);
+    so.predictor = Some(PredictorKind::LowRank);
+    let free = Engine::load(&model, options(Some(so.clone()))).unwrap();
+    so.ffn_budget_bytes = Some(12_000_000);
+    let budgeted = Engine::load(&model, options(Some(so.clone()))).unwrap();
+    let bundle = budgeted.model.sparse.as_ref().unwrap().bundle.as_ref().expect("bundle");
+    let r = bundle.report();
+    assert!(r.hot_neurons > 0 && r.cache_slots > 0 && r.hot_neurons < r.total_neurons, "{r:?}");
+    assert!(r.fixed + r.hot + r.cache <= r.budget, "{r:?}");
+
+    // Prefill, then decode the unbudgeted model's greedy tokens in both.
+    let mut ids = free.tokenizer.encode("The capital of France is Paris, and the capital of Italy is", false).unwrap();
+    let (mut sf, mut sb) = (free.new_session(), budgeted.new_session());
+    let mut worst = 0f32;
+    for step in 0..8 {
+        let feed = if step == 0 { ids.clone() } else { vec![*ids.last().unwrap()] };
+        let a = free.model.forward_last(&mut sf, &feed).unwrap().to_vec();
+        let b = budgeted.model.forward_last(&mut sb, &feed).unwrap().to_vec();
+        let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        worst = worst.max(diff / scale);
+        assert_eq!(top_k(&a, 1), top_k(&b, 1), "step {step}: different greedy token (max diff {diff})");
+        ids.push(top_k(&a, 1)[0]);
+    }
+    // Same bits: the bundle's AXPY follows NeuronMajor's on this CPU.
+    assert_eq!(worst, 0.0, "max relative logit difference {worst}");
+    let st = sb.sparsity_stats();
+    assert_eq!(st.layers, sf.sparsity_stats().layers, "same neurons predicted and kept");
+    assert!(st.cache.hot > 0 && st.cache.misses > 0 && st.cache.bytes_read > 0, "{:?}", st.cache);
+    // The bundle is reused by the next load.
+    assert!(dir.path().join("lr.spinfer.ffn").exists());
+
+    // Other predictors read the whole gate: refused under a budget.
+    so.predictor = Some(PredictorKind::GateThreshold);
+    let e = Engine::load(&model, options(Some(so))).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.contains("low-rank"), "{e}");
+}

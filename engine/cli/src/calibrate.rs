@@ -33,7 +33,8 @@ pub struct CalibrateArgs {
     /// Fraction of FFN neurons to skip per token.
     #[arg(long, default_value_t = 0.5)]
     pub target_sparsity: f32,
-    /// Predictor recorded as the sidecar's default: gate-threshold | top-k | input-magnitude.
+    /// Predictor recorded as the sidecar's default: gate-threshold | top-k | input-magnitude | low-rank |
+    /// sentence.
     #[arg(long = "predictor-kind", default_value = "gate-threshold")]
     pub predictor_kind: String,
     /// Also fit a low-rank predictor of this rank (a multiple of 32; 0:
@@ -50,9 +51,8 @@ pub struct CalibrateArgs {
 }
 
 pub fn run(a: CalibrateArgs) -> Result<()> {
-    let predictor = PredictorKind::parse(&a.predictor_kind).with_context(|| {
-        format!("--predictor-kind '{}' is not one of gate-threshold, top-k, input-magnitude", a.predictor_kind)
-    })?;
+    let predictor = PredictorKind::parse(&a.predictor_kind)
+        .with_context(|| format!("--predictor-kind '{}' is not one of {}", a.predictor_kind, PredictorKind::names()))?;
     if !(0.0..1.0).contains(&a.target_sparsity) {
         bail!("--target-sparsity must be in [0, 1), got {}", a.target_sparsity);
     }

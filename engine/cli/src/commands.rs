@@ -14,6 +14,7 @@ use spinfer_engine::model::{ModelOptions, Precision, Session};
 
 use spinfer_engine::sampling::SamplerParams;
 use spinfer_engine::sparse::PredictorKind;
+use spinfer_engine::sparse::cache::CachePolicyKind;
 use spinfer_engine::{Engine, perplexity};
 
 /// Options every model-running command shares.
@@ -42,9 +43,19 @@ pub struct CommonArgs {
     /// `spinfer calibrate`); without it the model runs dense.
     #[arg(long)]
     pub sparsity: Option<PathBuf>,
-    /// Use this predictor instead of the sidecar's: gate-threshold | top-k | input-magnitude.
+    /// Use this predictor instead of the sidecar's: gate-threshold | top-k | input-magnitude | low-rank |
+    /// sentence.
     #[arg(long, requires = "sparsity")]
     pub predictor: Option<String>,
+    /// Hold at most this many MB (10^6 bytes) of FFN weights and predictor
+    /// in memory: the most active neurons in RAM, the others read on demand
+    /// from a repack written beside the sidecar (`<sidecar>.ffn`). Needs
+    /// `--predictor low-rank`.
+    #[arg(long, requires = "sparsity")]
+    pub ffn_budget_mb: Option<f64>,
+    /// Which cold neurons stay cached under --ffn-budget-mb: lru | freq-lru.
+    #[arg(long, requires = "ffn_budget_mb")]
+    pub cache_policy: Option<String>,
     /// Print only the result on stdout.
     #[arg(short, long)]
     pub quiet: bool,
@@ -94,11 +105,27 @@ impl CommonArgs {
         if let Some(p) = &self.predictor
             && PredictorKind::parse(p).is_none()
         {
-            bail!("--predictor '{p}' is not one of gate-threshold, top-k, input-magnitude");
+            bail!("--predictor '{p}' is not one of {}", PredictorKind::names());
+        }
+        if let Some(b) = self.ffn_budget_mb
+            && !(b.is_finite() && b > 0.0)
+        {
+            bail!("--ffn-budget-mb must be a positive number, got {b}");
+        }
+        if let Some(p) = &self.cache_policy
+            && CachePolicyKind::parse(p).is_none()
+        {
+            bail!("--cache-policy '{p}' is not one of lru, freq-lru");
         }
         if let Some(file) = &self.sparsity {
-            let dense_above = c.sparsity.as_ref().and_then(|s| s.dense_above);
-            c.sparsity = Some(SparsitySection { file: file.clone(), predictor: self.predictor.clone(), dense_above });
+            let old = c.sparsity.take().unwrap_or_default();
+            c.sparsity = Some(SparsitySection {
+                file: file.clone(),
+                predictor: self.predictor.clone(),
+                dense_above: old.dense_above,
+                ffn_budget_mb: self.ffn_budget_mb,
+                cache_policy: self.cache_policy.clone(),
+            });
         }
         Ok(c)
     }
@@ -250,12 +277,34 @@ pub fn sparsity_json(engine: &Engine, session: &Session) -> serde_json::Value {
         .enumerate()
         .map(|(l, c)| serde_json::json!({"layer": l, "tokens": c.tokens, "active_fraction": st.active_fraction(l), "dense_tokens": c.dense}))
         .collect();
+    let budget = sp.bundle.as_ref().map(|b| {
+        let r = b.report();
+        let counters = |c: &spinfer_engine::sparse::CacheCounters| {
+            serde_json::json!({"hot": c.hot, "hits": c.hits, "misses": c.misses, "hit_rate": c.hit_rate(),
+                "bytes_read": c.bytes_read, "reads": c.reads})
+        };
+        serde_json::json!({
+            "file": b.path,
+            "budget_bytes": r.budget,
+            "fixed_bytes": r.fixed,
+            "hot_bytes": r.hot,
+            "hot_neurons": r.hot_neurons,
+            "cache_bytes": r.cache,
+            "cache_slots": r.cache_slots,
+            "total_neurons": r.total_neurons,
+            "record_bytes": r.record,
+            "policy": r.policy,
+            "session": counters(&st.cache),
+            "engine": counters(&b.totals()),
+        })
+    });
     serde_json::json!({
         "sidecar": sp.path,
         "predictor": sp.predictor.name(),
         "target_sparsity": sp.sidecar.target_sparsity,
         "active_fraction": st.mean_active_fraction(),
         "layers": layers,
+        "budget": budget,
     })
 }
 
@@ -275,6 +324,33 @@ fn print_sparsity_stats(engine: &Engine, session: &Session) {
     eprintln!("layer  tokens  kept%  dense-tokens");
     for (l, c) in st.layers.iter().enumerate() {
         eprintln!("{l:>5}  {:>6}  {:>5.1}  {:>12}", c.tokens, 100.0 * st.active_fraction(l), c.dense);
+    }
+    if let Some(b) = &sp.bundle {
+        let r = b.report();
+        let mb = |x: usize| x as f64 / 1e6;
+        eprintln!(
+            "[FFN budget {:.1} MB: {:.1} MB fixed (predictor, scales, maps), {:.1} MB hot ({} of {} neurons), \
+             {:.1} MB cold cache ({} slots, {}); cold neurons from {}]",
+            mb(r.budget),
+            mb(r.fixed),
+            mb(r.hot),
+            r.hot_neurons,
+            r.total_neurons,
+            mb(r.cache),
+            r.cache_slots,
+            r.policy,
+            b.path.display()
+        );
+        let c = &st.cache;
+        eprintln!(
+            "[records: {} hot, {} cache hits, {} misses (hit rate {:.1}%), {:.1} MB read in {} reads]",
+            c.hot,
+            c.hits,
+            c.misses,
+            100.0 * c.hit_rate(),
+            c.bytes_read as f64 / 1e6,
+            c.reads
+        );
     }
 }
 

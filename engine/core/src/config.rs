@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::model::{ModelOptions, Precision};
+use crate::sparse::cache::CachePolicyKind;
 use crate::sparse::{PredictorKind, SparsityOptions};
 use crate::{Error, Result};
 
@@ -38,6 +39,13 @@ pub struct SparsitySection {
     /// A layer keeping more than this fraction of its neurons for a token
     /// runs dense for that token (default 0.85).
     pub dense_above: Option<f32>,
+    /// Memory budget for the FFN weights and predictor, in MB (10^6
+    /// bytes): hot neurons in RAM, cold ones read on demand from a repack
+    /// beside the sidecar. Needs the low-rank predictor. Absent: no budget.
+    pub ffn_budget_mb: Option<f64>,
+    /// Which cold neurons stay cached under a budget: `"lru"` or
+    /// `"freq-lru"` (default).
+    pub cache_policy: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -177,7 +185,15 @@ impl Config {
             if let Some(p) = &sp.predictor
                 && PredictorKind::parse(p).is_none()
             {
-                return Err(format!("sparsity.predictor '{p}' is not one of gate-threshold, top-k, input-magnitude"));
+                return Err(format!("sparsity.predictor '{p}' is not one of {}", PredictorKind::names()));
+            }
+            if sp.ffn_budget_mb.is_some_and(|b| !(b.is_finite() && b > 0.0)) {
+                return Err("sparsity.ffn_budget_mb must be a positive number".into());
+            }
+            if let Some(p) = &sp.cache_policy
+                && CachePolicyKind::parse(p).is_none()
+            {
+                return Err(format!("sparsity.cache_policy '{p}' is not one of lru, freq-lru"));
             }
             if sp.dense_above.is_some_and(|d| !(0.0..=1.0).contains(&d)) {
                 return Err("sparsity.dense_above must be between 0 and 1".into());
@@ -222,6 +238,10 @@ impl Config {
             so.predictor = sp.predictor.as_deref().and_then(PredictorKind::parse);
             if let Some(d) = sp.dense_above {
                 so.dense_above = d;
+            }
+            so.ffn_budget_bytes = sp.ffn_budget_mb.map(|mb| (mb * 1e6) as usize);
+            if let Some(p) = sp.cache_policy.as_deref().and_then(CachePolicyKind::parse) {
+                so.cache_policy = p;
             }
             so
         });
@@ -277,5 +297,22 @@ mod tests {
             }
         }
         assert!(seen >= 2, "expected example configs in docs/, found {seen}");
+    }
+
+    #[test]
+    fn sparsity_budget_and_cache_policy() {
+        let parse = |t: &str| Config::parse(t, Path::new("spinfer.toml"));
+        let base = "[model]\npath = \"m.gguf\"\n[sparsity]\nfile = \"s.spinfer\"\npredictor = \"low-rank\"\n";
+        let c = parse(&format!("{base}ffn_budget_mb = 20\ncache_policy = \"lru\"\n")).unwrap();
+        let so = c.model_options().sparsity.unwrap();
+        assert_eq!(so.ffn_budget_bytes, Some(20_000_000));
+        assert_eq!(so.cache_policy, CachePolicyKind::Lru);
+        assert_eq!(so.predictor, Some(PredictorKind::LowRank));
+        let so = parse(base).unwrap().model_options().sparsity.unwrap();
+        assert_eq!((so.ffn_budget_bytes, so.cache_policy), (None, CachePolicyKind::FreqLru));
+        let e = parse(&format!("{base}ffn_budget_mb = -1\n")).unwrap_err().to_string();
+        assert!(e.contains("ffn_budget_mb"), "{e}");
+        let e = parse(&format!("{base}cache_policy = \"mru\"\n")).unwrap_err().to_string();
+        assert!(e.contains("mru"), "{e}");
     }
 }

@@ -22,6 +22,7 @@ use crate::sparse::{self, ModelId, SparseFfn, SparsityOptions, SparsityStats};
 use crate::tensor::{TensorData, TensorView};
 use crate::{Error, Result};
 
+mod sentence_ffn;
 mod sparse_ffn;
 
 /// How activations meet quantised weights.
@@ -188,26 +189,48 @@ impl Linear {
         out: &mut [f32],
         scratch: &mut Scratch,
     ) -> Result<()> {
-        let k = idx.len();
-        if k == 0 {
+        if idx.is_empty() {
             return Ok(());
         }
         let row_bytes = self.w.bytes().len() / self.desc.rows;
         let mut rows = std::mem::take(&mut scratch.gathered);
         spinfer_kernels::sparse::gather_rows(pool, self.w.bytes(), row_bytes, idx, &mut rows)?;
+        let r = self.forward_gathered(pool, x, n, &rows, idx, out, scratch);
+        scratch.gathered = rows;
+        r
+    }
+
+    /// [`Linear::forward_rows`] on rows already gathered: `rows` holds
+    /// `W[idx[k], :]` for each `k`, in this matrix's format (e.g. from the
+    /// FFN bundle under a memory budget; this matrix's own bytes are not
+    /// read).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward_gathered(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        rows: &[u8],
+        idx: &[u32],
+        out: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        let k = idx.len();
+        if k == 0 {
+            return Ok(());
+        }
         let desc = MatmulDesc { rows: k, ..self.desc };
         let kernel = spinfer_kernels::kernel::candidates(&desc, &CpuFeatures::detect())
             .into_iter()
             .next()
             .ok_or_else(|| Error::NoKernel { op: crate::registry::describe(&desc) })?;
+        let rows = &rows[..desc.wtype.row_bytes(desc.cols)? * k];
         let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
             kernel
-                .run(pool, &rows, x, n, out, bytes)
+                .run(pool, rows, x, n, out, bytes)
                 .map_err(|source| Error::Kernel { kernel: kernel.name().into(), source })
         };
-        let r = self.matmul(&run, k, x, n, &mut out[..n * k], scratch);
-        scratch.gathered = rows;
-        r?;
+        self.matmul(&run, k, x, n, &mut out[..n * k], scratch)?;
         if let Some(b) = &self.bias {
             for row in out[..n * k].chunks_exact_mut(k) {
                 for (o, &j) in row.iter_mut().zip(idx) {
@@ -332,11 +355,14 @@ pub struct Session {
 /// Buffers and counters of the sparse FFN.
 #[derive(Default)]
 struct SparseScratch {
-    idx: Vec<u32>,  // kept neurons of the current token, ascending
-    pred: Vec<u32>, // neurons the low-rank predictor keeps (before the gate)
-    mags: Vec<f32>, // |activations| (top-K selection)
-    up: Vec<f32>,   // up projection of the kept neurons (k)
-    h: Vec<f32>,    // silu(gate) * up of the kept neurons (k)
+    idx: Vec<u32>,                             // kept neurons of the current token, ascending
+    pred: Vec<u32>,                            // neurons the low-rank predictor keeps (before the gate)
+    mags: Vec<f32>,                            // |activations| (top-K selection)
+    up: Vec<f32>,                              // up projection of the kept neurons (k)
+    h: Vec<f32>,                               // silu(gate) * up of the kept neurons (k)
+    keep: Vec<u32>,                            // positions in `pred` of the kept neurons (under a budget)
+    gathered: sparse::bundle::Gathered,        // records from the FFN bundle (under a budget)
+    sentence: Vec<sentence_ffn::SentenceMask>, // per layer: this request's mask (sentence-level)
     stats: SparsityStats,
 }
 
@@ -373,6 +399,7 @@ impl Session {
     /// Resets the sparse FFN counters.
     pub fn reset_sparsity_stats(&mut self) {
         self.sparse.stats.layers.iter_mut().for_each(|c| *c = Default::default());
+        self.sparse.stats.cache = Default::default();
     }
 
     /// Installs (or removes) a probe called in every dense FFN with
@@ -416,6 +443,22 @@ impl Model {
         tracing::debug!(layers = c.n_layers, output = output.kernel_name(), "model loaded");
 
         let sparse = match &options.sparsity {
+            Some(o) if o.ffn_budget_bytes.is_some() => {
+                // Under a memory budget the FFN matrices are read once, to
+                // write the bundle (if missing), and their pages released:
+                // no neuron-major copy, no dense read at run time.
+                let id = ModelId::of(&c, loader)?;
+                let src: Vec<_> = layers
+                    .iter()
+                    .map(|l| sparse::bundle::FfnSource {
+                        gate: (l.w_gate.desc.wtype, l.w_gate.w.bytes()),
+                        up: (l.w_up.desc.wtype, l.w_up.w.bytes()),
+                        down: (l.w_down.desc.wtype, l.w_down.w.bytes()),
+                        mapped: l.w_gate.w.is_mapped() && l.w_up.w.is_mapped() && l.w_down.w.is_mapped(),
+                    })
+                    .collect();
+                Some(sparse::build_budgeted(o, &id, &src, dim, c.ffn_dim)?)
+            }
             Some(o) => {
                 let id = ModelId::of(&c, loader)?;
                 let downs: Vec<_> = layers.iter().map(|l| (l.w_down.desc.wtype, l.w_down.w.bytes())).collect();
@@ -455,7 +498,11 @@ impl Model {
             logits: Vec::new(),
             scratch: Scratch::default(),
             sparse: SparseScratch {
-                stats: SparsityStats { ffn_dim: c.ffn_dim, layers: vec![Default::default(); c.n_layers] },
+                stats: SparsityStats {
+                    ffn_dim: c.ffn_dim,
+                    layers: vec![Default::default(); c.n_layers],
+                    ..Default::default()
+                },
                 ..Default::default()
             },
             ffn_probe: None,

@@ -13,7 +13,17 @@
 //!   made at load: exact for Q4_0/Q4_1/Q8_0, requantised to Q8_0 for the
 //!   other types). A layer whose kept fraction exceeds
 //!   `dense_above` runs dense for that token.
+//! * [`bundle`] and [`cache`]: under a memory budget
+//!   ([`SparsityOptions::ffn_budget_bytes`]) the FFN weights come from a
+//!   neuron-major repack of the model's FFN beside the sidecar: the hottest
+//!   neurons in RAM, the others read from the file on demand into a bounded
+//!   cache whose policy (LRU, frequency-weighted LRU) decides what stays.
+//!   The budget requires the low-rank predictor: every other predictor
+//!   reads the full gate matrix (or more) densely for every token, so no
+//!   FFN matrix could stay out of memory.
 
+pub mod bundle;
+pub mod cache;
 pub mod calibrate;
 pub mod lowrank;
 pub mod sidecar;
@@ -26,6 +36,8 @@ use spinfer_kernels::GgmlType;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::sparse::{NeuronMajor, axpy_rows_q8_0, transpose_to_q8_0};
 
+use self::bundle::{FfnBundle, FfnSource};
+use self::cache::CachePolicyKind;
 use self::lowrank::LowRank;
 
 use crate::{Error, Result};
@@ -42,11 +54,23 @@ pub struct SparsityOptions {
     /// runs dense for that token (the sparse path's bookkeeping would cost
     /// more than it saves).
     pub dense_above: f32,
+    /// Hold at most this many bytes of FFN weights (and predictor) in
+    /// memory: hot neurons in RAM, cold ones read from the FFN bundle
+    /// beside the sidecar (see [`bundle`]). Needs the low-rank predictor.
+    pub ffn_budget_bytes: Option<usize>,
+    /// Which cold neurons stay cached under a budget.
+    pub cache_policy: CachePolicyKind,
 }
 
 impl SparsityOptions {
     pub fn new(sidecar: impl Into<PathBuf>) -> Self {
-        Self { sidecar: sidecar.into(), predictor: None, dense_above: 0.85 }
+        Self {
+            sidecar: sidecar.into(),
+            predictor: None,
+            dense_above: 0.85,
+            ffn_budget_bytes: None,
+            cache_policy: CachePolicyKind::default(),
+        }
     }
 }
 
@@ -71,6 +95,8 @@ pub enum NeuronMajorDown {
     Exact(NeuronMajor),
     /// Other types: requantised to Q8_0 rows (ffn_dim, dim).
     Q8_0(Vec<u8>),
+    /// Under a memory budget: served by [`SparseFfn::bundle`].
+    Bundled,
 }
 
 impl NeuronMajorDown {
@@ -79,6 +105,9 @@ impl NeuronMajorDown {
         match self {
             NeuronMajorDown::Exact(nm) => nm.axpy(pool, idx, coef, out)?,
             NeuronMajorDown::Q8_0(t) => axpy_rows_q8_0(pool, t, dim, idx, coef, out)?,
+            NeuronMajorDown::Bundled => {
+                return Err(Error::InvalidArgument("the down projection is served by the FFN bundle".into()));
+            }
         }
         Ok(())
     }
@@ -88,6 +117,7 @@ impl NeuronMajorDown {
         match self {
             NeuronMajorDown::Exact(nm) => nm.bytes(),
             NeuronMajorDown::Q8_0(t) => t.len(),
+            NeuronMajorDown::Bundled => 0,
         }
     }
 }
@@ -100,12 +130,18 @@ pub struct SparseFfn {
     pub path: PathBuf,
     pub sidecar: Sidecar,
     pub layers: Vec<SparseLayer>,
+    /// Under a memory budget: the repacked FFN the weights come from.
+    pub bundle: Option<FfnBundle>,
 }
 
 impl SparseFfn {
-    /// Bytes of the neuron-major down copies held in memory.
+    /// Bytes of the neuron-major down copies held in memory (under a
+    /// budget: everything the budget pays for).
     pub fn resident_bytes(&self) -> usize {
-        self.layers.iter().map(|l| l.down.bytes()).sum()
+        match &self.bundle {
+            Some(b) => b.resident_bytes(),
+            None => self.layers.iter().map(|l| l.down.bytes()).sum(),
+        }
     }
 }
 
@@ -125,6 +161,8 @@ pub fn select_neurons(
         PredictorKind::InputMagnitude => layer.input_threshold,
         // Filtered by the gate threshold once the predicted gate rows ran.
         PredictorKind::LowRank => layer.threshold,
+        // Per request, not per token (see `model::llama::sentence_ffn`).
+        PredictorKind::Sentence => return,
         PredictorKind::TopK => {
             let k = layer.keep.min(act.len());
             if k == 0 {
@@ -169,11 +207,36 @@ pub struct LayerCounters {
     pub predicted: u64,
 }
 
+/// What the FFN bundle served under a memory budget (neuron records).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CacheCounters {
+    /// Records served from the hot set in RAM.
+    pub hot: u64,
+    /// Cold records found in the cache.
+    pub hits: u64,
+    /// Cold records read from the bundle file.
+    pub misses: u64,
+    /// Bytes read from the bundle file (runs of records, gaps included).
+    pub bytes_read: u64,
+    /// Read calls.
+    pub reads: u64,
+}
+
+impl CacheCounters {
+    /// Cache hits over cold accesses (1 when there were none).
+    pub fn hit_rate(&self) -> f64 {
+        let cold = self.hits + self.misses;
+        if cold == 0 { 1.0 } else { self.hits as f64 / cold as f64 }
+    }
+}
+
 /// What a session's sparse FFN did (see [`crate::model::Session::sparsity_stats`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SparsityStats {
     pub ffn_dim: usize,
     pub layers: Vec<LayerCounters>,
+    /// Under a memory budget: where the FFN records came from.
+    pub cache: CacheCounters,
 }
 
 impl SparsityStats {
@@ -209,6 +272,9 @@ pub(crate) fn build(
     if !(0.0..=1.0).contains(&opts.dense_above) {
         return Err(Error::InvalidArgument(format!("dense_above must be in 0..=1, got {}", opts.dense_above)));
     }
+    if opts.ffn_budget_bytes.is_some() {
+        return Err(Error::InvalidArgument("an FFN memory budget is built by build_budgeted".into()));
+    }
     let mut layers = Vec::with_capacity(sidecar.layers.len());
     for (l, (s, &(ty, bytes))) in sidecar.layers.iter().zip(downs).enumerate() {
         let repack =
@@ -239,7 +305,82 @@ pub(crate) fn build(
         return Err(sparsity_err(path, "has no low-rank predictor (calibrate with --rank)"));
     }
     tracing::info!(path = %path.display(), predictor = predictor.name(), "sparse FFN enabled");
-    Ok(SparseFfn { predictor, dense_above: opts.dense_above, path: path.clone(), sidecar, layers })
+    Ok(SparseFfn { predictor, dense_above: opts.dense_above, path: path.clone(), sidecar, layers, bundle: None })
+}
+
+/// Reads `opts.sidecar`, checks it belongs to `model`, and serves the FFN
+/// under `opts.ffn_budget_bytes` from the bundle beside the sidecar
+/// (written from `src` when missing or stale). Needs the low-rank
+/// predictor; no neuron-major copy of the model's matrices is made, and the
+/// pages of the mapped FFN matrices are released.
+pub(crate) fn build_budgeted(
+    opts: &SparsityOptions,
+    id: &ModelId,
+    src: &[FfnSource],
+    dim: usize,
+    ffn_dim: usize,
+) -> Result<SparseFfn> {
+    let path = &opts.sidecar;
+    let budget = opts.ffn_budget_bytes.ok_or_else(|| Error::InvalidArgument("no FFN budget given".into()))?;
+    let mut sidecar = Sidecar::read(path)?;
+    sidecar.check_model(id, path)?;
+    let predictor = opts.predictor.unwrap_or(sidecar.predictor);
+    if predictor != PredictorKind::LowRank {
+        return Err(sparsity_err(
+            path,
+            format!(
+                "an FFN memory budget needs the low-rank predictor (--predictor low-rank, with a sidecar calibrated \
+                 with --rank), not {}: the other predictors read the whole gate matrix every token",
+                predictor.name()
+            ),
+        ));
+    }
+    if sidecar.layers.iter().any(|l| l.lowrank.is_none()) {
+        return Err(sparsity_err(path, "has no low-rank predictor (calibrate with --rank)"));
+    }
+    let mut layers = Vec::with_capacity(sidecar.layers.len());
+    for (l, s) in sidecar.layers.iter_mut().enumerate() {
+        let f = s.lowrank.as_mut().expect("checked above");
+        let lr = LowRank::new(&f.p, &f.q, f.rank, dim, ffn_dim, f.threshold)
+            .map_err(|e| sparsity_err(path, format!("layer {l}: {e}")))?;
+        // The f32 factors are not needed any more: keep the memory budget.
+        f.p = Vec::new();
+        f.q = Vec::new();
+        layers.push(SparseLayer {
+            threshold: s.threshold,
+            keep: s.keep,
+            input_threshold: s.input_threshold,
+            lowrank: Some(lr),
+            down: NeuronMajorDown::Bundled,
+        });
+    }
+    let predictor_bytes: usize = layers.iter().filter_map(|l| l.lowrank.as_ref()).map(LowRank::bytes).sum();
+    let freqs: Vec<Vec<f32>> = sidecar.layers.iter().map(|l| l.active_freq.clone()).collect();
+    if freqs.len() != src.len() || freqs.iter().any(|f| f.len() != ffn_dim) {
+        return Err(sparsity_err(path, "active_freq does not match the model's layers"));
+    }
+    let kind = opts.cache_policy;
+    let priors = freqs.clone();
+    let bundle = FfnBundle::open_or_build(
+        &bundle::path_for(path),
+        &id.fingerprint,
+        &freqs,
+        src,
+        dim,
+        ffn_dim,
+        budget,
+        predictor_bytes,
+        move |slots| cache::policy(kind, slots, priors),
+    )?;
+    tracing::info!(path = %path.display(), budget, "sparse FFN under a memory budget");
+    Ok(SparseFfn {
+        predictor,
+        dense_above: opts.dense_above,
+        path: path.clone(),
+        sidecar,
+        layers,
+        bundle: Some(bundle),
+    })
 }
 
 #[cfg(test)]
@@ -292,6 +433,7 @@ mod tests {
         let st = SparsityStats {
             ffn_dim: 10,
             layers: vec![LayerCounters { tokens: 2, active: 6, dense: 0, predicted: 0 }, LayerCounters::default()],
+            cache: CacheCounters::default(),
         };
         assert!((st.active_fraction(0) - 0.3).abs() < 1e-12);
         assert_eq!(st.active_fraction(1), 1.0);

@@ -7,7 +7,7 @@
 //! |---|---|
 //! | `format` | `"spinfer-sparsity"` |
 //! | `version` | `"1"` |
-//! | `predictor` | `"gate-threshold"`, `"top-k"`, `"input-magnitude"` or `"low-rank"` |
+//! | `predictor` | `"gate-threshold"`, `"top-k"`, `"input-magnitude"`, `"low-rank"` or `"sentence"` |
 //! | `target_sparsity` | fraction of FFN neurons skipped per token, e.g. `"0.5"` |
 //! | `model` | JSON: `{"arch", "n_layers", "dim", "ffn_dim", "vocab_size", "fingerprint"}` |
 //! | `calibration` | JSON: `{"text", "byte_offset", "tokens"}` (informational) |
@@ -65,15 +65,33 @@ pub enum PredictorKind {
     /// neurons before any FFN projection runs; the gate is computed for
     /// those only and filtered by the gate threshold, then up and down.
     LowRank,
+    /// CoreInfer / GRIFFIN style: one mask per request, the `keep` neurons
+    /// with the largest mean `|silu(gate)·up|` over the prompt (run dense);
+    /// every later token computes only those.
+    Sentence,
 }
 
 impl PredictorKind {
+    pub const ALL: [PredictorKind; 5] = [
+        PredictorKind::GateThreshold,
+        PredictorKind::TopK,
+        PredictorKind::InputMagnitude,
+        PredictorKind::LowRank,
+        PredictorKind::Sentence,
+    ];
+
+    /// The accepted names, for messages: `"gate-threshold, top-k, ..."`.
+    pub fn names() -> String {
+        Self::ALL.map(Self::name).join(", ")
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             PredictorKind::GateThreshold => "gate-threshold",
             PredictorKind::TopK => "top-k",
             PredictorKind::InputMagnitude => "input-magnitude",
             PredictorKind::LowRank => "low-rank",
+            PredictorKind::Sentence => "sentence",
         }
     }
 
@@ -83,6 +101,7 @@ impl PredictorKind {
             "top-k" | "topk" => Some(PredictorKind::TopK),
             "input-magnitude" | "teal" => Some(PredictorKind::InputMagnitude),
             "low-rank" | "lowrank" => Some(PredictorKind::LowRank),
+            "sentence" | "sentence-level" => Some(PredictorKind::Sentence),
             _ => None,
         }
     }

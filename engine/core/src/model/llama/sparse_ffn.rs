@@ -1,16 +1,24 @@
 //! The sparse SwiGLU FFN: per token, keep the neurons the predictor picks,
 //! run the up projection on their rows only and accumulate only their
-//! down-projection columns.
+//! down-projection columns. Under a memory budget the same arithmetic runs
+//! on records gathered from the FFN bundle (see [`crate::sparse::bundle`]).
 
 use super::{Model, Session, grow};
 use crate::Result;
 use crate::model::math;
+use crate::sparse::bundle::FfnBundle;
 use crate::sparse::{PredictorKind, SparseFfn, select_neurons};
 
 impl Model {
     /// FFN of layer `l` for the `n` tokens of this step, from `s.xn` into
     /// `s.tmp`.
     pub(super) fn sparse_ffn(&self, s: &mut Session, l: usize, n: usize, sp: &SparseFfn) -> Result<()> {
+        if sp.predictor == PredictorKind::Sentence {
+            return self.sentence_ffn(s, l, n, sp);
+        }
+        if let Some(b) = &sp.bundle {
+            return self.budgeted_ffn(s, l, n, sp, b);
+        }
         let (dim, ffn) = (self.config.dim, self.config.ffn_dim);
         let layer = &self.weights.layers[l];
         let sl = &sp.layers[l];
@@ -22,7 +30,8 @@ impl Model {
         let predictor = sp.predictor;
         match predictor {
             // The mask comes before the gate: computed per token below.
-            PredictorKind::LowRank => {}
+            // (Sentence-level masks are handled by `sentence_ffn`.)
+            PredictorKind::LowRank | PredictorKind::Sentence => {}
             // The down projection's input in full: h = silu(gate) * up.
             PredictorKind::InputMagnitude => {
                 layer.w_gate.forward(&s.pool, &s.xn, n, &mut s.gate, &mut s.scratch)?;
@@ -60,7 +69,9 @@ impl Model {
                     }
                     sc.stats.layers[l].predicted += k as u64;
                 }
-                PredictorKind::InputMagnitude => select_neurons(predictor, sl, act, &mut sc.idx, &mut sc.mags),
+                PredictorKind::InputMagnitude | PredictorKind::Sentence => {
+                    select_neurons(predictor, sl, act, &mut sc.idx, &mut sc.mags)
+                }
                 PredictorKind::GateThreshold | PredictorKind::TopK => {
                     math::silu(act);
                     select_neurons(predictor, sl, act, &mut sc.idx, &mut sc.mags);
@@ -101,6 +112,69 @@ impl Model {
             }
             // Down projection: out = Σ_k h_k · W_down[:, idx_k].
             sl.down.axpy(&s.pool, dim, &sc.idx, &sc.h[..k], out)?;
+        }
+        Ok(())
+    }
+
+    /// The low-rank sparse FFN of layer `l` under a memory budget: the
+    /// predictor's neurons are gathered from the bundle (hot records in RAM,
+    /// cold ones from the cache or the file), then gate, up and down run on
+    /// those records exactly as [`Model::sparse_ffn`] runs them on the
+    /// model's matrices, which are never read here.
+    fn budgeted_ffn(&self, s: &mut Session, l: usize, n: usize, sp: &SparseFfn, b: &FfnBundle) -> Result<()> {
+        let (dim, ffn) = (self.config.dim, self.config.ffn_dim);
+        let layer = &self.weights.layers[l];
+        let sl = &sp.layers[l];
+        let (_, up_row, down_col) = b.row_sizes();
+        grow(&mut s.gate, n * ffn);
+        grow(&mut s.sparse.up, ffn);
+        grow(&mut s.sparse.h, ffn);
+        for t in 0..n {
+            let x = &s.xn[t * dim..(t + 1) * dim];
+            let out = &mut s.tmp[t * dim..(t + 1) * dim];
+            let act = &mut s.gate[t * ffn..(t + 1) * ffn];
+            let sc = &mut s.sparse;
+            let lr = sl.lowrank.as_ref().expect("checked at load: low-rank factors present");
+            lr.scores(&s.pool, x, &mut sc.mags, act, &mut s.scratch.bytes)?;
+            math::silu(act);
+            sc.pred.clear();
+            sc.pred.extend((0..ffn as u32).filter(|&j| act[j as usize].abs() > lr.threshold));
+            let k = sc.pred.len();
+            b.gather(l, &sc.pred, &mut sc.gathered, &mut sc.stats.cache)?;
+            // Exact gate values of the predicted neurons, filtered by the
+            // gate threshold.
+            layer.w_gate.forward_gathered(
+                &s.pool,
+                x,
+                1,
+                &sc.gathered.gate,
+                &sc.pred,
+                &mut sc.up[..k],
+                &mut s.scratch,
+            )?;
+            math::silu(&mut sc.up[..k]);
+            sc.idx.clear();
+            sc.keep.clear();
+            for (p, (&j, &a)) in sc.pred.iter().zip(&sc.up[..k]).enumerate() {
+                act[j as usize] = a;
+                if a.abs() > sl.threshold {
+                    sc.idx.push(j);
+                    sc.keep.push(p as u32);
+                }
+            }
+            sc.stats.layers[l].predicted += k as u64;
+            let k = sc.idx.len();
+            let counters = &mut sc.stats.layers[l];
+            counters.tokens += 1;
+            counters.active += k as u64;
+            sc.gathered.compact(&sc.keep, up_row, down_col);
+            // Up projection on the kept records.
+            layer.w_up.forward_gathered(&s.pool, x, 1, &sc.gathered.up, &sc.idx, &mut sc.up[..k], &mut s.scratch)?;
+            for ((h, &j), &u) in sc.h[..k].iter_mut().zip(&sc.idx).zip(&sc.up[..k]) {
+                *h = act[j as usize] * u;
+            }
+            // Down projection from the kept records' codes.
+            b.axpy(&s.pool, l, &sc.idx, &sc.gathered.down, &sc.h[..k], out);
         }
         Ok(())
     }

@@ -1,0 +1,901 @@
+//! The FFN bundle: a model's FFN weights repacked neuron-major, for running
+//! the sparse FFN under a memory budget (`ffn_budget_mb`).
+//!
+//! Under a budget the mapped GGUF FFN matrices are never read at run time.
+//! Instead each neuron `j` of each layer is one *record*: its `W_gate` row
+//! and `W_up` row in the file's quantised row format, and its `W_down`
+//! column as the exact integer codes of [`spinfer_kernels::sparse::NeuronMajor`]
+//! (4-bit types packed two per byte). The hottest records (highest
+//! calibrated `active_freq`, across all layers) are held in RAM; the rest
+//! are read on demand with positioned reads from the bundle file into a
+//! bounded [`ColdCache`] whose [`super::cache::CachePolicy`] decides what
+//! stays. Positioned reads (not a mapping) keep the file's pages out of the
+//! process's resident set.
+//!
+//! # File format (`<sidecar>.ffn`, written once beside the sidecar)
+//!
+//! | bytes | content |
+//! |---|---|
+//! | 8 | magic `SPFFNB01` |
+//! | 8 | header length `h` (u64 LE) |
+//! | h | header JSON: `format`, `version`, `fingerprint` (the model's, see the sidecar), `freq_sha256` (SHA-256 of every layer's `active_freq`, f32 LE), `n_layers`, `dim`, `ffn_dim`, `gate_type`, `up_type`, `down_type`, `gate_row`, `up_row`, `down_col`, `record`, `scales`, `layer_bytes`, `data_start` (byte sizes) |
+//! | … | zero padding to `data_start` (a multiple of 4096) |
+//!
+//! then per layer `l`, at `data_start + l · layer_bytes`:
+//!
+//! | bytes | content |
+//! |---|---|
+//! | 4 · ffn_dim | `order`: neuron ids (u32 LE) by descending `active_freq` (ties: lower id first) |
+//! | scales | `W_down` block scales `d` as f16 laid out `[block][output]` (`ffn_dim/32 × dim`), then for Q4_1 the minimums `m` in the same layout |
+//! | ffn_dim · record | records in `order`: gate row (`gate_row` bytes), up row (`up_row`), down codes (`down_col`: Q4_0/Q4_1 raw nibbles, byte `t` = output `t` low, output `t + dim/2` high; Q8_0 one i8 per output) |
+//!
+//! The hot set of a budget is therefore a prefix of each layer's records
+//! (one read per layer at load). A bundle whose header does not match the
+//! model and sidecar is rebuilt (write to `*.tmp`, then rename).
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use spinfer_kernels::GgmlType;
+use spinfer_kernels::cpu::CpuFeatures;
+use spinfer_kernels::pool::{ThreadPool, chunk};
+use spinfer_kernels::sparse::AxpyIsa;
+
+use super::cache::{BoxedPolicy, ColdCache, NeuronId};
+use super::{CacheCounters, sparsity_err};
+use crate::{Error, Result};
+
+const MAGIC: &[u8; 8] = b"SPFFNB01";
+const FORMAT: &str = "spinfer-ffn-bundle";
+const VERSION: u32 = 1;
+/// Neurons per `W_down` block (Q4_0 / Q4_1 / Q8_0).
+const QK: usize = 32;
+/// Cold misses this many records apart or closer are read in one call.
+const MAX_GAP: u32 = 4;
+/// At most this many records per read.
+const MAX_RUN: u32 = 256;
+/// Outputs per AXPY tile.
+const TILE: usize = 64;
+/// Below this many multiply-adds the AXPY runs on one thread.
+const PAR_MACS: usize = 32 * 1024;
+
+/// One layer's FFN matrices as the model file holds them.
+pub struct FfnSource<'a> {
+    pub gate: (GgmlType, &'a [u8]),
+    pub up: (GgmlType, &'a [u8]),
+    pub down: (GgmlType, &'a [u8]),
+    /// The bytes are a file mapping (their pages may be released).
+    pub mapped: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Header {
+    format: String,
+    version: u32,
+    fingerprint: String,
+    freq_sha256: String,
+    n_layers: usize,
+    dim: usize,
+    ffn_dim: usize,
+    gate_type: String,
+    up_type: String,
+    down_type: String,
+    gate_row: usize,
+    up_row: usize,
+    down_col: usize,
+    record: usize,
+    scales: usize,
+    layer_bytes: usize,
+    data_start: usize,
+}
+
+/// The bundle's path for a sidecar: `<sidecar>.ffn`.
+pub fn path_for(sidecar: &Path) -> PathBuf {
+    let mut s = sidecar.as_os_str().to_owned();
+    s.push(".ffn");
+    PathBuf::from(s)
+}
+
+fn down_layout(ty: GgmlType) -> Option<(bool, i8)> {
+    // (4-bit, code bias)
+    match ty {
+        GgmlType::Q4_0 => Some((true, 8)),
+        GgmlType::Q4_1 => Some((true, 0)),
+        GgmlType::Q8_0 => Some((false, 0)),
+        _ => None,
+    }
+}
+
+fn header_for(fingerprint: &str, freqs: &[Vec<f32>], src: &[FfnSource], dim: usize, ffn: usize) -> Result<Header> {
+    let first = src.first().ok_or_else(|| Error::InvalidArgument("FFN bundle: model has no layers".into()))?;
+    let (gt, ut, dt) = (first.gate.0, first.up.0, first.down.0);
+    if src.iter().any(|s| s.gate.0 != gt || s.up.0 != ut || s.down.0 != dt) {
+        return Err(Error::InvalidArgument("FFN bundle: FFN weight types differ between layers".into()));
+    }
+    let Some((q4, _)) = down_layout(dt) else {
+        return Err(Error::InvalidArgument(format!(
+            "an FFN memory budget needs ffn_down in Q4_0, Q4_1 or Q8_0, this model's is {dt}"
+        )));
+    };
+    let kerr = |e: spinfer_kernels::KernelError| Error::InvalidArgument(format!("FFN bundle: {e}"));
+    let (gate_row, up_row) = (gt.row_bytes(dim).map_err(kerr)?, ut.row_bytes(dim).map_err(kerr)?);
+    let down_col = if q4 { dim / 2 } else { dim };
+    if !dim.is_multiple_of(2) || !ffn.is_multiple_of(QK) {
+        return Err(Error::InvalidArgument(format!("FFN bundle: dim {dim} / ffn {ffn} not block aligned")));
+    }
+    let scales = (ffn / QK) * dim * 2 * if dt == GgmlType::Q4_1 { 2 } else { 1 };
+    let record = gate_row + up_row + down_col;
+    let mut h = Sha256::new();
+    for f in freqs {
+        for v in f {
+            h.update(v.to_le_bytes());
+        }
+    }
+    let freq_sha256 = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(Header {
+        format: FORMAT.into(),
+        version: VERSION,
+        fingerprint: fingerprint.into(),
+        freq_sha256,
+        n_layers: src.len(),
+        dim,
+        ffn_dim: ffn,
+        gate_type: gt.to_string(),
+        up_type: ut.to_string(),
+        down_type: dt.to_string(),
+        gate_row,
+        up_row,
+        down_col,
+        record,
+        scales,
+        layer_bytes: 4 * ffn + scales + ffn * record,
+        data_start: 4096,
+    })
+}
+
+/// Neuron ids by descending frequency (ties: lower id first).
+fn order_of(freq: &[f32]) -> Vec<u32> {
+    let mut o: Vec<u32> = (0..freq.len() as u32).collect();
+    o.sort_by(|&a, &b| freq[b as usize].total_cmp(&freq[a as usize]).then(a.cmp(&b)));
+    o
+}
+
+/// Drops this process's pages of `bytes` (a read-only file mapping): they
+/// leave the resident set and are re-read from the file if touched again.
+fn release_pages(bytes: &[u8]) {
+    #[cfg(target_os = "linux")]
+    {
+        unsafe extern "C" {
+            fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
+            fn sysconf(name: i32) -> std::ffi::c_long;
+        }
+        const MADV_DONTNEED: i32 = 4;
+        const SC_PAGESIZE: i32 = 30;
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { sysconf(SC_PAGESIZE) }.max(4096) as usize;
+        let start = (bytes.as_ptr() as usize).next_multiple_of(page);
+        let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
+        if end > start {
+            // SAFETY: [start, end) lies inside `bytes`, a read-only file
+            // mapping that nothing writes: MADV_DONTNEED only drops the
+            // process's page table entries; the contents stay those of the
+            // file, re-read on the next access.
+            unsafe { madvise(start as *mut std::ffi::c_void, end - start, MADV_DONTNEED) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = bytes;
+}
+
+fn write_bundle(path: &Path, h: &Header, freqs: &[Vec<f32>], src: &[FfnSource]) -> Result<()> {
+    let tmp = {
+        let mut s = path.as_os_str().to_owned();
+        s.push(".tmp");
+        PathBuf::from(s)
+    };
+    let io = |e| Error::io(&tmp, e);
+    let mut w = BufWriter::with_capacity(1 << 20, File::create(&tmp).map_err(io)?);
+    let json = serde_json::to_vec(h).map_err(|e| sparsity_err(path, e.to_string()))?;
+    if 16 + json.len() > h.data_start {
+        return Err(sparsity_err(path, "FFN bundle header too long"));
+    }
+    w.write_all(MAGIC).map_err(io)?;
+    w.write_all(&(json.len() as u64).to_le_bytes()).map_err(io)?;
+    w.write_all(&json).map_err(io)?;
+    w.write_all(&vec![0u8; h.data_start - 16 - json.len()]).map_err(io)?;
+    let (dim, ffn) = (h.dim, h.ffn_dim);
+    let dt = src[0].down.0;
+    let (q4, _) = down_layout(dt).expect("checked by header_for");
+    let has_min = dt == GgmlType::Q4_1;
+    let nb = ffn / QK;
+    let mut codes = vec![0u8; ffn * dim]; // neuron-major raw codes
+    let mut d = vec![0u8; nb * dim * 2];
+    let mut m = vec![0u8; if has_min { nb * dim * 2 } else { 0 }];
+    let mut col = vec![0u8; h.down_col];
+    for (l, (s, freq)) in src.iter().zip(freqs).enumerate() {
+        let order = order_of(freq);
+        let down = s.down.1;
+        let rb = dt.row_bytes(ffn).map_err(|e| sparsity_err(path, e.to_string()))?;
+        let bs = dt.type_size();
+        if down.len() != dim * rb || s.gate.1.len() != ffn * h.gate_row || s.up.1.len() != ffn * h.up_row {
+            return Err(sparsity_err(path, format!("layer {l}: FFN matrix sizes do not match the model shape")));
+        }
+        for i in 0..dim {
+            for (b, blk) in down[i * rb..(i + 1) * rb].chunks_exact(bs).enumerate() {
+                d[(b * dim + i) * 2..][..2].copy_from_slice(&blk[..2]);
+                let qs = match dt {
+                    GgmlType::Q4_0 => &blk[2..18],
+                    GgmlType::Q4_1 => {
+                        m[(b * dim + i) * 2..][..2].copy_from_slice(&blk[2..4]);
+                        &blk[4..20]
+                    }
+                    _ => &blk[2..34],
+                };
+                if q4 {
+                    for (e, &v) in qs.iter().enumerate() {
+                        codes[(b * QK + e) * dim + i] = v & 0x0F;
+                        codes[(b * QK + e + QK / 2) * dim + i] = v >> 4;
+                    }
+                } else {
+                    for (e, &v) in qs.iter().enumerate() {
+                        codes[(b * QK + e) * dim + i] = v;
+                    }
+                }
+            }
+        }
+        for &j in &order {
+            w.write_all(&j.to_le_bytes()).map_err(io)?;
+        }
+        w.write_all(&d).map_err(io)?;
+        w.write_all(&m).map_err(io)?;
+        let half = dim / 2;
+        for &j in &order {
+            let j = j as usize;
+            w.write_all(&s.gate.1[j * h.gate_row..(j + 1) * h.gate_row]).map_err(io)?;
+            w.write_all(&s.up.1[j * h.up_row..(j + 1) * h.up_row]).map_err(io)?;
+            let c = &codes[j * dim..(j + 1) * dim];
+            if q4 {
+                for (t, o) in col.iter_mut().enumerate() {
+                    *o = c[t] | (c[t + half] << 4);
+                }
+                w.write_all(&col).map_err(io)?;
+            } else {
+                w.write_all(c).map_err(io)?;
+            }
+        }
+        if s.mapped {
+            // Streaming: one layer's matrices resident at a time.
+            release_pages(s.gate.1);
+            release_pages(s.up.1);
+            release_pages(s.down.1);
+        }
+    }
+    let f = w.into_inner().map_err(|e| io(e.into_error()))?;
+    f.sync_all().map_err(io)?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+fn read_at(file: &File, path: &Path, buf: &mut [u8], offset: u64) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileExt;
+        file.read_exact_at(buf, offset).map_err(|e| Error::io(path, e))
+    }
+    #[cfg(windows)]
+    {
+        use std::os::windows::fs::FileExt;
+        let mut done = 0;
+        while done < buf.len() {
+            match file.seek_read(&mut buf[done..], offset + done as u64) {
+                Ok(0) => return Err(sparsity_err(path, "unexpected end of file")),
+                Ok(n) => done += n,
+                Err(e) => return Err(Error::io(path, e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn read_header(file: &File, path: &Path) -> Option<Header> {
+    let mut head = [0u8; 16];
+    read_at(file, path, &mut head, 0).ok()?;
+    if &head[..8] != MAGIC {
+        return None;
+    }
+    let n = u64::from_le_bytes(head[8..16].try_into().ok()?) as usize;
+    if n > 1 << 20 {
+        return None;
+    }
+    let mut json = vec![0u8; n];
+    read_at(file, path, &mut json, 16).ok()?;
+    serde_json::from_slice(&json).ok()
+}
+
+/// Engine-wide totals of the cold path (all sessions).
+#[derive(Default)]
+struct Totals {
+    hot: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    bytes_read: AtomicU64,
+    reads: AtomicU64,
+}
+
+struct BundleLayer {
+    /// Per neuron: its position in the layer's record order.
+    pos: Vec<u32>,
+    /// Records `0..hot` are in `hot_data`.
+    hot: usize,
+    hot_data: Vec<u8>,
+    /// `W_down` block scales `[block][output]`.
+    d: Vec<f16>,
+    /// Minimums (Q4_1), same layout; empty otherwise.
+    m: Vec<f16>,
+}
+
+/// Where the budget went (bytes).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BudgetReport {
+    pub budget: usize,
+    /// Resident whatever the budget: predictor factors, down scales, maps.
+    pub fixed: usize,
+    /// Hot records in RAM.
+    pub hot: usize,
+    pub hot_neurons: usize,
+    /// Cold-cache slots.
+    pub cache: usize,
+    pub cache_slots: usize,
+    pub total_neurons: usize,
+    pub record: usize,
+    pub policy: String,
+}
+
+/// A layer's gathered records for one token.
+#[derive(Default)]
+pub struct Gathered {
+    /// Gate rows of the requested neurons (k × gate_row).
+    pub gate: Vec<u8>,
+    /// Up rows (k × up_row).
+    pub up: Vec<u8>,
+    /// Down codes (k × down_col).
+    pub down: Vec<u8>,
+    cold: Vec<(u32, u32, u32)>,
+    buf: Vec<u8>,
+}
+
+impl Gathered {
+    /// Keeps entries `keep` (ascending positions into the last gather) of
+    /// the up rows and down codes, in order.
+    pub fn compact(&mut self, keep: &[u32], up_row: usize, down_col: usize) {
+        for (new, &old) in keep.iter().enumerate() {
+            let old = old as usize;
+            if old != new {
+                self.up.copy_within(old * up_row..(old + 1) * up_row, new * up_row);
+                self.down.copy_within(old * down_col..(old + 1) * down_col, new * down_col);
+            }
+        }
+    }
+}
+
+/// The repacked FFN of a model under a memory budget.
+pub struct FfnBundle {
+    pub path: PathBuf,
+    file: File,
+    h: Header,
+    q4: bool,
+    bias: i8,
+    /// Fused multiply-adds in the AXPY, as `NeuronMajor`'s AVX2 / AVX-512
+    /// kernels compute (so the results are bit-identical to the
+    /// unbudgeted path on this CPU).
+    fma: bool,
+    layers: Vec<BundleLayer>,
+    cache: Mutex<ColdCache>,
+    report: BudgetReport,
+    totals: Totals,
+}
+
+/// `acc += a · b`, fused when `FMA` (only inside `avx2,fma` code).
+#[inline(always)]
+fn madd<const FMA: bool>(acc: &mut f32, a: f32, b: f32) {
+    if FMA {
+        *acc = a.mul_add(b, *acc);
+    } else {
+        *acc += a * b;
+    }
+}
+
+/// A raw output pointer shared with the pool's threads (disjoint writes).
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: only dereferenced for disjoint output ranges, see `axpy`.
+unsafe impl Sync for OutPtr {}
+// SAFETY: as above.
+unsafe impl Send for OutPtr {}
+impl OutPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+impl FfnBundle {
+    /// Opens the bundle at `path` (writing it from `src` first if it is
+    /// missing or stale), then fills the budget: `fixed_other` bytes that
+    /// stay resident anyway (the predictor), the down scales and maps, a
+    /// quarter of the rest as cold-cache slots, the remainder as hot
+    /// records (highest `freqs` first, across layers). Releases the pages
+    /// of mapped `src` matrices afterwards.
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_or_build(
+        path: &Path,
+        fingerprint: &str,
+        freqs: &[Vec<f32>],
+        src: &[FfnSource],
+        dim: usize,
+        ffn: usize,
+        budget: usize,
+        fixed_other: usize,
+        policy: impl FnOnce(usize) -> BoxedPolicy,
+    ) -> Result<Self> {
+        let want = header_for(fingerprint, freqs, src, dim, ffn)?;
+        let fresh = File::open(path).ok().and_then(|f| read_header(&f, path)).is_some_and(|h| h == want);
+        if !fresh {
+            tracing::info!(path = %path.display(), "writing the FFN bundle (hot/cold repack)");
+            write_bundle(path, &want, freqs, src)?;
+        }
+        for s in src.iter().filter(|s| s.mapped) {
+            release_pages(s.gate.1);
+            release_pages(s.up.1);
+            release_pages(s.down.1);
+        }
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let h = want;
+        let (q4, bias) = down_layout(src[0].down.0).expect("checked by header_for");
+        let n_layers = h.n_layers;
+        // Order and scales of every layer.
+        let mut layers = Vec::with_capacity(n_layers);
+        let half_scales = if src[0].down.0 == GgmlType::Q4_1 { h.scales / 2 } else { h.scales };
+        for l in 0..n_layers {
+            let base = (h.data_start + l * h.layer_bytes) as u64;
+            let mut head = vec![0u8; 4 * ffn + h.scales];
+            read_at(&file, path, &mut head, base)?;
+            let mut pos = vec![0u32; ffn];
+            for (p, b) in head[..4 * ffn].chunks_exact(4).enumerate() {
+                let j = u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize;
+                if j >= ffn {
+                    return Err(sparsity_err(path, format!("layer {l}: neuron id {j} out of range")));
+                }
+                pos[j] = p as u32;
+            }
+            let f16s = |b: &[u8]| -> Vec<f16> {
+                b.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect()
+            };
+            let sc = &head[4 * ffn..];
+            let d = f16s(&sc[..half_scales]);
+            let m = f16s(&sc[half_scales..]);
+            layers.push(BundleLayer { pos, hot: 0, hot_data: Vec::new(), d, m });
+        }
+        let total = n_layers * ffn;
+        let maps = n_layers * ffn * 4 * 2 + total * 12;
+        let fixed = fixed_other + n_layers * h.scales + maps;
+        let floor = fixed + h.record;
+        if budget < floor {
+            return Err(Error::InvalidArgument(format!(
+                "FFN memory budget {:.1} MB is below the {:.1} MB that must stay resident (low-rank predictor, \
+                 down-projection scales, maps) plus one neuron",
+                budget as f64 / 1e6,
+                floor as f64 / 1e6
+            )));
+        }
+        let rest = (budget - fixed) / h.record;
+        let (hot_n, slots) = if rest >= total { (total, 0) } else { (rest - rest / 4, rest / 4) };
+        // The hottest neurons across layers: (freq desc, layer, id).
+        let mut all: Vec<(f32, u32, u32)> = Vec::with_capacity(total);
+        for (l, f) in freqs.iter().enumerate() {
+            all.extend(f.iter().enumerate().map(|(j, &v)| (v, l as u32, j as u32)));
+        }
+        all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        for &(_, l, _) in &all[..hot_n] {
+            layers[l as usize].hot += 1;
+        }
+        drop(all);
+        for (l, layer) in layers.iter_mut().enumerate() {
+            let base = (h.data_start + l * h.layer_bytes + 4 * ffn + h.scales) as u64;
+            let mut data = vec![0u8; layer.hot * h.record];
+            read_at(&file, path, &mut data, base)?;
+            layer.hot_data = data;
+        }
+        let cache = ColdCache::new(slots, h.record, n_layers, ffn, policy(slots));
+        let report = BudgetReport {
+            budget,
+            fixed,
+            hot: hot_n * h.record,
+            hot_neurons: hot_n,
+            cache: slots * h.record,
+            cache_slots: slots,
+            total_neurons: total,
+            record: h.record,
+            policy: cache.policy_name(),
+        };
+        tracing::info!(
+            hot = hot_n,
+            cache_slots = slots,
+            total,
+            fixed_mb = fixed as f64 / 1e6,
+            "FFN under a memory budget"
+        );
+        let fma = AxpyIsa::select(&CpuFeatures::detect()) != AxpyIsa::Scalar;
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            h,
+            q4,
+            bias,
+            fma,
+            layers,
+            cache: Mutex::new(cache),
+            report,
+            totals: Totals::default(),
+        })
+    }
+
+    pub fn report(&self) -> &BudgetReport {
+        &self.report
+    }
+
+    /// Bytes of gate row, up row and down codes in a record.
+    pub fn row_sizes(&self) -> (usize, usize, usize) {
+        (self.h.gate_row, self.h.up_row, self.h.down_col)
+    }
+
+    /// Resident bytes the budget pays for.
+    pub fn resident_bytes(&self) -> usize {
+        self.report.fixed + self.report.hot + self.report.cache
+    }
+
+    /// Engine-wide cold-path totals (all sessions so far).
+    pub fn totals(&self) -> CacheCounters {
+        let t = &self.totals;
+        CacheCounters {
+            hot: t.hot.load(Ordering::Relaxed),
+            hits: t.hits.load(Ordering::Relaxed),
+            misses: t.misses.load(Ordering::Relaxed),
+            bytes_read: t.bytes_read.load(Ordering::Relaxed),
+            reads: t.reads.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Gathers the records of neurons `idx` of layer `l` into `g` (gate
+    /// rows, up rows and down codes, in `idx` order): hot ones from RAM,
+    /// cold ones from the cache or the file.
+    pub fn gather(&self, l: usize, idx: &[u32], g: &mut Gathered, c: &mut CacheCounters) -> Result<()> {
+        let (gr, ur, dc, rec) = (self.h.gate_row, self.h.up_row, self.h.down_col, self.h.record);
+        let k = idx.len();
+        g.gate.resize(k * gr, 0);
+        g.up.resize(k * ur, 0);
+        g.down.resize(k * dc, 0);
+        let layer = &self.layers[l];
+        g.cold.clear();
+        let put = |g: &mut Gathered, kk: usize, r: &[u8]| {
+            g.gate[kk * gr..(kk + 1) * gr].copy_from_slice(&r[..gr]);
+            g.up[kk * ur..(kk + 1) * ur].copy_from_slice(&r[gr..gr + ur]);
+            g.down[kk * dc..(kk + 1) * dc].copy_from_slice(&r[gr + ur..rec]);
+        };
+        let mut hot = 0u64;
+        for (kk, &j) in idx.iter().enumerate() {
+            let p = layer.pos[j as usize] as usize;
+            if p < layer.hot {
+                put(g, kk, &layer.hot_data[p * rec..(p + 1) * rec]);
+                hot += 1;
+            } else {
+                g.cold.push((p as u32, kk as u32, j));
+            }
+        }
+        let (mut hits, mut misses, mut bytes, mut reads) = (0u64, 0u64, 0u64, 0u64);
+        if !g.cold.is_empty() {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            let mut cold = std::mem::take(&mut g.cold);
+            // Hits first; misses stay in `cold`.
+            cold.retain(|&(_, kk, j)| match cache.lookup(NeuronId { layer: l as u32, index: j }) {
+                Some(r) => {
+                    put(g, kk as usize, r);
+                    hits += 1;
+                    false
+                }
+                None => true,
+            });
+            misses = cold.len() as u64;
+            cold.sort_unstable();
+            let base = (self.h.data_start + l * self.h.layer_bytes + 4 * self.h.ffn_dim + self.h.scales) as u64;
+            let mut i = 0;
+            while i < cold.len() {
+                let p0 = cold[i].0;
+                let mut e = i + 1;
+                while e < cold.len() && cold[e].0 - cold[e - 1].0 <= MAX_GAP && cold[e].0 - p0 < MAX_RUN {
+                    e += 1;
+                }
+                let n = (cold[e - 1].0 - p0 + 1) as usize;
+                g.buf.resize(n * rec, 0);
+                read_at(&self.file, &self.path, &mut g.buf[..n * rec], base + p0 as u64 * rec as u64)?;
+                bytes += (n * rec) as u64;
+                reads += 1;
+                let buf = std::mem::take(&mut g.buf);
+                for &(p, kk, j) in &cold[i..e] {
+                    let r = &buf[(p - p0) as usize * rec..][..rec];
+                    put(g, kk as usize, r);
+                    cache.insert(NeuronId { layer: l as u32, index: j }, r);
+                }
+                g.buf = buf;
+                i = e;
+            }
+            cold.clear();
+            g.cold = cold;
+        }
+        c.hot += hot;
+        c.hits += hits;
+        c.misses += misses;
+        c.bytes_read += bytes;
+        c.reads += reads;
+        let t = &self.totals;
+        t.hot.fetch_add(hot, Ordering::Relaxed);
+        t.hits.fetch_add(hits, Ordering::Relaxed);
+        t.misses.fetch_add(misses, Ordering::Relaxed);
+        t.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+        t.reads.fetch_add(reads, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `out = Σ_k coef[k] · W_down[:, idx[k]]` for layer `l`, from the down
+    /// codes `codes` gathered for `idx` (ascending): the arithmetic of
+    /// `NeuronMajor::axpy` on this CPU (per block `S = Σ coef·q`,
+    /// `H = Σ coef`, then `acc += d·S + m·H`; fused multiply-adds where its
+    /// AVX2 / AVX-512 kernels use them), so the same bits.
+    pub fn axpy(&self, pool: &ThreadPool, l: usize, idx: &[u32], codes: &[u8], coef: &[f32], out: &mut [f32]) {
+        let dim = self.h.dim;
+        debug_assert!(out.len() == dim && coef.len() == idx.len() && codes.len() >= idx.len() * self.h.down_col);
+        let units = if self.q4 { dim / 2 } else { dim };
+        let ptr = OutPtr(out.as_mut_ptr());
+        let run = |r: std::ops::Range<usize>| {
+            #[cfg(target_arch = "x86_64")]
+            if self.fma {
+                // SAFETY: `fma` is set only when `AxpyIsa::select` found
+                // AVX2 and FMA on this CPU.
+                unsafe { self.axpy_range_fma(l, r, idx, codes, coef, ptr) };
+                return;
+            }
+            self.axpy_range::<false>(l, r, idx, codes, coef, ptr);
+        };
+        if pool.n_threads() == 1 || idx.len() * dim < PAR_MACS {
+            run(0..units);
+        } else {
+            pool.broadcast(&|ti, nt| {
+                let r = chunk(units, ti, nt);
+                if !r.is_empty() {
+                    run(r);
+                }
+            });
+        }
+    }
+
+    /// [`Self::axpy_range`] with fused multiply-adds.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn axpy_range_fma(
+        &self,
+        l: usize,
+        r: std::ops::Range<usize>,
+        idx: &[u32],
+        codes: &[u8],
+        coef: &[f32],
+        out: OutPtr,
+    ) {
+        self.axpy_range::<true>(l, r, idx, codes, coef, out);
+    }
+
+    #[inline(always)]
+    fn axpy_range<const FMA: bool>(
+        &self,
+        l: usize,
+        r: std::ops::Range<usize>,
+        idx: &[u32],
+        codes: &[u8],
+        coef: &[f32],
+        out: OutPtr,
+    ) {
+        let (dim, dc) = (self.h.dim, self.h.down_col);
+        let layer = &self.layers[l];
+        let half = dim / 2;
+        let planes = if self.q4 { 2 } else { 1 };
+        let mut a = r.start;
+        while a < r.end {
+            let w = TILE.min(r.end - a);
+            let mut acc = [[0f32; TILE]; 2];
+            let mut s = [[0f32; TILE]; 2];
+            let mut dv = [[0f32; TILE]; 2];
+            let mut mv = [[0f32; TILE]; 2];
+            let mut k = 0;
+            while k < idx.len() {
+                let b = idx[k] as usize / QK;
+                for p in s.iter_mut().take(planes) {
+                    p[..w].fill(0.0);
+                }
+                let mut hsum = 0.0f32;
+                while k < idx.len() && idx[k] as usize / QK == b {
+                    let c = coef[k];
+                    hsum += c;
+                    let row = &codes[k * dc + a..][..w];
+                    if self.q4 {
+                        let bias = self.bias;
+                        let (lo, hi) = s.split_at_mut(1);
+                        for ((sl, sh), &v) in lo[0][..w].iter_mut().zip(&mut hi[0][..w]).zip(row) {
+                            madd::<FMA>(sl, c, f32::from((v & 0x0F) as i8 - bias));
+                            madd::<FMA>(sh, c, f32::from((v >> 4) as i8 - bias));
+                        }
+                    } else {
+                        for (sv, &v) in s[0][..w].iter_mut().zip(row) {
+                            madd::<FMA>(sv, c, f32::from(v as i8));
+                        }
+                    }
+                    k += 1;
+                }
+                for p in 0..planes {
+                    let o = b * dim + a + p * half;
+                    layer.d[o..o + w].convert_to_f32_slice(&mut dv[p][..w]);
+                    if layer.m.is_empty() {
+                        for ((acc, &s), &d) in acc[p][..w].iter_mut().zip(&s[p][..w]).zip(&dv[p][..w]) {
+                            madd::<FMA>(acc, d, s);
+                        }
+                    } else {
+                        layer.m[o..o + w].convert_to_f32_slice(&mut mv[p][..w]);
+                        for (((acc, &s), &d), &m) in
+                            acc[p][..w].iter_mut().zip(&s[p][..w]).zip(&dv[p][..w]).zip(&mv[p][..w])
+                        {
+                            if FMA {
+                                *acc = m.mul_add(hsum, d.mul_add(s, *acc));
+                            } else {
+                                *acc += d * s + m * hsum;
+                            }
+                        }
+                    }
+                }
+            }
+            for (p, acc) in acc.iter().enumerate().take(planes) {
+                // SAFETY: callers hand disjoint ranges `r` within
+                // `0..units` (`dim/2` for 4-bit types, else `dim`); the
+                // outputs written, `a + p·dim/2 .. + w`, are inside the
+                // `dim` floats behind `out`, which outlive the call, and no
+                // other thread writes them.
+                let o = unsafe { std::slice::from_raw_parts_mut(out.get().add(a + p * half), w) };
+                o.copy_from_slice(&acc[..w]);
+            }
+            a += w;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spinfer_kernels::sparse::NeuronMajor;
+
+    use super::*;
+    use crate::sparse::cache::{CachePolicyKind, policy};
+
+    /// Random blocks of `ty` with finite f16 scales (and minimums).
+    fn random_matrix(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let mut st = seed;
+        let mut next = move || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            st
+        };
+        let rb = ty.row_bytes(cols).unwrap();
+        let mut w: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
+        for blk in w.chunks_exact_mut(ty.type_size()) {
+            let d = f16::from_f32((next() % 1000) as f32 / 1e5 - 0.005).to_le_bytes();
+            blk[..2].copy_from_slice(&d);
+            if ty == GgmlType::Q4_1 {
+                let m = f16::from_f32((next() % 1000) as f32 / 1e4 - 0.05).to_le_bytes();
+                blk[2..4].copy_from_slice(&m);
+            }
+        }
+        w
+    }
+
+    fn check(ty: GgmlType, budget_records: Option<usize>) {
+        let (dim, ffn, layers) = (256, 288, 2);
+        let mats: Vec<_> = (0..layers)
+            .map(|l| {
+                let s = 1 + l as u64 * 3;
+                (random_matrix(ty, ffn, dim, s), random_matrix(ty, ffn, dim, s + 1), random_matrix(ty, dim, ffn, s + 2))
+            })
+            .collect();
+        let src: Vec<_> = mats
+            .iter()
+            .map(|(g, u, d)| FfnSource { gate: (ty, g), up: (ty, u), down: (ty, d), mapped: false })
+            .collect();
+        let freqs: Vec<Vec<f32>> =
+            (0..layers).map(|l| (0..ffn).map(|j| ((j * 7 + l * 5) % 11) as f32 / 10.0).collect()).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.spinfer.ffn");
+        let open = |budget| {
+            let priors = freqs.clone();
+            FfnBundle::open_or_build(&path, "fp", &freqs, &src, dim, ffn, budget, 0, move |slots| {
+                policy(CachePolicyKind::FreqLru, slots, priors)
+            })
+            .unwrap()
+        };
+        let probe = open(usize::MAX / 2);
+        let rec = probe.report().record;
+        let fixed = probe.report().fixed;
+        let b = match budget_records {
+            Some(n) => open(fixed + n * rec),
+            None => probe,
+        };
+        let pool = ThreadPool::new(2);
+        let (gr, ur, _) = b.row_sizes();
+        let mut g = Gathered::default();
+        let mut c = CacheCounters::default();
+        for round in 0..3 {
+            for (l, (gate, up, down)) in mats.iter().enumerate() {
+                let idx: Vec<u32> = (0..ffn as u32).filter(|j| !(j + round + l as u32).is_multiple_of(3)).collect();
+                b.gather(l, &idx, &mut g, &mut c).unwrap();
+                for (k, &j) in idx.iter().enumerate() {
+                    let j = j as usize;
+                    assert_eq!(&g.gate[k * gr..(k + 1) * gr], &gate[j * gr..(j + 1) * gr]);
+                    assert_eq!(&g.up[k * ur..(k + 1) * ur], &up[j * ur..(j + 1) * ur]);
+                }
+                let coef: Vec<f32> = idx.iter().map(|&j| (j as f32 * 0.37).sin()).collect();
+                let nm = NeuronMajor::from_weights(ty, down, dim, ffn).unwrap();
+                let mut want = vec![0f32; dim];
+                if b.fma {
+                    nm.axpy(&pool, &idx, &coef, &mut want).unwrap();
+                } else {
+                    nm.axpy_scalar(&idx, &coef, &mut want).unwrap();
+                }
+                let mut got = vec![1f32; dim];
+                b.axpy(&pool, l, &idx, &g.down, &coef, &mut got);
+                assert_eq!(got, want, "{ty} layer {l}");
+            }
+        }
+        if budget_records.is_some() {
+            assert!(c.misses > 0 && c.bytes_read > 0, "{c:?}");
+        } else {
+            assert_eq!((c.hits, c.misses), (0, 0));
+        }
+    }
+
+    #[test]
+    fn bundled_records_and_axpy_equal_the_model_matrices() {
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            check(ty, None);
+            check(ty, Some(40));
+        }
+    }
+
+    #[test]
+    fn a_budget_below_the_fixed_part_is_refused() {
+        let ty = GgmlType::Q4_1;
+        let (g, u, d) = (random_matrix(ty, 32, 32, 1), random_matrix(ty, 32, 32, 2), random_matrix(ty, 32, 32, 3));
+        let src = [FfnSource { gate: (ty, &g), up: (ty, &u), down: (ty, &d), mapped: false }];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.ffn");
+        let e = FfnBundle::open_or_build(&path, "fp", &[vec![0.5; 32]], &src, 32, 32, 100, 0, |_| {
+            policy(CachePolicyKind::Lru, 0, Vec::new())
+        })
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("budget"), "{e}");
+    }
+}

@@ -1,0 +1,343 @@
+//! The bounded cache of cold FFN neurons under a memory budget, and the
+//! policies that decide which neurons stay in it.
+//!
+//! Policies implement the plugin ABI's [`CachePolicy`] trait
+//! (`spinfer_plugin_api`), so a third-party pack's `CachePolicyBox` fits the
+//! same slot as the built-in ones. The contract the [`ColdCache`] host
+//! follows:
+//!
+//! * every access to a cold neuron calls `on_access` (resident or not);
+//! * a miss calls `admit`; `true` means the policy now tracks the neuron as
+//!   resident, and the host calls `evict` until a slot is free;
+//! * `evict` names a resident neuron and forgets it.
+//!
+//! Built in: [`Lru`] (least recently used) and [`FreqLru`]
+//! (frequency-weighted LRU: a neuron's priority is its last access time plus
+//! `horizon × its calibrated activation frequency`, so frequently active
+//! neurons outlive rarely active ones accessed at the same time).
+
+use std::collections::{BTreeSet, HashMap};
+
+use spinfer_plugin_api::abi_stable::std_types::{ROption, RString};
+pub use spinfer_plugin_api::{CachePolicy, CachePolicyBox, NeuronId};
+
+/// The built-in cache policies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CachePolicyKind {
+    /// Least recently used.
+    Lru,
+    /// Frequency-weighted LRU (the default).
+    #[default]
+    FreqLru,
+}
+
+impl CachePolicyKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            CachePolicyKind::Lru => "lru",
+            CachePolicyKind::FreqLru => "freq-lru",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "lru" => Some(CachePolicyKind::Lru),
+            "freq-lru" | "frequency-lru" | "lfru" => Some(CachePolicyKind::FreqLru),
+            _ => None,
+        }
+    }
+}
+
+/// Priority-ordered resident set shared by both policies: evicts the
+/// lowest priority (ties: the lowest neuron id).
+#[derive(Default)]
+struct Resident {
+    prio: HashMap<NeuronId, u64>,
+    order: BTreeSet<(u64, NeuronId)>,
+}
+
+impl Resident {
+    fn set(&mut self, n: NeuronId, p: u64) {
+        if let Some(old) = self.prio.insert(n, p) {
+            self.order.remove(&(old, n));
+        }
+        self.order.insert((p, n));
+    }
+
+    fn touch(&mut self, n: NeuronId, p: u64) {
+        if self.prio.contains_key(&n) {
+            self.set(n, p);
+        }
+    }
+
+    fn pop(&mut self) -> Option<NeuronId> {
+        let (_, n) = self.order.pop_first()?;
+        self.prio.remove(&n);
+        Some(n)
+    }
+}
+
+/// Least recently used.
+#[derive(Default)]
+pub struct Lru {
+    clock: u64,
+    resident: Resident,
+}
+
+impl CachePolicy for Lru {
+    fn name(&self) -> RString {
+        "lru".into()
+    }
+
+    fn on_access(&mut self, neuron: NeuronId) {
+        self.clock += 1;
+        self.resident.touch(neuron, self.clock);
+    }
+
+    fn admit(&mut self, neuron: NeuronId) -> bool {
+        // Newest of all, even without a preceding `on_access`.
+        self.clock += 1;
+        self.resident.set(neuron, self.clock);
+        true
+    }
+
+    fn evict(&mut self) -> ROption<NeuronId> {
+        self.resident.pop().into()
+    }
+}
+
+/// Frequency-weighted LRU: priority = last access + `horizon × freq`, with
+/// `freq` the neuron's calibrated activation frequency (0..=1, the
+/// sidecar's `active_freq`). With all frequencies equal it is LRU.
+pub struct FreqLru {
+    clock: u64,
+    horizon: f64,
+    /// Per layer, per neuron.
+    freq: Vec<Vec<f32>>,
+    resident: Resident,
+}
+
+impl FreqLru {
+    /// `horizon`: how many accesses a neuron of frequency 1 outlives one of
+    /// frequency 0 last used at the same time.
+    pub fn new(horizon: usize, freq: Vec<Vec<f32>>) -> Self {
+        Self { clock: 0, horizon: horizon as f64, freq, resident: Resident::default() }
+    }
+
+    fn priority(&self, n: NeuronId) -> u64 {
+        let f = self.freq.get(n.layer as usize).and_then(|l| l.get(n.index as usize)).copied().unwrap_or(0.0);
+        self.clock + (self.horizon * f64::from(f.clamp(0.0, 1.0))) as u64
+    }
+}
+
+impl CachePolicy for FreqLru {
+    fn name(&self) -> RString {
+        "freq-lru".into()
+    }
+
+    fn on_access(&mut self, neuron: NeuronId) {
+        self.clock += 1;
+        let p = self.priority(neuron);
+        self.resident.touch(neuron, p);
+    }
+
+    fn admit(&mut self, neuron: NeuronId) -> bool {
+        let p = self.priority(neuron);
+        self.resident.set(neuron, p);
+        true
+    }
+
+    fn evict(&mut self) -> ROption<NeuronId> {
+        self.resident.pop().into()
+    }
+}
+
+/// A boxed policy (built-in or a pack's `CachePolicyBox`).
+pub type BoxedPolicy = Box<dyn CachePolicy + Send>;
+
+const NONE: u32 = u32::MAX;
+
+/// A fixed number of `record`-byte slots holding cold neurons, with a
+/// policy choosing what stays.
+pub struct ColdCache {
+    record: usize,
+    data: Vec<u8>,
+    /// Per layer, per neuron: its slot or `NONE`.
+    slot_of: Vec<Vec<u32>>,
+    /// Per slot: the neuron in it.
+    owner: Vec<Option<NeuronId>>,
+    free: Vec<u32>,
+    policy: BoxedPolicy,
+}
+
+impl ColdCache {
+    /// `slots` slots of `record` bytes for a model of `layers` × `ffn`
+    /// neurons (the slots are allocated, zeroed, up front: they are what
+    /// the budget pays for).
+    pub fn new(slots: usize, record: usize, layers: usize, ffn: usize, policy: BoxedPolicy) -> Self {
+        Self {
+            record,
+            data: vec![0; slots * record],
+            slot_of: vec![vec![NONE; ffn]; layers],
+            owner: vec![None; slots],
+            free: (0..slots as u32).rev().collect(),
+            policy,
+        }
+    }
+
+    pub fn slots(&self) -> usize {
+        self.owner.len()
+    }
+
+    pub fn policy_name(&self) -> String {
+        self.policy.name().into()
+    }
+
+    /// Resident bytes (slots and maps).
+    pub fn bytes(&self) -> usize {
+        self.data.len() + self.slot_of.iter().map(|l| l.len() * 4).sum::<usize>() + self.owner.len() * 12
+    }
+
+    /// Records an access; the neuron's record when resident.
+    pub fn lookup(&mut self, n: NeuronId) -> Option<&[u8]> {
+        self.policy.on_access(n);
+        let s = *self.slot_of.get(n.layer as usize)?.get(n.index as usize)?;
+        if s == NONE {
+            return None;
+        }
+        let r = self.record;
+        Some(&self.data[s as usize * r..(s as usize + 1) * r])
+    }
+
+    /// Offers a missed neuron's record; stored when the policy admits it
+    /// and a slot can be freed. Returns whether it was stored.
+    pub fn insert(&mut self, n: NeuronId, rec: &[u8]) -> bool {
+        debug_assert_eq!(rec.len(), self.record);
+        if self.owner.is_empty() || !self.policy.admit(n) {
+            return false;
+        }
+        // Evict until a slot is free (bounded: a policy naming neurons the
+        // host does not hold cannot loop forever).
+        let mut tries = self.owner.len() + 1;
+        while self.free.is_empty() && tries > 0 {
+            tries -= 1;
+            let ROption::RSome(v) = self.policy.evict() else { break };
+            if v == n {
+                // The newcomer ranks lowest: the policy has dropped it.
+                return false;
+            }
+            if let Some(s) = self.slot_of.get_mut(v.layer as usize).and_then(|l| l.get_mut(v.index as usize))
+                && *s != NONE
+            {
+                self.owner[*s as usize] = None;
+                self.free.push(*s);
+                *s = NONE;
+            }
+        }
+        let Some(s) = self.free.pop() else { return false };
+        let r = self.record;
+        self.data[s as usize * r..(s as usize + 1) * r].copy_from_slice(rec);
+        self.owner[s as usize] = Some(n);
+        self.slot_of[n.layer as usize][n.index as usize] = s;
+        true
+    }
+
+    /// Whether `n` is resident (no access recorded).
+    pub fn contains(&self, n: NeuronId) -> bool {
+        self.slot_of.get(n.layer as usize).and_then(|l| l.get(n.index as usize)).is_some_and(|&s| s != NONE)
+    }
+}
+
+/// The built-in policy `kind` for a cache of `slots` slots; `freq` are the
+/// calibrated activation frequencies (per layer, per neuron).
+pub fn policy(kind: CachePolicyKind, slots: usize, freq: Vec<Vec<f32>>) -> BoxedPolicy {
+    match kind {
+        CachePolicyKind::Lru => Box::new(Lru::default()),
+        CachePolicyKind::FreqLru => Box::new(FreqLru::new(slots, freq)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spinfer_plugin_api::CachePolicy_TO;
+    use spinfer_plugin_api::abi_stable::sabi_trait::TD_Opaque;
+
+    use super::*;
+
+    fn n(index: u32) -> NeuronId {
+        NeuronId { layer: 0, index }
+    }
+
+    fn rec(v: u8) -> [u8; 4] {
+        [v; 4]
+    }
+
+    #[test]
+    fn lru_evicts_the_least_recently_used() {
+        let mut c = ColdCache::new(2, 4, 1, 8, Box::new(Lru::default()));
+        assert!(c.lookup(n(1)).is_none());
+        assert!(c.insert(n(1), &rec(1)));
+        assert!(c.lookup(n(2)).is_none());
+        assert!(c.insert(n(2), &rec(2)));
+        // Touch 1: 2 is now the least recently used.
+        assert_eq!(c.lookup(n(1)), Some(&rec(1)[..]));
+        assert!(c.lookup(n(3)).is_none());
+        assert!(c.insert(n(3), &rec(3)));
+        assert!(c.contains(n(1)) && c.contains(n(3)) && !c.contains(n(2)));
+        assert_eq!(c.lookup(n(3)), Some(&rec(3)[..]));
+        // Now 1 is the oldest.
+        assert!(c.lookup(n(4)).is_none());
+        assert!(c.insert(n(4), &rec(4)));
+        assert!(!c.contains(n(1)) && c.contains(n(3)) && c.contains(n(4)));
+    }
+
+    #[test]
+    fn frequency_weighted_lru_keeps_frequent_neurons() {
+        // Neuron 0 is active on 90% of tokens, the others on 1%.
+        let mut freq = vec![0.01f32; 8];
+        freq[0] = 0.9;
+        let mut c = ColdCache::new(2, 4, 1, 8, Box::new(FreqLru::new(10, vec![freq.clone()])));
+        let mut lru = ColdCache::new(2, 4, 1, 8, Box::new(Lru::default()));
+        // A scan of rarely active neurons after neuron 0.
+        for cache in [&mut c, &mut lru] {
+            for i in 0..6u32 {
+                if cache.lookup(n(i)).is_none() {
+                    cache.insert(n(i), &rec(i as u8));
+                }
+            }
+        }
+        assert!(c.contains(n(0)), "frequent neuron evicted by a scan");
+        assert!(c.contains(n(5)));
+        assert!(!lru.contains(n(0)), "plain LRU forgets it");
+        // Beyond its horizon even a frequent neuron goes.
+        for i in 0..20u32 {
+            let j = 1 + i % 7;
+            if c.lookup(n(j)).is_none() {
+                c.insert(n(j), &rec(j as u8));
+            }
+        }
+        assert!(!c.contains(n(0)));
+    }
+
+    #[test]
+    fn an_abi_policy_object_drives_the_cache() {
+        let p: CachePolicyBox = CachePolicy_TO::from_value(Lru::default(), TD_Opaque);
+        assert_eq!(p.name().as_str(), "lru");
+        let mut c = ColdCache::new(1, 4, 2, 4, Box::new(p));
+        let a = NeuronId { layer: 1, index: 3 };
+        assert!(c.lookup(a).is_none());
+        assert!(c.insert(a, &rec(7)));
+        assert!(c.insert(n(0), &rec(8)));
+        assert!(!c.contains(a) && c.contains(n(0)));
+        assert_eq!(c.policy_name(), "lru");
+    }
+
+    #[test]
+    fn an_empty_cache_stores_nothing() {
+        let mut c = ColdCache::new(0, 4, 1, 4, Box::new(Lru::default()));
+        assert!(!c.insert(n(0), &rec(1)));
+        assert!(c.lookup(n(0)).is_none());
+        assert_eq!(CachePolicyKind::parse("lru"), Some(CachePolicyKind::Lru));
+        assert_eq!(CachePolicyKind::parse(CachePolicyKind::FreqLru.name()), Some(CachePolicyKind::FreqLru));
+    }
+}
