@@ -17,13 +17,18 @@
 //! pool thread. Each thread walks its rows in tiles of up to 4 rows and,
 //! for each tile, all tokens in groups of up to 4, so that every weight
 //! block is loaded once per 4 tokens (prefill is matrix-matrix work) and
-//! decode (`n_tokens == 1`) streams the weights once.
+//! decode (`n_tokens == 1`) streams the weights once. F32/F16/BF16 weights
+//! with f32 activations over many tokens go to a packed GEMM instead
+//! (`gemm_f32`, AVX2/AVX-512).
 
+mod gemm_f32;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 use std::ops::Range;
+
+pub use gemm_f32::{BLayout, sgemm, sgemm_scalar};
 
 use crate::cpu::CpuFeatures;
 use crate::kernel::{ActType, MatmulDesc, MatmulKernel};

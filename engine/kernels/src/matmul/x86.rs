@@ -1,7 +1,7 @@
 //! SIMD matmul drivers (AVX2 and AVX-512): activation packing and the
 //! tile loops over the [`crate::dot`] tile kernels.
 
-use super::{Isa, Job, OutPtr, for_each_tile, pack_tokens, scratch_aligned};
+use super::{Isa, Job, OutPtr, for_each_tile, gemm_f32, pack_tokens, scratch_aligned};
 use crate::GgmlType;
 use crate::Result;
 use crate::dot::avx512_k::{KQ4, KQ5, KQ6};
@@ -36,6 +36,9 @@ macro_rules! tiles {
 pub(super) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) -> Result<()> {
     let d = job.desc;
     match d.act {
+        ActType::F32 if job.n_tokens >= gemm_f32::MIN_TOKENS && gemm_f32::supports(d.wtype) => {
+            gemm_f32::run(isa, pool, job, scratch)
+        }
         ActType::F32 => run_precise(isa, pool, job),
         ActType::Q8_0 | ActType::Q8_1 => {
             let f = match d.wtype {

@@ -1,0 +1,168 @@
+//! The packed f32 GEMM (F32/F16/BF16 weights, f32 activations, at least 128
+//! tokens: below that the dot-product tiles run) against the scalar
+//! reference kernel on random data, ragged shapes included (rows, columns
+//! and tokens that are not multiples of the register tiles or the K block),
+//! over 1 and 3 threads.
+
+mod kernels_common;
+
+use kernels_common::*;
+use rand::Rng;
+use spinfer_kernels::GgmlType;
+use spinfer_kernels::cpu::CpuFeatures;
+use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel, candidates};
+use spinfer_kernels::pool::ThreadPool;
+
+fn run(k: &dyn MatmulKernel, pool: &ThreadPool, w: &[u8], x: &[f32], n: usize, rows: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; n * rows];
+    let mut scratch = Vec::new();
+    k.run(pool, w, x, n, &mut out, &mut scratch).unwrap();
+    out
+}
+
+/// Every SIMD kernel against the scalar one on `rows x cols` weights of
+/// `ty` and `n` tokens; tolerance: f32 reassociation, relative to
+/// `Σ |w · x|`.
+fn check_shape(ty: GgmlType, rows: usize, cols: usize, n: usize, seed: u64, pools: &[ThreadPool]) {
+    let mut r = rng(seed);
+    let w = random_weights(&mut r, ty, rows, cols);
+    let x: Vec<f32> = (0..n * cols).map(|_| r.random_range(-1.0f32..1.0)).collect();
+    let desc = MatmulDesc { wtype: ty, act: ActType::F32, rows, cols };
+    let ks = candidates(&desc, &CpuFeatures::detect());
+    let scalar = ks.iter().find(|k| k.name().starts_with("scalar")).expect("a scalar kernel");
+    let exp = run(scalar.as_ref(), &pools[0], &w, &x, n, rows);
+    let rb = ty.row_bytes(cols).unwrap();
+    let wf: Vec<Vec<f32>> = (0..rows).map(|row| dequant(ty, &w[row * rb..(row + 1) * rb], cols)).collect();
+    let mag: Vec<f32> = (0..n * rows)
+        .map(|i| {
+            let (t, row) = (i / rows, i % rows);
+            magnitude(&wf[row], &x[t * cols..(t + 1) * cols])
+        })
+        .collect();
+    for k in ks.iter().filter(|k| !k.name().starts_with("scalar")) {
+        for pool in pools {
+            let got = run(k.as_ref(), pool, &w, &x, n, rows);
+            for (i, ((&g, &e), &m)) in got.iter().zip(&exp).zip(&mag).enumerate() {
+                assert!(
+                    (g - e).abs() <= 2e-6 * m + 1e-30,
+                    "{} {ty:?} {rows}x{cols} n={n} threads={}: out[{i}] (token {}, row {}) = {g}, expected {e} \
+                     (magnitude {m})",
+                    k.name(),
+                    pool.n_threads(),
+                    i / rows,
+                    i % rows
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_matches_scalar_on_model_shapes() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+    for (rows, cols, n) in [(384, 384, 128), (1536, 384, 133), (384, 1536, 160), (384, 384, 257)] {
+        check_shape(GgmlType::F32, rows, cols, n, (rows * cols + n) as u64, &pools);
+    }
+}
+
+#[test]
+fn gemm_matches_scalar_on_ragged_shapes() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(3)];
+    // Rows not a multiple of 48/16 (partial panels, a partial packed
+    // block), columns not a multiple of 16 or of the 256-column K block,
+    // tokens not a multiple of 8/6.
+    for (i, &(rows, cols, n)) in
+        [(1, 1, 128), (7, 5, 129), (47, 33, 133), (49, 17, 128), (250, 300, 143), (97, 513, 131), (481, 271, 150)]
+            .iter()
+            .enumerate()
+    {
+        check_shape(GgmlType::F32, rows, cols, n, 100 + i as u64, &pools);
+    }
+}
+
+#[test]
+fn gemm_matches_scalar_for_half_weights() {
+    let pools = [ThreadPool::new(2)];
+    for ty in [GgmlType::F16, GgmlType::BF16] {
+        for (i, &(rows, cols, n)) in [(96, 64, 128), (50, 290, 137), (384, 384, 140)].iter().enumerate() {
+            check_shape(ty, rows, cols, n, 200 + i as u64, &pools);
+        }
+    }
+}
+
+/// The single-threaded strided `sgemm` (attention's products) against its
+/// scalar reference: both layouts of `B`, with and without accumulation,
+/// strides wider than the rows, ragged sizes.
+#[test]
+fn sgemm_matches_scalar() {
+    use spinfer_kernels::matmul::{BLayout, sgemm, sgemm_scalar};
+    let mut r = rng(7);
+    let mut scratch = Vec::new();
+    for &(m, n, k) in
+        &[(1, 1, 1), (16, 16, 32), (64, 64, 32), (64, 32, 64), (37, 53, 32), (9, 100, 300), (256, 32, 256)]
+    {
+        for layout in [BLayout::Transposed, BLayout::Normal] {
+            for accumulate in [false, true] {
+                let (lda, ldc) = (k + 3, n + 5);
+                let (br, bc) = if layout == BLayout::Transposed { (n, k) } else { (k, n) };
+                let ldb = bc + 7;
+                let a: Vec<f32> = (0..m * lda).map(|_| r.random_range(-1.0f32..1.0)).collect();
+                let b: Vec<f32> = (0..br * ldb).map(|_| r.random_range(-1.0f32..1.0)).collect();
+                let c0: Vec<f32> = (0..m * ldc).map(|_| r.random_range(-1.0f32..1.0)).collect();
+                let mut want = c0.clone();
+                sgemm_scalar(m, n, k, &a, lda, &b, ldb, layout, &mut want, ldc, accumulate);
+                let mut got = c0.clone();
+                sgemm(m, n, k, &a, lda, &b, ldb, layout, &mut got, ldc, accumulate, &mut scratch);
+                for i in 0..m {
+                    for j in 0..ldc {
+                        let (g, w) = (got[i * ldc + j], want[i * ldc + j]);
+                        if j >= n {
+                            assert_eq!(g, c0[i * ldc + j], "padding column {j} written");
+                            continue;
+                        }
+                        let mag: f32 = (0..k)
+                            .map(|p| {
+                                let bv = if layout == BLayout::Transposed { b[j * ldb + p] } else { b[p * ldb + j] };
+                                (a[i * lda + p] * bv).abs()
+                            })
+                            .sum::<f32>()
+                            + if accumulate { c0[i * ldc + j].abs() } else { 0.0 };
+                        assert!(
+                            (g - w).abs() <= 2e-6 * mag + 1e-30,
+                            "{m}x{n}x{k} {layout:?} acc={accumulate}: c[{i}, {j}] = {g}, expected {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Throughput of the best kernel on MiniLM's shapes (not a check):
+/// `cargo test --release -p spinfer-kernels --test gemm_f32 -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn gemm_throughput() {
+    let mut r = rng(1);
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads);
+        for (rows, cols) in [(384, 384), (1536, 384), (384, 1536)] {
+            let w = random_weights(&mut r, GgmlType::F32, rows, cols);
+            let desc = MatmulDesc { wtype: GgmlType::F32, act: ActType::F32, rows, cols };
+            let k = candidates(&desc, &CpuFeatures::detect()).into_iter().next().unwrap();
+            for n in [4, 16, 128, 2048] {
+                let x: Vec<f32> = (0..n * cols).map(|_| r.random_range(-1.0f32..1.0)).collect();
+                let mut out = vec![0.0; n * rows];
+                let mut scratch = Vec::new();
+                let reps = (2e9 / (2.0 * (n * rows * cols) as f64)).ceil() as usize;
+                k.run(&pool, &w, &x, n, &mut out, &mut scratch).unwrap();
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    k.run(&pool, &w, &x, n, &mut out, &mut scratch).unwrap();
+                }
+                let gflops = 2.0 * (n * rows * cols * reps) as f64 / t.elapsed().as_secs_f64() / 1e9;
+                println!("{} threads={threads} {rows}x{cols} n={n}: {gflops:.1} GFLOP/s", k.name());
+            }
+        }
+    }
+}
