@@ -35,6 +35,9 @@ pub struct EmbedModelArgs {
     /// Print only the result on stdout (no progress, no summary).
     #[arg(short, long)]
     pub quiet: bool,
+    /// Run the FFN sparse with this sidecar (written by `calibrate-embed`).
+    #[arg(long)]
+    pub sparsity: Option<PathBuf>,
 }
 
 impl EmbedModelArgs {
@@ -46,6 +49,7 @@ impl EmbedModelArgs {
         if let Some(t) = self.threads {
             o.threads = t.max(1);
         }
+        o.sparsity.clone_from(&self.sparsity);
         Embedder::load(&self.model, o).with_context(|| format!("cannot load embedding model {}", self.model.display()))
     }
 }
@@ -123,8 +127,22 @@ pub fn embed(a: EmbedArgs) -> Result<()> {
             results.len() as f64 / secs,
             tokens as f64 / secs
         );
+        report_sparsity(&embedder);
     }
     Ok(())
+}
+
+/// The measured kept fraction of the sparse FFN, on stderr.
+fn report_sparsity(embedder: &Embedder) {
+    if let Some(sp) = embedder.sparse_ffn() {
+        let per_layer: Vec<String> = sp.kept_fractions().iter().map(|f| format!("{f:.3}")).collect();
+        eprintln!(
+            "[sparse FFN {}: kept {:.3} of the neurons (layers: {})]",
+            sp.path.display(),
+            sp.kept_fraction(),
+            per_layer.join(" ")
+        );
+    }
 }
 
 /// The lines of a UTF-8 file (`-`: stdin). A trailing newline does not
@@ -208,7 +226,11 @@ pub fn eval_sts(a: EvalStsArgs) -> Result<()> {
     let gold: Vec<f64> = pairs.iter().map(|p| p.score).collect();
     let rho = sts::spearman(&sims, &gold);
     if a.json {
-        println!("{}", serde_json::json!({"spearman": rho, "pairs": pairs.len(), "seconds": secs}));
+        let kept = embedder.sparse_ffn().map(|s| s.kept_fraction());
+        println!(
+            "{}",
+            serde_json::json!({"spearman": rho, "pairs": pairs.len(), "seconds": secs, "kept_fraction": kept})
+        );
     } else if a.common.quiet {
         println!("{rho:.6}");
     } else {
@@ -218,7 +240,62 @@ pub fn eval_sts(a: EvalStsArgs) -> Result<()> {
             texts.len(),
             texts.len() as f64 / secs
         );
+        report_sparsity(&embedder);
         println!("spearman {rho:.6}");
     }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct CalibrateEmbedArgs {
+    #[command(flatten)]
+    pub common: EmbedModelArgs,
+    /// Raw text to calibrate on, one text per line (e.g. WikiText-2's
+    /// wiki.test.raw; empty lines and ` = Heading = ` lines are skipped, as
+    /// are lines longer than the model's max length).
+    #[arg(long)]
+    pub text: PathBuf,
+    /// Start at the first line after this byte (keep calibration text apart
+    /// from evaluation text).
+    #[arg(long, default_value_t = 800_000)]
+    pub offset: usize,
+    /// Lines to embed.
+    #[arg(long, default_value_t = 2000)]
+    pub lines: usize,
+    /// Fraction of FFN neurons to skip per token, in [0, 1).
+    #[arg(long)]
+    pub target_sparsity: f32,
+    /// Where to write the sidecar (JSON).
+    #[arg(short, long)]
+    pub output: PathBuf,
+}
+
+pub fn calibrate_embed(a: CalibrateEmbedArgs) -> Result<()> {
+    if a.common.sparsity.is_some() {
+        bail!("calibrate-embed measures the dense model: drop --sparsity");
+    }
+    let mut embedder = a.common.load()?;
+    let raw = std::fs::read(&a.text).with_context(|| format!("cannot read {}", a.text.display()))?;
+    let texts = embedder.calibration_texts(&raw, a.offset, a.lines)?;
+    if texts.is_empty() {
+        bail!("{} has no usable lines after byte {}", a.text.display(), a.offset);
+    }
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let t0 = Instant::now();
+    let source = format!("{} (lines after byte {})", a.text.display(), a.offset);
+    let sidecar = embedder.calibrate_sparsity(&refs, a.target_sparsity, &source)?;
+    sidecar.write(&a.output)?;
+    if !a.common.quiet {
+        let th: Vec<String> = sidecar.thresholds.iter().map(|t| format!("{t:.4}")).collect();
+        eprintln!(
+            "[{} texts, {} tokens in {:.1} s; target sparsity {}; thresholds {}]",
+            sidecar.calibration.texts,
+            sidecar.calibration.tokens,
+            t0.elapsed().as_secs_f64(),
+            a.target_sparsity,
+            th.join(" ")
+        );
+    }
+    println!("{}", a.output.display());
     Ok(())
 }

@@ -46,6 +46,8 @@ enum Command {
     Embed(embed::EmbedArgs),
     /// Spearman correlation of embedding cosine similarity with STS-B gold scores.
     EvalSts(embed::EvalStsArgs),
+    /// Fit sparse-FFN thresholds for a sentence-embedding model on real text (JSON sidecar).
+    CalibrateEmbed(embed::CalibrateEmbedArgs),
 }
 
 fn main() -> ExitCode {
@@ -58,6 +60,7 @@ fn main() -> ExitCode {
         Command::Calibrate(a) => a.common.quiet,
         Command::Embed(a) => a.common.quiet,
         Command::EvalSts(a) => a.common.quiet || a.json,
+        Command::CalibrateEmbed(a) => a.common.quiet,
         Command::Inspect(_) | Command::Convert(_) | Command::Pack(_) => false,
     };
     init_logging(quiet);
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Command::Calibrate(a) => calibrate::run(a),
         Command::Embed(a) => embed::embed(a),
         Command::EvalSts(a) => embed::eval_sts(a),
+        Command::CalibrateEmbed(a) => embed::calibrate_embed(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

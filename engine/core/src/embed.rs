@@ -35,11 +35,19 @@ pub struct EmbedderOptions {
     pub threads: usize,
     /// Texts per forward pass in [`Embedder::embed_batch`].
     pub batch_size: usize,
+    /// A sparse-FFN sidecar (`spinfer calibrate-embed`): the FFN's down
+    /// projection runs over the kept neurons only
+    /// ([`crate::model::bert_sparse`]; also [`Embedder::load_sparsity`]).
+    pub sparsity: Option<PathBuf>,
 }
 
 impl Default for EmbedderOptions {
     fn default() -> Self {
-        Self { threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), batch_size: 32 }
+        Self {
+            threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            batch_size: 32,
+            sparsity: None,
+        }
     }
 }
 
@@ -69,6 +77,8 @@ pub struct Embedding {
 /// pool busy runs on its own thread).
 pub struct Embedder {
     dir: PathBuf,
+    /// The encoder's directory (the Transformer module's path).
+    model_dir: PathBuf,
     model: BertModel,
     tokenizer: Tokenizer,
     pooling: Pooling,
@@ -155,8 +165,9 @@ impl Embedder {
         let loader = SafetensorsModel::open(&model_dir)?;
         let model = BertModel::load(&loader, registry, config)?;
         tracing::debug!(dir = %dir.display(), ?pooling, normalize = modules.normalize, max_tokens, "embedder loaded");
-        Ok(Self {
+        let mut embedder = Self {
             dir: dir.to_path_buf(),
+            model_dir,
             model,
             tokenizer,
             pooling,
@@ -164,7 +175,11 @@ impl Embedder {
             max_tokens,
             pool: ThreadPool::new(options.threads.max(1)),
             batch_size: options.batch_size,
-        })
+        };
+        if let Some(path) = &options.sparsity {
+            embedder.load_sparsity(path)?;
+        }
+        Ok(embedder)
     }
 
     /// Width of the embeddings.
@@ -188,6 +203,16 @@ impl Embedder {
 
     pub fn model(&self) -> &BertModel {
         &self.model
+    }
+
+    /// For the sparse FFN's setup (`model/bert_sparse.rs`).
+    pub(crate) fn model_mut(&mut self) -> &mut BertModel {
+        &mut self.model
+    }
+
+    /// The encoder's directory (`config.json`, `model.safetensors`).
+    pub fn model_dir(&self) -> &Path {
+        &self.model_dir
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {

@@ -1,5 +1,6 @@
 //! Model definitions.
 pub mod bert;
+pub mod bert_sparse;
 pub mod config;
 pub mod llama;
 pub mod math;

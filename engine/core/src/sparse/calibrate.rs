@@ -42,9 +42,9 @@ pub struct CalibrateOptions {
 const LO: f32 = -40.0;
 const HI: f32 = 16.0;
 const STEPS: f32 = 64.0;
-const BINS: usize = ((HI - LO) * STEPS) as usize + 1;
+pub(crate) const BINS: usize = ((HI - LO) * STEPS) as usize + 1;
 
-fn bin_of(a: f32) -> usize {
+pub(crate) fn bin_of(a: f32) -> usize {
     let a = a.abs();
     if a <= 0.0 || !a.is_finite() {
         return if a.is_finite() { 0 } else { BINS - 1 };
@@ -54,7 +54,7 @@ fn bin_of(a: f32) -> usize {
 
 /// The value whose fraction of samples below equals `q` (log-linear
 /// interpolation inside the bin).
-fn quantile(hist: &[u64], q: f64) -> f32 {
+pub(crate) fn quantile(hist: &[u64], q: f64) -> f32 {
     let total: u64 = hist.iter().sum();
     if total == 0 {
         return 0.0;
