@@ -321,3 +321,25 @@ mod tests {
         }
     }
 }
+
+/// A raw pointer handed to the pool's threads, which write disjoint parts of
+/// the buffer behind it. Every use states why its writes are disjoint and
+/// why the buffer outlives the broadcast.
+#[derive(Clone, Copy, Debug)]
+pub struct SyncPtr<T>(*mut T);
+
+// SAFETY: the pointer is only dereferenced under the disjointness argument
+// stated at each use; the wrapper itself shares nothing else.
+unsafe impl<T> Sync for SyncPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T> Send for SyncPtr<T> {}
+
+impl<T> SyncPtr<T> {
+    pub fn new(p: *mut T) -> Self {
+        Self(p)
+    }
+
+    pub fn get(self) -> *mut T {
+        self.0
+    }
+}

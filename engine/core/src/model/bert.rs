@@ -26,9 +26,11 @@ use serde_json::Value;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
 use spinfer_kernels::matmul::{BLayout, sgemm};
+use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk};
 
 use super::math;
+use super::{add, check_dims, load_vector};
 use crate::loader::Loader;
 use crate::registry::KernelRegistry;
 use crate::tensor::{TensorData, TensorView};
@@ -373,7 +375,7 @@ fn attention(
     let d = heads * hd;
     let scale = 1.0 / (hd as f32).sqrt();
     let max_len = seqs.iter().map(|s| s.1).max().unwrap_or(0);
-    let att_ptr = SyncPtr(att.as_mut_ptr());
+    let att_ptr = SyncPtr::new(att.as_mut_ptr());
     let work = seqs.len() * heads;
     pool.broadcast(&|ti, nt| {
         let items = chunk(work, ti, nt);
@@ -603,7 +605,7 @@ pub fn l2_normalize(v: &mut [f32]) {
 /// split into contiguous ranges over the pool's threads.
 fn par_rows(pool: &ThreadPool, data: &mut [f32], width: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
     let n = data.len() / width;
-    let ptr = SyncPtr(data.as_mut_ptr());
+    let ptr = SyncPtr::new(data.as_mut_ptr());
     pool.broadcast(&|ti, nt| {
         for r in chunk(n, ti, nt) {
             // SAFETY: `chunk` gives each index a disjoint range of rows,
@@ -613,53 +615,6 @@ fn par_rows(pool: &ThreadPool, data: &mut [f32], width: usize, f: &(dyn Fn(usize
             f(r, row);
         }
     });
-}
-
-/// A raw pointer that may be shared with the pool's threads; users
-/// guarantee disjoint writes.
-#[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
-// SAFETY: the pointer is only dereferenced under the disjointness argument
-// stated at each use.
-unsafe impl Sync for SyncPtr {}
-// SAFETY: as above.
-unsafe impl Send for SyncPtr {}
-impl SyncPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
-fn add(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
-}
-
-fn check_dims(loader: &dyn Loader, t: &TensorView, want: &[usize]) -> Result<()> {
-    if t.dims != want {
-        return Err(Error::TensorShape {
-            path: loader.path().to_path_buf(),
-            tensor: t.name.clone(),
-            got: t.dims.clone(),
-            want: want.to_vec(),
-        });
-    }
-    Ok(())
-}
-
-/// A 1-D tensor of `len` elements as f32 (LayerNorm weights, biases).
-fn load_vector(loader: &dyn Loader, name: &str, len: usize) -> Result<Vec<f32>> {
-    let t = loader.tensor(name)?;
-    check_dims(loader, &t, &[len])?;
-    let mut out = vec![0.0; len];
-    dequantize_row(t.ty, t.data.bytes(), &mut out).map_err(|e| Error::TensorType {
-        path: loader.path().to_path_buf(),
-        tensor: name.into(),
-        ty: t.ty.to_string(),
-        what: format!("cannot be read as a vector: {e}"),
-    })?;
-    Ok(out)
 }
 
 #[cfg(test)]

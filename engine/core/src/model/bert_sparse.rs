@@ -53,6 +53,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use spinfer_kernels::dequant::dequantize_row;
+use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk};
 
 use super::bert::BertConfig;
@@ -400,7 +401,7 @@ impl SparseFfn {
                 }
             }
         }
-        let out_ptr = SyncPtr(out.as_mut_ptr());
+        let out_ptr = SyncPtr::new(out.as_mut_ptr());
         let kept_total = AtomicU64::new(0);
         pool.broadcast(&|ti, nt| {
             let mut idx: Vec<u32> = Vec::with_capacity(f);
@@ -672,20 +673,6 @@ fn prefix(loader: &dyn Loader) -> &'static str {
 
 fn err(path: &Path, detail: impl Into<String>) -> Error {
     Error::Sparsity { path: path.to_path_buf(), detail: detail.into() }
-}
-
-/// A raw pointer shared with the pool's threads; users guarantee disjoint
-/// writes.
-#[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
-// SAFETY: only dereferenced under the disjointness argument at each use.
-unsafe impl Sync for SyncPtr {}
-// SAFETY: as above.
-unsafe impl Send for SyncPtr {}
-impl SyncPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 #[cfg(test)]

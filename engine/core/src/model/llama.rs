@@ -11,11 +11,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk};
 use spinfer_kernels::split::split_hi_lo;
 
 use super::config::{ModelConfig, RopeStyle};
 use super::math::{self, RopeTable};
+use super::{add, check_dims, load_vector};
 use crate::loader::Loader;
 use crate::registry::{Choice, KernelRegistry};
 use crate::sparse::{self, ModelId, SparseFfn, SparsityOptions, SparsityStats};
@@ -626,8 +628,8 @@ impl Model {
         let keys = &s.key_cache[l * ctx * kv_dim..(l + 1) * ctx * kv_dim];
         let values = &s.value_cache[l * ctx * kv_dim..(l + 1) * ctx * kv_dim];
         let q = &s.q[..n * n_heads * hd];
-        let att = SyncPtr(s.att.as_mut_ptr());
-        let scores = SyncPtr(s.scores.as_mut_ptr());
+        let att = SyncPtr::new(s.att.as_mut_ptr());
+        let scores = SyncPtr::new(s.scores.as_mut_ptr());
         let work = n * n_heads;
         s.pool.broadcast(&|ti, nt| {
             // SAFETY: thread `ti` writes only its own row of `scores`
@@ -688,55 +690,8 @@ impl Model {
     }
 }
 
-/// A raw pointer that may be shared with the pool's threads; users
-/// guarantee disjoint writes.
-#[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
-// SAFETY: the pointer is only dereferenced under the disjointness argument
-// stated at each use.
-unsafe impl Sync for SyncPtr {}
-// SAFETY: as above.
-unsafe impl Send for SyncPtr {}
-impl SyncPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 fn grow(v: &mut Vec<f32>, n: usize) {
     if v.len() < n {
         v.resize(n, 0.0);
     }
-}
-
-fn add(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
-}
-
-fn check_dims(loader: &dyn Loader, t: &TensorView, want: &[usize]) -> Result<()> {
-    if t.dims != want {
-        return Err(Error::TensorShape {
-            path: loader.path().to_path_buf(),
-            tensor: t.name.clone(),
-            got: t.dims.clone(),
-            want: want.to_vec(),
-        });
-    }
-    Ok(())
-}
-
-/// A 1-D tensor of `len` elements as f32 (norm weights, biases).
-fn load_vector(loader: &dyn Loader, name: &str, len: usize) -> Result<Vec<f32>> {
-    let t = loader.tensor(name)?;
-    check_dims(loader, &t, &[len])?;
-    let mut out = vec![0.0; len];
-    dequantize_row(t.ty, t.data.bytes(), &mut out).map_err(|e| Error::TensorType {
-        path: loader.path().to_path_buf(),
-        tensor: name.into(),
-        ty: t.ty.to_string(),
-        what: format!("cannot be read as a vector: {e}"),
-    })?;
-    Ok(out)
 }

@@ -21,6 +21,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType as KActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk, chunk_aligned};
 use spinfer_kernels::{GgmlType, KernelError};
 use spinfer_plugin_api::abi_stable::std_types::RSliceMut;
@@ -299,7 +300,7 @@ impl MatmulKernel for PackKernel {
         }
         let row_bytes = w.len() / rows.max(1);
         let first_error = std::sync::Mutex::new(None);
-        let out_ptr = OutPtr(out.as_mut_ptr());
+        let out_ptr = SyncPtr::new(out.as_mut_ptr());
         pool.broadcast(&|i, n| {
             // Decode splits rows (in tiles of 16), a batch splits tokens.
             let (w_part, x_part, t_len, r_len, o_start) = if n_tokens == 1 {
@@ -330,19 +331,6 @@ impl MatmulKernel for PackKernel {
             Some(e) => Err(e),
             None => Ok(()),
         }
-    }
-}
-
-/// `out`'s base pointer, shared with the pool's threads (disjoint writes).
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: only dereferenced for disjoint ranges, see `PackKernel::run`.
-unsafe impl Sync for OutPtr {}
-// SAFETY: as above.
-unsafe impl Send for OutPtr {}
-impl OutPtr {
-    fn get(self) -> *mut f32 {
-        self.0
     }
 }
 

@@ -45,6 +45,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
+use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk};
 use spinfer_kernels::sparse::AxpyIsa;
 
@@ -412,19 +413,6 @@ fn madd<const FMA: bool>(acc: &mut f32, a: f32, b: f32) {
     }
 }
 
-/// A raw output pointer shared with the pool's threads (disjoint writes).
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: only dereferenced for disjoint output ranges, see `axpy`.
-unsafe impl Sync for OutPtr {}
-// SAFETY: as above.
-unsafe impl Send for OutPtr {}
-impl OutPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 impl FfnBundle {
     /// Opens the bundle at `path` (writing it from `src` first if it is
     /// missing or stale), then fills the budget: `fixed_other` bytes that
@@ -661,7 +649,7 @@ impl FfnBundle {
         let dim = self.h.dim;
         debug_assert!(out.len() == dim && coef.len() == idx.len() && codes.len() >= idx.len() * self.h.down_col);
         let units = if self.q4 { dim / 2 } else { dim };
-        let ptr = OutPtr(out.as_mut_ptr());
+        let ptr = SyncPtr::new(out.as_mut_ptr());
         let run = |r: std::ops::Range<usize>| {
             #[cfg(target_arch = "x86_64")]
             if self.fma {
@@ -697,7 +685,7 @@ impl FfnBundle {
         idx: &[u32],
         codes: &[u8],
         coef: &[f32],
-        out: OutPtr,
+        out: SyncPtr<f32>,
     ) {
         self.axpy_range::<true>(l, r, idx, codes, coef, out);
     }
@@ -710,7 +698,7 @@ impl FfnBundle {
         idx: &[u32],
         codes: &[u8],
         coef: &[f32],
-        out: OutPtr,
+        out: SyncPtr<f32>,
     ) {
         let (dim, dc) = (self.h.dim, self.h.down_col);
         let layer = &self.layers[l];
