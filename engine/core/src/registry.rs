@@ -73,6 +73,16 @@ impl KernelProvider for CpuBuiltin {
     }
 }
 
+/// The best built-in kernel for `desc`, for shapes that only exist at run
+/// time (gathered rows, predictor factors) and so were never resolved at
+/// load.
+pub(crate) fn builtin_kernel(desc: &MatmulDesc) -> Result<Box<dyn MatmulKernel>> {
+    spinfer_kernels::kernel::candidates(desc, &CpuFeatures::detect())
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::NoKernel { op: describe(desc) })
+}
+
 /// The provider name of the kernels compiled into the engine.
 pub const BUILTIN: &str = "cpu-builtin";
 

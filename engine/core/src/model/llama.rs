@@ -8,7 +8,6 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
 use spinfer_kernels::pool::SyncPtr;
@@ -222,10 +221,7 @@ impl Linear {
             return Ok(());
         }
         let desc = MatmulDesc { rows: k, ..self.desc };
-        let kernel = spinfer_kernels::kernel::candidates(&desc, &CpuFeatures::detect())
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::NoKernel { op: crate::registry::describe(&desc) })?;
+        let kernel = crate::registry::builtin_kernel(&desc)?;
         let rows = &rows[..desc.wtype.row_bytes(desc.cols)? * k];
         let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
             kernel

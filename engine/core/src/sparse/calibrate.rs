@@ -222,7 +222,7 @@ fn fit_lowrank(
         for (row, out) in layer.w_gate.raw_weights().chunks_exact(row_bytes).zip(w.chunks_exact_mut(dim)) {
             spinfer_kernels::dequant::dequantize_row(ty, row, out)?;
         }
-        let (p, q) = lowrank::factors(&w, ffn, dim, rank, 30);
+        let (p, q) = lowrank::factors(&w, ffn, dim, rank, 30)?;
         predictors.push(LowRank::new(&p, &q, rank, dim, ffn, 0.0)?);
         factors.push(LowRankFactors { rank, p, q, threshold: 0.0 });
         progress(3, l + 1, c.n_layers);

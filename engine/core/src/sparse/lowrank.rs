@@ -13,7 +13,6 @@
 
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::blocks::BlockQ8_0;
-use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::quantize::quantize_row_q8_0_ref;
@@ -24,8 +23,10 @@ use crate::{Error, Result};
 /// The top-`r` right singular vectors of `w` (rows × cols, row-major f32),
 /// as `r` orthonormal rows of `cols` values: subspace iteration on
 /// `A = wᵀw` from a fixed start, so the result is deterministic.
-pub fn top_right_singular(w: &[f32], rows: usize, cols: usize, r: usize, iters: usize) -> Vec<f32> {
-    assert_eq!(w.len(), rows * cols);
+pub fn top_right_singular(w: &[f32], rows: usize, cols: usize, r: usize, iters: usize) -> Result<Vec<f32>> {
+    if w.len() != rows * cols {
+        return Err(Error::InvalidArgument(format!("low-rank fit: {} values for a {rows}x{cols} matrix", w.len())));
+    }
     let r = r.min(cols);
     // wᵀ, so each entry of A is one contiguous dot product.
     let mut wt = vec![0.0f32; cols * rows];
@@ -65,7 +66,7 @@ pub fn top_right_singular(w: &[f32], rows: usize, cols: usize, r: usize, iters: 
         std::mem::swap(&mut v, &mut next);
         orthonormalise(&mut v, r, cols);
     }
-    v
+    Ok(v)
 }
 
 /// Modified Gram-Schmidt on the `r` rows of `v` (each `n` long).
@@ -105,11 +106,7 @@ fn to_q8_0(x: &[f32]) -> Result<Vec<u8>> {
 }
 
 fn kernel(rows: usize, cols: usize) -> Result<Box<dyn MatmulKernel>> {
-    let desc = MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows, cols };
-    spinfer_kernels::kernel::candidates(&desc, &CpuFeatures::detect())
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::NoKernel { op: crate::registry::describe(&desc) })
+    crate::registry::builtin_kernel(&MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows, cols })
 }
 
 impl LowRank {
@@ -155,8 +152,8 @@ impl LowRank {
 
 /// The f32 factors `(p, q)` of the rank-`rank` predictor of `w_gate`
 /// (ffn × dim, f32).
-pub fn factors(w_gate: &[f32], ffn: usize, dim: usize, rank: usize, iters: usize) -> (Vec<f32>, Vec<f32>) {
-    let p = top_right_singular(w_gate, ffn, dim, rank, iters);
+pub fn factors(w_gate: &[f32], ffn: usize, dim: usize, rank: usize, iters: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+    let p = top_right_singular(w_gate, ffn, dim, rank, iters)?;
     let mut q = vec![0.0f32; ffn * rank];
     for j in 0..ffn {
         let row = &w_gate[j * dim..(j + 1) * dim];
@@ -164,7 +161,7 @@ pub fn factors(w_gate: &[f32], ffn: usize, dim: usize, rank: usize, iters: usize
             q[j * rank + k] = dot(row, &p[k * dim..(k + 1) * dim]);
         }
     }
-    (p, q)
+    Ok((p, q))
 }
 
 #[cfg(test)]
@@ -184,7 +181,7 @@ mod tests {
                 }
             }
         }
-        let (p, q) = factors(&w, rows, cols, 2, 100);
+        let (p, q) = factors(&w, rows, cols, 2, 100).unwrap();
         // p rows orthonormal.
         assert!((dot(&p[..cols], &p[..cols]) - 1.0).abs() < 1e-4);
         assert!(dot(&p[..cols], &p[cols..2 * cols]).abs() < 1e-4);
