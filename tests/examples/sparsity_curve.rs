@@ -169,6 +169,7 @@ fn main() -> Result<()> {
             info: CalibrationInfo { text: "wiki.test.raw".into(), byte_offset: 800_000, tokens: 0 },
             rank: if a.predictors.contains(&PredictorKind::LowRank) { 64 } else { 0 },
             recall_target: 0.95,
+            attn_sparsity: 0.0,
         };
         let sidecar = calibrate(&dense.model, &loader, &calib_tokens, &opts, &mut |_, _, _| {})?;
         let path = dir.path().join(format!("s{level}.spinfer"));

@@ -27,6 +27,10 @@ fn calibration_tokens(e: &Engine, n: usize) -> Vec<u32> {
 }
 
 fn calibrated(model: &Path, e: &Engine, target: f32, predictor: PredictorKind) -> Sidecar {
+    calibrated_with_attn(model, e, target, predictor, 0.0)
+}
+
+fn calibrated_with_attn(model: &Path, e: &Engine, target: f32, predictor: PredictorKind, attn: f32) -> Sidecar {
     let g = GgufFile::open(model).unwrap();
     let rank = if predictor == PredictorKind::LowRank { 32 } else { 0 };
     let opts = CalibrateOptions {
@@ -36,6 +40,7 @@ fn calibrated(model: &Path, e: &Engine, target: f32, predictor: PredictorKind) -
         info: CalibrationInfo::default(),
         rank,
         recall_target: 0.95,
+        attn_sparsity: attn,
     };
     calibrate(&e.model, &g, &calibration_tokens(e, 1024), &opts, &mut |_, _, _| {}).unwrap()
 }
@@ -115,6 +120,54 @@ fn keeping_every_neuron_matches_the_dense_model() {
         assert_eq!(top_k(&want, 5), top_k(&got, 5), "{:?}", p.text);
     }
     assert_eq!(greedy(&dense, "The capital of France is", 8), greedy(&sparse, "The capital of France is", 8));
+}
+
+/// TEAL on the attention output projection: calibrated thresholds skip
+/// about the asked fraction of W_o's inputs and keep the answer; with every
+/// input (and neuron) kept, both the prefill path (masked dense kernel) and
+/// the decode path (AXPY over the input-major W_o) reproduce the dense model.
+#[test]
+fn attention_output_sparsity_runs_and_keeping_everything_matches_dense() {
+    let Some(model) = smollm2() else { return };
+    let dense = Engine::load(&model, options(None)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sidecar = calibrated_with_attn(&model, &dense, 0.3, PredictorKind::InputMagnitude, 0.4);
+    assert_eq!(sidecar.attn_sparsity, Some(0.4));
+    assert!(sidecar.layers.iter().all(|l| l.attn_input_threshold.is_some_and(|t| t > 0.0)));
+    let path = dir.path().join("attn.spinfer");
+    sidecar.write(&path).unwrap();
+    assert_eq!(Sidecar::read(&path).unwrap(), sidecar);
+
+    let sparse = Engine::load(&model, options(Some(SparsityOptions::new(&path)))).unwrap();
+    let ids = sparse.tokenizer.encode("The capital of France is", false).unwrap();
+    let mut s = sparse.new_session();
+    let logits = sparse.model.forward_last(&mut s, &ids).unwrap().to_vec();
+    assert_eq!(sparse.tokenizer.decode(&top_k(&logits, 1)).unwrap(), " Paris");
+    sparse.model.forward_last(&mut s, &top_k(&logits, 1)).unwrap();
+    let st = s.sparsity_stats();
+    let kept = st.mean_attn_active_fraction();
+    assert!((0.4..0.8).contains(&kept), "kept {kept} of the attention output");
+    assert!(st.layers.iter().all(|c| c.attn_tokens == ids.len() as u64 + 1));
+
+    // Keep everything, never fall back to dense.
+    let mut all = sidecar;
+    for l in &mut all.layers {
+        l.input_threshold = -1.0;
+        l.attn_input_threshold = Some(-1.0);
+    }
+    let all_path = dir.path().join("all.spinfer");
+    all.write(&all_path).unwrap();
+    let mut so = SparsityOptions::new(&all_path);
+    so.dense_above = 1.0;
+    let sparse = Engine::load(&model, options(Some(so))).unwrap();
+    for p in &reference().prompts {
+        let (want, got) = (last_logits(&dense, &p.text), last_logits(&sparse, &p.text));
+        let diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(diff < 0.1, "{:?}: max |Δlogit| {diff}", p.text);
+        assert_eq!(top_k(&want, 5), top_k(&got, 5), "{:?}", p.text);
+    }
+    // Decode runs one token at a time: the AXPY paths.
+    assert_eq!(greedy(&dense, "Once upon a time, there was a", 8), greedy(&sparse, "Once upon a time, there was a", 8));
 }
 
 /// The error of loading `model` with the sidecar `sidecar`.

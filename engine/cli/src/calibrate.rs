@@ -45,6 +45,10 @@ pub struct CalibrateArgs {
     /// (measured on the held-out last eighth of the calibration text).
     #[arg(long, default_value_t = 0.95)]
     pub recall_target: f32,
+    /// Also skip this fraction of the attention output before the output
+    /// projection (TEAL on W_o; 0: dense). Applies with every predictor.
+    #[arg(long, default_value_t = 0.0)]
+    pub attn_sparsity: f32,
     /// Output sidecar (never the model file).
     #[arg(short, long)]
     pub out: PathBuf,
@@ -55,6 +59,9 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
         .with_context(|| format!("--predictor-kind '{}' is not one of {}", a.predictor_kind, PredictorKind::names()))?;
     if !(0.0..1.0).contains(&a.target_sparsity) {
         bail!("--target-sparsity must be in [0, 1), got {}", a.target_sparsity);
+    }
+    if !(0.0..1.0).contains(&a.attn_sparsity) {
+        bail!("--attn-sparsity must be in [0, 1), got {}", a.attn_sparsity);
     }
     if a.common.sparsity.is_some() {
         bail!("calibrate runs the model dense: drop --sparsity");
@@ -103,6 +110,7 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
         },
         rank: a.rank,
         recall_target: a.recall_target,
+        attn_sparsity: a.attn_sparsity,
     };
     let what = [
         "",
@@ -124,7 +132,7 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
         println!(
             "{}",
             serde_json::json!({"out": a.out, "tokens": tokens.len(), "target_sparsity": a.target_sparsity,
-                "predictor": predictor.name(), "thresholds": thresholds})
+                "predictor": predictor.name(), "thresholds": thresholds, "attn_sparsity": sidecar.attn_sparsity})
         );
     } else {
         if !a.common.quiet {

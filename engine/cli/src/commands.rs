@@ -275,7 +275,11 @@ pub fn sparsity_json(engine: &Engine, session: &Session) -> serde_json::Value {
         .layers
         .iter()
         .enumerate()
-        .map(|(l, c)| serde_json::json!({"layer": l, "tokens": c.tokens, "active_fraction": st.active_fraction(l), "dense_tokens": c.dense}))
+        .map(|(l, c)| {
+            let attn = (c.attn_tokens > 0).then(|| c.attn_active as f64 / (c.attn_tokens as f64 * st.attn_dim as f64));
+            serde_json::json!({"layer": l, "tokens": c.tokens, "active_fraction": st.active_fraction(l),
+                "dense_tokens": c.dense, "attn_active_fraction": attn})
+        })
         .collect();
     let budget = sp.bundle.as_ref().map(|b| {
         let r = b.report();
@@ -303,6 +307,8 @@ pub fn sparsity_json(engine: &Engine, session: &Session) -> serde_json::Value {
         "predictor": sp.predictor.name(),
         "target_sparsity": sp.sidecar.target_sparsity,
         "active_fraction": st.mean_active_fraction(),
+        "attn_sparsity": sp.sidecar.attn_sparsity,
+        "attn_active_fraction": st.mean_attn_active_fraction(),
         "layers": layers,
         "budget": budget,
     })
@@ -321,9 +327,20 @@ fn print_sparsity_stats(engine: &Engine, session: &Session) {
         sp.sidecar.target_sparsity,
         100.0 * st.mean_active_fraction()
     );
-    eprintln!("layer  tokens  kept%  dense-tokens");
+    if let Some(a) = sp.sidecar.attn_sparsity {
+        eprintln!(
+            "[sparse attention output: target sparsity {a:.2}; kept {:.1}% of W_o's inputs on average]",
+            100.0 * st.mean_attn_active_fraction()
+        );
+    }
+    eprintln!("layer  tokens  kept%  dense-tokens  attn-kept%");
     for (l, c) in st.layers.iter().enumerate() {
-        eprintln!("{l:>5}  {:>6}  {:>5.1}  {:>12}", c.tokens, 100.0 * st.active_fraction(l), c.dense);
+        let attn = if c.attn_tokens > 0 {
+            format!("{:.1}", 100.0 * c.attn_active as f64 / (c.attn_tokens as f64 * st.attn_dim as f64))
+        } else {
+            "-".into()
+        };
+        eprintln!("{l:>5}  {:>6}  {:>5.1}  {:>12}  {attn:>10}", c.tokens, 100.0 * st.active_fraction(l), c.dense);
     }
     if let Some(b) = &sp.bundle {
         let r = b.report();

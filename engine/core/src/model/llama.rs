@@ -24,6 +24,7 @@ use crate::tensor::{TensorData, TensorView};
 use crate::{Error, Result};
 
 mod sentence_ffn;
+mod sparse_attn;
 mod sparse_ffn;
 
 /// How activations meet quantised weights.
@@ -93,6 +94,10 @@ type RunFn<'a> = dyn Fn(&[f32], usize, &mut [f32], &mut Vec<u8>) -> Result<()> +
 /// and its gate and up projections (`n × ffn_dim` each), before the
 /// activation.
 pub type FfnProbe = Box<dyn FnMut(usize, &[f32], &[f32], &[f32]) + Send>;
+
+/// A hook called in each layer with the layer and the attention output
+/// (`n × n_heads·head_dim`), the input of the output projection.
+pub type AttnProbe = Box<dyn FnMut(usize, &[f32]) + Send>;
 
 /// Reusable buffers of the matmul calls.
 #[derive(Default)]
@@ -348,6 +353,8 @@ pub struct Session {
     /// Called in each dense FFN with `(layer, input, gate, up)`
     /// (calibration collects its statistics here).
     ffn_probe: Option<FfnProbe>,
+    /// Called in each layer with `(layer, attention output)`.
+    attn_probe: Option<AttnProbe>,
 }
 
 /// Buffers and counters of the sparse FFN.
@@ -406,6 +413,12 @@ impl Session {
     pub fn set_ffn_probe(&mut self, probe: Option<FfnProbe>) {
         self.ffn_probe = probe;
     }
+
+    /// Installs (or removes) a probe called in every layer with `(layer,
+    /// attention output)` before the output projection.
+    pub fn set_attn_probe(&mut self, probe: Option<AttnProbe>) {
+        self.attn_probe = probe;
+    }
 }
 
 impl Model {
@@ -459,8 +472,14 @@ impl Model {
             }
             Some(o) => {
                 let id = ModelId::of(&c, loader)?;
-                let downs: Vec<_> = layers.iter().map(|l| (l.w_down.desc.wtype, l.w_down.w.bytes())).collect();
-                Some(sparse::build(o, &id, &downs, dim, c.ffn_dim)?)
+                let weights: Vec<_> = layers
+                    .iter()
+                    .map(|l| sparse::LayerWeights {
+                        down: (l.w_down.desc.wtype, l.w_down.w.bytes()),
+                        wo: (l.wo.desc.wtype, l.wo.w.bytes()),
+                    })
+                    .collect();
+                Some(sparse::build(o, &id, &weights, dim, c.n_heads * c.head_dim, c.ffn_dim)?)
             }
             None => None,
         };
@@ -498,12 +517,14 @@ impl Model {
             sparse: SparseScratch {
                 stats: SparsityStats {
                     ffn_dim: c.ffn_dim,
+                    attn_dim: c.n_heads * c.head_dim,
                     layers: vec![Default::default(); c.n_layers],
                     ..Default::default()
                 },
                 ..Default::default()
             },
             ffn_probe: None,
+            attn_probe: None,
         }
     }
 
@@ -570,8 +591,9 @@ impl Model {
             // Causal multi-head attention over the cache (GQA: each kv head
             // serves n_heads / n_kv_heads query heads).
             self.attention(s, l, n);
-            // Output projection and residual.
-            layer.wo.forward(&s.pool, &s.att, n, &mut s.tmp, &mut s.scratch)?;
+            // Output projection (input-sparse with attention thresholds)
+            // and residual.
+            self.attn_output(s, l, n)?;
             add(&mut s.x[..n * dim], &s.tmp[..n * dim]);
 
             // FFN RMSNorm.

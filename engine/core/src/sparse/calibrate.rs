@@ -4,7 +4,9 @@
 //! Pass 1 fills per-layer histograms of `log2 |silu(gate)|` and of the
 //! down projection's input `log2 |silu(gate) · up|` (fine bins) and takes
 //! each layer's thresholds as their `target_sparsity` quantiles (CATS and
-//! TEAL: the same fraction skipped in every layer). Pass 2 counts, per
+//! TEAL: the same fraction skipped in every layer). With an attention
+//! sparsity, pass 1 also histograms the attention output `|attn|` (the
+//! input of `W_o`) and takes that quantile per layer. Pass 2 counts, per
 //! neuron, how often it clears its layer's threshold: the neuron's
 //! activation frequency (hot/cold placement). Deterministic: the same model,
 //! text and options give the same sidecar.
@@ -16,7 +18,7 @@ use spinfer_kernels::pool::ThreadPool;
 use super::lowrank::{self, LowRank};
 use super::sidecar::{CalibrationInfo, LayerStats, LowRankFactors, LowRankInfo, ModelId, PredictorKind, Sidecar};
 use crate::loader::Loader;
-use crate::model::llama::FfnProbe;
+use crate::model::llama::{AttnProbe, FfnProbe};
 use crate::model::{Model, math};
 use crate::{Error, Result};
 
@@ -35,6 +37,9 @@ pub struct CalibrateOptions {
     pub rank: usize,
     /// Fraction of truly active neurons the low-rank predictor must keep.
     pub recall_target: f32,
+    /// Fraction of the attention output to skip before the output
+    /// projection, in `[0, 1)`; 0: the attention output stays dense.
+    pub attn_sparsity: f32,
 }
 
 /// Histogram bins: `log2 |a|` from `LO` to `HI` in steps of `1/STEPS`;
@@ -75,16 +80,19 @@ pub(crate) fn quantile(hist: &[u64], q: f64) -> f32 {
 }
 
 /// Runs `tokens` through `model` in windows, calling `probe(layer, gate,
-/// up)` for every FFN; `progress(done, total)` after each window.
+/// up)` for every FFN (and `attn(layer, attention output)` for every
+/// attention, if given); `progress(done, total)` after each window.
 fn run_windows(
     model: &Model,
     tokens: &[u32],
     window: usize,
     probe: FfnProbe,
+    attn: Option<AttnProbe>,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
     let mut s = model.new_session();
     s.set_ffn_probe(Some(probe));
+    s.set_attn_probe(attn);
     let windows: Vec<&[u32]> = tokens.chunks(window).filter(|w| w.len() >= 2).collect();
     for (i, w) in windows.iter().enumerate() {
         s.reset();
@@ -110,6 +118,12 @@ pub fn calibrate(
     if !(0.0..1.0).contains(&opts.target_sparsity) {
         return Err(Error::InvalidArgument(format!("target sparsity must be in [0, 1), got {}", opts.target_sparsity)));
     }
+    if !(0.0..1.0).contains(&opts.attn_sparsity) {
+        return Err(Error::InvalidArgument(format!(
+            "attention sparsity must be in [0, 1), got {}",
+            opts.attn_sparsity
+        )));
+    }
     if tokens.len() < 2 || opts.window < 2 {
         return Err(Error::InvalidArgument("calibration needs at least 2 tokens and a window of at least 2".into()));
     }
@@ -131,8 +145,23 @@ pub fn calibrate(
             d[bin_of(a * u)] += 1;
         }
     };
-    run_windows(model, tokens, opts.window, Box::new(probe), &mut |d, t| progress(1, d, t))?;
+    // And of the attention output log2 |attn|, when asked for.
+    let attn_hist = Arc::new(Mutex::new(vec![vec![0u64; BINS]; n_layers]));
+    let attn_probe: Option<AttnProbe> = (opts.attn_sparsity > 0.0).then(|| {
+        let h = Arc::clone(&attn_hist);
+        Box::new(move |l: usize, att: &[f32]| {
+            let mut h = h.lock().unwrap_or_else(PoisonError::into_inner);
+            for &a in att {
+                h[l][bin_of(a)] += 1;
+            }
+        }) as AttnProbe
+    });
+    run_windows(model, tokens, opts.window, Box::new(probe), attn_probe, &mut |d, t| progress(1, d, t))?;
     let hist = std::mem::take(&mut *hist.lock().unwrap_or_else(PoisonError::into_inner));
+    let attn_thresholds: Option<Vec<f32>> = (opts.attn_sparsity > 0.0).then(|| {
+        let h = attn_hist.lock().unwrap_or_else(PoisonError::into_inner);
+        h.iter().map(|h| quantile(h, f64::from(opts.attn_sparsity))).collect()
+    });
     let q = f64::from(opts.target_sparsity);
     let thresholds: Vec<f32> = hist.iter().map(|[g, _]| quantile(g, q)).collect();
     let input_thresholds: Vec<f32> = hist.iter().map(|[_, d]| quantile(d, q)).collect();
@@ -161,7 +190,7 @@ pub fn calibrate(
             }
         }
     };
-    run_windows(model, tokens, opts.window, Box::new(probe), &mut |d, t| progress(2, d, t))?;
+    run_windows(model, tokens, opts.window, Box::new(probe), None, &mut |d, t| progress(2, d, t))?;
     let (per_neuron, seen) = std::mem::take(&mut *counts.lock().unwrap_or_else(PoisonError::into_inner));
 
     let keep = ((1.0 - opts.target_sparsity) * ffn as f32).round() as usize;
@@ -172,6 +201,7 @@ pub fn calibrate(
             input_threshold: input_thresholds[l],
             active_freq: per_neuron[l].iter().map(|&k| (k as f64 / seen[l].max(1) as f64) as f32).collect(),
             lowrank: None,
+            attn_input_threshold: attn_thresholds.as_ref().map(|t| t[l]),
         })
         .collect();
     let (lowrank_factors, lowrank) = if opts.rank > 0 {
@@ -193,6 +223,7 @@ pub fn calibrate(
         calibration: info,
         layers,
         lowrank,
+        attn_sparsity: (opts.attn_sparsity > 0.0).then_some(opts.attn_sparsity),
     })
 }
 
@@ -247,7 +278,7 @@ fn fit_lowrank(
             }
         }
     });
-    run_windows(model, train, opts.window, probe, &mut |d, t| progress(4, d, t))?;
+    run_windows(model, train, opts.window, probe, None, &mut |d, t| progress(4, d, t))?;
     let hist = std::mem::take(&mut *hist.lock().unwrap_or_else(PoisonError::into_inner));
     let q = f64::from(1.0 - opts.recall_target);
     for (f, h) in factors.iter_mut().zip(&hist) {
@@ -275,7 +306,7 @@ fn fit_lowrank(
         }
     });
     let heldout_tokens = if heldout.len() >= 2 { heldout } else { train };
-    run_windows(model, heldout_tokens, opts.window, probe, &mut |d, t| progress(5, d, t))?;
+    run_windows(model, heldout_tokens, opts.window, probe, None, &mut |d, t| progress(5, d, t))?;
     let counts = std::mem::take(&mut *counts.lock().unwrap_or_else(PoisonError::into_inner));
     let ratio = |a: u64, b: u64| if b == 0 { 1.0 } else { (a as f64 / b as f64) as f32 };
     let info = LowRankInfo {

@@ -13,6 +13,10 @@
 //!   made at load: exact for Q4_0/Q4_1/Q8_0, requantised to Q8_0 for the
 //!   other types). A layer whose kept fraction exceeds
 //!   `dense_above` runs dense for that token.
+//! * Attention output (TEAL on `W_o`): when the sidecar was calibrated
+//!   with an attention sparsity, each token's attention output entries
+//!   below the layer's threshold are skipped, and the output projection
+//!   accumulates only the kept inputs' columns ([`SparseInput`]).
 //! * [`bundle`] and [`cache`]: under a memory budget
 //!   ([`SparsityOptions::ffn_budget_bytes`]) the FFN weights come from a
 //!   neuron-major repack of the model's FFN beside the sidecar: the hottest
@@ -87,6 +91,18 @@ pub struct SparseLayer {
     /// `W_down` neuron-major: one neuron's output column is one
     /// contiguous row.
     pub down: NeuronMajorDown,
+    /// The attention output projection, input-sparse; `None` when the
+    /// sidecar has no attention thresholds (or `W_o`'s type has no exact
+    /// neuron-major form).
+    pub attn_o: Option<SparseInput>,
+}
+
+/// A projection whose inputs below a threshold are skipped per token
+/// (TEAL): `out = Σ_{i : |x_i| > threshold} x_i · W[:, i]`.
+pub struct SparseInput {
+    pub threshold: f32,
+    /// `W` input-major (exact, as many bytes as the GGUF matrix).
+    pub w: NeuronMajor,
 }
 
 /// The neuron-major copy of a layer's `W_down`.
@@ -135,12 +151,12 @@ pub struct SparseFfn {
 }
 
 impl SparseFfn {
-    /// Bytes of the neuron-major down copies held in memory (under a
-    /// budget: everything the budget pays for).
+    /// Bytes of the neuron-major down (and attention output) copies held
+    /// in memory (under a budget: everything the budget pays for).
     pub fn resident_bytes(&self) -> usize {
         match &self.bundle {
             Some(b) => b.resident_bytes(),
-            None => self.layers.iter().map(|l| l.down.bytes()).sum(),
+            None => self.layers.iter().map(|l| l.down.bytes() + l.attn_o.as_ref().map_or(0, |a| a.w.bytes())).sum(),
         }
     }
 }
@@ -205,6 +221,10 @@ pub struct LayerCounters {
     /// Neurons the low-rank predictor selected (their gate rows were
     /// computed), summed over tokens.
     pub predicted: u64,
+    /// Tokens through this layer's input-sparse attention output.
+    pub attn_tokens: u64,
+    /// Attention-output inputs kept, summed over those tokens.
+    pub attn_active: u64,
 }
 
 /// What the FFN bundle served under a memory budget (neuron records).
@@ -234,6 +254,8 @@ impl CacheCounters {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SparsityStats {
     pub ffn_dim: usize,
+    /// Inputs of the attention output projection (`n_heads · head_dim`).
+    pub attn_dim: usize,
     pub layers: Vec<LayerCounters>,
     /// Under a memory budget: where the FFN records came from.
     pub cache: CacheCounters,
@@ -251,19 +273,37 @@ impl SparsityStats {
         let (a, t): (u64, u64) = self.layers.iter().fold((0, 0), |(a, t), c| (a + c.active, t + c.tokens));
         if t == 0 { 1.0 } else { a as f64 / (t as f64 * self.ffn_dim as f64) }
     }
+
+    /// Mean fraction of attention-output inputs kept over all layers (1
+    /// when the attention output runs dense).
+    pub fn mean_attn_active_fraction(&self) -> f64 {
+        let (a, t) = self.layers.iter().fold((0, 0), |(a, t), c| (a + c.attn_active, t + c.attn_tokens));
+        if t == 0 { 1.0 } else { a as f64 / (t as f64 * self.attn_dim as f64) }
+    }
 }
 
 pub(crate) fn sparsity_err(path: &Path, detail: impl Into<String>) -> Error {
     Error::Sparsity { path: path.to_path_buf(), detail: detail.into() }
 }
 
+/// The quantised bytes of one layer's matrices that sparse execution
+/// repacks.
+pub(crate) struct LayerWeights<'a> {
+    /// `W_down`, `dim × ffn_dim`.
+    pub down: (GgmlType, &'a [u8]),
+    /// `W_o`, `dim × q_dim`.
+    pub wo: (GgmlType, &'a [u8]),
+}
+
 /// Reads `opts.sidecar`, checks it belongs to `model` and builds the
-/// neuron-major down copies.
+/// neuron-major down copies (and input-major `W_o` copies when the sidecar
+/// has attention thresholds).
 pub(crate) fn build(
     opts: &SparsityOptions,
     id: &ModelId,
-    downs: &[(GgmlType, &[u8])],
+    weights: &[LayerWeights<'_>],
     dim: usize,
+    q_dim: usize,
     ffn_dim: usize,
 ) -> Result<SparseFfn> {
     let path = &opts.sidecar;
@@ -276,7 +316,8 @@ pub(crate) fn build(
         return Err(Error::InvalidArgument("an FFN memory budget is built by build_budgeted".into()));
     }
     let mut layers = Vec::with_capacity(sidecar.layers.len());
-    for (l, (s, &(ty, bytes))) in sidecar.layers.iter().zip(downs).enumerate() {
+    for (l, (s, lw)) in sidecar.layers.iter().zip(weights).enumerate() {
+        let (ty, bytes) = lw.down;
         let repack =
             |e: spinfer_kernels::KernelError| sparsity_err(path, format!("layer {l}: repacking ffn_down: {e}"));
         let down = match ty {
@@ -292,12 +333,25 @@ pub(crate) fn build(
             ),
             None => None,
         };
+        let attn_o = match (s.attn_input_threshold, lw.wo.0) {
+            (None, _) => None,
+            (Some(threshold), ty @ (GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)) => {
+                let w = NeuronMajor::from_weights(ty, lw.wo.1, dim, q_dim)
+                    .map_err(|e| sparsity_err(path, format!("layer {l}: repacking attn_output: {e}")))?;
+                Some(SparseInput { threshold, w })
+            }
+            (Some(_), ty) => {
+                tracing::warn!(layer = l, %ty, "attention output sparsity needs Q4_0, Q4_1 or Q8_0 weights; dense");
+                None
+            }
+        };
         layers.push(SparseLayer {
             threshold: s.threshold,
             keep: s.keep,
             input_threshold: s.input_threshold,
             lowrank,
             down,
+            attn_o,
         });
     }
     let predictor = opts.predictor.unwrap_or(sidecar.predictor);
@@ -352,6 +406,8 @@ pub(crate) fn build_budgeted(
             input_threshold: s.input_threshold,
             lowrank: Some(lr),
             down: NeuronMajorDown::Bundled,
+            // The budget covers the FFN; the attention output stays dense.
+            attn_o: None,
         });
     }
     let predictor_bytes: usize = layers.iter().filter_map(|l| l.lowrank.as_ref()).map(LowRank::bytes).sum();
@@ -394,6 +450,7 @@ mod tests {
             input_threshold: threshold,
             lowrank: None,
             down: NeuronMajorDown::Q8_0(Vec::new()),
+            attn_o: None,
         }
     }
 
@@ -432,9 +489,14 @@ mod tests {
     fn stats_fractions() {
         let st = SparsityStats {
             ffn_dim: 10,
-            layers: vec![LayerCounters { tokens: 2, active: 6, dense: 0, predicted: 0 }, LayerCounters::default()],
+            attn_dim: 4,
+            layers: vec![
+                LayerCounters { tokens: 2, active: 6, attn_tokens: 2, attn_active: 6, ..Default::default() },
+                LayerCounters::default(),
+            ],
             cache: CacheCounters::default(),
         };
+        assert!((st.mean_attn_active_fraction() - 0.75).abs() < 1e-12);
         assert!((st.active_fraction(0) - 0.3).abs() < 1e-12);
         assert_eq!(st.active_fraction(1), 1.0);
         assert!((st.mean_active_fraction() - 0.3).abs() < 1e-12);

@@ -12,6 +12,7 @@
 //! | `model` | JSON: `{"arch", "n_layers", "dim", "ffn_dim", "vocab_size", "fingerprint"}` |
 //! | `calibration` | JSON: `{"text", "byte_offset", "tokens"}` (informational) |
 //! | `lowrank` | optional JSON: `{"rank", "recall_target", "heldout_recall": [per layer], "predicted_fraction": [per layer], "heldout_tokens"}` |
+//! | `attn_sparsity` | optional: fraction of the attention output skipped before the output projection, e.g. `"0.4"` |
 //!
 //! and per layer `l` these F32 tensors:
 //!
@@ -21,6 +22,13 @@
 //! | `blk.{l}.ffn.keep` | `[1]` | neurons kept per token by the top-K predictor |
 //! | `blk.{l}.ffn_down.input_threshold` | `[1]` | input-magnitude: keep neuron j when `|silu(gate_j) · up_j| > threshold` |
 //! | `blk.{l}.ffn.active_freq` | `[ffn_dim]` | fraction of calibration tokens on which neuron j was kept (hot/cold) |
+//!
+//! With `attn_sparsity` present, also (TEAL on the attention output
+//! projection):
+//!
+//! | tensor | shape | meaning |
+//! |---|---|---|
+//! | `blk.{l}.attn_output.input_threshold` | `[1]` | keep input i of `W_o` when `|attn_i| > threshold` |
 //!
 //! With a low-rank predictor (`lowrank` metadata present), also:
 //!
@@ -156,6 +164,9 @@ pub struct LayerStats {
     pub active_freq: Vec<f32>,
     /// The low-rank predictor's factors, if calibrated with one.
     pub lowrank: Option<LowRankFactors>,
+    /// Keep input i of the attention output projection when `|attn_i|`
+    /// is above this; `None` unless calibrated with an attention sparsity.
+    pub attn_input_threshold: Option<f32>,
 }
 
 /// One layer's low-rank predictor.
@@ -193,6 +204,9 @@ pub struct Sidecar {
     pub layers: Vec<LayerStats>,
     /// Present when the sidecar holds a low-rank predictor.
     pub lowrank: Option<LowRankInfo>,
+    /// Fraction of the attention output skipped before `W_o`, when
+    /// calibrated (every layer then has an `attn_input_threshold`).
+    pub attn_sparsity: Option<f32>,
 }
 
 fn err(path: &Path, detail: impl Into<String>) -> Error {
@@ -236,6 +250,12 @@ impl Sidecar {
                 tensors.push((format!("blk.{l}.ffn_pred.q"), vec![f.q.len() / f.rank.max(1), f.rank], bytes(&f.q)));
                 tensors.push((format!("blk.{l}.ffn_pred.threshold"), vec![1], f.threshold.to_le_bytes().to_vec()));
             }
+            if self.attn_sparsity.is_some() {
+                let t = s.attn_input_threshold.ok_or_else(|| {
+                    err(path, format!("layer {l} has no attention threshold, but attn_sparsity is set"))
+                })?;
+                tensors.push((format!("blk.{l}.attn_output.input_threshold"), vec![1], t.to_le_bytes().to_vec()));
+            }
         }
         let model = serde_json::to_string(&self.model).map_err(|e| err(path, e.to_string()))?;
         let calibration = serde_json::to_string(&self.calibration).map_err(|e| err(path, e.to_string()))?;
@@ -248,6 +268,9 @@ impl Sidecar {
         meta.insert("calibration".into(), calibration.into());
         if let Some(info) = &self.lowrank {
             meta.insert("lowrank".into(), serde_json::to_string(info).map_err(|e| err(path, e.to_string()))?.into());
+        }
+        if let Some(a) = self.attn_sparsity {
+            meta.insert("attn_sparsity".into(), a.to_string().into());
         }
         let mut header = serde_json::Map::new();
         header.insert("__metadata__".into(), meta.into());
@@ -303,6 +326,10 @@ impl Sidecar {
             Some(c) => Some(serde_json::from_str(c).map_err(|e| err(path, format!("metadata 'lowrank': {e}")))?),
             None => None,
         };
+        let attn_sparsity: Option<f32> = match meta.get("attn_sparsity") {
+            Some(a) => Some(a.parse().map_err(|e| err(path, format!("metadata 'attn_sparsity': {e}")))?),
+            None => None,
+        };
         let tensor = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
             let t = st.tensor(name).map_err(|_| err(path, format!("tensor '{name}' is missing")))?;
             if t.dtype() != safetensors::Dtype::F32 || t.shape() != shape {
@@ -342,9 +369,20 @@ impl Sidecar {
                 }
                 None => None,
             };
-            layers.push(LayerStats { threshold, keep: keep as usize, input_threshold, active_freq, lowrank });
+            let attn_input_threshold = match attn_sparsity {
+                Some(_) => Some(f32s(&format!("blk.{l}.attn_output.input_threshold"), 1)?[0]),
+                None => None,
+            };
+            layers.push(LayerStats {
+                threshold,
+                keep: keep as usize,
+                input_threshold,
+                active_freq,
+                lowrank,
+                attn_input_threshold,
+            });
         }
-        let per_layer = if lowrank.is_some() { 7 } else { 4 };
+        let per_layer = 4 + if lowrank.is_some() { 3 } else { 0 } + usize::from(attn_sparsity.is_some());
         if st.len() != per_layer * model.n_layers {
             return Err(err(
                 path,
@@ -356,7 +394,7 @@ impl Sidecar {
                 ),
             ));
         }
-        Ok(Self { predictor, target_sparsity, model, calibration, layers, lowrank })
+        Ok(Self { predictor, target_sparsity, model, calibration, layers, lowrank, attn_sparsity })
     }
 }
 
@@ -394,6 +432,7 @@ mod tests {
                         threshold: 0.25,
                     }),
                     active_freq: (0..ffn).map(|j| j as f32 / ffn as f32).collect(),
+                    attn_input_threshold: Some(0.02 * (l + 1) as f32),
                 })
                 .collect(),
             lowrank: Some(LowRankInfo {
@@ -403,6 +442,7 @@ mod tests {
                 predicted_fraction: vec![0.7; n_layers],
                 heldout_tokens: 512,
             }),
+            attn_sparsity: Some(0.4),
         }
     }
 
@@ -414,6 +454,12 @@ mod tests {
         s.write(&path).unwrap();
         assert_eq!(Sidecar::read(&path).unwrap(), s);
         assert!(!path.with_extension("spinfer.tmp").exists());
+        // Without attention thresholds.
+        let mut s = s;
+        s.attn_sparsity = None;
+        s.layers.iter_mut().for_each(|l| l.attn_input_threshold = None);
+        s.write(&path).unwrap();
+        assert_eq!(Sidecar::read(&path).unwrap(), s);
     }
 
     #[test]

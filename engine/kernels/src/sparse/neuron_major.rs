@@ -3,9 +3,9 @@
 //!
 //! Every weight of such a matrix is `W[i, j] = d[i, B] * q[i, j] + m[i, B]`
 //! with `B = j / 32` the block of 32 columns (neurons) holding `j`. Keeping
-//! the integer codes `q` neuron-major (one `i8` per weight) and the block
-//! scales `d` / minimums `m` as f32 laid out `[B][i]`, an AXPY over the
-//! active neurons needs no requantisation at all:
+//! the integer codes `q` neuron-major and the block scales `d` / minimums
+//! `m` laid out `[B][i]`, an AXPY over the active neurons needs no
+//! requantisation at all:
 //!
 //! ```text
 //! out[i] = Σ_B ( d[i, B] · S_B[i] + m[i, B] · H_B )
@@ -14,6 +14,12 @@
 //!
 //! which is `Σ_k coef[k] · W[i, idx[k]]` up to f32 rounding, with `W` exactly
 //! as `dequantize_row` produces it.
+//!
+//! The copy holds exactly as many bytes as the GGUF matrix: 4-bit codes stay
+//! 4-bit (two per byte), 8-bit codes one per byte, and the scales and
+//! minimums stay f16. A sparse down projection therefore reads
+//! `(1 - sparsity)` of the codes plus the scales of every block with an
+//! active neuron, never more than the dense matvec.
 
 use half::f16;
 
@@ -23,9 +29,10 @@ use crate::cpu::CpuFeatures;
 use crate::pool::{ThreadPool, chunk_aligned};
 use crate::{GgmlType, KernelError, Result};
 
-/// Outputs per zmm register; the code rows are padded to a multiple of it
-/// and the threads' output slices start on a multiple of it.
-const LANES: usize = 16;
+/// Outputs per code group: 16 bytes of nibbles (low nibbles are outputs
+/// `0..16`, high nibbles `16..32`) or 32 int8. Rows of codes and scales are
+/// padded to a multiple of it, and the threads' output slices start on one.
+const GROUP: usize = 32;
 
 /// Outputs per tile of the scalar implementation.
 const SCALAR_TILE: usize = 64;
@@ -34,22 +41,27 @@ const SCALAR_TILE: usize = 64;
 /// rows × `neurons` columns, e.g. `W_down`, `dim × ffn`), for
 /// [`NeuronMajor::axpy`] over selected columns (neurons).
 ///
-/// Layout: `codes` holds, for neuron `j`, the `outputs` integer codes
-/// `q[0..outputs, j]` as `i8` (`stride` bytes per neuron, `stride` =
-/// `outputs` rounded up to 16, zero padded); `d` (and `m` for Q4_1) hold,
-/// for neuron block `B` and output `i`, the block's f16 scale (minimum)
-/// converted to f32 at `B * stride + i`.
+/// Layout, with `opad` = `outputs` rounded up to 32 (zero padded): `codes`
+/// holds, for neuron `j`, the codes `q[0..opad, j]` (`stride` bytes per
+/// neuron): for Q4_0 / Q4_1 the raw nibbles, output `32 g + e` in the low
+/// nibble and `32 g + 16 + e` in the high nibble of byte `16 g + e`
+/// (`stride = opad / 2`); for Q8_0 one `i8` per output (`stride = opad`).
+/// `d` (and `m` for Q4_1) hold, for neuron block `B` and output `i`, the
+/// block's f16 scale (minimum) at `B * opad + i`.
 #[derive(Clone, Debug)]
 pub struct NeuronMajor {
     wtype: GgmlType,
     outputs: usize,
     neurons: usize,
+    /// `outputs` rounded up to [`GROUP`].
+    opad: usize,
+    /// Code bytes per neuron.
     stride: usize,
     has_min: bool,
-    codes: Vec<i8>,
-    d: Vec<f32>,
+    codes: Vec<u8>,
+    d: Vec<f16>,
     /// Empty unless `has_min`.
-    m: Vec<f32>,
+    m: Vec<f16>,
 }
 
 impl NeuronMajor {
@@ -73,36 +85,36 @@ impl NeuronMajor {
         if w.len() != want {
             return Err(KernelError::BufferSize { ty: wtype, n: rows.saturating_mul(cols), want, got: w.len() });
         }
-        let stride = rows.checked_next_multiple_of(LANES).ok_or_else(overflow)?;
+        let opad = rows.checked_next_multiple_of(GROUP).ok_or_else(overflow)?;
+        let nibbles = wtype != GgmlType::Q8_0;
+        let stride = if nibbles { opad / 2 } else { opad };
         let n_codes = cols.checked_mul(stride).ok_or_else(overflow)?;
         let nb = cols / QK;
-        let mut codes = vec![0i8; n_codes];
-        let mut d = vec![0f32; nb * stride];
-        let mut m = if has_min { vec![0f32; nb * stride] } else { Vec::new() };
+        let mut codes = vec![0u8; n_codes];
+        let mut d = vec![f16::ZERO; nb * opad];
+        let mut m = if has_min { vec![f16::ZERO; nb * opad] } else { Vec::new() };
         let bs = wtype.type_size();
-        let f16_at = |b: &[u8], o: usize| f16::from_le_bytes([b[o], b[o + 1]]).to_f32();
-        let mut q = [0i8; QK];
+        let f16_at = |b: &[u8], o: usize| f16::from_le_bytes([b[o], b[o + 1]]);
+        let mut q = [0u8; QK];
         for i in 0..rows {
+            // Where output `i`'s code lives in a neuron's row, and how.
+            let (byte, shift) = if nibbles { ((i / GROUP) * 16 + i % 16, 4 * ((i % GROUP) / 16)) } else { (i, 0) };
             for (b, blk) in w[i * rb..(i + 1) * rb].chunks_exact(bs).enumerate() {
-                d[b * stride + i] = f16_at(blk, 0);
+                d[b * opad + i] = f16_at(blk, 0);
                 match wtype {
-                    GgmlType::Q4_0 => unpack_nibbles(&blk[2..18], -8, &mut q),
+                    GgmlType::Q4_0 => unpack_nibbles(&blk[2..18], &mut q),
                     GgmlType::Q4_1 => {
-                        m[b * stride + i] = f16_at(blk, 2);
-                        unpack_nibbles(&blk[4..20], 0, &mut q);
+                        m[b * opad + i] = f16_at(blk, 2);
+                        unpack_nibbles(&blk[4..20], &mut q);
                     }
-                    _ => {
-                        for (q, &v) in q.iter_mut().zip(&blk[2..34]) {
-                            *q = v as i8;
-                        }
-                    }
+                    _ => q.copy_from_slice(&blk[2..34]),
                 }
                 for (e, &v) in q.iter().enumerate() {
-                    codes[(b * QK + e) * stride + i] = v;
+                    codes[(b * QK + e) * stride + byte] |= v << shift;
                 }
             }
         }
-        Ok(Self { wtype, outputs: rows, neurons: cols, stride, has_min, codes, d, m })
+        Ok(Self { wtype, outputs: rows, neurons: cols, opad, stride, has_min, codes, d, m })
     }
 
     /// Number of neurons: the columns of `W`.
@@ -117,7 +129,7 @@ impl NeuronMajor {
 
     /// Resident bytes (codes, scales and minimums).
     pub fn bytes(&self) -> usize {
-        self.codes.len() + 4 * (self.d.len() + self.m.len()) + std::mem::size_of::<Self>()
+        self.codes.len() + 2 * (self.d.len() + self.m.len()) + std::mem::size_of::<Self>()
     }
 
     /// The type of the source matrix.
@@ -137,7 +149,15 @@ impl NeuronMajor {
     /// When `output` or `neuron` is out of range.
     pub fn code(&self, output: usize, neuron: usize) -> i8 {
         assert!(output < self.outputs && neuron < self.neurons, "({output}, {neuron}) out of range");
-        self.codes[neuron * self.stride + output]
+        let row = &self.codes[neuron * self.stride..][..self.stride];
+        match self.wtype {
+            GgmlType::Q8_0 => row[output] as i8,
+            ty => {
+                let byte = row[(output / GROUP) * 16 + output % 16];
+                let nibble = (byte >> (4 * ((output % GROUP) / 16))) & 0x0F;
+                nibble as i8 - if ty == GgmlType::Q4_0 { 8 } else { 0 }
+            }
+        }
     }
 
     /// `(d, m)` of output `output` in neuron block `block` (neurons
@@ -148,8 +168,8 @@ impl NeuronMajor {
     /// When `output` or `block` is out of range.
     pub fn block_scale(&self, output: usize, block: usize) -> (f32, f32) {
         assert!(output < self.outputs && block < self.neurons / QK, "({output}, {block}) out of range");
-        let at = block * self.stride + output;
-        (self.d[at], if self.has_min { self.m[at] } else { -0.0 })
+        let at = block * self.opad + output;
+        (self.d[at].to_f32(), if self.has_min { self.m[at].to_f32() } else { -0.0 })
     }
 
     /// `W[output, neuron]` as `d * q + m` in f32: bit for bit the value
@@ -166,7 +186,7 @@ impl NeuronMajor {
     /// `out[i] = Σ_k coef[k] · W[i, idx[k]]` for `i in 0..outputs`,
     /// overwriting `out`. `idx` must be strictly ascending (sorted,
     /// distinct). The outputs are split over the pool's threads in slices of
-    /// 16 (single-threaded when the work is small); the implementation is the
+    /// 32 (single-threaded when the work is small); the implementation is the
     /// best of [`AxpyIsa`] for the running CPU.
     ///
     /// Errors ([`KernelError::Shape`]): `coef.len() != idx.len()`,
@@ -188,13 +208,13 @@ impl NeuronMajor {
         };
         let n = self.outputs;
         let nt = pool.n_threads();
-        if nt == 1 || idx.len() * n < AXPY_PAR_MACS || n <= LANES {
+        if nt == 1 || idx.len() * n < AXPY_PAR_MACS || n <= GROUP {
             self.run(isa, 0, idx, coef, out);
             return Ok(());
         }
         let base = SharedMut(out.as_mut_ptr());
         pool.broadcast(&|ti, nt| {
-            let r = chunk_aligned(n, ti, nt, LANES);
+            let r = chunk_aligned(n, ti, nt, GROUP);
             if r.is_empty() {
                 return;
             }
@@ -236,25 +256,24 @@ impl NeuronMajor {
         Ok(())
     }
 
-    /// Outputs `o0 .. o0 + out.len()` (`o0` a multiple of 16) into `out`;
+    /// Outputs `o0 .. o0 + out.len()` (`o0` a multiple of 32) into `out`;
     /// arguments validated by the caller.
     fn run(&self, isa: AxpyIsa, o0: usize, idx: &[u32], coef: &[f32], out: &mut [f32]) {
-        debug_assert!(o0.is_multiple_of(LANES) && o0 + out.len() <= self.outputs);
+        debug_assert!(o0.is_multiple_of(GROUP) && o0 + out.len() <= self.outputs);
         match isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `AxpyIsa::Avx512` only comes from `select` on a CPU
-            // with AVX-512F, AVX2 and FMA; the caller validated `idx`
+            // with AVX-512F, AVX2, FMA and F16C; the caller validated `idx`
             // (every index < neurons), `coef` and the output slice.
             AxpyIsa::Avx512 => unsafe { x86::axpy_avx512(self, o0, idx, coef, out) },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above, with AVX2 and FMA detected.
+            // SAFETY: as above, with AVX2, FMA and F16C detected.
             AxpyIsa::Avx2 => unsafe { x86::axpy_avx2(self, o0, idx, coef, out) },
             _ => self.run_scalar(o0, idx, coef, out),
         }
     }
 
     fn run_scalar(&self, o0: usize, idx: &[u32], coef: &[f32], out: &mut [f32]) {
-        let stride = self.stride;
         for (t, out) in out.chunks_mut(SCALAR_TILE).enumerate() {
             let off = o0 + t * SCALAR_TILE;
             let w = out.len();
@@ -268,21 +287,20 @@ impl NeuronMajor {
                 while k < idx.len() && idx[k] as usize / QK == b {
                     let c = coef[k];
                     h += c;
-                    let row = &self.codes[idx[k] as usize * stride + off..][..w];
-                    for (s, &q) in s.iter_mut().zip(row) {
-                        *s += c * f32::from(q);
+                    for (o, s) in s[..w].iter_mut().enumerate() {
+                        *s += c * f32::from(self.code(off + o, idx[k] as usize));
                     }
                     k += 1;
                 }
-                let d = &self.d[b * stride + off..][..w];
+                let d = &self.d[b * self.opad + off..][..w];
                 if self.has_min {
-                    let m = &self.m[b * stride + off..][..w];
+                    let m = &self.m[b * self.opad + off..][..w];
                     for (((a, &s), &d), &m) in acc.iter_mut().zip(&s).zip(d).zip(m) {
-                        *a += d * s + m * h;
+                        *a += d.to_f32() * s + m.to_f32() * h;
                     }
                 } else {
                     for ((a, &s), &d) in acc.iter_mut().zip(&s).zip(d) {
-                        *a += d * s;
+                        *a += d.to_f32() * s;
                     }
                 }
             }
@@ -291,13 +309,12 @@ impl NeuronMajor {
     }
 }
 
-/// Low nibbles of `qs` are elements 0..16, high nibbles 16..32 (ggml order),
-/// each plus `bias`.
-fn unpack_nibbles(qs: &[u8], bias: i8, q: &mut [i8; QK]) {
+/// Low nibbles of `qs` are elements 0..16, high nibbles 16..32 (ggml order).
+fn unpack_nibbles(qs: &[u8], q: &mut [u8; QK]) {
     let (lo, hi) = q.split_at_mut(QK / 2);
     for ((&v, l), h) in qs.iter().zip(lo).zip(hi) {
-        *l = (v & 0x0F) as i8 + bias;
-        *h = (v >> 4) as i8 + bias;
+        *l = v & 0x0F;
+        *h = v >> 4;
     }
 }
 
@@ -306,17 +323,31 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::x86::{PREFETCH, prefetch_tile};
-    use super::{NeuronMajor, QK};
+    use super::{GROUP, NeuronMajor, QK};
+    use crate::GgmlType;
     use crate::pool::chunk;
 
-    /// Raw view of a [`NeuronMajor`] for one tile.
+    /// How a tile turns code bytes into integers.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Codes {
+        /// Q4_1: nibbles as they are.
+        Nibbles,
+        /// Q4_0: nibbles minus 8.
+        NibblesMinus8,
+        /// Q8_0: int8.
+        Int8,
+    }
+
+    /// Raw view of a [`NeuronMajor`] for one tile of output groups.
     struct Tile<'a> {
-        codes: *const i8,
-        d: *const f32,
+        codes: *const u8,
+        d: *const u16,
         /// Null without a minimum.
-        m: *const f32,
+        m: *const u16,
+        kind: Codes,
         stride: usize,
-        /// First output of the tile.
+        opad: usize,
+        /// First output of the tile (a multiple of 32).
         off: usize,
         idx: &'a [u32],
         coef: &'a [f32],
@@ -324,8 +355,28 @@ mod x86 {
 
     impl<'a> Tile<'a> {
         fn new(nm: &NeuronMajor, off: usize, idx: &'a [u32], coef: &'a [f32]) -> Self {
-            let m = if nm.has_min { nm.m.as_ptr() } else { std::ptr::null() };
-            Tile { codes: nm.codes.as_ptr(), d: nm.d.as_ptr(), m, stride: nm.stride, off, idx, coef }
+            let m = if nm.has_min { nm.m.as_ptr().cast() } else { std::ptr::null() };
+            let kind = match nm.wtype {
+                GgmlType::Q4_1 => Codes::Nibbles,
+                GgmlType::Q4_0 => Codes::NibblesMinus8,
+                _ => Codes::Int8,
+            };
+            Tile {
+                codes: nm.codes.as_ptr(),
+                d: nm.d.as_ptr().cast(),
+                m,
+                kind,
+                stride: nm.stride,
+                opad: nm.opad,
+                off,
+                idx,
+                coef,
+            }
+        }
+
+        /// Byte offset of the tile's codes inside a neuron's row.
+        fn code_off(&self) -> usize {
+            if self.kind == Codes::Int8 { self.off } else { self.off / 2 }
         }
 
         /// End (exclusive) of the run of indices from `k` in the neuron
@@ -341,201 +392,198 @@ mod x86 {
         }
     }
 
-    /// Accumulates `T` zmm vectors of outputs (`16 T` from `t.off`) over all
-    /// neurons and writes the first `valid` of them to `out`.
+    /// Accumulates `G` groups of 32 outputs (`2 G` zmm vectors from
+    /// `t.off`) over all neurons and writes the first `valid` to `out`.
     ///
     /// # Safety
-    /// AVX-512F, AVX2, FMA; every `idx[k] < neurons`, `idx.len() ==
-    /// coef.len()`, `t.off + 16 T <= stride`, the block of every index
-    /// within `d` / `m`, and `out` valid for `valid <= 16 T` floats.
+    /// AVX-512F, AVX2, FMA, F16C; every `idx[k] < neurons`, `idx.len() ==
+    /// coef.len()`, `t.off + 32 G <= opad`, and `out` valid for `valid <=
+    /// 32 G` floats.
     #[inline]
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn tile512<const T: usize>(t: &Tile<'_>, out: *mut f32, valid: usize) {
-        let mut acc = [_mm512_setzero_ps(); T];
-        let base = t.codes.cast::<u8>();
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn tile512<const G: usize, const V: usize>(t: &Tile<'_>, out: *mut f32, valid: usize) {
+        debug_assert_eq!(V, 2 * G);
+        let mut acc = [_mm512_setzero_ps(); V];
+        let (coff, clen) = (t.code_off(), if t.kind == Codes::Int8 { 32 * G } else { 16 * G });
+        let low = _mm512_set1_epi32(0x0F);
+        let eight = _mm512_set1_epi32(8);
         let mut k = 0;
         while k < t.idx.len() {
             let (end, b) = t.block_run(k);
-            let mut s = [_mm512_setzero_ps(); T];
+            let mut s = [_mm512_setzero_ps(); V];
             let mut h = 0.0f32;
             while k < end {
-                prefetch_tile(base, t.stride, t.off, 16 * T, t.idx, k + PREFETCH);
+                prefetch_tile(t.codes, t.stride, coff, clen, t.idx, k + PREFETCH);
                 let c = t.coef[k];
                 h += c;
                 let cv = _mm512_set1_ps(c);
-                // SAFETY: `idx[k] < neurons`, so the `16 T` codes at
-                // `idx[k] * stride + off` (`off + 16 T <= stride`) are inside
-                // `codes` (`neurons * stride` bytes).
-                let row = unsafe { t.codes.add(t.idx[k] as usize * t.stride + t.off) };
-                for (v, s) in s.iter_mut().enumerate() {
-                    // SAFETY: bytes `16 v .. 16 v + 16` of the tile's row (above).
-                    let q = unsafe { _mm_loadu_si128(row.add(16 * v).cast()) };
-                    *s = _mm512_fmadd_ps(cv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), *s);
+                // SAFETY: `idx[k] < neurons`, so the `clen` code bytes at
+                // `idx[k] * stride + coff` (`coff + clen <= stride`) are
+                // inside `codes` (`neurons * stride` bytes).
+                let row = unsafe { t.codes.add(t.idx[k] as usize * t.stride + coff) };
+                if t.kind == Codes::Int8 {
+                    for (v, s) in s.iter_mut().enumerate() {
+                        // SAFETY: bytes `16 v .. 16 v + 16` of the tile's row.
+                        let q = unsafe { _mm_loadu_si128(row.add(16 * v).cast()) };
+                        *s = _mm512_fmadd_ps(cv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), *s);
+                    }
+                } else {
+                    for g in 0..G {
+                        // SAFETY: bytes `16 g .. 16 g + 16` of the tile's row:
+                        // outputs `32 g + e` (low) and `32 g + 16 + e` (high).
+                        let q = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(row.add(16 * g).cast()) });
+                        let (mut lo, mut hi) = (_mm512_and_si512(q, low), _mm512_srli_epi32::<4>(q));
+                        if t.kind == Codes::NibblesMinus8 {
+                            lo = _mm512_sub_epi32(lo, eight);
+                            hi = _mm512_sub_epi32(hi, eight);
+                        }
+                        s[2 * g] = _mm512_fmadd_ps(cv, _mm512_cvtepi32_ps(lo), s[2 * g]);
+                        s[2 * g + 1] = _mm512_fmadd_ps(cv, _mm512_cvtepi32_ps(hi), s[2 * g + 1]);
+                    }
                 }
                 k += 1;
             }
-            // SAFETY: block `b < neurons / 32`, so `16 T` floats at
-            // `b * stride + off` lie inside `d` (and `m`, when not null).
+            // SAFETY: block `b < neurons / 32`, so the `32 G` f16 at
+            // `b * opad + off` (`off + 32 G <= opad`) lie inside `d` (and
+            // `m`, when not null).
             unsafe {
-                let dp = t.d.add(b * t.stride + t.off);
+                let dp = t.d.add(b * t.opad + t.off);
                 for (v, (a, s)) in acc.iter_mut().zip(&s).enumerate() {
-                    *a = _mm512_fmadd_ps(_mm512_loadu_ps(dp.add(16 * v)), *s, *a);
+                    let d = _mm512_cvtph_ps(_mm256_loadu_si256(dp.add(16 * v).cast()));
+                    *a = _mm512_fmadd_ps(d, *s, *a);
                 }
                 if !t.m.is_null() {
-                    let mp = t.m.add(b * t.stride + t.off);
+                    let mp = t.m.add(b * t.opad + t.off);
                     let hv = _mm512_set1_ps(h);
                     for (v, a) in acc.iter_mut().enumerate() {
-                        *a = _mm512_fmadd_ps(_mm512_loadu_ps(mp.add(16 * v)), hv, *a);
+                        let m = _mm512_cvtph_ps(_mm256_loadu_si256(mp.add(16 * v).cast()));
+                        *a = _mm512_fmadd_ps(m, hv, *a);
                     }
                 }
             }
         }
-        if valid == 16 * T {
+        if valid == 32 * G {
             for (v, a) in acc.iter().enumerate() {
-                // SAFETY: `out` holds `valid = 16 T` floats.
+                // SAFETY: `out` holds `valid = 32 G` floats.
                 unsafe { _mm512_storeu_ps(out.add(16 * v), *a) };
             }
         } else {
-            let mut buf = [0f32; 16 * 12];
+            let mut buf = [0f32; 32 * 6];
             for (v, a) in acc.iter().enumerate() {
-                // SAFETY: `T <= 12`, so `16 v + 16 <= 192`.
+                // SAFETY: `G <= 6`, so `16 v + 16 <= 192`.
                 unsafe { _mm512_storeu_ps(buf.as_mut_ptr().add(16 * v), *a) };
             }
-            // SAFETY: `out` holds `valid <= 16 T <= 192` floats.
+            // SAFETY: `out` holds `valid <= 32 G <= 192` floats.
             unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), out, valid) };
         }
     }
 
     /// AVX-512 implementation for outputs `o0 .. o0 + out.len()`, in tiles
-    /// of up to 12 zmm vectors (12 accumulators + 12 block sums).
+    /// of up to 6 groups of 32 outputs (12 accumulators + 12 block sums).
     ///
     /// # Safety
-    /// AVX-512F, AVX2, FMA; `o0` a multiple of 16, `o0 + out.len() <=
+    /// AVX-512F, AVX2, FMA, F16C; `o0` a multiple of 32, `o0 + out.len() <=
     /// outputs`, every `idx[k] < neurons`, `coef.len() == idx.len()`.
-    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub unsafe fn axpy_avx512(nm: &NeuronMajor, o0: usize, idx: &[u32], coef: &[f32], out: &mut [f32]) {
-        let nv = out.len().div_ceil(16);
-        let tiles = nv.div_ceil(12);
+        let ng = out.len().div_ceil(GROUP);
+        let tiles = ng.div_ceil(6);
         for ti in 0..tiles {
-            let r = chunk(nv, ti, tiles);
-            let first = 16 * r.start;
-            let valid = (out.len() - first).min(16 * r.len());
-            // `o0 + first + 16 r.len() <= stride`: `o0` and `first` are
-            // multiples of 16 and the slice ends inside the padded row.
+            let r = chunk(ng, ti, tiles);
+            let first = GROUP * r.start;
+            let valid = (out.len() - first).min(GROUP * r.len());
+            // `o0 + first + 32 r.len() <= opad`: both are multiples of 32 and
+            // the slice ends inside the padded row.
             let t = Tile::new(nm, o0 + first, idx, coef);
             // SAFETY: `first + valid <= out.len()`; the tile's codes and
             // scales are in range as argued above and by the caller.
             unsafe {
                 let o = out.as_mut_ptr().add(first);
                 match r.len() {
-                    12 => tile512::<12>(&t, o, valid),
-                    11 => tile512::<11>(&t, o, valid),
-                    10 => tile512::<10>(&t, o, valid),
-                    9 => tile512::<9>(&t, o, valid),
-                    8 => tile512::<8>(&t, o, valid),
-                    7 => tile512::<7>(&t, o, valid),
-                    6 => tile512::<6>(&t, o, valid),
-                    5 => tile512::<5>(&t, o, valid),
-                    4 => tile512::<4>(&t, o, valid),
-                    3 => tile512::<3>(&t, o, valid),
-                    2 => tile512::<2>(&t, o, valid),
-                    _ => tile512::<1>(&t, o, valid),
+                    6 => tile512::<6, 12>(&t, o, valid),
+                    5 => tile512::<5, 10>(&t, o, valid),
+                    4 => tile512::<4, 8>(&t, o, valid),
+                    3 => tile512::<3, 6>(&t, o, valid),
+                    2 => tile512::<2, 4>(&t, o, valid),
+                    _ => tile512::<1, 2>(&t, o, valid),
                 }
             }
         }
     }
 
-    /// As [`tile512`] with `T` ymm vectors (`8 T` outputs).
+    /// AVX2 implementation, one group of 32 outputs (4 ymm accumulators + 4
+    /// block sums) at a time.
     ///
     /// # Safety
-    /// AVX2, FMA; as [`tile512`] with `t.off + 8 T <= stride`, `valid <= 8 T`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile256<const T: usize>(t: &Tile<'_>, out: *mut f32, valid: usize) {
-        let mut acc = [_mm256_setzero_ps(); T];
-        let base = t.codes.cast::<u8>();
-        let mut k = 0;
-        while k < t.idx.len() {
-            let (end, b) = t.block_run(k);
-            let mut s = [_mm256_setzero_ps(); T];
-            let mut h = 0.0f32;
-            while k < end {
-                prefetch_tile(base, t.stride, t.off, 8 * T, t.idx, k + PREFETCH);
-                let c = t.coef[k];
-                h += c;
-                let cv = _mm256_set1_ps(c);
-                // SAFETY: `idx[k] < neurons` and `off + 8 T <= stride`, so
-                // the tile's codes of neuron `idx[k]` are inside `codes`.
-                let row = unsafe { t.codes.add(t.idx[k] as usize * t.stride + t.off) };
-                for (v, s) in s.iter_mut().enumerate() {
-                    // SAFETY: bytes `8 v .. 8 v + 8` of the tile's row (above).
-                    let q = unsafe { _mm_loadl_epi64(row.add(8 * v).cast()) };
-                    *s = _mm256_fmadd_ps(cv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), *s);
+    /// AVX2, FMA, F16C; as [`axpy_avx512`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_avx2(nm: &NeuronMajor, o0: usize, idx: &[u32], coef: &[f32], out: &mut [f32]) {
+        let low = _mm256_set1_epi32(0x0F);
+        let eight = _mm256_set1_epi32(8);
+        for g in 0..out.len().div_ceil(GROUP) {
+            let first = GROUP * g;
+            let valid = (out.len() - first).min(GROUP);
+            let t = Tile::new(nm, o0 + first, idx, coef);
+            let coff = t.code_off();
+            let clen = if t.kind == Codes::Int8 { 32 } else { 16 };
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut k = 0;
+            while k < idx.len() {
+                let (end, b) = t.block_run(k);
+                let mut s = [_mm256_setzero_ps(); 4];
+                let mut h = 0.0f32;
+                while k < end {
+                    prefetch_tile(t.codes, t.stride, coff, clen, idx, k + PREFETCH);
+                    let c = coef[k];
+                    h += c;
+                    let cv = _mm256_set1_ps(c);
+                    // SAFETY: `idx[k] < neurons` and `coff + clen <= stride`,
+                    // so the group's codes of neuron `idx[k]` are in `codes`.
+                    let row = unsafe { t.codes.add(idx[k] as usize * t.stride + coff) };
+                    let q: [__m256i; 4] = if t.kind == Codes::Int8 {
+                        // SAFETY: bytes `8 v .. 8 v + 8` of the group's 32.
+                        std::array::from_fn(|v| _mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(row.add(8 * v).cast()) }))
+                    } else {
+                        // SAFETY: the group's 16 bytes of nibbles.
+                        let bytes = unsafe { _mm_loadu_si128(row.cast()) };
+                        let (a, b) = (_mm256_cvtepu8_epi32(bytes), _mm256_cvtepu8_epi32(_mm_srli_si128::<8>(bytes)));
+                        let q = [
+                            _mm256_and_si256(a, low),
+                            _mm256_and_si256(b, low),
+                            _mm256_srli_epi32::<4>(a),
+                            _mm256_srli_epi32::<4>(b),
+                        ];
+                        if t.kind == Codes::NibblesMinus8 { q.map(|q| _mm256_sub_epi32(q, eight)) } else { q }
+                    };
+                    for (s, q) in s.iter_mut().zip(q) {
+                        *s = _mm256_fmadd_ps(cv, _mm256_cvtepi32_ps(q), *s);
+                    }
+                    k += 1;
                 }
-                k += 1;
-            }
-            // SAFETY: block `b < neurons / 32`, so `8 T` floats at
-            // `b * stride + off` lie inside `d` (and `m`, when not null).
-            unsafe {
-                let dp = t.d.add(b * t.stride + t.off);
-                for (v, (a, s)) in acc.iter_mut().zip(&s).enumerate() {
-                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(dp.add(8 * v)), *s, *a);
-                }
-                if !t.m.is_null() {
-                    let mp = t.m.add(b * t.stride + t.off);
-                    let hv = _mm256_set1_ps(h);
-                    for (v, a) in acc.iter_mut().enumerate() {
-                        *a = _mm256_fmadd_ps(_mm256_loadu_ps(mp.add(8 * v)), hv, *a);
+                // SAFETY: block `b < neurons / 32`, so the group's 32 f16 at
+                // `b * opad + off` lie inside `d` (and `m`, when not null).
+                unsafe {
+                    let dp = t.d.add(b * t.opad + t.off);
+                    for (v, (a, s)) in acc.iter_mut().zip(&s).enumerate() {
+                        let d = _mm256_cvtph_ps(_mm_loadu_si128(dp.add(8 * v).cast()));
+                        *a = _mm256_fmadd_ps(d, *s, *a);
+                    }
+                    if !t.m.is_null() {
+                        let mp = t.m.add(b * t.opad + t.off);
+                        let hv = _mm256_set1_ps(h);
+                        for (v, a) in acc.iter_mut().enumerate() {
+                            let m = _mm256_cvtph_ps(_mm_loadu_si128(mp.add(8 * v).cast()));
+                            *a = _mm256_fmadd_ps(m, hv, *a);
+                        }
                     }
                 }
             }
-        }
-        if valid == 8 * T {
+            let mut buf = [0f32; GROUP];
             for (v, a) in acc.iter().enumerate() {
-                // SAFETY: `out` holds `valid = 8 T` floats.
-                unsafe { _mm256_storeu_ps(out.add(8 * v), *a) };
-            }
-        } else {
-            let mut buf = [0f32; 8 * 6];
-            for (v, a) in acc.iter().enumerate() {
-                // SAFETY: `T <= 6`, so `8 v + 8 <= 48`.
+                // SAFETY: `8 v + 8 <= 32`.
                 unsafe { _mm256_storeu_ps(buf.as_mut_ptr().add(8 * v), *a) };
             }
-            // SAFETY: `out` holds `valid <= 8 T <= 48` floats.
-            unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), out, valid) };
-        }
-    }
-
-    /// AVX2 implementation, in tiles of up to 6 ymm vectors (6 accumulators
-    /// + 6 block sums).
-    ///
-    /// # Safety
-    /// AVX2, FMA; as [`axpy_avx512`].
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn axpy_avx2(nm: &NeuronMajor, o0: usize, idx: &[u32], coef: &[f32], out: &mut [f32]) {
-        let nv = out.len().div_ceil(8);
-        let tiles = nv.div_ceil(6);
-        for ti in 0..tiles {
-            let r = chunk(nv, ti, tiles);
-            let first = 8 * r.start;
-            let valid = (out.len() - first).min(8 * r.len());
-            // `o0 + first + 8 r.len() <= stride`: `o0` is a multiple of 16,
-            // `first` of 8, and the slice ends inside the padded row
-            // (`stride` is a multiple of 16).
-            let t = Tile::new(nm, o0 + first, idx, coef);
-            // SAFETY: `first + valid <= out.len()`; the tile's codes and
-            // scales are in range as argued above and by the caller.
-            unsafe {
-                let o = out.as_mut_ptr().add(first);
-                match r.len() {
-                    6 => tile256::<6>(&t, o, valid),
-                    5 => tile256::<5>(&t, o, valid),
-                    4 => tile256::<4>(&t, o, valid),
-                    3 => tile256::<3>(&t, o, valid),
-                    2 => tile256::<2>(&t, o, valid),
-                    _ => tile256::<1>(&t, o, valid),
-                }
-            }
+            out[first..first + valid].copy_from_slice(&buf[..valid]);
         }
     }
 }

@@ -37,6 +37,23 @@ impl Model {
                 layer.w_gate.forward(&s.pool, &s.xn, n, &mut s.gate, &mut s.scratch)?;
                 layer.w_up.forward(&s.pool, &s.xn, n, &mut s.up, &mut s.scratch)?;
                 math::swiglu(&mut s.gate[..n * ffn], &s.up[..n * ffn]);
+                if n > 1 {
+                    // Several tokens (prefill): zero the skipped inputs and
+                    // run the dense kernel, which reads W_down once for all
+                    // of them; the same masked product as the AXPY below.
+                    let counters = &mut s.sparse.stats.layers[l];
+                    for act in s.gate[..n * ffn].chunks_exact_mut(ffn) {
+                        let k = act.iter().filter(|a| a.abs() > sl.input_threshold).count();
+                        counters.tokens += 1;
+                        counters.active += k as u64;
+                        if k > dense_above {
+                            counters.dense += 1;
+                        } else {
+                            act.iter_mut().filter(|a| a.abs() <= sl.input_threshold).for_each(|a| *a = 0.0);
+                        }
+                    }
+                    return layer.w_down.forward(&s.pool, &s.gate, n, &mut s.tmp, &mut s.scratch);
+                }
             }
             PredictorKind::GateThreshold | PredictorKind::TopK => {
                 layer.w_gate.forward(&s.pool, &s.xn, n, &mut s.gate, &mut s.scratch)?;
