@@ -4,8 +4,12 @@
 //! ```sh
 //! cargo run --release -p spinfer-tests --example sparsity_curve -- \
 //!     models/SmolLM2-135M-Instruct.Q4_1.gguf [--levels 0.3,0.5] \
-//!     [--predictors gate-threshold,top-k,input-magnitude] [--windows 40] [--threads 2]
+//!     [--predictors gate-threshold,top-k,input-magnitude] [--windows 40] [--threads 2] \
+//!     [--attn 0.4]
 //! ```
+//!
+//! `--attn S` also calibrates the attention output projection to skip a
+//! fraction `S` of its inputs (TEAL on W_o) in every sparse configuration.
 //!
 //! For each target sparsity it calibrates once (WikiText-2 test after byte
 //! 800,000, 8,192 tokens) and, per predictor, measures on the evaluation
@@ -35,6 +39,7 @@ struct Args {
     predictors: Vec<PredictorKind>,
     windows: usize,
     threads: usize,
+    attn: f32,
 }
 
 fn parse_args() -> Result<Args> {
@@ -45,6 +50,7 @@ fn parse_args() -> Result<Args> {
         predictors: vec![PredictorKind::GateThreshold, PredictorKind::TopK, PredictorKind::InputMagnitude],
         windows: 40,
         threads: 2,
+        attn: 0.0,
     };
     while let Some(x) = it.next() {
         let mut val = || it.next().with_context(|| format!("{x} needs a value"));
@@ -58,12 +64,13 @@ fn parse_args() -> Result<Args> {
             }
             "--windows" => a.windows = val()?.parse()?,
             "--threads" => a.threads = val()?.parse()?,
+            "--attn" => a.attn = val()?.parse()?,
             _ if a.model.as_os_str().is_empty() => a.model = PathBuf::from(x),
             _ => bail!("unexpected argument '{x}'"),
         }
     }
     if a.model.as_os_str().is_empty() {
-        bail!("usage: sparsity_curve MODEL [--levels L,..] [--predictors P,..] [--windows N] [--threads N]");
+        bail!("usage: sparsity_curve MODEL [--levels L,..] [--predictors P,..] [--windows N] [--threads N] [--attn S]");
     }
     Ok(a)
 }
@@ -169,7 +176,7 @@ fn main() -> Result<()> {
             info: CalibrationInfo { text: "wiki.test.raw".into(), byte_offset: 800_000, tokens: 0 },
             rank: if a.predictors.contains(&PredictorKind::LowRank) { 64 } else { 0 },
             recall_target: 0.95,
-            attn_sparsity: 0.0,
+            attn_sparsity: a.attn,
         };
         let sidecar = calibrate(&dense.model, &loader, &calib_tokens, &opts, &mut |_, _, _| {})?;
         let path = dir.path().join(format!("s{level}.spinfer"));
@@ -179,8 +186,12 @@ fn main() -> Result<()> {
             so.predictor = Some(predictor);
             let e = Engine::load(&a.model, options(Some(so)))?;
             let r = measure(&e, &eval_tokens, a.windows, &dense_greedy)?;
-            print_row(&format!("{:.0}%", 100.0 * level), predictor.name(), &r, Some(&d));
-            engines.push((format!("{:.0}% {}", 100.0 * level, predictor.name()), e));
+            let name = match a.attn {
+                0.0 => predictor.name().to_string(),
+                s => format!("{} + W_o {:.0}%", predictor.name(), 100.0 * s),
+            };
+            print_row(&format!("{:.0}%", 100.0 * level), &name, &r, Some(&d));
+            engines.push((format!("{:.0}% {name}", 100.0 * level), e));
         }
     }
 

@@ -116,7 +116,7 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
         "",
         "activation histograms",
         "neuron frequencies",
-        "low-rank factors",
+        "input moments, low-rank factors",
         "predictor thresholds",
         "held-out recall",
     ];

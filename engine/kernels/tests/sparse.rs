@@ -725,7 +725,7 @@ fn sparse_ffn_timings() {
         let mut scratch = Vec::new();
         let dense = time_us(2000, || dk.run(&pool, &down, &h, 1, &mut out, &mut scratch).unwrap());
         println!("[{threads}t] dense {} down {dim}x{ffn}: {dense:.2} us", dk.name());
-        for pct in [100, 50, 30] {
+        for pct in [100, 70, 50, 30] {
             let n = ffn * pct / 100;
             let idx = random_subset(&mut r, ffn, n);
             let coef: Vec<f32> = idx.iter().map(|&i| h[i as usize]).collect();
@@ -751,41 +751,5 @@ fn sparse_ffn_timings() {
             "[{threads}t] gather_rows 50% of {ffn}x{dim} {ty} ({} KiB): {gather:.2} us; dense up on gathered: {upmv:.2} us; dense up full: {upfull:.2} us",
             g.len() / 1024
         );
-    }
-    // Streaming: as in decode, each matrix is read once per token and the
-    // model is larger than the L3 cache, so cycle through 96 copies (53 MB
-    // of Q4_1) and report the time per matrix.
-    let copies: Vec<(Vec<u8>, NeuronMajor)> = (0..96)
-        .map(|_| {
-            let w = random_weights(&mut r, ty, dim, ffn);
-            let nm = NeuronMajor::from_weights(ty, &w, dim, ffn).unwrap();
-            (w, nm)
-        })
-        .collect();
-    for threads in [1, 2] {
-        let pool = ThreadPool::new(threads);
-        let mut out = vec![0.0; dim];
-        let mut scratch = Vec::new();
-        let per = |t: f64| t / copies.len() as f64;
-        let dense = per(time_us(20, || {
-            for (w, _) in &copies {
-                dk.run(&pool, w, &h, 1, &mut out, &mut scratch).unwrap();
-            }
-        }));
-        println!("[{threads}t] streaming dense {} down {dim}x{ffn}: {dense:.2} us per matrix", dk.name());
-        for pct in [100, 70, 60, 50, 30] {
-            let n = ffn * pct / 100;
-            let idx = random_subset(&mut r, ffn, n);
-            let coef: Vec<f32> = idx.iter().map(|&i| h[i as usize]).collect();
-            let t = per(time_us(20, || {
-                for (_, nm) in &copies {
-                    nm.axpy(&pool, &idx, &coef, &mut out).unwrap();
-                }
-            }));
-            println!(
-                "[{threads}t] streaming NeuronMajor::axpy {pct}% kept: {t:.2} us per matrix ({:.2}x dense)",
-                dense / t
-            );
-        }
     }
 }

@@ -13,6 +13,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+use spinfer_kernels::matmul::{BLayout, sgemm};
 use spinfer_kernels::pool::ThreadPool;
 
 use super::lowrank::{self, LowRank};
@@ -227,8 +228,10 @@ pub fn calibrate(
     })
 }
 
-/// Fits the low-rank predictor of every layer: factors from the gate's
-/// weights, then (pass 3, on the first 7/8 of the windows) the threshold on
+/// Fits the low-rank predictor of every layer: (pass 3, on the first 7/8
+/// of the windows) the FFN inputs' second moment and from it the factors
+/// that best predict the gate on those inputs, then (pass 4, the same
+/// windows) the threshold on
 /// `|silu(ĝ)|` that keeps `recall_target` of the truly active neurons
 /// (`|silu(gate)| > gate_thresholds[l]`), and (pass 4, the last 1/8, held
 /// out) the recall and kept fraction it achieves.
@@ -244,6 +247,33 @@ fn fit_lowrank(
     if !(0.0..=1.0).contains(&opts.recall_target) {
         return Err(Error::InvalidArgument(format!("recall target must be in [0, 1], got {}", opts.recall_target)));
     }
+    // Windows: 7/8 to fit the factors and thresholds, the rest held out.
+    let n_windows = tokens.len().div_ceil(opts.window);
+    let split = (n_windows * 7 / 8).max(1).min(n_windows) * opts.window;
+    let (train, heldout) = tokens.split_at(split.min(tokens.len()));
+
+    // Per layer, C = Σ x xᵀ over the FFN inputs of the training windows.
+    let moments = Arc::new(Mutex::new(vec![vec![0.0f64; dim * dim]; c.n_layers]));
+    let probe = {
+        let moments = Arc::clone(&moments);
+        let (mut xt, mut cw, mut scratch) = (Vec::new(), vec![0.0f32; dim * dim], Vec::new());
+        move |l: usize, x: &[f32], _gate: &[f32], _up: &[f32]| {
+            let n = x.len() / dim;
+            xt.resize(dim * n, 0.0);
+            for (t, row) in x.chunks_exact(dim).enumerate() {
+                for (i, &v) in row.iter().enumerate() {
+                    xt[i * n + t] = v;
+                }
+            }
+            sgemm(dim, dim, n, &xt, n, x, dim, BLayout::Normal, &mut cw, dim, false, &mut scratch);
+            let mut m = moments.lock().unwrap_or_else(PoisonError::into_inner);
+            for (a, &b) in m[l].iter_mut().zip(&cw) {
+                *a += f64::from(b);
+            }
+        }
+    };
+    run_windows(model, train, opts.window, Box::new(probe), None, &mut |d, t| progress(3, d, t))?;
+    let moments = std::mem::take(&mut *moments.lock().unwrap_or_else(PoisonError::into_inner));
     let mut factors = Vec::with_capacity(c.n_layers);
     let mut predictors = Vec::with_capacity(c.n_layers);
     for (l, layer) in model.weights.layers.iter().enumerate() {
@@ -253,17 +283,12 @@ fn fit_lowrank(
         for (row, out) in layer.w_gate.raw_weights().chunks_exact(row_bytes).zip(w.chunks_exact_mut(dim)) {
             spinfer_kernels::dequant::dequantize_row(ty, row, out)?;
         }
-        let (p, q) = lowrank::factors(&w, ffn, dim, rank, 30)?;
+        let (p, q) = lowrank::fit_to_activations(&w, &moments[l], ffn, dim, rank, 30)?;
         predictors.push(LowRank::new(&p, &q, rank, dim, ffn, 0.0)?);
         factors.push(LowRankFactors { rank, p, q, threshold: 0.0 });
         progress(3, l + 1, c.n_layers);
     }
     let predictors = Arc::new(predictors);
-
-    // Windows: 7/8 to fit the thresholds, the rest held out.
-    let n_windows = tokens.len().div_ceil(opts.window);
-    let split = (n_windows * 7 / 8).max(1).min(n_windows) * opts.window;
-    let (train, heldout) = tokens.split_at(split.min(tokens.len()));
 
     // |silu(ĝ)| of the truly active neurons, per layer.
     let hist = Arc::new(Mutex::new(vec![vec![0u64; BINS]; c.n_layers]));
