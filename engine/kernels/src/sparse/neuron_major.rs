@@ -405,8 +405,12 @@ mod x86 {
         debug_assert_eq!(V, 2 * G);
         let mut acc = [_mm512_setzero_ps(); V];
         let (coff, clen) = (t.code_off(), if t.kind == Codes::Int8 { 32 * G } else { 16 * G });
-        let low = _mm512_set1_epi32(0x0F);
-        let eight = _mm512_set1_epi32(8);
+        // Nibble code → its value as f32 (Q4_0: code − 8), by table lookup.
+        let bias = if t.kind == Codes::NibblesMinus8 { 8.0 } else { 0.0 };
+        let values = _mm512_sub_ps(
+            _mm512_setr_ps(0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.),
+            _mm512_set1_ps(bias),
+        );
         let mut k = 0;
         while k < t.idx.len() {
             let (end, b) = t.block_run(k);
@@ -432,13 +436,12 @@ mod x86 {
                         // SAFETY: bytes `16 g .. 16 g + 16` of the tile's row:
                         // outputs `32 g + e` (low) and `32 g + 16 + e` (high).
                         let q = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(row.add(16 * g).cast()) });
-                        let (mut lo, mut hi) = (_mm512_and_si512(q, low), _mm512_srli_epi32::<4>(q));
-                        if t.kind == Codes::NibblesMinus8 {
-                            lo = _mm512_sub_epi32(lo, eight);
-                            hi = _mm512_sub_epi32(hi, eight);
-                        }
-                        s[2 * g] = _mm512_fmadd_ps(cv, _mm512_cvtepi32_ps(lo), s[2 * g]);
-                        s[2 * g + 1] = _mm512_fmadd_ps(cv, _mm512_cvtepi32_ps(hi), s[2 * g + 1]);
+                        // The table lookup reads only the low 4 bits of each
+                        // lane: the low nibble as it is, the high one shifted.
+                        let lo = _mm512_permutexvar_ps(q, values);
+                        let hi = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(q), values);
+                        s[2 * g] = _mm512_fmadd_ps(cv, lo, s[2 * g]);
+                        s[2 * g + 1] = _mm512_fmadd_ps(cv, hi, s[2 * g + 1]);
                     }
                 }
                 k += 1;
