@@ -172,7 +172,10 @@ pub fn factors(w_gate: &[f32], ffn: usize, dim: usize, rank: usize, iters: usize
 /// that best predict `w_gate · x` in least squares over inputs with second
 /// moment `c` (dim × dim, `Σ x xᵀ`, f64): reduced-rank regression, solved
 /// in closed form (see the module docs). A ridge of `1e-6 · trace(c) / dim`
-/// keeps `c` positive definite when some input directions never vary.
+/// keeps `c` positive definite when some input directions never vary; when
+/// rounding still defeats the factorisation (fewer calibration tokens than
+/// dimensions), the ridge grows a hundredfold at a time, up to the mean
+/// variance itself.
 pub fn fit_to_activations(
     w_gate: &[f32],
     c: &[f64],
@@ -222,10 +225,22 @@ pub fn fit_to_activations(
     Ok((p, q))
 }
 
-/// The lower-triangular `L` with `L Lᵀ = c + ridge·I` (`n × n`, row-major).
+/// The lower-triangular `L` with `L Lᵀ = c + ridge·I` (`n × n`, row-major)
+/// for the smallest ridge in `1e-6, 1e-4, 1e-2, 1` times the mean diagonal
+/// that factorises.
 fn cholesky(c: &[f64], n: usize) -> Result<Vec<f64>> {
-    let trace: f64 = (0..n).map(|i| c[i * n + i]).sum();
-    let ridge = 1e-6 * trace / n as f64 + f64::MIN_POSITIVE;
+    let mean = (0..n).map(|i| c[i * n + i]).sum::<f64>() / n.max(1) as f64;
+    let mut last = None;
+    for rel in [1e-6, 1e-4, 1e-2, 1.0] {
+        match cholesky_with(c, n, rel * mean + f64::MIN_POSITIVE) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| Error::InvalidArgument("low-rank fit: empty input moment".into())))
+}
+
+fn cholesky_with(c: &[f64], n: usize, ridge: f64) -> Result<Vec<f64>> {
     let mut l = vec![0.0f64; n * n];
     for i in 0..n {
         for j in 0..=i {
@@ -304,6 +319,16 @@ mod tests {
             c0[j * dim] = 0.0;
         }
         assert!(fit_to_activations(&w, &c0, ffn, dim, rank, 60).is_ok());
+        // So is one from fewer samples than dimensions (rank-deficient).
+        let mut c2 = vec![0.0f64; dim * dim];
+        for x in &xs[..3] {
+            for i in 0..dim {
+                for j in 0..dim {
+                    c2[i * dim + j] += f64::from(x[i]) * f64::from(x[j]);
+                }
+            }
+        }
+        assert!(fit_to_activations(&w, &c2, ffn, dim, rank, 60).is_ok());
         assert!(fit_to_activations(&w, &c[1..], ffn, dim, rank, 60).is_err());
     }
 
