@@ -22,6 +22,7 @@
 //!   hash against a [`TrustPolicy`] and returns a [`VerifiedPack`], the only way to get one.
 //! - [`InstallRecord`]: refuses downgrades per (pack name, signer) unless pinned.
 //! - [`discover`]: lists pack directories in search directories and `SPINFER_PACK_PATH`.
+//! - [`synthetic_shapes`]: the generic shape grid `spinfer tune --synthetic-shapes` measures.
 //! - [`RegistryError`]: one error enum; messages name the pack (`name@version`) and path.
 //!
 //! # Example
@@ -59,6 +60,7 @@ mod fsutil;
 mod keys;
 mod manifest;
 mod record;
+mod shapes;
 mod signature;
 mod verify;
 
@@ -70,5 +72,6 @@ pub use manifest::{Artefact, KernelEntry, MANIFEST_FILE, MAX_NAME_LEN, Manifest,
 pub use record::{InstallRecord, UNSIGNED_SIGNER};
 /// Semantic versions (pack `version`, `min_host_version`), re-exported so callers need no `semver` dependency.
 pub use semver::Version;
+pub use shapes::{SYNTHETIC_COLS, SYNTHETIC_MAX_ELEMENTS, SYNTHETIC_ROWS, synthetic_shapes};
 pub use signature::{PackSignature, SIGNATURE_FILE};
 pub use verify::{TrustPolicy, VerifiedPack, sign_pack, verify_pack};
