@@ -14,10 +14,14 @@
 #                        installed there from PyPI when missing
 #   SPINFER=PATH         the spinfer binary (default target/release/spinfer,
 #                        built if missing)
+#   SPINFER_EMBED_BF16=0 run spinfer's encoder in f32 only (default: bf16
+#                        weights and activations for Q/K/V, attention output
+#                        and FFN up where the CPU has AVX-512 BF16)
 #
 # Inputs: 64 lines per length, generated deterministically into
 # target/bench-embed/. Prints a Markdown table (docs/benchmarks.md):
-# inputs (sentences) per second and the ratio spinfer / PyTorch.
+# inputs (sentences) per second and the ratio spinfer / PyTorch, with the
+# load average before and after (timings on a loaded machine mean little).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-models/all-MiniLM-L6-v2}
@@ -52,8 +56,10 @@ spinfer_rate() {
 }
 best() { printf '%s\n' "$@" | sort -g | tail -1; }
 
+load() { cut -d' ' -f1-3 /proc/loadavg; }
 echo "spinfer $("$spinfer" --version 2>/dev/null | awk '{print $2}') vs $versions;" \
-    "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $threads threads, best of $repeats"
+    "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $threads threads, best of $repeats;" \
+    "bf16 ${SPINFER_EMBED_BF16:-on}; load average $(load)"
 echo
 echo "| L | B | spinfer/s | PyTorch/s | ratio |"
 echo "|---:|---:|---:|---:|---:|"
@@ -70,3 +76,5 @@ for L in $lengths; do
         echo "| $L | $B | $sb | $pb | $(awk -v a="$sb" -v b="$pb" 'BEGIN { printf "%.2f", a / b }') |"
     done
 done
+echo
+echo "load average at the end: $(load)"

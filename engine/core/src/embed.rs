@@ -39,14 +39,27 @@ pub struct EmbedderOptions {
     /// projection runs over the kept neurons only
     /// ([`crate::model::bert_sparse`]; also [`Embedder::load_sparsity`]).
     pub sparsity: Option<PathBuf>,
+    /// Run the encoder's Q/K/V, attention-output and FFN-up matmuls with
+    /// bf16 weights and activations, and every matmul on weights packed
+    /// once at load ([`BertModel::use_bf16`]), when the CPU has AVX-512 BF16
+    /// (ignored otherwise). About 1.45x the f32 throughput on 256-token
+    /// inputs; on all-MiniLM-L6-v2 the embeddings stay within cosine 0.99998
+    /// of PyTorch's (f32: 0.9999999). Default: on, unless the environment
+    /// variable `SPINFER_EMBED_BF16` is `0`, `off` or `false`.
+    pub bf16: bool,
 }
 
 impl Default for EmbedderOptions {
     fn default() -> Self {
+        let bf16 = !matches!(
+            std::env::var("SPINFER_EMBED_BF16").map(|v| v.to_ascii_lowercase()).as_deref(),
+            Ok("0" | "off" | "false")
+        );
         Self {
             threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             batch_size: 32,
             sparsity: None,
+            bf16,
         }
     }
 }
@@ -101,6 +114,7 @@ impl std::fmt::Debug for Embedder {
             .field("pooling", &self.pooling)
             .field("normalize", &self.normalize)
             .field("max_tokens", &self.max_tokens)
+            .field("bf16", &self.model.uses_bf16())
             .finish_non_exhaustive()
     }
 }
@@ -163,8 +177,11 @@ impl Embedder {
         }
 
         let loader = SafetensorsModel::open(&model_dir)?;
-        let model = BertModel::load(&loader, registry, config)?;
-        tracing::debug!(dir = %dir.display(), ?pooling, normalize = modules.normalize, max_tokens, "embedder loaded");
+        let mut model = BertModel::load(&loader, registry, config)?;
+        let bf16 = options.bf16 && model.use_bf16()?;
+        tracing::debug!(
+            dir = %dir.display(), ?pooling, normalize = modules.normalize, max_tokens, bf16, "embedder loaded"
+        );
         let mut embedder = Self {
             dir: dir.to_path_buf(),
             model_dir,

@@ -1,0 +1,688 @@
+//! GEMM over weights packed once, at load: `out[t, r] = bias[r] + Σ_c
+//! W[r, c] · x[t, c]` for matmuls over many tokens (the sentence-embedding
+//! encoder), in one of two precisions ([`PackedType`]):
+//!
+//! * **BF16**: weights and activations rounded to bf16 (to nearest even),
+//!   products exact, sums in f32. AVX-512 BF16's `vdpbf16ps` multiplies a
+//!   broadcast activation pair with 16 weight pairs and adds both products
+//!   to 16 f32 lanes: twice the arithmetic of an f32 FMA per instruction,
+//!   half the bytes per weight. The activations are rounded on every call,
+//!   row-major, into the caller's scratch.
+//! * **F32**: the weights as they are (any type, dequantised to f32), one
+//!   FMA per product; the activations are read in place.
+//!
+//! Both keep the weights in panels of [`NR`] rows stored k-major (one `u32`
+//! per row and step: a bf16 pair `W[r, 2q]` (low half), `W[r, 2q + 1]`
+//! (high half), or one f32), so the packing of the f32 GEMM
+//! (`gemm_f32.rs`) is not redone on every call. Several matrices of the
+//! same width can share one packed matrix, their rows one after the other
+//! (Q, K and V become one product).
+//!
+//! The micro-kernel keeps 8 tokens × 48 rows in 24 zmm accumulators,
+//! **starting from the bias** and adding the products in column order over
+//! the whole K (no K blocks, no reassociation), then stores with a lane
+//! mask for a ragged last vector. So an output's value does not depend on
+//! the other tokens of the call or on the thread count, and in f32 it is
+//! bit for bit `bias + x[0]·w[0] + x[1]·w[1] + ...` with fused
+//! multiply-adds ([`gemm_packed_scalar`] computes exactly that; so does the
+//! neuron-major accumulation of the sparse FFN). Each pool thread owns a
+//! range of rows (a multiple of 16): its packed weights (a few hundred KiB
+//! at BERT-small widths) stay in its L2 while the token tiles stream by.
+//!
+//! The SIMD kernels need AVX-512 F/BW, plus BF16 for [`PackedType::Bf16`]
+//! ([`packed_simd_available`]); without them [`gemm_packed`] runs the
+//! scalar reference's arithmetic split over the pool: correct, not fast, so
+//! callers that care keep their other kernels on such CPUs.
+
+use crate::dequant::dequantize_row;
+use crate::pool::{SyncPtr, ThreadPool, chunk_aligned};
+use crate::{GgmlType, KernelError, Result};
+
+/// Rows per packed panel (three vectors of 16 lanes).
+pub const NR: usize = 48;
+/// Tokens per register tile.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const MR: usize = 8;
+/// f32 lanes per AVX-512 vector.
+const LANES: usize = 16;
+
+/// Precision of a [`PackedMatrix`] and of its products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackedType {
+    /// bf16 weights and activations, f32 sums.
+    Bf16,
+    /// f32 weights and activations.
+    F32,
+}
+
+/// `x` rounded to bf16 (round to nearest, ties to even; NaN stays NaN,
+/// quiet): the bit pattern `half::bf16::from_f32` gives.
+#[inline]
+pub fn to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() { ((b >> 16) | 0x0040) as u16 } else { (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16 }
+}
+
+/// The f32 value of a bf16 bit pattern.
+#[inline]
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits(u32::from(h) << 16)
+}
+
+/// Whether the CPU runs the SIMD kernel of `ty` (else [`gemm_packed`]
+/// falls back to scalar code).
+pub fn packed_simd_available(ty: PackedType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && (ty == PackedType::F32 || std::arch::is_x86_feature_detected!("avx512bf16"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        false
+    }
+}
+
+/// A weight matrix (`rows × cols`) packed for [`gemm_packed`]: panel `p`,
+/// step `q`, row `j` of the panel at `u32` index `p · steps · NR + q · NR +
+/// j`, where a step is a column pair (bf16) or a column (f32); rows past
+/// `rows` and the column past an odd `cols` (bf16) are zero.
+pub struct PackedMatrix {
+    ty: PackedType,
+    rows: usize,
+    cols: usize,
+    /// K steps: `ceil(cols / 2)` (bf16) or `cols` (f32).
+    steps: usize,
+    buf: Vec<u32>,
+    /// First element of the panels in `buf` (64-byte aligned).
+    off: usize,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedMatrix")
+            .field("ty", &self.ty)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PackedMatrix {
+    /// Converts and packs the matrices `parts` (each `(type, bytes, rows)`,
+    /// row-major with `cols` elements per row, of any type
+    /// [`crate::dequant::dequantize_row`] reads) into one matrix of `ty`,
+    /// their rows one after the other.
+    ///
+    /// # Errors
+    /// If a part's bytes do not hold `rows × cols` elements of its type, or
+    /// the type has no dequantisation.
+    pub fn pack(ty: PackedType, parts: &[(GgmlType, &[u8], usize)], cols: usize) -> Result<Self> {
+        let rows: usize = parts.iter().map(|p| p.2).sum();
+        let steps = match ty {
+            PackedType::Bf16 => cols.div_ceil(2),
+            PackedType::F32 => cols,
+        };
+        let len = rows.div_ceil(NR) * steps * NR;
+        let mut buf = vec![0u32; len + 16];
+        let off = buf.as_ptr().align_offset(64).min(16);
+        let panels = &mut buf[off..off + len];
+        let mut row = vec![0.0f32; cols];
+        let mut r = 0;
+        for &(wt, bytes, n) in parts {
+            let rb = wt.row_bytes(cols)?;
+            if bytes.len() != n * rb {
+                return Err(KernelError::BufferSize { ty: wt, n: n * cols, want: n * rb, got: bytes.len() });
+            }
+            for i in 0..n {
+                dequantize_row(wt, &bytes[i * rb..(i + 1) * rb], &mut row)?;
+                let base = r / NR * steps * NR + r % NR;
+                for q in 0..steps {
+                    panels[base + q * NR] = match ty {
+                        PackedType::F32 => row[q].to_bits(),
+                        PackedType::Bf16 => {
+                            let hi = row.get(2 * q + 1).map_or(0, |&v| to_bf16(v));
+                            u32::from(to_bf16(row[2 * q])) | (u32::from(hi) << 16)
+                        }
+                    };
+                }
+                r += 1;
+            }
+        }
+        Ok(Self { ty, rows, cols, steps, buf, off })
+    }
+
+    /// Packs an f32 matrix given as a slice (`rows × cols`, row-major).
+    ///
+    /// # Errors
+    /// If `w` does not hold `rows × cols` floats.
+    pub fn from_f32(ty: PackedType, w: &[f32], rows: usize, cols: usize) -> Result<Self> {
+        Self::pack(ty, &[(GgmlType::F32, bytemuck::cast_slice(w), rows)], cols)
+    }
+
+    pub fn ty(&self) -> PackedType {
+        self.ty
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.buf.len() * 4
+    }
+
+    fn panels(&self) -> &[u32] {
+        &self.buf[self.off..self.off + self.rows.div_ceil(NR) * self.steps * NR]
+    }
+
+    /// The packed element of row `r`, step `q`.
+    fn at(&self, r: usize, q: usize) -> u32 {
+        self.panels()[r / NR * self.steps * NR + q * NR + r % NR]
+    }
+
+    /// Weight `(r, c)` as stored, as f32.
+    ///
+    /// # Panics
+    /// If `r` or `c` is out of range.
+    pub fn weight(&self, r: usize, c: usize) -> f32 {
+        assert!(r < self.rows && c < self.cols, "weight ({r}, {c}) of a {} x {} matrix", self.rows, self.cols);
+        match self.ty {
+            PackedType::F32 => f32::from_bits(self.at(r, c)),
+            PackedType::Bf16 => {
+                let p = self.at(r, c / 2);
+                bf16_to_f32(if c.is_multiple_of(2) { p as u16 } else { (p >> 16) as u16 })
+            }
+        }
+    }
+}
+
+/// A function applied once to every output, after the sum, on slices of
+/// one token's row (e.g. an activation function), while they are still in
+/// cache.
+pub type Epilogue<'a> = &'a (dyn Fn(&mut [f32]) + Sync);
+
+/// Checks the operands of an `n`-token product with `w`.
+fn check(w: &PackedMatrix, x: &[f32], n: usize, bias: Option<&[f32]>, out: &[f32]) -> Result<()> {
+    let shape = |detail: String| KernelError::Shape { op: "gemm_packed", detail };
+    if x.len() != n * w.cols {
+        return Err(shape(format!("activations hold {} values, expected {n} tokens x {} columns", x.len(), w.cols)));
+    }
+    if out.len() != n * w.rows {
+        return Err(shape(format!("output holds {} values, expected {n} tokens x {} rows", out.len(), w.rows)));
+    }
+    if let Some(b) = bias.filter(|b| b.len() != w.rows) {
+        return Err(shape(format!("bias holds {} values, expected {}", b.len(), w.rows)));
+    }
+    Ok(())
+}
+
+/// `out[t, r] = bias[r] + Σ_c W[r, c] · x[t, c]` in `w`'s precision for the
+/// `n` rows of `x` (`n × cols`, row-major; `out` is `n × rows`), then
+/// `epilogue` on the results. Rows are split over the pool's threads; an
+/// output's value depends neither on the thread count nor on the other
+/// tokens of the call. `scratch` holds the rounded activations of the bf16
+/// product (grown as needed, never shrunk).
+///
+/// # Errors
+/// If a slice does not match the shapes.
+#[allow(clippy::too_many_arguments, reason = "the GEMM operands")]
+pub fn gemm_packed(
+    pool: &ThreadPool,
+    w: &PackedMatrix,
+    x: &[f32],
+    n: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    scratch: &mut Vec<u8>,
+    epilogue: Option<Epilogue<'_>>,
+) -> Result<()> {
+    check(w, x, n, bias, out)?;
+    if n == 0 || w.rows == 0 {
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    if packed_simd_available(w.ty) {
+        simd::run(pool, w, x, n, bias, out, scratch, epilogue);
+        return Ok(());
+    }
+    let _ = scratch;
+    // Scalar fallback, rows split over the pool as in the SIMD kernel.
+    let rows = w.rows;
+    let out_ptr = SyncPtr::new(out.as_mut_ptr());
+    pool.broadcast(&|ti, nt| {
+        let rr = chunk_aligned(rows, ti, nt, LANES);
+        if rr.is_empty() {
+            return;
+        }
+        for t in 0..n {
+            // SAFETY: this thread alone writes rows `rr` of token `t`; `out`
+            // holds `n * rows` floats (checked) and outlives the broadcast.
+            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * rows + rr.start), rr.len()) };
+            for (r, ov) in rr.clone().zip(o.iter_mut()) {
+                *ov = dot_scalar(w, r, &x[t * w.cols..(t + 1) * w.cols], bias.map_or(0.0, |b| b[r]));
+            }
+            if let Some(e) = epilogue {
+                e(o);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// `b + Σ_c W[r, c] · x[c]` in the kernels' order: from `b`, one fused
+/// multiply-add per column (f32); per column pair the odd column's product,
+/// then the even one's, each added with one rounding (bf16: the products
+/// are exact), as `vdpbf16ps` specifies.
+fn dot_scalar(w: &PackedMatrix, r: usize, x: &[f32], b: f32) -> f32 {
+    let mut s = b;
+    match w.ty {
+        PackedType::F32 => {
+            for (c, &xv) in x.iter().enumerate() {
+                s = xv.mul_add(f32::from_bits(w.at(r, c)), s);
+            }
+        }
+        PackedType::Bf16 => {
+            let round = |v: f32| bf16_to_f32(to_bf16(v));
+            for q in 0..w.steps {
+                let p = w.at(r, q);
+                let x1 = x.get(2 * q + 1).map_or(0.0, |&v| round(v));
+                s += x1 * bf16_to_f32((p >> 16) as u16);
+                s += round(x[2 * q]) * bf16_to_f32(p as u16);
+            }
+        }
+    }
+    s
+}
+
+/// The scalar reference of [`gemm_packed`] (single-threaded, no epilogue).
+///
+/// # Errors
+/// If a slice does not match the shapes.
+pub fn gemm_packed_scalar(w: &PackedMatrix, x: &[f32], n: usize, bias: Option<&[f32]>, out: &mut [f32]) -> Result<()> {
+    check(w, x, n, bias, out)?;
+    for t in 0..n {
+        for r in 0..w.rows {
+            out[t * w.rows + r] = dot_scalar(w, r, &x[t * w.cols..(t + 1) * w.cols], bias.map_or(0.0, |b| b[r]));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    #![allow(clippy::needless_range_loop, reason = "micro-kernels index M x NV register arrays")]
+
+    use std::arch::x86_64::*;
+
+    use super::{Epilogue, LANES, MR, NR, PackedMatrix, PackedType, to_bf16};
+    use crate::matmul::{SharedBuf, scratch_aligned};
+    use crate::pool::{ThreadPool, chunk, chunk_aligned};
+
+    /// Fewest activation values for which the bf16 rounding is split over
+    /// the pool (below, one more broadcast costs more than it saves).
+    const PAR_CONVERT: usize = 32 * 1024;
+
+    /// Runs the product (see [`super::gemm_packed`]; operands checked, the
+    /// CPU has the kernel's features, `n > 0`).
+    #[allow(clippy::too_many_arguments, reason = "the GEMM operands")]
+    pub(super) fn run(
+        pool: &ThreadPool,
+        w: &PackedMatrix,
+        x: &[f32],
+        n: usize,
+        bias: Option<&[f32]>,
+        out: &mut [f32],
+        scratch: &mut Vec<u8>,
+        epilogue: Option<Epilogue<'_>>,
+    ) {
+        let (rows, cols, steps) = (w.rows, w.cols, w.steps);
+        // The activations, `steps` u32 per token: bf16 pairs rounded here,
+        // or the f32 values in place.
+        let (xs, ldx) = match w.ty {
+            PackedType::F32 => (x.as_ptr() as usize, cols),
+            PackedType::Bf16 => {
+                let xb = scratch_aligned(scratch, n * steps * 4);
+                let xb_ptr = SharedBuf(xb.as_mut_ptr());
+                let convert = |tokens: std::ops::Range<usize>| {
+                    for t in tokens {
+                        // SAFETY: token `t`'s `steps` pairs lie inside `xb`
+                        // (`n * steps` u32, 64-byte aligned) and are written
+                        // by this call only; the CPU has AVX-512 F/BW.
+                        unsafe { convert_row(&x[t * cols..(t + 1) * cols], xb_ptr.ptr().cast::<u32>().add(t * steps)) };
+                    }
+                };
+                if n * cols >= PAR_CONVERT && pool.n_threads() > 1 {
+                    pool.broadcast(&|ti, nt| convert(chunk(n, ti, nt)));
+                } else {
+                    convert(0..n);
+                }
+                (xb_ptr.ptr() as usize, steps)
+            }
+        };
+        let ty = w.ty;
+        let panels = w.panels().as_ptr() as usize;
+        let out_ptr = SharedBuf(out.as_mut_ptr().cast());
+        let bias_ptr = bias.map_or(0, |b| b.as_ptr() as usize);
+        pool.broadcast(&|ti, nt| {
+            let rr = chunk_aligned(rows, ti, nt, LANES);
+            let (panels, xs) = (panels as *const u32, xs as *const u32);
+            let out = out_ptr.ptr().cast::<f32>();
+            let mut t = 0;
+            while t < n {
+                let m = MR.min(n - t);
+                let mut r = rr.start;
+                while r < rr.end {
+                    // The part of panel `r / NR` from lane `r % NR` on that
+                    // this thread owns.
+                    let (p, j0) = (r / NR, r % NR);
+                    let width = (NR - j0).min(rr.end - r);
+                    let nv = width.div_ceil(LANES);
+                    let rem = width - (nv - 1) * LANES;
+                    let last: __mmask16 = if rem == LANES { 0xffff } else { (1u16 << rem) - 1 };
+                    // SAFETY: tokens `t..t + m` of the activations (`ldx` u32
+                    // each) and lanes `j0..j0 + 16 * nv <= NR` of panel `p`
+                    // (`steps * NR` u32, zero-padded) are inside their
+                    // buffers; the masked stores write rows `r..r + width`,
+                    // owned by this thread, of tokens `t..t + m` of `out`
+                    // (`n * rows` floats); the bias (when present) holds
+                    // `rows` floats; the CPU has the kernel's features.
+                    unsafe {
+                        let pp = panels.add(p * steps * NR + j0);
+                        let bp = if bias_ptr == 0 { std::ptr::null() } else { (bias_ptr as *const f32).add(r) };
+                        let ukr = pick(ty, m, nv);
+                        ukr(steps, xs.add(t * ldx), ldx, pp, out.add(t * rows + r), rows, bp, last);
+                        if let Some(e) = epilogue {
+                            for i in 0..m {
+                                e(std::slice::from_raw_parts_mut(out.add((t + i) * rows + r), width));
+                            }
+                        }
+                    }
+                    r += width;
+                }
+                t += m;
+            }
+        });
+    }
+
+    /// Rounds one row of activations to bf16 pairs (`ceil(x.len() / 2)` u32
+    /// at `dst`), bit for bit as [`to_bf16`].
+    ///
+    /// # Safety
+    /// AVX-512 F/BW must be available; `dst` must hold `ceil(x.len() / 2)`
+    /// u32.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn convert_row(x: &[f32], dst: *mut u32) {
+        // u16 element 2j + 1 of (a, b): the high halves of 32 floats, in order.
+        let mut idx = [0u16; 32];
+        for (j, v) in idx.iter_mut().enumerate() {
+            *v = (2 * j + 1) as u16;
+        }
+        // SAFETY: `idx` is 64 bytes.
+        let idx = unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) };
+        let round = |v: __m512| -> __m512i {
+            let b = _mm512_castps_si512(v);
+            let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+            let r = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+            _mm512_mask_blend_epi32(nan, r, _mm512_or_si512(b, _mm512_set1_epi32(0x0040_0000)))
+        };
+        let mut c = 0;
+        while c + 32 <= x.len() {
+            // SAFETY: floats `c..c + 32` are inside `x`; pairs `c / 2..c / 2 +
+            // 16` inside `dst`.
+            unsafe {
+                let a = round(_mm512_loadu_ps(x.as_ptr().add(c)));
+                let b = round(_mm512_loadu_ps(x.as_ptr().add(c + 16)));
+                _mm512_storeu_si512(dst.add(c / 2).cast(), _mm512_permutex2var_epi16(a, idx, b));
+            }
+            c += 32;
+        }
+        while c < x.len() {
+            let lo = u32::from(to_bf16(x[c]));
+            let hi = x.get(c + 1).map_or(0, |&v| u32::from(to_bf16(v)));
+            // SAFETY: pair `c / 2 < ceil(x.len() / 2)` is inside `dst`.
+            unsafe { *dst.add(c / 2) = lo | (hi << 16) };
+            c += 2;
+        }
+    }
+
+    /// Signature of the micro-kernels.
+    type Ukr = unsafe fn(usize, *const u32, usize, *const u32, *mut f32, usize, *const f32, __mmask16);
+
+    /// The micro-kernel of `ty` for `m` tokens and `nv` vectors.
+    fn pick(ty: PackedType, m: usize, nv: usize) -> Ukr {
+        fn by_nv<const M: usize, const BF16: bool>(nv: usize) -> Ukr {
+            match (nv, BF16) {
+                (3, true) => ukr_bf16::<M, 3>,
+                (2, true) => ukr_bf16::<M, 2>,
+                (_, true) => ukr_bf16::<M, 1>,
+                (3, false) => ukr_f32::<M, 3>,
+                (2, false) => ukr_f32::<M, 2>,
+                (_, false) => ukr_f32::<M, 1>,
+            }
+        }
+        fn by_m<const BF16: bool>(m: usize, nv: usize) -> Ukr {
+            match m {
+                8 => by_nv::<8, BF16>(nv),
+                7 => by_nv::<7, BF16>(nv),
+                6 => by_nv::<6, BF16>(nv),
+                5 => by_nv::<5, BF16>(nv),
+                4 => by_nv::<4, BF16>(nv),
+                3 => by_nv::<3, BF16>(nv),
+                2 => by_nv::<2, BF16>(nv),
+                _ => by_nv::<1, BF16>(nv),
+            }
+        }
+        match ty {
+            PackedType::Bf16 => by_m::<true>(m, nv),
+            PackedType::F32 => by_m::<false>(m, nv),
+        }
+    }
+
+    /// `c[i, 0..16·NV] = bias + Σ_q x[i, q] ·· p[q, 0..16·NV]` for `i < M`
+    /// over `steps` column pairs (`··`: `vdpbf16ps`, both products of a
+    /// pair), in order of `q`, from the bias (zero when null); `x` row
+    /// stride `ldx` pairs, panel row stride `NR`, `c` row stride `ldc`; the
+    /// last vector's bias loads and stores under `last`.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/BF16 must be available; `x` must hold `M` rows of
+    /// `steps` pairs, `p` `steps` rows of `16 · NV` pairs (stride `NR`), `c`
+    /// `M` rows of the lanes `last` selects; `bias` is null or holds those
+    /// lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[allow(clippy::too_many_arguments, reason = "the micro-kernel operands")]
+    unsafe fn ukr_bf16<const M: usize, const NV: usize>(
+        steps: usize,
+        x: *const u32,
+        ldx: usize,
+        p: *const u32,
+        c: *mut f32,
+        ldc: usize,
+        bias: *const f32,
+        last: __mmask16,
+    ) {
+        // SAFETY: all addresses are inside the buffers described above;
+        // `__m512i` and `__m512bh` are both 64-byte vectors (the transmutes
+        // reinterpret 16 u32 lanes as 32 bf16 values).
+        unsafe {
+            let mut acc = init::<M, NV>(bias, last);
+            for q in 0..steps {
+                let pq = p.add(q * NR);
+                let mut b = [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); NV];
+                for j in 0..NV {
+                    b[j] = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(pq.add(LANES * j).cast()));
+                }
+                for i in 0..M {
+                    let a = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*x.add(i * ldx + q) as i32));
+                    for j in 0..NV {
+                        acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
+                    }
+                }
+            }
+            store::<M, NV>(&acc, c, ldc, last);
+        }
+    }
+
+    /// As [`ukr_bf16`] with f32 weights and activations (`steps` columns,
+    /// one FMA per product).
+    ///
+    /// # Safety
+    /// As [`ukr_bf16`], with AVX-512 F/BW; `x` holds f32 values.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[allow(clippy::too_many_arguments, reason = "the micro-kernel operands")]
+    unsafe fn ukr_f32<const M: usize, const NV: usize>(
+        steps: usize,
+        x: *const u32,
+        ldx: usize,
+        p: *const u32,
+        c: *mut f32,
+        ldc: usize,
+        bias: *const f32,
+        last: __mmask16,
+    ) {
+        let x = x.cast::<f32>();
+        // SAFETY: all addresses are inside the buffers described above.
+        unsafe {
+            let mut acc = init::<M, NV>(bias, last);
+            for q in 0..steps {
+                let pq = p.add(q * NR).cast::<f32>();
+                let mut b = [_mm512_setzero_ps(); NV];
+                for j in 0..NV {
+                    b[j] = _mm512_loadu_ps(pq.add(LANES * j));
+                }
+                for i in 0..M {
+                    let a = _mm512_set1_ps(*x.add(i * ldx + q));
+                    for j in 0..NV {
+                        acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
+                    }
+                }
+            }
+            store::<M, NV>(&acc, c, ldc, last);
+        }
+    }
+
+    /// Accumulators holding the bias (zero when null), the last vector's
+    /// lanes under `last`.
+    ///
+    /// # Safety
+    /// AVX-512F must be available; `bias` is null or holds the lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn init<const M: usize, const NV: usize>(bias: *const f32, last: __mmask16) -> [[__m512; NV]; M] {
+        let mut acc = [[_mm512_setzero_ps(); NV]; M];
+        if !bias.is_null() {
+            for j in 0..NV {
+                let mask = if j + 1 == NV { last } else { 0xffff };
+                // SAFETY: the lanes `mask` selects are inside `bias`.
+                let bv = unsafe { _mm512_maskz_loadu_ps(mask, bias.add(LANES * j)) };
+                for row in acc.iter_mut() {
+                    row[j] = bv;
+                }
+            }
+        }
+        acc
+    }
+
+    /// Stores the accumulators to `c` (row stride `ldc`), the last vector
+    /// under `last`.
+    ///
+    /// # Safety
+    /// AVX-512F must be available; `c` holds `M` rows of the lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store<const M: usize, const NV: usize>(
+        acc: &[[__m512; NV]; M],
+        c: *mut f32,
+        ldc: usize,
+        last: __mmask16,
+    ) {
+        for j in 0..NV {
+            let mask = if j + 1 == NV { last } else { 0xffff };
+            for i in 0..M {
+                // SAFETY: the lanes `mask` selects of row `i` are inside `c`.
+                unsafe { _mm512_mask_storeu_ps(c.add(i * ldc + LANES * j), mask, acc[i][j]) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_matches_half() {
+        let mut s = 0x1234_5678u32;
+        let mut xs = vec![0.0f32, -0.0, 1.0, f32::MAX, f32::MIN_POSITIVE, 1e-40, f32::INFINITY, f32::NAN];
+        for _ in 0..100_000 {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            xs.push(f32::from_bits(s));
+        }
+        for x in xs {
+            if x.is_nan() {
+                assert!(bf16_to_f32(to_bf16(x)).is_nan());
+            } else {
+                assert_eq!(to_bf16(x), half::bf16::from_f32(x).to_bits(), "{x:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn packing_keeps_every_weight() {
+        let (rows, cols) = (50, 7);
+        let w: Vec<f32> = (0..rows * cols).map(|i| (i as f32 * 0.37).sin()).collect();
+        for ty in [PackedType::Bf16, PackedType::F32] {
+            let p = PackedMatrix::from_f32(ty, &w, rows, cols).unwrap();
+            for r in 0..rows {
+                for c in 0..cols {
+                    let v = w[r * cols + c];
+                    let want = if ty == PackedType::F32 { v } else { bf16_to_f32(to_bf16(v)) };
+                    assert_eq!(p.weight(r, c), want);
+                }
+            }
+            assert!(PackedMatrix::from_f32(ty, &w[1..], rows, cols).is_err());
+        }
+    }
+
+    /// The bf16 rounding of a row of activations (SIMD body and scalar
+    /// tail) against `to_bf16`, on random bit patterns (NaN, infinities,
+    /// subnormals and ties included).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn simd_rounding_matches_the_scalar_one() {
+        if !packed_simd_available(PackedType::F32) {
+            return;
+        }
+        let mut s = 0x9e37_79b9u32;
+        let mut x: Vec<f32> = (0..1001)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                f32::from_bits(s)
+            })
+            .collect();
+        x[..6].copy_from_slice(&[f32::NAN, -f32::INFINITY, 1e-40, f32::from_bits(0x3f80_8000), -0.0, f32::MAX]);
+        let mut got = vec![0u32; x.len().div_ceil(2)];
+        // SAFETY: AVX-512 F/BW detected above; `got` holds ceil(len / 2) u32.
+        unsafe { simd::convert_row(&x, got.as_mut_ptr()) };
+        for (q, &g) in got.iter().enumerate() {
+            let lo = to_bf16(x[2 * q]);
+            let hi = x.get(2 * q + 1).map_or(0, |&v| to_bf16(v));
+            assert_eq!(g, u32::from(lo) | (u32::from(hi) << 16), "pair {q}: {:e}, {:?}", x[2 * q], x.get(2 * q + 1));
+        }
+    }
+}
