@@ -23,8 +23,8 @@
 //! (f32, or bf16 for avx512_bf16) for callers that own their matrices, such
 //! as the BERT encoder.
 
-pub mod gemm_packed;
 mod gemm_f32;
+pub mod gemm_packed;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
