@@ -217,6 +217,11 @@ fn bad_input_is_an_error_not_a_panic() {
     assert!(err.to_string().contains("empty"), "{err}");
     assert!(matches!(e.embed(""), Err(Error::InvalidArgument(_))));
     assert!(matches!(e.embed_batch(&["fine", ""]), Err(Error::InvalidArgument(_))));
+    // An over-long text is cut to the context (256 tokens) and counted in
+    // the metrics (no other test embeds one).
+    let before = e.metrics().truncated_inputs;
+    assert!(!e.embed(&"word ".repeat(600)).unwrap().is_empty());
+    assert_eq!(e.metrics().truncated_inputs, before + 1);
 
     let vocab = e.model.config.vocab_size as u32;
     let err = e.logits(&[1, vocab]).unwrap_err();

@@ -326,7 +326,8 @@ impl Engine {
                 return Err(Error::InvalidArgument("cannot embed a text with no tokens (the empty string)".into()));
             }
             let s = session.get_or_insert_with(|| self.new_session());
-            if ids.len() > s.ctx() {
+            let truncated = ids.len() > s.ctx();
+            if truncated {
                 tracing::warn!(tokens = ids.len(), ctx = s.ctx(), "text cut to the context size for embedding");
                 ids.truncate(s.ctx());
             }
@@ -351,6 +352,7 @@ impl Engine {
                 let mut c = self.counters();
                 c.requests += 1;
                 c.embed_requests += 1;
+                c.truncated_inputs += u64::from(truncated);
                 c.prompt_tokens += ids.len() as u64;
                 c.tokenize += tokenize;
                 c.prefill += prefill;
@@ -394,6 +396,7 @@ impl Engine {
             timings: Timings { tokenize: c.tokenize, prefill: c.prefill, decode: c.decode, sample: c.sample },
             sparse_kept_fraction: self.model.sparse.as_ref().map(|_| ratio(c.sparse_active, c.sparse_slots)),
             kernels,
+            truncated_inputs: c.truncated_inputs,
         }
     }
 
@@ -494,6 +497,9 @@ pub struct Metrics {
     pub sparse_kept_fraction: Option<f64>,
     /// The kernel chosen for each distinct operation.
     pub kernels: Vec<KernelInfo>,
+    /// Embedded texts longer than the context, cut to it (each also logged
+    /// as a warning).
+    pub truncated_inputs: u64,
 }
 
 impl Metrics {
@@ -537,6 +543,7 @@ struct Counters {
     sample: Duration,
     sparse_active: u64,
     sparse_slots: u64,
+    truncated_inputs: u64,
 }
 
 impl Counters {
