@@ -17,7 +17,9 @@ out=$1
 key=$2
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 cargo build --release --quiet -p spinfer-cli -p spinfer-pack-cpu-portable -p spinfer-pack-cpu-simd
-spinfer=target/release/spinfer
+# Honour CARGO_TARGET_DIR, so the artefacts are the ones just built.
+bin=${CARGO_TARGET_DIR:-target}/release
+spinfer=$bin/spinfer
 [ -f "$key.key" ] || "$spinfer" pack keygen --name "$(basename "$key")" --dir "$(dirname "$key")"
 
 # pack NAME KIND ARTEFACT DESCRIPTION KERNEL...   (kernel: name:weight:act[:op], op defaults to matmul)
@@ -47,10 +49,10 @@ pack() {
     "$spinfer" pack sign --key "$key.key" "$dir" >&2
 }
 
-pack cpu-portable native target/release/libspinfer_pack_cpu_portable.so \
+pack cpu-portable native "$bin/libspinfer_pack_cpu_portable.so" \
     "scalar reference kernels" q4_0:q4_0:q8_0 q4_1:q4_1:q8_1 q8_0:q8_0:q8_0 q4_k:q4_k:q8_k q6_k:q6_k:q8_k \
     tq1_0:tq1_0:q8_k tq2_0:tq2_0:q8_k i2_s:i2_s:q8_k:ternary_matmul
-pack cpu-simd native target/release/libspinfer_pack_cpu_simd.so \
+pack cpu-simd native "$bin/libspinfer_pack_cpu_simd.so" \
     "AVX2 and AVX-512 (VNNI) quantised matmul kernels" q4_0:q4_0:q8_0 q4_1:q4_1:q8_1 q8_0:q8_0:q8_0 q4_k:q4_k:q8_k q6_k:q6_k:q8_k \
     tq1_0:tq1_0:q8_k tq2_0:tq2_0:q8_k i2_s:i2_s:q8_k:ternary_matmul
 kernels-wasm/build.sh target/wasm-packs/spinfer_kernels_wasm.wasm
