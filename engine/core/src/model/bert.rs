@@ -735,26 +735,13 @@ fn sum16(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
 pub fn gelu(x: f32) -> f32 {
     const P: [f32; 6] = [1.0, 1.009_671_2, 0.496_346_65, 0.140_587_8, 0.022_829_548, 0.001_731_541];
     const Q: [f32; 7] = [1.0, 1.807_555_8, 1.438_567_6, 0.650_581_7, 0.178_377_15, 0.028_612_375, 0.002_170_169];
-    const E: [f32; 7] = [1.0, 1.0, 0.499_999_94, 0.166_664_6, 0.041_668_236, 0.008_371_556, 0.001_382_483_4];
-    const LN2_HI: f32 = 0.693_145_75; // 0x3f317200: n · LN2_HI is exact
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23
     let a = x.abs().min(13.0);
     // a² = h + l exactly; y = −h/2 exactly.
     let h = a * a;
     let l = a.mul_add(a, -h);
-    let y = -0.5 * h;
-    // exp(y) = 2^n · exp(r), |r| ≤ ln2/2; n ≥ −122, so 2^n is normal.
-    let big = y.mul_add(std::f32::consts::LOG2_E, ROUND);
-    let n = big - ROUND;
-    let ni = big.to_bits() as i32 - ROUND.to_bits() as i32;
-    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, y));
-    let mut p = E[6];
-    for &c in E[..6].iter().rev() {
-        p = p.mul_add(r, c);
-    }
-    let e = p * f32::from_bits(((ni + 127) << 23) as u32);
-    let e = e.mul_add(-0.5 * l, e); // · exp(−l/2)
+    // exp(−h/2) (h ≤ 169, inside exp_nonpositive's clamp), then · exp(−l/2).
+    let e = exp_nonpositive(-0.5 * h);
+    let e = e.mul_add(-0.5 * l, e);
     // |x|/2 · g(|x|) = (a/2 · P(a)) / Q(a).
     let (mut pp, mut qq) = (P[5], Q[6]);
     for &c in P[..5].iter().rev() {
