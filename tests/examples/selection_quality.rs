@@ -44,11 +44,11 @@ use spinfer_engine::engine::registry_from_config;
 use spinfer_engine::model::ModelOptions;
 use spinfer_engine::registry::{Choice, KernelRegistry, describe};
 use spinfer_engine::tuning::{
-    BenchOptions, HistoryStore, Host, Phase, Reason, Selection, benchmark, kernel_id, select, tune_with,
+    BenchOptions, HistoryStore, Host, Phase, Reason, Selection, benchmark, kernel_id, select, synthetic_descs,
+    tune_with,
 };
 use spinfer_kernels::kernel::{MatmulDesc, MatmulKernel};
 use spinfer_kernels::pool::ThreadPool;
-use spinfer_registry::synthetic_shapes;
 
 struct Args {
     model: PathBuf,
@@ -205,25 +205,6 @@ fn evaluate(
 fn llama_shapes(like: MatmulDesc, out: MatmulDesc, dim: usize, kv: usize, ffn: usize, vocab: usize) -> Vec<MatmulDesc> {
     let d = |rows, cols| MatmulDesc { rows, cols, ..like };
     vec![d(dim, dim), d(kv, dim), d(ffn, dim), d(dim, ffn), MatmulDesc { rows: vocab, cols: dim, ..out }]
-}
-
-/// The grid of `spinfer tune --synthetic-shapes` for each (weight,
-/// activation) type among `descs`, minus their own shapes.
-fn synthetic_descs(descs: &[MatmulDesc]) -> Vec<MatmulDesc> {
-    let mut out: Vec<MatmulDesc> = Vec::new();
-    for d in descs {
-        if out.iter().any(|o| (o.wtype, o.act) == (d.wtype, d.act)) {
-            continue;
-        }
-        let own: Vec<_> =
-            descs.iter().filter(|o| (o.wtype, o.act) == (d.wtype, d.act)).map(|o| (o.rows, o.cols)).collect();
-        out.extend(synthetic_shapes(d.wtype.block_size(), &own).into_iter().map(|(rows, cols)| MatmulDesc {
-            rows,
-            cols,
-            ..*d
-        }));
-    }
-    out
 }
 
 /// `--dispatch`: each built-in kernel against the native pack's copy of the

@@ -9,9 +9,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 use spinfer_engine::Engine;
 use spinfer_engine::registry::describe;
-use spinfer_engine::tuning::{HistoryStore, Outcome, tune};
-use spinfer_kernels::kernel::MatmulDesc;
-use spinfer_registry::synthetic_shapes;
+use spinfer_engine::tuning::{HistoryStore, Outcome, synthetic_descs, tune};
 
 use crate::commands::{CommonArgs, load_config, progress};
 
@@ -28,25 +26,6 @@ pub struct KernelsArgs {
     /// shape without being tuned themselves.
     #[arg(long)]
     pub synthetic_shapes: bool,
-}
-
-/// The generic grid of [`synthetic_shapes`] for each (weight type,
-/// activation type) among `descs`, minus the shapes `descs` already holds.
-pub fn synthetic_descs(descs: &[MatmulDesc]) -> Vec<MatmulDesc> {
-    let mut out: Vec<MatmulDesc> = Vec::new();
-    for d in descs {
-        if out.iter().any(|o| (o.wtype, o.act) == (d.wtype, d.act)) {
-            continue;
-        }
-        let own: Vec<(usize, usize)> =
-            descs.iter().filter(|o| (o.wtype, o.act) == (d.wtype, d.act)).map(|o| (o.rows, o.cols)).collect();
-        out.extend(synthetic_shapes(d.wtype.block_size(), &own).into_iter().map(|(rows, cols)| MatmulDesc {
-            rows,
-            cols,
-            ..*d
-        }));
-    }
-    out
 }
 
 pub fn kernels(a: KernelsArgs) -> Result<()> {
@@ -132,30 +111,5 @@ fn print_choices(engine: &Engine, json: bool) {
                 None => println!("     {k:<48} {:>10}", "-"),
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use spinfer_kernels::GgmlType;
-    use spinfer_kernels::kernel::ActType;
-
-    use super::*;
-
-    #[test]
-    fn synthetic_descs_cover_each_type_once_without_the_model_shapes() {
-        let q41 = |rows, cols| MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows, cols };
-        let q80 = |rows, cols| MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows, cols };
-        let model = [q41(576, 576), q41(512, 1024), q41(576, 576), q80(49152, 576)];
-        let extra = synthetic_descs(&model);
-        let grid = synthetic_shapes(32, &[]);
-        let of = |w| extra.iter().filter(|d| d.wtype == w).map(|d| (d.rows, d.cols)).collect::<Vec<_>>();
-        // The model's own 512x1024 is measured anyway: left out for q4_1 only.
-        let want_q41: Vec<_> = grid.iter().copied().filter(|&s| s != (512, 1024)).collect();
-        assert_eq!(of(GgmlType::Q4_1), want_q41);
-        assert_eq!(of(GgmlType::Q8_0), grid);
-        assert_eq!(extra.len(), 2 * grid.len() - 1);
-        assert!(extra.iter().all(|d| d.act == ActType::fast_for(d.wtype)));
-        assert!(synthetic_descs(&[]).is_empty());
     }
 }

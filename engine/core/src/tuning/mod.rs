@@ -9,4 +9,4 @@ pub mod select;
 
 pub use bench::{BenchOptions, Measurement, Outcome, Phase, benchmark, kernel_id, verify};
 pub use history::{HistoryStore, Host, Record};
-pub use select::{Reason, Selection, select, tune, tune_with};
+pub use select::{Reason, Selection, select, synthetic_descs, tune, tune_with};

@@ -128,6 +128,28 @@ pub fn select(
     Ok(pick(0, Reason::Default, fastest(&ids, &exact).1))
 }
 
+/// The generic grid of [`spinfer_registry::synthetic_shapes`] (what
+/// `spinfer tune --synthetic-shapes` measures) for each (weight type,
+/// activation type) among `descs`, minus the shapes `descs` already holds.
+pub fn synthetic_descs(descs: &[MatmulDesc]) -> Vec<MatmulDesc> {
+    let mut out: Vec<MatmulDesc> = Vec::new();
+    for d in descs {
+        if out.iter().any(|o| (o.wtype, o.act) == (d.wtype, d.act)) {
+            continue;
+        }
+        let own: Vec<(usize, usize)> =
+            descs.iter().filter(|o| (o.wtype, o.act) == (d.wtype, d.act)).map(|o| (o.rows, o.cols)).collect();
+        out.extend(
+            spinfer_registry::synthetic_shapes(d.wtype.block_size(), &own).into_iter().map(|(rows, cols)| MatmulDesc {
+                rows,
+                cols,
+                ..*d
+            }),
+        );
+    }
+    out
+}
+
 /// Benchmarks every distinct operation of `descs` with every candidate the
 /// registry offers (default [`BenchOptions`]), records the results in
 /// `history` for this host, and returns the measurements.
@@ -183,6 +205,23 @@ mod tests {
     use super::*;
     use spinfer_kernels::GgmlType;
     use spinfer_kernels::kernel::ActType;
+
+    #[test]
+    fn synthetic_descs_cover_each_type_once_without_the_model_shapes() {
+        let q41 = |rows, cols| MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows, cols };
+        let q80 = |rows, cols| MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows, cols };
+        let model = [q41(576, 576), q41(512, 1024), q41(576, 576), q80(49152, 576)];
+        let extra = synthetic_descs(&model);
+        let grid = spinfer_registry::synthetic_shapes(32, &[]);
+        let of = |w| extra.iter().filter(|d| d.wtype == w).map(|d| (d.rows, d.cols)).collect::<Vec<_>>();
+        // The model's own 512x1024 is measured anyway: left out for q4_1 only.
+        let want_q41: Vec<_> = grid.iter().copied().filter(|&s| s != (512, 1024)).collect();
+        assert_eq!(of(GgmlType::Q4_1), want_q41);
+        assert_eq!(of(GgmlType::Q8_0), grid);
+        assert_eq!(extra.len(), 2 * grid.len() - 1);
+        assert!(extra.iter().all(|d| d.act == ActType::fast_for(d.wtype)));
+        assert!(synthetic_descs(&[]).is_empty());
+    }
 
     struct Named(&'static str);
     impl MatmulKernel for Named {
