@@ -148,6 +148,24 @@ impl LowRank {
         self.kq.run(pool, &self.q, t, 1, out, bytes).map_err(|e| err(&*self.kq, e))
     }
 
+    /// The neurons this predictor keeps for `x`, ascending, into `pred`;
+    /// `act` (ffn) gets `silu(ĝ)`. `t` and `bytes` are scratch.
+    pub fn predict(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        t: &mut Vec<f32>,
+        act: &mut [f32],
+        bytes: &mut Vec<u8>,
+        pred: &mut Vec<u32>,
+    ) -> Result<()> {
+        self.scores(pool, x, t, act, bytes)?;
+        crate::model::math::silu(act);
+        pred.clear();
+        pred.extend((0..act.len() as u32).filter(|&j| act[j as usize].abs() > self.threshold));
+        Ok(())
+    }
+
     /// Bytes read per token.
     pub fn bytes(&self) -> usize {
         self.p.len() + self.q.len()

@@ -70,10 +70,7 @@ impl Model {
                     let lr = sl.lowrank.as_ref().expect("checked at load: low-rank factors present");
                     // Predicted gate, the neurons it keeps, then their exact
                     // gate values, filtered by the gate threshold (CATS).
-                    lr.scores(&s.pool, x, &mut sc.mags, act, &mut s.scratch.bytes)?;
-                    math::silu(act);
-                    sc.pred.clear();
-                    sc.pred.extend((0..ffn as u32).filter(|&j| act[j as usize].abs() > lr.threshold));
+                    lr.predict(&s.pool, x, &mut sc.mags, act, &mut s.scratch.bytes, &mut sc.pred)?;
                     let k = sc.pred.len();
                     layer.w_gate.forward_rows(&s.pool, x, 1, &sc.pred, &mut sc.up[..k], &mut s.scratch)?;
                     math::silu(&mut sc.up[..k]);
@@ -152,10 +149,7 @@ impl Model {
             let act = &mut s.gate[t * ffn..(t + 1) * ffn];
             let sc = &mut s.sparse;
             let lr = sl.lowrank.as_ref().expect("checked at load: low-rank factors present");
-            lr.scores(&s.pool, x, &mut sc.mags, act, &mut s.scratch.bytes)?;
-            math::silu(act);
-            sc.pred.clear();
-            sc.pred.extend((0..ffn as u32).filter(|&j| act[j as usize].abs() > lr.threshold));
+            lr.predict(&s.pool, x, &mut sc.mags, act, &mut s.scratch.bytes, &mut sc.pred)?;
             let k = sc.pred.len();
             b.gather(l, &sc.pred, &mut sc.gathered, &mut sc.stats.cache)?;
             // Exact gate values of the predicted neurons, filtered by the
