@@ -106,7 +106,7 @@ type Candidates = [(String, Arc<dyn MatmulKernel>)];
 /// Rejected candidates are left out.
 fn oracle(desc: &MatmulDesc, cands: &Candidates, pool: &ThreadPool, keep: &[&str]) -> BTreeMap<String, u64> {
     const ROUNDS: usize = 15;
-    let opts = BenchOptions { warmup: 3, runs: 11, prefill_tokens: 1, ..BenchOptions::default() };
+    let opts = BenchOptions { warmup: 3, runs: 11, rounds: 1, prefill_tokens: 1, ..BenchOptions::default() };
     let mut times: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     let run = |order: &Candidates, times: &mut BTreeMap<String, Vec<u64>>| {
         for m in benchmark(desc, order, pool, &opts, &mut |_, _, _| {}) {
@@ -150,7 +150,7 @@ fn short(id: &str) -> String {
 fn why(s: &Selection) -> String {
     match s.reason {
         Reason::Measured => "measured".to_string(),
-        Reason::NearestNeighbour { from: (r, c) } => format!("nearest {r}x{c}"),
+        Reason::NearestNeighbour { from: (r, c), shapes } => format!("nearest {r}x{c} (of {shapes})"),
         Reason::OnlyCandidate => "only candidate".to_string(),
         Reason::Default => "default".to_string(),
     }
@@ -211,7 +211,7 @@ fn llama_shapes(like: MatmulDesc, out: MatmulDesc, dim: usize, kv: usize, ffn: u
 /// same kernel, in interleaved rounds (order alternating), decode medians,
 /// median over the rounds.
 fn compare_dispatch(registry: &KernelRegistry, descs: &[MatmulDesc], pool: &ThreadPool) -> Result<()> {
-    let opts = BenchOptions { runs: 21, warmup: 3, prefill_tokens: 1, ..BenchOptions::default() };
+    let opts = BenchOptions { runs: 21, warmup: 3, rounds: 1, prefill_tokens: 1, ..BenchOptions::default() };
     println!("| operation | kernel | built-in µs | pack µs | built-in/pack |");
     println!("|---|---|---:|---:|---:|");
     for desc in descs {
@@ -249,9 +249,8 @@ fn main() -> Result<()> {
     let args = parse_args()?;
     let registry = registry_for(&args.config)?;
     let pool = ThreadPool::new(args.threads);
-    // More runs than `spinfer tune` takes: the candidates being compared are
-    // often within a few percent of each other.
-    let opts = BenchOptions { runs: 31, warmup: 5, ..BenchOptions::default() };
+    // What `spinfer tune` does: interleaved rounds with the default counts.
+    let opts = BenchOptions::default();
     let options = ModelOptions { threads: args.threads, ..ModelOptions::default() };
 
     // The model's operations, and other models' (never measured here).

@@ -95,8 +95,9 @@ pub enum Choice {
     BestScore,
     /// Fastest measured for this shape on this host.
     Measured,
-    /// Fastest on the nearest recorded shape `(rows, cols)`.
-    NearestNeighbour { rows: usize, cols: usize },
+    /// Fastest over the `shapes` nearest recorded shapes, the nearest
+    /// being `rows x cols`.
+    NearestNeighbour { rows: usize, cols: usize, shapes: usize },
     /// No other candidate.
     OnlyCandidate,
 }
@@ -107,7 +108,10 @@ impl std::fmt::Display for Choice {
             Choice::Pinned => f.write_str("pinned"),
             Choice::BestScore => f.write_str("default (highest-scoring provider)"),
             Choice::Measured => f.write_str("measured"),
-            Choice::NearestNeighbour { rows, cols } => write!(f, "nearest measured shape {rows}x{cols}"),
+            Choice::NearestNeighbour { rows, cols, shapes: 1 } => write!(f, "nearest measured shape {rows}x{cols}"),
+            Choice::NearestNeighbour { rows, cols, shapes } => {
+                write!(f, "nearest measured shapes ({shapes}, nearest {rows}x{cols})")
+            }
             Choice::OnlyCandidate => f.write_str("only candidate"),
         }
     }
@@ -296,7 +300,9 @@ impl KernelRegistry {
             let (provider, kernel) = candidates.swap_remove(sel.index);
             let choice = match sel.reason {
                 Reason::Measured => Choice::Measured,
-                Reason::NearestNeighbour { from: (rows, cols) } => Choice::NearestNeighbour { rows, cols },
+                Reason::NearestNeighbour { from: (rows, cols), shapes } => {
+                    Choice::NearestNeighbour { rows, cols, shapes }
+                }
                 Reason::OnlyCandidate => Choice::OnlyCandidate,
                 Reason::Default => Choice::BestScore,
             };

@@ -42,8 +42,11 @@ impl Phase {
 pub struct BenchOptions {
     /// Untimed runs before timing.
     pub warmup: usize,
-    /// Timed runs; the median is reported.
+    /// Timed runs per candidate per round; each round contributes its median.
     pub runs: usize,
+    /// Interleaved rounds over all candidates; the median of the round
+    /// medians is reported.
+    pub rounds: usize,
     /// Tokens per run in the prefill phase (decode is always 1).
     pub prefill_tokens: usize,
     /// Seed of the random weights and activations.
@@ -52,7 +55,7 @@ pub struct BenchOptions {
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        Self { warmup: 2, runs: 7, prefill_tokens: 64, seed: 0x5eed }
+        Self { warmup: 2, runs: 5, rounds: 5, prefill_tokens: 64, seed: 0x5eed }
     }
 }
 
@@ -108,34 +111,147 @@ pub fn benchmark(
     progress: &mut dyn FnMut(usize, usize, &str),
 ) -> Vec<Measurement> {
     let total = candidates.len() * Phase::ALL.len();
-    let mut out = Vec::with_capacity(total);
+    let mut done = 0;
+    let mut tick = |i: usize| {
+        done += 1;
+        progress(done, total, &kernel_id(&candidates[i].0, candidates[i].1.as_ref()));
+    };
     let reference = spinfer_kernels::kernel::candidates(desc, &CpuFeatures::default()).pop();
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let w = random_weights(&mut rng, desc.wtype, desc.rows, desc.cols);
-    let mut scratch = Vec::new();
+    let mut out = Vec::with_capacity(total);
     for phase in Phase::ALL {
         let n_tokens = opts.tokens(phase);
-        let x = random_acts(&mut rng, n_tokens * desc.cols);
+        let mut run =
+            Run { pool, w: &w, x: random_acts(&mut rng, n_tokens * desc.cols), n_tokens, scratch: Vec::new() };
         // The reference result; if the reference itself cannot run, every
         // candidate is rejected (nothing can be verified).
         let want = match &reference {
             None => Err("no scalar reference kernel serves this operation".to_string()),
-            Some(r) => {
-                let mut y = vec![0.0f32; n_tokens * desc.rows];
-                r.run(pool, &w, &x, n_tokens, &mut y, &mut scratch).map(|()| y).map_err(|e| format!("reference: {e}"))
-            }
+            Some(r) => run.output(r.as_ref(), desc.rows).map_err(|e| format!("reference: {e}")),
         };
-        for (provider, kernel) in candidates {
-            let id = kernel_id(provider, kernel.as_ref());
-            let outcome = match &want {
-                Err(e) => Outcome::Rejected { reason: e.clone() },
-                Ok(want) => measure(kernel.as_ref(), desc.act, pool, &w, &x, n_tokens, want, opts, &mut scratch),
-            };
-            out.push(Measurement { kernel_id: id.clone(), phase, n_tokens, outcome });
-            progress(out.len(), total, &id);
+        let outcomes = measure_phase(desc.act, candidates, &mut run, &want, opts, &mut tick);
+        for ((provider, kernel), outcome) in candidates.iter().zip(outcomes) {
+            out.push(Measurement { kernel_id: kernel_id(provider, kernel.as_ref()), phase, n_tokens, outcome });
         }
     }
     out
+}
+
+/// One phase's inputs, shared by every candidate.
+struct Run<'a> {
+    pool: &'a ThreadPool,
+    w: &'a [u8],
+    x: Vec<f32>,
+    n_tokens: usize,
+    scratch: Vec<u8>,
+}
+
+impl Run<'_> {
+    /// Runs `kernel` once into `y`.
+    fn once(&mut self, kernel: &dyn MatmulKernel, y: &mut [f32]) -> Result<(), String> {
+        kernel.run(self.pool, self.w, &self.x, self.n_tokens, y, &mut self.scratch).map_err(|e| format!("error: {e}"))
+    }
+
+    /// `kernel`'s output for `rows` output rows.
+    fn output(&mut self, kernel: &dyn MatmulKernel, rows: usize) -> Result<Vec<f32>, String> {
+        let mut y = vec![f32::NAN; self.n_tokens * rows];
+        self.once(kernel, &mut y).map(|()| y)
+    }
+
+    /// The median wall time of `runs` runs (at least one).
+    fn time(&mut self, kernel: &dyn MatmulKernel, y: &mut [f32], runs: usize) -> Result<u64, String> {
+        let mut times = Vec::with_capacity(runs.max(1));
+        for _ in 0..runs.max(1) {
+            let t = Instant::now();
+            self.once(kernel, y)?;
+            times.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        }
+        Ok(median(&mut times))
+    }
+}
+
+/// One phase: checks every candidate against `want` and warms it up, then
+/// times the survivors in interleaved rounds. `tick(i)` is called once per
+/// candidate, when its outcome is final.
+fn measure_phase(
+    act: ActType,
+    candidates: &[(String, Arc<dyn MatmulKernel>)],
+    run: &mut Run<'_>,
+    want: &Result<Vec<f32>, String>,
+    opts: &BenchOptions,
+    tick: &mut dyn FnMut(usize),
+) -> Vec<Outcome> {
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; candidates.len()];
+    // (candidate, its per-round medians)
+    let mut timed: Vec<(usize, Vec<u64>)> = Vec::new();
+    for (i, (_, kernel)) in candidates.iter().enumerate() {
+        let check = want.clone().and_then(|want| {
+            let got = run.output(kernel.as_ref(), want.len() / run.n_tokens)?;
+            compare(&got, &want, act)?;
+            let mut y = got;
+            (0..opts.warmup).try_for_each(|_| run.once(kernel.as_ref(), &mut y))
+        });
+        match check {
+            Ok(()) => timed.push((i, Vec::new())),
+            Err(reason) => {
+                outcomes[i] = Some(Outcome::Rejected { reason });
+                tick(i);
+            }
+        }
+    }
+    let mut y = vec![0.0f32; want.as_ref().map_or(0, Vec::len)];
+    let rounds = opts.rounds.max(1);
+    for round in 0..rounds {
+        // After the first round only the contenders go on: a kernel more
+        // than `CONTENDER` times slower than the fastest cannot be chosen,
+        // and timing it again (the scalar or WASM kernels on the lm_head)
+        // would dominate the tuning time.
+        if round == 1 {
+            let fastest = timed.iter().filter_map(|(_, m)| m.first()).min().copied().unwrap_or(0);
+            let contends = |m: &Vec<u64>| m.first().is_some_and(|&t| t as f64 <= CONTENDER * fastest as f64);
+            let (go_on, out_of_it): (Vec<_>, Vec<_>) = timed.into_iter().partition(|(_, m)| contends(m));
+            for (i, mut medians) in out_of_it {
+                finish(&mut outcomes[i], &mut medians);
+                tick(i);
+            }
+            timed = go_on;
+        }
+        // The order rotates by one each round.
+        let n = timed.len();
+        for j in 0..n {
+            let (i, medians) = &mut timed[(j + round) % n];
+            match run.time(candidates[*i].1.as_ref(), &mut y, opts.runs) {
+                Ok(ns) => medians.push(ns),
+                Err(reason) => outcomes[*i] = Some(Outcome::Rejected { reason }),
+            }
+            if round + 1 == rounds {
+                tick(*i);
+            }
+        }
+    }
+    for (i, mut medians) in timed {
+        finish(&mut outcomes[i], &mut medians);
+    }
+    outcomes.into_iter().map(|o| o.unwrap_or(Outcome::Rejected { reason: "not measured".to_string() })).collect()
+}
+
+/// Candidates slower than this multiple of the fastest after the first
+/// round are not timed again.
+const CONTENDER: f64 = 2.0;
+
+/// Sets a timed candidate's outcome from its round medians (unless it was
+/// rejected on the way).
+fn finish(outcome: &mut Option<Outcome>, medians: &mut [u64]) {
+    if outcome.is_none() {
+        *outcome = Some(Outcome::Timed { median_ns: median(medians) });
+    }
+}
+
+/// The median of `v` (which it sorts); 0 for an empty slice.
+fn median(v: &mut [u64]) -> u64 {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or(0)
 }
 
 /// Checks `got` against the scalar reference `want` with the tolerance of
@@ -170,43 +286,6 @@ pub fn verify(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -
     let mut got = vec![f32::NAN; desc.rows];
     kernel.run(pool, &w, &x, 1, &mut got, &mut scratch).map_err(|e| format!("error: {e}"))?;
     compare(&got, &want, desc.act)
-}
-
-/// Verifies then times one kernel.
-#[allow(clippy::too_many_arguments, reason = "internal helper")]
-fn measure(
-    kernel: &dyn MatmulKernel,
-    act: ActType,
-    pool: &ThreadPool,
-    w: &[u8],
-    x: &[f32],
-    n_tokens: usize,
-    want: &[f32],
-    opts: &BenchOptions,
-    scratch: &mut Vec<u8>,
-) -> Outcome {
-    let mut y = vec![f32::NAN; want.len()];
-    if let Err(e) = kernel.run(pool, w, x, n_tokens, &mut y, scratch) {
-        return Outcome::Rejected { reason: format!("error: {e}") };
-    }
-    if let Err(reason) = compare(&y, want, act) {
-        return Outcome::Rejected { reason };
-    }
-    for _ in 0..opts.warmup {
-        if let Err(e) = kernel.run(pool, w, x, n_tokens, &mut y, scratch) {
-            return Outcome::Rejected { reason: format!("error: {e}") };
-        }
-    }
-    let mut times = Vec::with_capacity(opts.runs.max(1));
-    for _ in 0..opts.runs.max(1) {
-        let t = Instant::now();
-        if let Err(e) = kernel.run(pool, w, x, n_tokens, &mut y, scratch) {
-            return Outcome::Rejected { reason: format!("error: {e}") };
-        }
-        times.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
-    }
-    times.sort_unstable();
-    Outcome::Timed { median_ns: times[times.len() / 2] }
 }
 
 /// Offsets of the f16 scale fields inside one block of `ty`.
@@ -287,7 +366,7 @@ mod tests {
     }
 
     fn quick() -> BenchOptions {
-        BenchOptions { warmup: 1, runs: 3, prefill_tokens: 8, seed: 7 }
+        BenchOptions { warmup: 1, runs: 3, rounds: 2, prefill_tokens: 8, seed: 7 }
     }
 
     #[test]
@@ -312,12 +391,55 @@ mod tests {
         assert!(m.iter().any(|x| x.phase == Phase::Prefill && x.n_tokens == 8));
     }
 
+    /// A real kernel that counts its runs and optionally sleeps in each.
+    struct Counted(Arc<dyn MatmulKernel>, std::time::Duration, std::sync::atomic::AtomicUsize);
+    impl MatmulKernel for Counted {
+        fn name(&self) -> &str {
+            if self.1.is_zero() { "fast" } else { "slow" }
+        }
+        fn run(
+            &self,
+            pool: &ThreadPool,
+            w: &[u8],
+            x: &[f32],
+            n: usize,
+            out: &mut [f32],
+            scratch: &mut Vec<u8>,
+        ) -> spinfer_kernels::Result<()> {
+            self.2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::thread::sleep(self.1);
+            self.0.run(pool, w, x, n, out, scratch)
+        }
+    }
+
+    #[test]
+    fn rounds_time_contenders_only_after_the_first() {
+        let pool = ThreadPool::new(1);
+        let desc = MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows: 32, cols: 64 };
+        let real: Arc<dyn MatmulKernel> = KernelRegistry::builtin().candidates(&desc).remove(0).1;
+        let fast = Arc::new(Counted(Arc::clone(&real), std::time::Duration::ZERO, 0.into()));
+        let slow = Arc::new(Counted(real, std::time::Duration::from_millis(2), 0.into()));
+        let cands: Vec<(String, Arc<dyn MatmulKernel>)> =
+            vec![("p".to_string(), slow.clone()), ("p".to_string(), fast.clone())];
+        let opts = BenchOptions { warmup: 1, runs: 2, rounds: 3, prefill_tokens: 4, seed: 1 };
+        let m = benchmark(&desc, &cands, &pool, &opts, &mut |_, _, _| {});
+        let calls = |k: &Counted| k.2.load(std::sync::atomic::Ordering::Relaxed);
+        // Per phase: one checked run, one warm-up, then 2 runs per round;
+        // the slow kernel (more than twice the fast one) stops after round 0.
+        assert_eq!(calls(&fast), 2 * (1 + 1 + 2 * 3));
+        assert_eq!(calls(&slow), 2 * (1 + 1 + 2));
+        assert!(m.iter().all(|x| x.median_ns().is_some()), "{m:?}");
+        let t =
+            |id: &str| m.iter().find(|x| x.kernel_id == id && x.phase == Phase::Decode).unwrap().median_ns().unwrap();
+        assert!(t("p/slow") > 2 * t("p/fast"));
+    }
+
     #[test]
     fn every_builtin_pair_agrees_with_reference() {
         use GgmlType::*;
         let pool = ThreadPool::new(1);
         let reg = KernelRegistry::builtin();
-        let opts = BenchOptions { warmup: 0, runs: 1, prefill_tokens: 4, seed: 3 };
+        let opts = BenchOptions { warmup: 0, runs: 1, rounds: 1, prefill_tokens: 4, seed: 3 };
         for wtype in [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K] {
             for act in [ActType::F32, ActType::fast_for(wtype)] {
                 let desc = MatmulDesc { wtype, act, rows: 16, cols: 256 };

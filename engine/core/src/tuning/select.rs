@@ -2,9 +2,19 @@
 //!
 //! Deterministic given the history: a lone candidate is taken;
 //! else the fastest kernel measured on exactly this shape (latest record per
-//! kernel, ties by kernel id); else the fastest current candidate on the
-//! nearest recorded shape; else the registry's default (first candidate).
-//! A kernel whose latest record is a rejection is never chosen by timing.
+//! kernel); else the fastest current candidate over the nearest recorded
+//! shapes (up to [`NEAREST_SHAPES`], by geometric mean of each candidate's
+//! time over the fastest on that shape); else the registry's default (first
+//! candidate). A kernel whose latest record is a rejection is never chosen
+//! by timing.
+//!
+//! **Near-ties.** Candidates within [`TIE_MARGIN`] of the fastest are tied,
+//! and a tie goes to the built-in kernel, then to registry order. Between
+//! two copies of one kernel, or two memory-bound kernels, a ranking inside
+//! a few percent is measurement noise on a shared machine: it flipped from
+//! one tuning pass to the next. A pack kernel has to be measurably faster
+//! than the built-in one to displace it, which also spares the pack's
+//! per-call cost (the ABI crossing) on small shapes.
 //! Pins are the registry's business ([`KernelRegistry::resolve`] applies
 //! them before asking for a selection).
 
@@ -16,16 +26,23 @@ use spinfer_kernels::pool::ThreadPool;
 
 use super::bench::{BenchOptions, Measurement, Outcome, Phase, benchmark, kernel_id};
 use super::history::{HistoryStore, Host, Record, make_record, now};
-use crate::registry::{KernelRegistry, describe};
+use crate::registry::{BUILTIN, KernelRegistry, describe};
 use crate::{Error, Result};
+
+/// Candidates this much slower than the fastest or less are tied with it.
+pub const TIE_MARGIN: f64 = 0.05;
+
+/// How many nearby recorded shapes an unseen shape's selection combines.
+pub const NEAREST_SHAPES: usize = 3;
 
 /// Why a kernel was selected.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reason {
     /// Fastest measured on this exact shape on this host.
     Measured,
-    /// Fastest on the nearest recorded shape `(rows, cols)`.
-    NearestNeighbour { from: (usize, usize) },
+    /// Fastest over the `shapes` nearest recorded shapes, the nearest being
+    /// `from = (rows, cols)`.
+    NearestNeighbour { from: (usize, usize), shapes: usize },
     /// The only candidate.
     OnlyCandidate,
     /// No usable history: the registry's default (first candidate).
@@ -60,26 +77,88 @@ fn latest(records: impl IntoIterator<Item = Record>) -> BTreeMap<String, Record>
     m
 }
 
-/// The fastest timed candidate of `by_kernel`, and the alternatives list.
-fn fastest(ids: &[String], by_kernel: &BTreeMap<String, Record>) -> (Option<usize>, Vec<(String, Option<u64>)>) {
-    let time = |id: &String| by_kernel.get(id).filter(|r| r.rejected.is_none()).and_then(|r| r.median_ns);
-    let mut best: Option<(u64, &String, usize)> = None;
-    for (i, id) in ids.iter().enumerate() {
-        if let Some(t) = time(id)
-            && best.is_none_or(|(bt, bid, _)| (t, id) < (bt, bid))
-        {
-            best = Some((t, id, i));
-        }
-    }
+/// Median of kernel `id`'s latest usable record in `by_kernel`.
+fn time_of(by_kernel: &BTreeMap<String, Record>, id: &str) -> Option<u64> {
+    by_kernel.get(id).filter(|r| r.rejected.is_none()).and_then(|r| r.median_ns)
+}
+
+/// Every candidate with its time in `by_kernel`, fastest first, then the
+/// unmeasured ones in kernel-id order.
+fn alternatives(ids: &[String], by_kernel: &BTreeMap<String, Record>) -> Vec<(String, Option<u64>)> {
     let mut alts: Vec<(String, Option<u64>)> =
-        ids.iter().collect::<BTreeSet<_>>().into_iter().map(|id| (id.clone(), time(id))).collect();
+        ids.iter().collect::<BTreeSet<_>>().into_iter().map(|id| (id.clone(), time_of(by_kernel, id))).collect();
     alts.sort_by(|a, b| match (a.1, b.1) {
         (Some(x), Some(y)) => (x, &a.0).cmp(&(y, &b.0)),
         (Some(_), None) => std::cmp::Ordering::Less,
         (None, Some(_)) => std::cmp::Ordering::Greater,
         (None, None) => a.0.cmp(&b.0),
     });
-    (best.map(|b| b.2), alts)
+    alts
+}
+
+/// The candidate with the lowest `cost` (lower is faster), every candidate
+/// within [`TIE_MARGIN`] of it counting as tied: a tie goes to the first
+/// built-in candidate, else to the first in registry order.
+fn best(builtin: &[bool], cost: &[Option<f64>]) -> Option<usize> {
+    let min = cost.iter().flatten().copied().fold(f64::INFINITY, f64::min);
+    (0..cost.len())
+        .filter(|&i| cost[i].is_some_and(|c| c <= min * (1.0 + TIE_MARGIN)))
+        .min_by_key(|&i| (!builtin[i], i))
+}
+
+/// Squared distance between two shapes in (log2 rows, log2 cols).
+fn shape_dist((r0, c0): (usize, usize), (r1, c1): (usize, usize)) -> f64 {
+    let l = |n: usize| (n.max(1) as f64).log2();
+    (l(r0) - l(r1)).powi(2) + (l(c0) - l(c1)).powi(2)
+}
+
+/// Selection for an unseen shape from `near` (records of nearby shapes):
+/// the nearest shapes with a usable current candidate, at most
+/// [`NEAREST_SHAPES`] and none more than twice as far (in log2 rows and
+/// cols) as the nearest; per candidate the geometric mean, over those
+/// shapes it was timed on, of its time over the fastest candidate's; only
+/// candidates timed on the nearest shape compete. Returns the pick, the
+/// shapes used and the latest records of the nearest one.
+fn nearest_pick(
+    desc: &MatmulDesc,
+    ids: &[String],
+    builtin: &[bool],
+    near: &[Record],
+) -> Option<(usize, Vec<(usize, usize)>, BTreeMap<String, Record>)> {
+    let mut shapes: Vec<(usize, usize)> = Vec::new();
+    for r in near {
+        if !shapes.contains(&(r.rows, r.cols)) {
+            shapes.push((r.rows, r.cols));
+        }
+    }
+    let groups: Vec<((usize, usize), BTreeMap<String, Record>)> = shapes
+        .into_iter()
+        .map(|shape| (shape, latest(near.iter().filter(|r| (r.rows, r.cols) == shape).cloned())))
+        .filter(|(_, g)| ids.iter().any(|id| time_of(g, id).is_some()))
+        .collect();
+    let here = (desc.rows, desc.cols);
+    let nearest = shape_dist(groups.first()?.0, here);
+    let used: Vec<&((usize, usize), BTreeMap<String, Record>)> = groups
+        .iter()
+        .take(NEAREST_SHAPES)
+        .take_while(|(shape, _)| shape_dist(*shape, here) <= 4.0 * nearest + 1e-9)
+        .collect();
+    let cost: Vec<Option<f64>> = ids
+        .iter()
+        .map(|id| {
+            time_of(&used[0].1, id)?;
+            let logs: Vec<f64> = used
+                .iter()
+                .filter_map(|(_, g)| {
+                    let fastest = ids.iter().filter_map(|i| time_of(g, i)).min()?;
+                    Some((time_of(g, id)? as f64 / fastest.max(1) as f64).ln())
+                })
+                .collect();
+            Some((logs.iter().sum::<f64>() / logs.len() as f64).exp())
+        })
+        .collect();
+    let pick = best(builtin, &cost)?;
+    Some((pick, used.iter().map(|(s, _)| *s).collect(), used[0].1.clone()))
 }
 
 /// Picks the kernel for `desc` in `phase` among `candidates` (as from
@@ -96,6 +175,7 @@ pub fn select(
         return Err(Error::NoKernel { op: describe(desc) });
     }
     let ids: Vec<String> = candidates.iter().map(|(p, k)| kernel_id(p, k.as_ref())).collect();
+    let builtin: Vec<bool> = candidates.iter().map(|(p, _)| p == BUILTIN).collect();
     let exact = latest(history.records_for(host, desc, phase));
     let pick = |index: usize, reason: Reason, alternatives| Selection {
         kernel_id: ids[index].clone(),
@@ -105,27 +185,18 @@ pub fn select(
     };
 
     if candidates.len() == 1 {
-        return Ok(pick(0, Reason::OnlyCandidate, fastest(&ids, &exact).1));
+        return Ok(pick(0, Reason::OnlyCandidate, alternatives(&ids, &exact)));
     }
-    if let (Some(i), alts) = fastest(&ids, &exact) {
-        return Ok(pick(i, Reason::Measured, alts));
+    let cost: Vec<Option<f64>> = ids.iter().map(|id| time_of(&exact, id).map(|t| t as f64)).collect();
+    if let Some(i) = best(&builtin, &cost) {
+        return Ok(pick(i, Reason::Measured, alternatives(&ids, &exact)));
     }
-    // Nearest recorded shapes, nearest first; the first with a usable
-    // current candidate decides.
     let near = history.nearest(host, desc, phase, 64);
-    let mut shapes: Vec<(usize, usize)> = Vec::new();
-    for r in &near {
-        if !shapes.contains(&(r.rows, r.cols)) {
-            shapes.push((r.rows, r.cols));
-        }
+    if let Some((i, shapes, group)) = nearest_pick(desc, &ids, &builtin, &near) {
+        let reason = Reason::NearestNeighbour { from: shapes[0], shapes: shapes.len() };
+        return Ok(pick(i, reason, alternatives(&ids, &group)));
     }
-    for shape in shapes {
-        let group = latest(near.iter().filter(|r| (r.rows, r.cols) == shape).cloned());
-        if let (Some(i), alts) = fastest(&ids, &group) {
-            return Ok(pick(i, Reason::NearestNeighbour { from: shape }, alts));
-        }
-    }
-    Ok(pick(0, Reason::Default, fastest(&ids, &exact).1))
+    Ok(pick(0, Reason::Default, alternatives(&ids, &exact)))
 }
 
 /// The generic grid of [`spinfer_registry::synthetic_shapes`] (what
@@ -296,13 +367,66 @@ mod tests {
         h.record(&rec(&big, "p/a", Some(900), 1)).unwrap();
         h.record(&rec(&big, "p/b", Some(800), 1)).unwrap();
         let s = select(&desc(3072, 4096), Phase::Decode, &c, &h, "h").unwrap();
-        assert_eq!((s.kernel_id.as_str(), &s.reason), ("p/b", &Reason::NearestNeighbour { from: (4096, 4096) }));
+        assert_eq!(
+            (s.kernel_id.as_str(), &s.reason),
+            ("p/b", &Reason::NearestNeighbour { from: (4096, 4096), shapes: 1 })
+        );
         let s = select(&desc(128, 64), Phase::Decode, &c, &h, "h").unwrap();
-        assert_eq!((s.kernel_id.as_str(), &s.reason), ("p/a", &Reason::NearestNeighbour { from: (64, 64) }));
+        assert_eq!((s.kernel_id.as_str(), &s.reason), ("p/a", &Reason::NearestNeighbour { from: (64, 64), shapes: 1 }));
 
         let one = cands(&["b"]);
         assert_eq!(select(&small, Phase::Decode, &one, &h, "h").unwrap().reason, Reason::OnlyCandidate);
         assert!(select(&small, Phase::Decode, &[], &h, "h").is_err());
+    }
+
+    #[test]
+    fn near_ties_go_to_the_builtin_kernel() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut h = HistoryStore::open(dir.path().join("h.redb")).unwrap();
+        // A pack scores higher than the built-in provider, so it comes first.
+        let mut c = cands(&["x"]);
+        c[0].0 = "pack@1.0.0#abc".to_string();
+        c.push((BUILTIN.to_string(), Arc::new(Named("y"))));
+        let d = desc(256, 256);
+        h.record(&rec(&d, "pack@1.0.0#abc/x", Some(100), 1)).unwrap();
+        h.record(&rec(&d, "cpu-builtin/y", Some(104), 1)).unwrap();
+        assert_eq!(select(&d, Phase::Decode, &c, &h, "h").unwrap().kernel_id, "cpu-builtin/y");
+        // Measurably faster (more than the margin): the pack.
+        h.record(&rec(&d, "pack@1.0.0#abc/x", Some(90), 2)).unwrap();
+        assert_eq!(select(&d, Phase::Decode, &c, &h, "h").unwrap().kernel_id, "pack@1.0.0#abc/x");
+        // Without a built-in among the tied, registry order decides.
+        let c = cands(&["a", "b"]);
+        h.record(&rec(&d, "p/a", Some(104), 1)).unwrap();
+        h.record(&rec(&d, "p/b", Some(100), 1)).unwrap();
+        assert_eq!(select(&d, Phase::Decode, &c, &h, "h").unwrap().kernel_id, "p/a");
+    }
+
+    #[test]
+    fn unseen_shape_combines_the_nearest_shapes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut h = HistoryStore::open(dir.path().join("h.redb")).unwrap();
+        let c = cands(&["a", "b"]);
+        // The nearest shape says b by 8%; the next two say a by 30%; a far
+        // shape (beyond twice the nearest distance) says b by a lot.
+        for (rows, cols, a, b) in
+            [(1024, 1024, 108, 100), (1024, 2048, 100, 130), (2048, 1024, 100, 130), (64, 64, 500, 1)]
+        {
+            h.record(&rec(&desc(rows, cols), "p/a", Some(a), 1)).unwrap();
+            h.record(&rec(&desc(rows, cols), "p/b", Some(b), 1)).unwrap();
+        }
+        let s = select(&desc(1300, 1300), Phase::Decode, &c, &h, "h").unwrap();
+        assert_eq!(
+            (s.kernel_id.as_str(), &s.reason),
+            ("p/a", &Reason::NearestNeighbour { from: (1024, 1024), shapes: 3 })
+        );
+        // The alternatives are the nearest shape's times.
+        assert_eq!(s.alternatives, vec![("p/b".to_string(), Some(100)), ("p/a".to_string(), Some(108))]);
+        // Alone, the nearest shape decides.
+        let s = select(&desc(1024, 1030), Phase::Decode, &c, &h, "h").unwrap();
+        assert_eq!(
+            (s.kernel_id.as_str(), &s.reason),
+            ("p/b", &Reason::NearestNeighbour { from: (1024, 1024), shapes: 1 })
+        );
     }
 
     #[test]
@@ -312,7 +436,7 @@ mod tests {
         let reg = KernelRegistry::builtin();
         let pool = ThreadPool::new(2);
         let d = MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows: 64, cols: 256 };
-        let opts = BenchOptions { warmup: 1, runs: 3, prefill_tokens: 8, seed: 1 };
+        let opts = BenchOptions { warmup: 1, runs: 3, rounds: 2, prefill_tokens: 8, seed: 1 };
         let mut last = (0, 0);
         let out = tune_with(&reg, &[d, d], &pool, &mut h, &opts, &mut |done, total, _| last = (done, total)).unwrap();
         assert_eq!(out.len(), 1);
@@ -323,12 +447,11 @@ mod tests {
         let s = select(&d, Phase::Decode, &reg.candidates(&d), &h, &host).unwrap();
         if n > 1 {
             assert_eq!(s.reason, Reason::Measured);
-            let best = out[0]
-                .1
-                .iter()
-                .filter(|m| m.phase == Phase::Decode)
-                .min_by_key(|m| (m.median_ns(), m.kernel_id.clone()));
-            assert_eq!(Some(&s.kernel_id), best.map(|m| &m.kernel_id));
+            // The fastest, or one within the tie margin of it.
+            let decode: Vec<_> = out[0].1.iter().filter(|m| m.phase == Phase::Decode).collect();
+            let fastest = decode.iter().filter_map(|m| m.median_ns()).min().unwrap();
+            let chosen = decode.iter().find(|m| m.kernel_id == s.kernel_id).and_then(|m| m.median_ns()).unwrap();
+            assert!(chosen as f64 <= fastest as f64 * (1.0 + TIE_MARGIN), "{chosen} vs {fastest}");
         }
     }
 }
