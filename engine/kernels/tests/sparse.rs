@@ -626,6 +626,7 @@ fn neuron_major_simd_matches_scalar() {
 fn neuron_major_bad_input_is_an_error() {
     let mut r = rng(64);
     let pool = ThreadPool::new(2);
+    let pool1 = ThreadPool::new(1);
     let (rows, cols) = (40, 96);
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::F32, GgmlType::F16] {
         let c = if ty.block_size() == 256 { 256 } else { cols };
@@ -660,6 +661,10 @@ fn neuron_major_bad_input_is_an_error() {
         let mut o = vec![5.0f32; no];
         assert!(nm.axpy_scalar(&idx, &coef, &mut o).is_err(), "scalar: {what}");
         assert!(nm.axpy(&pool, &idx, &coef, &mut o).is_err(), "{what}");
+        assert!(nm.axpy_fast_scalar(&idx, &coef, &mut o).is_err(), "fast scalar: {what}");
+        for p in [&pool1, &pool] {
+            assert!(nm.axpy_fast(p, &idx, &coef, &mut o).is_err(), "fast {}t: {what}", p.n_threads());
+        }
         for isa in isas() {
             assert!(nm.axpy_with(&pool, isa, &idx, &coef, &mut o).is_err(), "{isa:?}: {what}");
         }
@@ -667,6 +672,209 @@ fn neuron_major_bad_input_is_an_error() {
     }
     assert!(nm.axpy(&pool, &[0, n - 1], &[1.0, 1.0], &mut out).is_ok(), "valid call");
     assert!(nm.axpy(&pool, &[], &[], &mut out).is_ok() && out.iter().all(|&v| v == 0.0), "empty overwrites");
+    out.fill(5.0);
+    assert!(nm.axpy_fast(&pool, &[], &[], &mut out).is_ok() && out.iter().all(|&v| v == 0.0), "fast: empty overwrites");
+    out.fill(5.0);
+    assert!(nm.axpy_fast_scalar(&[], &[], &mut out).is_ok() && out.iter().all(|&v| v == 0.0), "fast scalar: empty");
+}
+
+// === NeuronMajor int8 ("fast") AXPY ===
+
+/// Index sets for the fast AXPY: empty, single neurons, all, random subsets
+/// of several densities, whole blocks and runs whose length is not a
+/// multiple of 4 (padded quads).
+fn fast_cases(r: &mut StdRng, ffn: usize) -> Vec<Vec<u32>> {
+    let n = ffn as u32;
+    let mut cases: Vec<Vec<u32>> = vec![
+        vec![],
+        vec![0],
+        vec![n - 1],
+        vec![r.random_range(0..n)],
+        (0..n).collect(),
+        (0..32).collect(),
+        (0..5).collect(),
+        (1..4).collect(),
+        (n - 7..n).collect(),
+    ];
+    for pct in [10, 30, 50, 70, 90] {
+        cases.push(random_subset(r, ffn, (ffn * pct / 100).max(1)));
+    }
+    if ffn >= 64 {
+        // Runs of 7, 1 and 6 neurons in consecutive blocks.
+        let mut v: Vec<u32> = (25..32).chain([40]).chain(58..64).collect();
+        v.dedup();
+        cases.push(v);
+    }
+    cases
+}
+
+/// Random coefficients for `idx`, never all zero: mixed signs and
+/// magnitudes, some exact zeros, a large outlier per case and, when there
+/// are several blocks, one block whose coefficients are all zero.
+fn fast_coef(r: &mut StdRng, idx: &[u32]) -> Vec<f32> {
+    let mut c = random_coef(r, idx.len());
+    for v in c.iter_mut() {
+        if r.random_bool(0.05) {
+            *v = 0.0;
+        }
+    }
+    if let Some(v) = c.first_mut() {
+        *v = if r.random_bool(0.5) { 25.0 } else { -25.0 };
+    }
+    if let (Some(&first), Some(&last)) = (idx.first(), idx.last())
+        && last / 32 > first / 32
+    {
+        for (v, _) in c.iter_mut().zip(idx).filter(|(_, j)| **j / 32 == last / 32) {
+            *v = 0.0;
+        }
+    }
+    c
+}
+
+#[test]
+fn neuron_major_fast_simd_matches_scalar() {
+    let mut r = rng(65);
+    let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
+    let int8 = NeuronMajor::axpy_fast_is_int8();
+    eprintln!("axpy_fast int8 implementation: {int8}");
+    for ty in NM_TYPES {
+        for (dim, ffn) in NM_SHAPES {
+            let w = nm_weights(&mut r, ty, dim, ffn);
+            let nm = NeuronMajor::from_weights(ty, &w, dim, ffn).unwrap();
+            for idx in fast_cases(&mut r, ffn) {
+                let coef = fast_coef(&mut r, &idx);
+                let mut exp = vec![f32::NAN; dim];
+                if int8 {
+                    nm.axpy_fast_scalar(&idx, &coef, &mut exp).unwrap();
+                } else {
+                    // Without VNNI + VBMI, `axpy_fast` is the f32 `axpy`.
+                    nm.axpy(&pools[0], &idx, &coef, &mut exp).unwrap();
+                }
+                if idx.is_empty() {
+                    assert!(exp.iter().all(|&v| v == 0.0));
+                }
+                let (_, mag) = nm_exact(&nm, &idx, &coef);
+                for pool in &pools {
+                    let mut got = vec![f32::NAN; dim];
+                    nm.axpy_fast(pool, &idx, &coef, &mut got).unwrap();
+                    for i in 0..dim {
+                        // Exact integer sums and the same flush order: bit for
+                        // bit, which implies the 1e-5 relative tolerance.
+                        let close = f64::from((got[i] - exp[i]).abs()) <= 1e-5 * mag[i] + 1e-30;
+                        assert!(
+                            got[i].to_bits() == exp[i].to_bits() && close,
+                            "{ty} {dim}x{ffn} n {} threads {}: fast out[{i}] = {}, scalar {} (magnitude {})",
+                            idx.len(),
+                            pool.n_threads(),
+                            got[i],
+                            exp[i],
+                            mag[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `axpy_fast_scalar` against the exact f64 product: the error is at most
+/// the int8 rounding of the coefficients, `Σ_B (scale_B / 2) |d[i, B]|
+/// Σ_{j ∈ B} |q[i, j]|` (`|coef − scale · c8| <= scale / 2` for every
+/// neuron), plus f32 rounding of the sums. The same bound holds against
+/// the f32 `axpy_scalar` (plus its own rounding), which it must not equal
+/// everywhere (it quantises). (A plain relative tolerance such as 1e-2 of
+/// `Σ |coef · W|` does not hold: one large coefficient sets the scale of
+/// its whole block run, see `fast_coef`.)
+#[test]
+fn neuron_major_fast_scalar_is_within_int8_error() {
+    let mut r = rng(66);
+    for ty in NM_TYPES {
+        for (dim, ffn) in NM_SHAPES {
+            let w = nm_weights(&mut r, ty, dim, ffn);
+            let nm = NeuronMajor::from_weights(ty, &w, dim, ffn).unwrap();
+            let (mut worst, mut rel, mut differ, mut total) = (0.0f64, 0.0f64, 0usize, 0usize);
+            for idx in fast_cases(&mut r, ffn) {
+                let coef = fast_coef(&mut r, &idx);
+                let mut got = vec![f32::NAN; dim];
+                nm.axpy_fast_scalar(&idx, &coef, &mut got).unwrap();
+                let mut f32_ref = vec![f32::NAN; dim];
+                nm.axpy_scalar(&idx, &coef, &mut f32_ref).unwrap();
+                let (exact, mag) = nm_exact(&nm, &idx, &coef);
+                // Per block: the int8 scale of its run.
+                let mut scale = vec![0.0f64; ffn / 32];
+                for (&j, &c) in idx.iter().zip(&coef) {
+                    let b = j as usize / 32;
+                    scale[b] = scale[b].max(f64::from(c.abs()) / 127.0);
+                }
+                for i in 0..dim {
+                    let qerr: f64 = idx
+                        .iter()
+                        .map(|&j| {
+                            let j = j as usize;
+                            let (d, _) = nm.block_scale(i, j / 32);
+                            0.5 * scale[j / 32] * f64::from(d).abs() * f64::from(nm.code(i, j)).abs()
+                        })
+                        .sum();
+                    let bound = qerr * (1.0 + 1e-4) + 2e-5 * mag[i] + 1e-30;
+                    let e = (f64::from(got[i]) - exact[i]).abs();
+                    assert!(
+                        e <= bound,
+                        "{ty} {dim}x{ffn} n {}: fast scalar out[{i}] = {}, exact {} (|err| {e:.3e} > bound {bound:.3e})",
+                        idx.len(),
+                        got[i],
+                        exact[i]
+                    );
+                    if qerr > 0.0 {
+                        worst = worst.max(e / bound);
+                    }
+                    // The f32 AXPY is within 1e-5 of `mag` of the exact sum.
+                    let e32 = f64::from((got[i] - f32_ref[i]).abs());
+                    assert!(
+                        e32 <= bound + 1e-5 * mag[i],
+                        "{ty} {dim}x{ffn}: out[{i}] {} vs f32 {}",
+                        got[i],
+                        f32_ref[i]
+                    );
+                    rel = rel.max(e32 / mag[i].max(1e-30));
+                    differ += usize::from(got[i] != f32_ref[i]);
+                    total += 1;
+                }
+            }
+            assert!(differ > 0, "{ty} {dim}x{ffn}: the int8 AXPY never differed from the f32 one");
+            if dim == 576 {
+                eprintln!(
+                    "{ty} {dim}x{ffn}: worst |err| / int8 bound = {worst:.3}; vs f32 worst |diff| / Σ|terms| = {rel:.2e}; {differ}/{total} differ"
+                );
+            }
+        }
+    }
+}
+
+/// A run's largest coefficient is exactly `±127 · scale`: with one active
+/// neuron the fast AXPY is `d · (f32(127 q) · (|c| / 127)) (+ m c)`.
+#[test]
+fn neuron_major_fast_single_neuron_is_nearly_exact() {
+    let mut r = rng(67);
+    for ty in NM_TYPES {
+        let (dim, ffn) = (200, 320);
+        let w = nm_weights(&mut r, ty, dim, ffn);
+        let nm = NeuronMajor::from_weights(ty, &w, dim, ffn).unwrap();
+        for j in [0u32, 31, 32, 77, 319] {
+            let c = r.random_range(0.01f32..5.0) * if r.random_bool(0.5) { -1.0 } else { 1.0 };
+            let mut got = vec![f32::NAN; dim];
+            nm.axpy_fast_scalar(&[j], &[c], &mut got).unwrap();
+            for (i, &g) in got.iter().enumerate() {
+                let want = f64::from(nm.weight(i, j as usize)) * f64::from(c);
+                let (d, m) = nm.block_scale(i, j as usize / 32);
+                let mag =
+                    f64::from(c.abs()) * (f64::from(d * f32::from(nm.code(i, j as usize))).abs() + f64::from(m).abs());
+                assert!(
+                    (f64::from(g) - want).abs() <= 1e-6 * mag + 1e-30,
+                    "{ty} neuron {j} out[{i}] = {g}, want {want}"
+                );
+            }
+        }
+    }
 }
 
 // === timings ===
@@ -737,6 +945,9 @@ fn sparse_ffn_timings() {
                 let t = time_us(2000, || nm.axpy_with(&pool, a, &idx, &coef, &mut out).unwrap());
                 println!("[{threads}t] NeuronMajor::axpy ({}) {pct}% ({n} neurons): {t:.2} us", a.name());
             }
+            let t = time_us(2000, || nm.axpy_fast(&pool, &idx, &coef, &mut out).unwrap());
+            let how = if NeuronMajor::axpy_fast_is_int8() { "int8 avx512-vnni" } else { "f32 fallback" };
+            println!("[{threads}t] NeuronMajor::axpy_fast ({how}) {pct}% ({n} neurons): {t:.2} us");
         }
         let rb = ty.row_bytes(dim).unwrap();
         let idx = random_subset(&mut r, ffn, ffn / 2);
@@ -751,5 +962,34 @@ fn sparse_ffn_timings() {
             "[{threads}t] gather_rows 50% of {ffn}x{dim} {ty} ({} KiB): {gather:.2} us; dense up on gathered: {upmv:.2} us; dense up full: {upfull:.2} us",
             g.len() / 1024
         );
+    }
+}
+
+/// Only the down projection at the SmolLM2 shape, 1 thread: dense matvec,
+/// f32 `NeuronMajor::axpy` and int8 `NeuronMajor::axpy_fast`.
+/// `cargo test --release -p spinfer-kernels --test sparse fast_axpy_timings -- --ignored --nocapture`
+#[test]
+#[ignore = "timing, run by hand"]
+fn fast_axpy_timings() {
+    let mut r = rng(52);
+    let (dim, ffn) = (576, 1536);
+    let pool = ThreadPool::new(1);
+    let h = random_acts(&mut r, ffn);
+    let mut out = vec![0.0; dim];
+    for ty in NM_TYPES {
+        let down = random_weights(&mut r, ty, dim, ffn);
+        let nm = NeuronMajor::from_weights(ty, &down, dim, ffn).unwrap();
+        let dk = dense_kernel(ty, dim, ffn);
+        let mut scratch = Vec::new();
+        let dense = time_us(3000, || dk.run(&pool, &down, &h, 1, &mut out, &mut scratch).unwrap());
+        let mut line = format!("[1t] {ty} {dim}x{ffn}: dense {} {dense:.2} us", dk.name());
+        for pct in [100, 70, 50] {
+            let idx = random_subset(&mut r, ffn, ffn * pct / 100);
+            let coef: Vec<f32> = idx.iter().map(|&i| h[i as usize]).collect();
+            let f = time_us(3000, || nm.axpy(&pool, &idx, &coef, &mut out).unwrap());
+            let q = time_us(3000, || nm.axpy_fast(&pool, &idx, &coef, &mut out).unwrap());
+            line += &format!(" | {pct}%: axpy {f:.2}, fast {q:.2}");
+        }
+        println!("{line}");
     }
 }

@@ -20,6 +20,10 @@
 //! minimums stay f16. A sparse down projection therefore reads
 //! `(1 - sparsity)` of the codes plus the scales of every block with an
 //! active neuron, never more than the dense matvec.
+//!
+//! [`NeuronMajor::axpy_fast`] (in `neuron_major_fast.rs`) is the int8
+//! variant: the coefficients quantised to 8 bits per run of active neurons
+//! in one block, integer block sums with AVX-512 VNNI (`vpdpbusd`).
 
 use half::f16;
 
@@ -28,6 +32,10 @@ use crate::blocks::QK;
 use crate::cpu::CpuFeatures;
 use crate::pool::{ThreadPool, chunk_aligned};
 use crate::{GgmlType, KernelError, Result};
+
+/// The int8 AXPY ([`NeuronMajor::axpy_fast`]).
+#[path = "neuron_major_fast.rs"]
+mod fast;
 
 /// Outputs per code group: 16 bytes of nibbles (low nibbles are outputs
 /// `0..16`, high nibbles `16..32`) or 32 int8. Rows of codes and scales are

@@ -1,0 +1,577 @@
+//! The int8 ("fast") AXPY of [`NeuronMajor`]: the sparse analogue of the
+//! dense fast mode, which quantises the activations to 8 bits per block.
+//!
+//! The coefficients of each run of active neurons sharing one neuron block
+//! `B` (32 neurons) are quantised to int8 with one f32 scale per run, like
+//! ggml's Q8_0 (`scale = max|coef| / 127`, `c8 = round(coef · (1 / scale))`,
+//! half away from zero), so that the block sums become exact int32 dot
+//! products:
+//!
+//! ```text
+//! S_B[i] = Σ_{j ∈ B active} c8_j · q[i, j]          (exact, int32)
+//! H_B    = Σ_{j ∈ B active} coef_j                   (f32, pairwise tree)
+//! acc[i] = fma(m[i, B], H_B, fma(d[i, B], f32(S_B[i]) · scale_B, acc[i]))
+//! ```
+//!
+//! (without a minimum, only the first fma; `H_B` sums the run's
+//! coefficients, zero padded to 32, by a fixed pairwise tree). The AVX-512
+//! implementation
+//! takes the active neurons of a run four at a time (the last quad padded
+//! with zero coefficients), interleaves their code bytes with one `vpermt2b`
+//! so that dword `e` holds the four codes of one output, and multiplies them
+//! by the four int8 coefficients with `vpdpbusd` (64 multiply-adds per
+//! instruction, against 16 for the f32 AXPY). `vpdpbusd` multiplies unsigned
+//! bytes by signed ones: the nibbles are unsigned already (Q4_0's `− 8` is
+//! folded in as `− 8 Σ c8`), Q8_0 codes are flipped to `q + 128` (`xor
+//! 0x80`) and `128 Σ c8` is subtracted. Both corrections are exact integers,
+//! preloaded into the int32 sums.
+
+use super::{GROUP, NeuronMajor};
+use crate::blocks::QK;
+use crate::pool::{ThreadPool, chunk_aligned};
+use crate::sparse::{AXPY_PAR_MACS, SharedMut};
+use crate::{GgmlType, Result};
+
+/// One run of active neurons inside one neuron block, quantised.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    /// The neuron block (`idx / 32`).
+    block: usize,
+    /// Quads `q0 .. q1` of [`FastCoefs`].
+    q0: usize,
+    q1: usize,
+    /// `max |coef| / 127` over the run (0 when every coefficient is 0).
+    scale: f32,
+    /// `Σ coef` over the run, f32, by [`pairwise`] over 32 zero-padded
+    /// slots.
+    h: f32,
+    /// `− bias · Σ c8`: the correction preloaded into the int32 sums (bias
+    /// 8 for Q4_0, 128 for Q8_0's flipped codes, 0 for Q4_1).
+    init: i32,
+    /// The same for the residual plane: `− bias · Σ r8`.
+    init_lo: i32,
+}
+
+/// The active neurons of one call, quantised per block run and padded to
+/// quads (padding: coefficient 0, the quad's first neuron again).
+#[derive(Debug, Default)]
+struct FastCoefs {
+    runs: Vec<Run>,
+    /// Four neuron indices per quad.
+    rows: Vec<u32>,
+    /// Four int8 coefficients per quad, packed little-endian (byte `j` is
+    /// the coefficient of `rows[4 q + j]`).
+    quads: Vec<i32>,
+    /// The residual plane, packed the same way: `r8 = round(128 · (coef /
+    /// scale − c8))`, in `[−64, 64]`.
+    quads_lo: Vec<i32>,
+}
+
+impl FastCoefs {
+    /// `idx` strictly ascending and `< neurons`, `coef.len() == idx.len()`
+    /// (validated by the caller); `bias` as in [`Run::init`].
+    fn new(idx: &[u32], coef: &[f32], neurons: usize, bias: i32) -> Self {
+        Self::build(idx, coef, neurons, bias)
+    }
+
+    /// [`FastCoefs::new`] compiled for AVX-512 (vectorised by the
+    /// compiler): bit for bit the same, as it runs the same IEEE operations
+    /// in the same order (Rust never contracts or reassociates them).
+    ///
+    /// # Safety
+    /// AVX-512F/BW/VL, AVX2, FMA, F16C; arguments as [`FastCoefs::new`].
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn new_avx512(idx: &[u32], coef: &[f32], neurons: usize, bias: i32) -> Self {
+        Self::build(idx, coef, neurons, bias)
+    }
+
+    #[inline(always)]
+    fn build(idx: &[u32], coef: &[f32], neurons: usize, bias: i32) -> Self {
+        // At most one partial quad per run, and one run per neuron block.
+        let max_quads = idx.len() / 4 + idx.len().min(neurons / QK);
+        let mut fc = FastCoefs {
+            runs: Vec::with_capacity(idx.len().min(neurons / QK)),
+            rows: Vec::with_capacity(4 * max_quads),
+            quads: Vec::with_capacity(max_quads),
+            quads_lo: Vec::with_capacity(max_quads),
+        };
+        let mut k = 0;
+        while k < idx.len() {
+            let block = idx[k] as usize / QK;
+            // `idx` is strictly ascending: the run is the indices below the
+            // block's end among the next 32 (a count that vectorises).
+            let end = ((block + 1) * QK) as u64;
+            let n = idx[k..(k + QK).min(idx.len())].iter().filter(|&&j| u64::from(j) < end).count();
+            fc.push_run(block, &idx[k..k + n], &coef[k..k + n], bias);
+            k += n;
+        }
+        fc
+    }
+
+    /// One run (at most 32 neurons: one block), zero padded to 32 slots so
+    /// that every loop has a fixed trip count and vectorises.
+    #[inline(always)]
+    fn push_run(&mut self, block: usize, ids: &[u32], cs: &[f32], bias: i32) {
+        let n = cs.len();
+        debug_assert!(n <= QK && ids.len() == n);
+        let mut c = [0.0f32; QK];
+        c[..n].copy_from_slice(cs);
+        // (Plain loops: `array::map` may not inline into the AVX-512 clone.)
+        let mut a = [0.0f32; QK];
+        for (a, c) in a.iter_mut().zip(&c) {
+            *a = c.abs();
+        }
+        let scale = pairwise(a, f32::max) / 127.0;
+        let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+        let (mut bytes, mut bytes_lo) = ([0u8; QK], [0u8; QK]);
+        let (mut sum, mut sum_lo) = (0i32, 0i32);
+        for ((b, bl), &c) in bytes.iter_mut().zip(&mut bytes_lo).zip(&c) {
+            let q = quantize(c, inv);
+            // The residual, in units of scale / 128 (|r| <= 64.5).
+            let r = quantize((c * inv - f32::from(q)) * 128.0, 1.0);
+            sum += i32::from(q);
+            sum_lo += i32::from(r);
+            *b = q as u8;
+            *bl = r as u8;
+        }
+        let q0 = self.quads.len();
+        let nq = n.div_ceil(4);
+        self.quads.extend(bytes.as_chunks::<4>().0[..nq].iter().map(|b| i32::from_le_bytes(*b)));
+        self.quads_lo.extend(bytes_lo.as_chunks::<4>().0[..nq].iter().map(|b| i32::from_le_bytes(*b)));
+        self.rows.extend_from_slice(ids);
+        // The last quad's padding: coefficient 0 on its first neuron.
+        let first = ids[(nq - 1) * 4];
+        self.rows.resize(self.rows.len() + 4 * nq - n, first);
+        self.runs.push(Run {
+            block,
+            q0,
+            q1: self.quads.len(),
+            scale,
+            h: pairwise(c, |a, b| a + b),
+            init: -bias * sum,
+            init_lo: -bias * sum_lo,
+        });
+    }
+
+    /// The int8 coefficient of slot `s` (`4 q + j`) in `plane` (`quads` or
+    /// `quads_lo`).
+    fn c8(plane: &[i32], s: usize) -> i8 {
+        (plane[s / 4] >> (8 * (s % 4))) as i8
+    }
+}
+
+/// `round(c · inv)` (half away from zero, as ggml's `roundf`), clamped to
+/// `±127`.
+#[inline(always)]
+fn quantize(c: f32, inv: f32) -> i8 {
+    let x = f64::from(c * inv);
+    // `|x| + 0.5` is exact in f64 and truncation is `floor` for it: `round`
+    // without a libm call. `min` maps NaN to 127 too.
+    let a = (x.abs() + 0.5).min(127.0);
+    // SAFETY: `a` is finite and in `[0.5, 127]`, so it fits an `i32`.
+    let r = unsafe { a.to_int_unchecked::<i32>() };
+    (if x < 0.0 { -r } else { r }) as i8
+}
+
+/// `op` over `c` by a fixed pairwise tree (`op(c[i], c[i + 16])`, then
+/// `+ 8`, `+ 4`, `+ 2`, `+ 1`): for `Σ c` (f32) and `max |c|`.
+#[inline(always)]
+fn pairwise(c: [f32; QK], op: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut v = c;
+    let mut w = QK / 2;
+    while w > 0 {
+        for i in 0..w {
+            v[i] = op(v[i], v[i + w]);
+        }
+        w /= 2;
+    }
+    v[0]
+}
+
+impl NeuronMajor {
+    /// Whether [`NeuronMajor::axpy_fast`] runs the int8 implementation on
+    /// this CPU (AVX-512 F/BW/VL/VNNI/VBMI with AVX2, FMA and F16C); when
+    /// not, it is [`NeuronMajor::axpy`] (exact f32 coefficients).
+    pub fn axpy_fast_is_int8() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            crate::cpu::CpuFeatures::detect().has_avx512() && is_x86_feature_detected!("avx512vbmi")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// `out[i] ≈ Σ_k coef[k] · W[i, idx[k]]` with the coefficients quantised
+    /// to int8 per run of active neurons in one neuron block (one f32 scale
+    /// per run, `max |coef| / 127`, round to nearest), integer block sums
+    /// (exact) and the minimum term `m · Σ coef` from the f32 coefficients;
+    /// see the module documentation. Overwrites `out`; same contract, errors
+    /// and thread split as [`NeuronMajor::axpy`].
+    ///
+    /// When [`NeuronMajor::axpy_fast_is_int8`] is false (no AVX-512 VNNI +
+    /// VBMI), this is [`NeuronMajor::axpy`]: exact f32 coefficients, no
+    /// quantisation. Otherwise the result is bit for bit
+    /// [`NeuronMajor::axpy_fast_scalar`]'s. Non-finite coefficients give
+    /// unspecified (but memory-safe) results.
+    pub fn axpy_fast(&self, pool: &ThreadPool, idx: &[u32], coef: &[f32], out: &mut [f32]) -> Result<()> {
+        if !Self::axpy_fast_is_int8() {
+            return self.axpy(pool, idx, coef, out);
+        }
+        self.check(idx, coef, out)?;
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `axpy_fast_is_int8` detected AVX-512F/BW/VL, AVX2, FMA and
+        // F16C; `check` validated the arguments.
+        let fc = unsafe { FastCoefs::new_avx512(idx, coef, self.neurons, self.code_bias()) };
+        #[cfg(not(target_arch = "x86_64"))]
+        let fc = FastCoefs::new(idx, coef, self.neurons, self.code_bias());
+        let n = self.outputs;
+        let nt = pool.n_threads();
+        if nt == 1 || idx.len() * n < AXPY_PAR_MACS || n <= GROUP {
+            self.run_fast(0, &fc, out);
+            return Ok(());
+        }
+        let base = SharedMut(out.as_mut_ptr());
+        pool.broadcast(&|ti, nt| {
+            let r = chunk_aligned(n, ti, nt, GROUP);
+            if r.is_empty() {
+                return;
+            }
+            // SAFETY: `r` lies inside `0..outputs` = `0..out.len()` and
+            // `chunk_aligned` hands every thread a disjoint range.
+            let o = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(r.start), r.len()) };
+            self.run_fast(r.start, &fc, o);
+        });
+        Ok(())
+    }
+
+    /// Scalar reference of the int8 arithmetic of [`NeuronMajor::axpy_fast`]
+    /// (single-threaded, on any CPU): the same quantisation, the exact
+    /// integer sums `S = Σ c8 · q`, and per output, per run in order,
+    /// `acc = fma(d, f32(S) · scale, acc)`, then `acc = fma(m, H, acc)` for
+    /// Q4_1 (`H` = the run's f32 coefficients summed by a fixed pairwise
+    /// tree). Same errors as [`NeuronMajor::axpy`].
+    pub fn axpy_fast_scalar(&self, idx: &[u32], coef: &[f32], out: &mut [f32]) -> Result<()> {
+        self.check(idx, coef, out)?;
+        let fc = FastCoefs::new(idx, coef, self.neurons, self.code_bias());
+        self.run_fast_scalar(0, &fc, out);
+        Ok(())
+    }
+
+    /// What the SIMD code adds to a true code to make it an unsigned byte.
+    fn code_bias(&self) -> i32 {
+        match self.wtype {
+            GgmlType::Q4_0 => 8,
+            GgmlType::Q8_0 => 128,
+            _ => 0,
+        }
+    }
+
+    /// Outputs `o0 .. o0 + out.len()` (`o0` a multiple of 32), int8 SIMD;
+    /// only called when [`NeuronMajor::axpy_fast_is_int8`].
+    fn run_fast(&self, o0: usize, fc: &FastCoefs, out: &mut [f32]) {
+        debug_assert!(o0.is_multiple_of(GROUP) && o0 + out.len() <= self.outputs);
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: `axpy_fast` only gets here when `axpy_fast_is_int8`
+            // detected every feature `axpy_fast_avx512` enables; `fc` was
+            // built from validated indices (all `< neurons`) and the output
+            // range lies inside `0..outputs`.
+            unsafe { x86::axpy_fast_avx512(self, o0, fc, out) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        self.run_fast_scalar(o0, fc, out);
+    }
+
+    fn run_fast_scalar(&self, o0: usize, fc: &FastCoefs, out: &mut [f32]) {
+        for (o, out) in out.iter_mut().enumerate() {
+            let i = o0 + o;
+            let mut acc = 0.0f32;
+            for run in &fc.runs {
+                let sum = |plane: &[i32]| -> i32 {
+                    (4 * run.q0..4 * run.q1)
+                        .map(|s| i32::from(FastCoefs::c8(plane, s)) * i32::from(self.code(i, fc.rows[s] as usize)))
+                        .sum()
+                };
+                let s = (sum(&fc.quads_lo) as f32).mul_add(1.0 / 128.0, sum(&fc.quads) as f32);
+                let at = run.block * self.opad + i;
+                acc = self.d[at].to_f32().mul_add(s * run.scale, acc);
+                if self.has_min {
+                    acc = self.m[at].to_f32().mul_add(run.h, acc);
+                }
+            }
+            *out = acc;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::super::{GROUP, NeuronMajor};
+    use super::{FastCoefs, Run};
+    use crate::GgmlType;
+    use crate::pool::chunk;
+    use crate::sparse::x86::{PREFETCH, prefetch_tile};
+
+    /// Most groups of 32 outputs per tile (`2 G` int32 sums per plane + `2
+    /// G` f32 accumulators).
+    const MAX_G: usize = 4;
+
+    /// Raw view of a [`NeuronMajor`] for one tile of output groups.
+    struct View {
+        codes: *const u8,
+        d: *const u16,
+        /// Null without a minimum.
+        m: *const u16,
+        int8: bool,
+        stride: usize,
+        opad: usize,
+        /// First output of the tile (a multiple of 32).
+        off: usize,
+        /// Byte offset and length of the tile's codes in a neuron's row.
+        coff: usize,
+        clen: usize,
+    }
+
+    impl View {
+        fn new(nm: &NeuronMajor, off: usize, groups: usize) -> Self {
+            let int8 = nm.wtype == GgmlType::Q8_0;
+            let m = if nm.has_min { nm.m.as_ptr().cast() } else { std::ptr::null() };
+            let (coff, clen) = if int8 { (off, 32 * groups) } else { (off / 2, 16 * groups) };
+            View {
+                codes: nm.codes.as_ptr(),
+                d: nm.d.as_ptr().cast(),
+                m,
+                int8,
+                stride: nm.stride,
+                opad: nm.opad,
+                off,
+                coff,
+                clen,
+            }
+        }
+    }
+
+    /// `vpermt2b` indices over `x = [row0 32 B | row1 32 B]`, `y = [row2 |
+    /// row3]`: dword `e` = bytes `16 half + e` of rows 0, 1, 2, 3.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+    fn perm_idx(half: u8) -> __m512i {
+        let mut b = [0u8; 64];
+        for e in 0..16u8 {
+            let s = 16 * half + e;
+            let at = 4 * usize::from(e);
+            b[at..at + 4].copy_from_slice(&[s, 32 + s, 64 + s, 96 + s]);
+        }
+        // SAFETY: `b` holds 64 bytes; unaligned load.
+        unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }
+    }
+
+    /// `(x, y)` = 32 bytes at `at` of rows 0, 1 and of rows 2, 3.
+    ///
+    /// # Safety
+    /// AVX-512F; `rows[j] + at .. + 32` readable for every `j`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+    unsafe fn load_unit(rows: &[*const u8; 4], at: usize) -> (__m512i, __m512i) {
+        // SAFETY: the caller guarantees the 32 bytes of every row.
+        unsafe {
+            let l = |j: usize| _mm256_loadu_si256(rows[j].add(at).cast());
+            (
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(l(0)), l(1)),
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(l(2)), l(3)),
+            )
+        }
+    }
+
+    /// As [`load_unit`] with 16 bytes per row (bytes 16..32 of each half
+    /// are zero).
+    ///
+    /// # Safety
+    /// AVX-512F; `rows[j] + at .. + 16` readable for every `j`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+    unsafe fn load_half(rows: &[*const u8; 4], at: usize) -> (__m512i, __m512i) {
+        // SAFETY: the caller guarantees the 16 bytes of every row.
+        unsafe {
+            let l = |j: usize| _mm256_zextsi128_si256(_mm_loadu_si128(rows[j].add(at).cast()));
+            (
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(l(0)), l(1)),
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(l(2)), l(3)),
+            )
+        }
+    }
+
+    /// Adds the nibbles of `p` (dword `e` = one byte of 4 neurons: low
+    /// nibbles output `e`, high nibbles output `16 + e` of a group) times
+    /// the 4 coefficients `cq` to `s[0]` and `s[1]`, and times the residual
+    /// coefficients `cl` to `t[0]` and `t[1]`. The high nibbles are taken
+    /// in place (`byte & 0xF0` = 16 × nibble, saving a shift), so `s[1]`
+    /// and `t[1]` sum 16 × the codes: see [`hi_scale`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+    fn nibbles(s: &mut [__m512i], t: &mut [__m512i], p: __m512i, low: __m512i, cq: __m512i, cl: __m512i) {
+        let lo = _mm512_and_si512(p, low);
+        let hi = _mm512_andnot_si512(low, p);
+        s[0] = _mm512_dpbusd_epi32(s[0], lo, cq);
+        s[1] = _mm512_dpbusd_epi32(s[1], hi, cq);
+        t[0] = _mm512_dpbusd_epi32(t[0], lo, cl);
+        t[1] = _mm512_dpbusd_epi32(t[1], hi, cl);
+    }
+
+    /// What the int32 sums of the high half of each group (odd vectors)
+    /// hold, in units of the codes: 16 for nibbles (see [`nibbles`]), 1 for
+    /// Q8_0.
+    #[inline(always)]
+    fn hi_scale(int8: bool) -> i32 {
+        if int8 { 1 } else { 16 }
+    }
+
+    /// The int32 sums of one run for a tile of `G` groups: the main plane
+    /// and the residual plane.
+    ///
+    /// # Safety
+    /// As [`tile`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+    unsafe fn run_sums<const G: usize, const V: usize>(
+        v: &View,
+        fc: &FastCoefs,
+        run: &Run,
+    ) -> ([__m512i; V], [__m512i; V]) {
+        let (p0, p1) = (perm_idx(0), perm_idx(1));
+        let low = _mm512_set1_epi8(0x0F);
+        let flip = _mm512_set1_epi8(0x80u8 as i8);
+        let preload = |init: i32| -> [__m512i; V] {
+            let (even, odd) = (_mm512_set1_epi32(init), _mm512_set1_epi32(init * hi_scale(v.int8)));
+            std::array::from_fn(|i| if i % 2 == 0 { even } else { odd })
+        };
+        let (mut s, mut t) = (preload(run.init), preload(run.init_lo));
+        for q in run.q0..run.q1 {
+            for j in 0..4 {
+                prefetch_tile(v.codes, v.stride, v.coff, v.clen, &fc.rows, 4 * q + PREFETCH + j);
+            }
+            let (cq, cl) = (_mm512_set1_epi32(fc.quads[q]), _mm512_set1_epi32(fc.quads_lo[q]));
+            // SAFETY: every `rows` entry is an active (validated) neuron `<
+            // neurons`, so its row of `stride` bytes lies inside `codes`, and
+            // `coff + clen <= stride`.
+            let rp: [*const u8; 4] =
+                std::array::from_fn(|j| unsafe { v.codes.add(fc.rows[4 * q + j] as usize * v.stride + v.coff) });
+            if v.int8 {
+                for g in 0..G {
+                    // SAFETY: bytes `32 g .. 32 g + 32 <= clen` of each row.
+                    let (x, y) = unsafe { load_unit(&rp, 32 * g) };
+                    let (x, y) = (_mm512_xor_si512(x, flip), _mm512_xor_si512(y, flip));
+                    let a = _mm512_permutex2var_epi8(x, p0, y);
+                    let b = _mm512_permutex2var_epi8(x, p1, y);
+                    s[2 * g] = _mm512_dpbusd_epi32(s[2 * g], a, cq);
+                    s[2 * g + 1] = _mm512_dpbusd_epi32(s[2 * g + 1], b, cq);
+                    t[2 * g] = _mm512_dpbusd_epi32(t[2 * g], a, cl);
+                    t[2 * g + 1] = _mm512_dpbusd_epi32(t[2 * g + 1], b, cl);
+                }
+            } else {
+                for u in 0..G / 2 {
+                    // SAFETY: bytes `32 u .. 32 u + 32 <= 16 G = clen`.
+                    let (x, y) = unsafe { load_unit(&rp, 32 * u) };
+                    let (a, b) = (_mm512_permutex2var_epi8(x, p0, y), _mm512_permutex2var_epi8(x, p1, y));
+                    nibbles(&mut s[4 * u..4 * u + 2], &mut t[4 * u..4 * u + 2], a, low, cq, cl);
+                    nibbles(&mut s[4 * u + 2..4 * u + 4], &mut t[4 * u + 2..4 * u + 4], b, low, cq, cl);
+                }
+                if G % 2 == 1 {
+                    // SAFETY: bytes `16 (G - 1) .. 16 G = clen` of each row.
+                    let (x, y) = unsafe { load_half(&rp, 16 * (G - 1)) };
+                    let a = _mm512_permutex2var_epi8(x, p0, y);
+                    nibbles(&mut s[2 * G - 2..2 * G], &mut t[2 * G - 2..2 * G], a, low, cq, cl);
+                }
+            }
+        }
+        (s, t)
+    }
+
+    /// Accumulates `G` groups of 32 outputs (`V = 2 G` vectors from
+    /// `v.off`) over all runs and writes the first `valid` to `out`.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI/VBMI, AVX2, FMA, F16C; `fc` built from indices
+    /// `< neurons`; `v.off + 32 G <= opad`; `out` valid for `valid <= 32 G`
+    /// floats.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+    unsafe fn tile<const G: usize, const V: usize>(v: &View, fc: &FastCoefs, out: *mut f32, valid: usize) {
+        debug_assert_eq!(V, 2 * G);
+        let mut acc = [_mm512_setzero_ps(); V];
+        for run in &fc.runs {
+            // SAFETY: as this function's contract.
+            let (s, t) = unsafe { run_sums::<G, V>(v, fc, run) };
+            let sc = _mm512_set1_ps(run.scale);
+            // SAFETY: block `run.block < neurons / 32`, so the `32 G` f16 at
+            // `block * opad + off` (`off + 32 G <= opad`) lie inside `d`
+            // (and `m`, when not null).
+            unsafe {
+                let dp = v.d.add(run.block * v.opad + v.off);
+                for (i, (a, (s, t))) in acc.iter_mut().zip(s.iter().zip(&t)).enumerate() {
+                    let d = _mm512_cvtph_ps(_mm256_loadu_si256(dp.add(16 * i).cast()));
+                    // Both planes: S + T / 128 (one rounding, as the scalar).
+                    let mut f =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(*t), _mm512_set1_ps(1.0 / 128.0), _mm512_cvtepi32_ps(*s));
+                    if i % 2 == 1 && !v.int8 {
+                        // Exact: `f` is 16 × what the scalar rounds (a power
+                        // of two commutes with the rounding).
+                        f = _mm512_mul_ps(f, _mm512_set1_ps(1.0 / 16.0));
+                    }
+                    *a = _mm512_fmadd_ps(d, _mm512_mul_ps(f, sc), *a);
+                }
+                if !v.m.is_null() {
+                    let mp = v.m.add(run.block * v.opad + v.off);
+                    let hv = _mm512_set1_ps(run.h);
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let m = _mm512_cvtph_ps(_mm256_loadu_si256(mp.add(16 * i).cast()));
+                        *a = _mm512_fmadd_ps(m, hv, *a);
+                    }
+                }
+            }
+        }
+        let mut buf = [0f32; 32 * MAX_G];
+        for (i, a) in acc.iter().enumerate() {
+            // SAFETY: `G <= MAX_G`, so `16 i + 16 <= 32 MAX_G`.
+            unsafe { _mm512_storeu_ps(buf.as_mut_ptr().add(16 * i), *a) };
+        }
+        // SAFETY: `out` holds `valid <= 32 G` floats.
+        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), out, valid) };
+    }
+
+    /// Int8 AVX-512 implementation for outputs `o0 .. o0 + out.len()`, in
+    /// tiles of up to [`MAX_G`] groups of 32 outputs.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI/VBMI, AVX2, FMA, F16C; `o0` a multiple of 32,
+    /// `o0 + out.len() <= outputs`, `fc` built from indices `< neurons`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+    pub(super) unsafe fn axpy_fast_avx512(nm: &NeuronMajor, o0: usize, fc: &FastCoefs, out: &mut [f32]) {
+        let ng = out.len().div_ceil(GROUP);
+        let tiles = ng.div_ceil(MAX_G);
+        for ti in 0..tiles {
+            let r = chunk(ng, ti, tiles);
+            let first = GROUP * r.start;
+            let valid = (out.len() - first).min(GROUP * r.len());
+            // `o0 + first + 32 r.len() <= opad`: both are multiples of 32 and
+            // the slice ends inside the padded row.
+            let v = View::new(nm, o0 + first, r.len());
+            // SAFETY: `first + valid <= out.len()`; the tile's codes and
+            // scales are in range as argued above and by the caller.
+            unsafe {
+                let o = out.as_mut_ptr().add(first);
+                match r.len() {
+                    4 => tile::<4, 8>(&v, fc, o, valid),
+                    3 => tile::<3, 6>(&v, fc, o, valid),
+                    2 => tile::<2, 4>(&v, fc, o, valid),
+                    _ => tile::<1, 2>(&v, fc, o, valid),
+                }
+            }
+        }
+    }
+}
