@@ -479,7 +479,13 @@ impl Model {
                         wo: (l.wo.desc.wtype, l.wo.w.bytes()),
                     })
                     .collect();
-                Some(sparse::build(o, &id, &weights, dim, c.n_heads * c.head_dim, c.ffn_dim)?)
+                let mut sp = sparse::build(o, &id, &weights, dim, c.n_heads * c.head_dim, c.ffn_dim)?;
+                // The AXPYs follow the model's precision, as the dense
+                // kernels' activations do.
+                if options.precision != Precision::Precise {
+                    sp.axpy = sparse::AxpyMode::Int8;
+                }
+                Some(sp)
             }
             None => None,
         };

@@ -77,7 +77,7 @@ impl Model {
         math::swiglu(&mut s.gate[..n * k], &s.up[..n * k]);
         for t in 0..n {
             let out = &mut s.tmp[t * dim..(t + 1) * dim];
-            sp.layers[l].down.axpy(&s.pool, dim, &m.idx, &s.gate[t * k..(t + 1) * k], out)?;
+            sp.layers[l].down.axpy(&s.pool, dim, &m.idx, &s.gate[t * k..(t + 1) * k], out, sp.axpy)?;
         }
         Ok(())
     }

@@ -20,7 +20,8 @@ impl Model {
         if let Some(probe) = s.attn_probe.as_mut() {
             probe(l, &s.att[..n * q_dim]);
         }
-        let Some(so) = self.sparse.as_ref().and_then(|sp| sp.layers[l].attn_o.as_ref()) else {
+        let Some((so, mode)) = self.sparse.as_ref().and_then(|sp| Some((sp.layers[l].attn_o.as_ref()?, sp.axpy)))
+        else {
             return wo.forward(&s.pool, &s.att, n, &mut s.tmp, &mut s.scratch);
         };
         let sc = &mut s.sparse;
@@ -47,7 +48,7 @@ impl Model {
             }
         }
         counters.attn_active += k as u64;
-        so.w.axpy(&s.pool, &sc.idx, &sc.h[..k], &mut s.tmp[..dim])?;
+        so.axpy(&s.pool, &sc.idx, &sc.h[..k], &mut s.tmp[..dim], mode)?;
         Ok(())
     }
 }
