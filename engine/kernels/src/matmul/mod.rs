@@ -289,6 +289,18 @@ pub(crate) fn pack_tokens(
     });
 }
 
+/// Below this many multiply-adds a matmul runs on the calling thread
+/// alone: waking the pool's workers costs about a microsecond, as long as
+/// such a product takes on one core (the smallest matmul of a real model,
+/// SmolLM2's 192x576 k/v projection, is 110 K).
+const INLINE_MACS: usize = 32 * 1024;
+
+/// `pool.broadcast(f)`, or `f(0, 1)` on this thread for a job of fewer than
+/// [`INLINE_MACS`] multiply-adds.
+pub(crate) fn broadcast_work(pool: &ThreadPool, macs: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+    if macs < INLINE_MACS { f(0, 1) } else { pool.broadcast(f) }
+}
+
 /// Calls `tile(row0, n_rows, tok0, n_toks)` over the rows of thread `ti`
 /// (tiles of `rmax` rows, then single rows) and all tokens (groups of up to
 /// `tmax`).

@@ -1,7 +1,7 @@
 //! SIMD matmul drivers (AVX2 and AVX-512): activation packing and the
 //! tile loops over the [`crate::dot`] tile kernels.
 
-use super::{Isa, Job, OutPtr, for_each_tile, gemm_f32, pack_tokens, scratch_aligned};
+use super::{Isa, Job, OutPtr, broadcast_work, for_each_tile, gemm_f32, pack_tokens, scratch_aligned};
 use crate::GgmlType;
 use crate::Result;
 use crate::dot::avx512_k::{KQ4, KQ5, KQ6};
@@ -86,7 +86,7 @@ fn run_legacy<const F: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: 
     let act = buf.as_ptr() as usize;
     let (w, rb, rows, n) = (job.w.as_ptr() as usize, job.row_bytes, d.rows, job.n_tokens);
     let out: OutPtr = job.out;
-    pool.broadcast(&|ti, nt| {
+    broadcast_work(pool, job.desc.rows * job.desc.cols * job.n_tokens, &|ti, nt| {
         let (w, act) = (w as *const u8, act as *const u8);
         let rmax = if avx512 { 4 } else { 2 };
         for_each_tile(rows, n, ti, nt, rmax, TMAX, |r, nr, t, ntk| {
@@ -120,7 +120,7 @@ fn run_k<const K: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut 
     let (w, rb, rows, n) = (job.w.as_ptr() as usize, job.row_bytes, d.rows, job.n_tokens);
     let out: OutPtr = job.out;
     let avx512 = isa == Isa::Avx512;
-    pool.broadcast(&|ti, nt| {
+    broadcast_work(pool, job.desc.rows * job.desc.cols * job.n_tokens, &|ti, nt| {
         let (w, act) = (w as *const u8, act as *const u8);
         for_each_tile(rows, n, ti, nt, 2, TMAX, |r, nr, t, ntk| {
             let (wp, ap, op) =
@@ -156,7 +156,7 @@ fn precise<const W: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>) {
     let x = job.x.as_ptr() as usize;
     let out: OutPtr = job.out;
     let avx512 = isa == Isa::Avx512;
-    pool.broadcast(&|ti, nt| {
+    broadcast_work(pool, job.desc.rows * job.desc.cols * job.n_tokens, &|ti, nt| {
         let (w, x) = (w as *const u8, x as *const f32);
         let rmax = if avx512 { 4 } else { 2 };
         for_each_tile(rows, n, ti, nt, rmax, TMAX, |r, nr, t, ntk| {
