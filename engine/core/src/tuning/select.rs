@@ -112,33 +112,36 @@ fn shape_dist((r0, c0): (usize, usize), (r1, c1): (usize, usize)) -> f64 {
     (l(r0) - l(r1)).powi(2) + (l(c0) - l(c1)).powi(2)
 }
 
+/// A recorded shape and the latest record per kernel on it.
+type ShapeGroup = ((usize, usize), BTreeMap<String, Record>);
+
 /// Selection for an unseen shape from `near` (records of nearby shapes):
 /// the nearest shapes with a usable current candidate, at most
 /// [`NEAREST_SHAPES`] and none more than twice as far (in log2 rows and
 /// cols) as the nearest; per candidate the geometric mean, over those
 /// shapes it was timed on, of its time over the fastest candidate's; only
-/// candidates timed on the nearest shape compete. Returns the pick, the
-/// shapes used and the latest records of the nearest one.
+/// candidates timed on the nearest shape compete. Returns the pick, how
+/// many shapes were combined, and the nearest one with its latest records.
 fn nearest_pick(
     desc: &MatmulDesc,
     ids: &[String],
     builtin: &[bool],
     near: &[Record],
-) -> Option<(usize, Vec<(usize, usize)>, BTreeMap<String, Record>)> {
+) -> Option<(usize, usize, ShapeGroup)> {
     let mut shapes: Vec<(usize, usize)> = Vec::new();
     for r in near {
         if !shapes.contains(&(r.rows, r.cols)) {
             shapes.push((r.rows, r.cols));
         }
     }
-    let groups: Vec<((usize, usize), BTreeMap<String, Record>)> = shapes
+    let groups: Vec<ShapeGroup> = shapes
         .into_iter()
         .map(|shape| (shape, latest(near.iter().filter(|r| (r.rows, r.cols) == shape).cloned())))
         .filter(|(_, g)| ids.iter().any(|id| time_of(g, id).is_some()))
         .collect();
     let here = (desc.rows, desc.cols);
     let nearest = shape_dist(groups.first()?.0, here);
-    let used: Vec<&((usize, usize), BTreeMap<String, Record>)> = groups
+    let used: Vec<&ShapeGroup> = groups
         .iter()
         .take(NEAREST_SHAPES)
         .take_while(|(shape, _)| shape_dist(*shape, here) <= 4.0 * nearest + 1e-9)
@@ -158,7 +161,7 @@ fn nearest_pick(
         })
         .collect();
     let pick = best(builtin, &cost)?;
-    Some((pick, used.iter().map(|(s, _)| *s).collect(), used[0].1.clone()))
+    Some((pick, used.len(), used[0].clone()))
 }
 
 /// Picks the kernel for `desc` in `phase` among `candidates` (as from
@@ -192,8 +195,8 @@ pub fn select(
         return Ok(pick(i, Reason::Measured, alternatives(&ids, &exact)));
     }
     let near = history.nearest(host, desc, phase, 64);
-    if let Some((i, shapes, group)) = nearest_pick(desc, &ids, &builtin, &near) {
-        let reason = Reason::NearestNeighbour { from: shapes[0], shapes: shapes.len() };
+    if let Some((i, shapes, (from, group))) = nearest_pick(desc, &ids, &builtin, &near) {
+        let reason = Reason::NearestNeighbour { from, shapes };
         return Ok(pick(i, reason, alternatives(&ids, &group)));
     }
     Ok(pick(0, Reason::Default, alternatives(&ids, &exact)))
