@@ -159,10 +159,18 @@ impl Run<'_> {
         self.once(kernel, &mut y).map(|()| y)
     }
 
-    /// The median wall time of `runs` runs (at least one).
+    /// The median wall time of `runs` runs (at least one). Before each
+    /// run this thread rewrites the activations, as inference does (the
+    /// previous layer just wrote them): a kernel whose worker threads read
+    /// them then fetches them from this core's cache, not from a copy of
+    /// its own left by the previous run. Unchanged activations favoured the
+    /// packs' copies, whose threads each quantise the input themselves.
     fn time(&mut self, kernel: &dyn MatmulKernel, y: &mut [f32], runs: usize) -> Result<u64, String> {
         let mut times = Vec::with_capacity(runs.max(1));
         for _ in 0..runs.max(1) {
+            for v in &mut self.x {
+                *v = std::hint::black_box(*v);
+            }
             let t = Instant::now();
             self.once(kernel, y)?;
             times.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
