@@ -41,9 +41,11 @@ pub struct CalibrateArgs {
     /// none), so that `--predictor low-rank` can skip the gate too.
     #[arg(long, default_value_t = 0)]
     pub rank: usize,
-    /// Fraction of truly active neurons the low-rank predictor keeps
-    /// (measured on the held-out last eighth of the calibration text).
-    #[arg(long, default_value_t = 0.95)]
+    /// Fraction of truly active neurons the low-rank predictor's threshold
+    /// keeps on the calibration windows it was fitted on. Held-out recall
+    /// (the last eighth, reported) comes out up to 0.008 lower on SmolLM2,
+    /// so the default 0.96 keeps at least 0.95 held out on every layer.
+    #[arg(long, default_value_t = 0.96)]
     pub recall_target: f32,
     /// Also skip this fraction of the attention output before the output
     /// projection (TEAL on W_o; 0: dense). Applies with every predictor.
@@ -132,7 +134,8 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
         println!(
             "{}",
             serde_json::json!({"out": a.out, "tokens": tokens.len(), "target_sparsity": a.target_sparsity,
-                "predictor": predictor.name(), "thresholds": thresholds, "attn_sparsity": sidecar.attn_sparsity})
+                "predictor": predictor.name(), "thresholds": thresholds, "attn_sparsity": sidecar.attn_sparsity,
+                "lowrank": sidecar.lowrank})
         );
     } else {
         if !a.common.quiet {
