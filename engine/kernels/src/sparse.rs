@@ -28,7 +28,7 @@ use crate::{GgmlType, KernelError, Result};
 
 mod neuron_major;
 
-pub use neuron_major::NeuronMajor;
+pub use neuron_major::{NeuronMajor, QuantisedCoefs, QuantisedRun};
 
 /// Bytes of one Q8_0 block (`f16` scale + 32 int8).
 const Q8_0_BYTES: usize = std::mem::size_of::<BlockQ8_0>();

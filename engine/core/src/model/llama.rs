@@ -468,7 +468,9 @@ impl Model {
                         mapped: l.w_gate.w.is_mapped() && l.w_up.w.is_mapped() && l.w_down.w.is_mapped(),
                     })
                     .collect();
-                Some(sparse::build_budgeted(o, &id, &src, dim, c.ffn_dim)?)
+                let mut sp = sparse::build_budgeted(o, &id, &src, dim, c.ffn_dim)?;
+                sp.axpy = sparse::AxpyMode::for_precision(options.precision);
+                Some(sp)
             }
             Some(o) => {
                 let id = ModelId::of(&c, loader)?;
@@ -480,11 +482,7 @@ impl Model {
                     })
                     .collect();
                 let mut sp = sparse::build(o, &id, &weights, dim, c.n_heads * c.head_dim, c.ffn_dim)?;
-                // The AXPYs follow the model's precision, as the dense
-                // kernels' activations do.
-                if options.precision != Precision::Precise {
-                    sp.axpy = sparse::AxpyMode::Int8;
-                }
+                sp.axpy = sparse::AxpyMode::for_precision(options.precision);
                 Some(sp)
             }
             None => None,

@@ -47,10 +47,10 @@ use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk};
-use spinfer_kernels::sparse::AxpyIsa;
+use spinfer_kernels::sparse::{AxpyIsa, NeuronMajor, QuantisedCoefs};
 
 use super::cache::{BoxedPolicy, ColdCache, NeuronId};
-use super::{CacheCounters, sparsity_err};
+use super::{AxpyMode, CacheCounters, sparsity_err};
 use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"SPFFNB01";
@@ -645,12 +645,33 @@ impl FfnBundle {
     /// `NeuronMajor::axpy` on this CPU (per block `S = Σ coef·q`,
     /// `H = Σ coef`, then `acc += d·S + m·H`; fused multiply-adds where its
     /// AVX2 / AVX-512 kernels use them), so the same bits.
-    pub fn axpy(&self, pool: &ThreadPool, l: usize, idx: &[u32], codes: &[u8], coef: &[f32], out: &mut [f32]) {
+    ///
+    /// With [`AxpyMode::Int8`] on a CPU where `NeuronMajor::axpy_fast` is
+    /// the integer AXPY, the coefficients are quantised as it quantises
+    /// them ([`QuantisedCoefs`]) and the result is its bits instead.
+    #[allow(clippy::too_many_arguments, reason = "the AXPY's inputs, as NeuronMajor's")]
+    pub fn axpy(
+        &self,
+        pool: &ThreadPool,
+        l: usize,
+        idx: &[u32],
+        codes: &[u8],
+        coef: &[f32],
+        out: &mut [f32],
+        mode: AxpyMode,
+    ) {
         let dim = self.h.dim;
         debug_assert!(out.len() == dim && coef.len() == idx.len() && codes.len() >= idx.len() * self.h.down_col);
         let units = if self.q4 { dim / 2 } else { dim };
         let ptr = SyncPtr::new(out.as_mut_ptr());
+        let int8 = (mode == AxpyMode::Int8 && NeuronMajor::axpy_fast_is_int8()).then(|| QuantisedCoefs::new(idx, coef));
         let run = |r: std::ops::Range<usize>| {
+            #[cfg(target_arch = "x86_64")]
+            if let Some(qc) = &int8 {
+                // SAFETY: `axpy_fast_is_int8` found AVX-512 (and so FMA).
+                unsafe { self.axpy_range_int8(l, r, qc, codes, ptr) };
+                return;
+            }
             #[cfg(target_arch = "x86_64")]
             if self.fma {
                 // SAFETY: `fma` is set only when `AxpyIsa::select` found
@@ -669,6 +690,84 @@ impl FfnBundle {
                     run(r);
                 }
             });
+        }
+    }
+
+    /// The integer AXPY over outputs `r` (as [`Self::axpy_range`]): per run
+    /// of `qc`, exact integer sums of both coefficient planes, then per
+    /// output `acc = fma(d, fma(T, 1/128, S) · scale, acc)` and `acc =
+    /// fma(m, h, acc)`: `NeuronMajor::axpy_fast_scalar`'s arithmetic.
+    ///
+    /// # Safety
+    /// The CPU has FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn axpy_range_int8(
+        &self,
+        l: usize,
+        r: std::ops::Range<usize>,
+        qc: &QuantisedCoefs,
+        codes: &[u8],
+        out: SyncPtr<f32>,
+    ) {
+        let (dim, dc) = (self.h.dim, self.h.down_col);
+        let layer = &self.layers[l];
+        let planes = if self.q4 { 2 } else { 1 };
+        let mut a = r.start;
+        while a < r.end {
+            let w = TILE.min(r.end - a);
+            let mut acc = [[0f32; TILE]; 2];
+            for run in &qc.runs {
+                // Per output plane: Σ c8·q and Σ r8·q.
+                let mut s = [[0i32; TILE]; 2];
+                let mut t = [[0i32; TILE]; 2];
+                for k in run.start..run.start + run.len {
+                    let (c, rc) = (i32::from(qc.c8[k]), i32::from(qc.r8[k]));
+                    let row = &codes[k * dc + a..][..w];
+                    for (j, &v) in row.iter().enumerate() {
+                        if self.q4 {
+                            let (lo, hi) =
+                                (i32::from((v & 0x0F) as i8 - self.bias), i32::from((v >> 4) as i8 - self.bias));
+                            s[0][j] += c * lo;
+                            t[0][j] += rc * lo;
+                            s[1][j] += c * hi;
+                            t[1][j] += rc * hi;
+                        } else {
+                            let q = i32::from(v as i8);
+                            s[0][j] += c * q;
+                            t[0][j] += rc * q;
+                        }
+                    }
+                }
+                for p in 0..planes {
+                    let o = run.block * dim + a + p * (dim / 2);
+                    for j in 0..w {
+                        let f = (t[p][j] as f32).mul_add(1.0 / 128.0, s[p][j] as f32);
+                        let mut x = layer.d[o + j].to_f32().mul_add(f * run.scale, acc[p][j]);
+                        if !layer.m.is_empty() {
+                            x = layer.m[o + j].to_f32().mul_add(run.h, x);
+                        }
+                        acc[p][j] = x;
+                    }
+                }
+            }
+            self.store(a, w, planes, &acc, out);
+            a += w;
+        }
+    }
+
+    /// Writes the accumulators of outputs `a .. a + w` (and `+ dim/2` for
+    /// 4-bit types) to `out`.
+    fn store(&self, a: usize, w: usize, planes: usize, acc: &[[f32; TILE]; 2], out: SyncPtr<f32>) {
+        let half = self.h.dim / 2;
+        for (p, acc) in acc.iter().enumerate().take(planes) {
+            // SAFETY: callers hand disjoint ranges `r` within
+            // `0..units` (`dim/2` for 4-bit types, else `dim`); the
+            // outputs written, `a + p·dim/2 .. + w`, are inside the
+            // `dim` floats behind `out`, which outlive the call, and no
+            // other thread writes them.
+            let o = unsafe { std::slice::from_raw_parts_mut(out.get().add(a + p * half), w) };
+            o.copy_from_slice(&acc[..w]);
         }
     }
 
@@ -757,15 +856,7 @@ impl FfnBundle {
                     }
                 }
             }
-            for (p, acc) in acc.iter().enumerate().take(planes) {
-                // SAFETY: callers hand disjoint ranges `r` within
-                // `0..units` (`dim/2` for 4-bit types, else `dim`); the
-                // outputs written, `a + p·dim/2 .. + w`, are inside the
-                // `dim` floats behind `out`, which outlive the call, and no
-                // other thread writes them.
-                let o = unsafe { std::slice::from_raw_parts_mut(out.get().add(a + p * half), w) };
-                o.copy_from_slice(&acc[..w]);
-            }
+            self.store(a, w, planes, &acc, out);
             a += w;
         }
     }
@@ -852,8 +943,17 @@ mod tests {
                     nm.axpy_scalar(&idx, &coef, &mut want).unwrap();
                 }
                 let mut got = vec![1f32; dim];
-                b.axpy(&pool, l, &idx, &g.down, &coef, &mut got);
+                b.axpy(&pool, l, &idx, &g.down, &coef, &mut got, AxpyMode::Exact);
                 assert_eq!(got, want, "{ty} layer {l}");
+                // The integer AXPY: NeuronMajor's bits (its f32 AXPY when the
+                // CPU has no integer one).
+                let mut want = vec![0f32; dim];
+                nm.axpy_fast(&pool, &idx, &coef, &mut want).unwrap();
+                let mut got = vec![1f32; dim];
+                b.axpy(&pool, l, &idx, &g.down, &coef, &mut got, AxpyMode::Int8);
+                if NeuronMajor::axpy_fast_is_int8() {
+                    assert_eq!(got, want, "{ty} layer {l}, integer AXPY");
+                }
             }
         }
         if budget_records.is_some() {

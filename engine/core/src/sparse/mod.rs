@@ -111,6 +111,14 @@ pub enum AxpyMode {
     Int8,
 }
 
+impl AxpyMode {
+    /// The AXPYs follow the model's precision, as the dense kernels'
+    /// activations do: exact in precise mode, integer otherwise.
+    pub fn for_precision(p: crate::model::Precision) -> Self {
+        if p == crate::model::Precision::Precise { AxpyMode::Exact } else { AxpyMode::Int8 }
+    }
+}
+
 /// `out = Σ_k coef[k] · nm[:, idx[k]]` in `mode`.
 fn nm_axpy(
     nm: &NeuronMajor,
@@ -492,7 +500,6 @@ pub(crate) fn build_budgeted(
         sidecar,
         layers,
         bundle: Some(bundle),
-        // The bundle's own AXPY (over records read from the file) is f32.
         axpy: AxpyMode::Exact,
     })
 }

@@ -36,6 +36,7 @@ use crate::{GgmlType, KernelError, Result};
 /// The int8 AXPY ([`NeuronMajor::axpy_fast`]).
 #[path = "neuron_major_fast.rs"]
 mod fast;
+pub use fast::{QuantisedCoefs, QuantisedRun};
 
 /// Outputs per code group: 16 bytes of nibbles (low nibbles are outputs
 /// `0..16`, high nibbles `16..32`) or 32 int8. Rows of codes and scales are

@@ -189,6 +189,56 @@ fn pairwise(c: [f32; QK], op: impl Fn(f32, f32) -> f32) -> f32 {
     v[0]
 }
 
+/// One run of [`QuantisedCoefs`]: the active neurons of one 32-neuron block.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QuantisedRun {
+    /// The neuron block (`idx / 32`).
+    pub block: usize,
+    /// Positions `start .. start + len` of the run in `idx`.
+    pub start: usize,
+    pub len: usize,
+    /// `max |coef| / 127` over the run.
+    pub scale: f32,
+    /// `Σ coef` over the run (f32, the fixed pairwise tree).
+    pub h: f32,
+}
+
+/// The coefficients exactly as [`NeuronMajor::axpy_fast`] quantises them,
+/// for an AXPY over codes held elsewhere (the memory-budget bundle): per
+/// position `k` of `idx`, `coef[k] ≈ scale · (c8[k] + r8[k] / 128)` with the
+/// scale of its run. Summing `Σ c8·q` and `Σ r8·q` in integers and flushing
+/// each run per output as `acc = fma(d, fma(f32(Σ r8·q), 1/128,
+/// f32(Σ c8·q)) · scale, acc)`, then `acc = fma(m, h, acc)` with a minimum,
+/// gives [`NeuronMajor::axpy_fast_scalar`]'s bits.
+#[derive(Clone, Debug, Default)]
+pub struct QuantisedCoefs {
+    pub runs: Vec<QuantisedRun>,
+    pub c8: Vec<i8>,
+    pub r8: Vec<i8>,
+}
+
+impl QuantisedCoefs {
+    /// `idx` strictly ascending; `coef.len() == idx.len()` (else empty).
+    pub fn new(idx: &[u32], coef: &[f32]) -> Self {
+        if coef.len() != idx.len() || idx.windows(2).any(|w| w[0] >= w[1]) {
+            return Self::default();
+        }
+        let fc = FastCoefs::new(idx, coef, usize::MAX, 0);
+        let mut out = QuantisedCoefs { runs: Vec::with_capacity(fc.runs.len()), c8: Vec::new(), r8: Vec::new() };
+        let mut start = 0;
+        for run in &fc.runs {
+            let len = idx[start..].iter().take_while(|&&j| j as usize / QK == run.block).count();
+            for j in 0..len {
+                out.c8.push(FastCoefs::c8(&fc.quads, 4 * run.q0 + j));
+                out.r8.push(FastCoefs::c8(&fc.quads_lo, 4 * run.q0 + j));
+            }
+            out.runs.push(QuantisedRun { block: run.block, start, len, scale: run.scale, h: run.h });
+            start += len;
+        }
+        out
+    }
+}
+
 impl NeuronMajor {
     /// Whether [`NeuronMajor::axpy_fast`] runs the int8 implementation on
     /// this CPU (AVX-512 F/BW/VL/VNNI/VBMI with AVX2, FMA and F16C); when
