@@ -215,11 +215,18 @@ impl NeuronMajor {
             AxpyIsa::Avx2 if cpu.has_avx2() => AxpyIsa::Avx2,
             _ => AxpyIsa::Scalar,
         };
+        self.split_outputs(pool, idx.len(), out, &|o0, o| self.run(isa, o0, idx, coef, o));
+        Ok(())
+    }
+
+    /// Calls `f(o0, out[o0..])` over slices of the outputs (multiples of
+    /// 32 long) split over the pool's threads, or once for all of them when
+    /// the work (`active` neurons times the outputs) is small.
+    fn split_outputs(&self, pool: &ThreadPool, active: usize, out: &mut [f32], f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
         let n = self.outputs;
-        let nt = pool.n_threads();
-        if nt == 1 || idx.len() * n < AXPY_PAR_MACS || n <= GROUP {
-            self.run(isa, 0, idx, coef, out);
-            return Ok(());
+        if pool.n_threads() == 1 || active * n < AXPY_PAR_MACS || n <= GROUP {
+            f(0, out);
+            return;
         }
         let base = SharedMut(out.as_mut_ptr());
         pool.broadcast(&|ti, nt| {
@@ -230,9 +237,8 @@ impl NeuronMajor {
             // SAFETY: `r` lies inside `0..outputs` = `0..out.len()` and
             // `chunk_aligned` hands every thread a disjoint range.
             let o = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(r.start), r.len()) };
-            self.run(isa, r.start, idx, coef, o);
+            f(r.start, o);
         });
-        Ok(())
     }
 
     /// Scalar reference of [`NeuronMajor::axpy`] (single-threaded): per

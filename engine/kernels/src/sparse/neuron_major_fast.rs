@@ -28,8 +28,7 @@
 
 use super::{GROUP, NeuronMajor};
 use crate::blocks::QK;
-use crate::pool::{ThreadPool, chunk_aligned};
-use crate::sparse::{AXPY_PAR_MACS, SharedMut};
+use crate::pool::ThreadPool;
 use crate::{GgmlType, Result};
 
 /// One run of active neurons inside one neuron block, quantised.
@@ -277,23 +276,7 @@ impl NeuronMajor {
         let fc = unsafe { FastCoefs::new_avx512(idx, coef, self.neurons, self.code_bias()) };
         #[cfg(not(target_arch = "x86_64"))]
         let fc = FastCoefs::new(idx, coef, self.neurons, self.code_bias());
-        let n = self.outputs;
-        let nt = pool.n_threads();
-        if nt == 1 || idx.len() * n < AXPY_PAR_MACS || n <= GROUP {
-            self.run_fast(0, &fc, out);
-            return Ok(());
-        }
-        let base = SharedMut(out.as_mut_ptr());
-        pool.broadcast(&|ti, nt| {
-            let r = chunk_aligned(n, ti, nt, GROUP);
-            if r.is_empty() {
-                return;
-            }
-            // SAFETY: `r` lies inside `0..outputs` = `0..out.len()` and
-            // `chunk_aligned` hands every thread a disjoint range.
-            let o = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(r.start), r.len()) };
-            self.run_fast(r.start, &fc, o);
-        });
+        self.split_outputs(pool, idx.len(), out, &|o0, o| self.run_fast(o0, &fc, o));
         Ok(())
     }
 
