@@ -194,9 +194,9 @@ fn measure_phase(
     // (candidate, its per-round medians)
     let mut timed: Vec<(usize, Vec<u64>)> = Vec::new();
     for (i, (_, kernel)) in candidates.iter().enumerate() {
-        let check = want.clone().and_then(|want| {
+        let check = want.as_ref().map_err(Clone::clone).and_then(|want| {
             let got = run.output(kernel.as_ref(), want.len() / run.n_tokens)?;
-            compare(&got, &want, act)?;
+            compare(&got, want, act)?;
             let mut y = got;
             (0..opts.warmup).try_for_each(|_| run.once(kernel.as_ref(), &mut y))
         });
@@ -229,9 +229,12 @@ fn measure_phase(
         let n = timed.len();
         for j in 0..n {
             let (i, medians) = &mut timed[(j + round) % n];
-            match run.time(candidates[*i].1.as_ref(), &mut y, opts.runs) {
-                Ok(ns) => medians.push(ns),
-                Err(reason) => outcomes[*i] = Some(Outcome::Rejected { reason }),
+            // A kernel that failed in an earlier round is not run again.
+            if outcomes[*i].is_none() {
+                match run.time(candidates[*i].1.as_ref(), &mut y, opts.runs) {
+                    Ok(ns) => medians.push(ns),
+                    Err(reason) => outcomes[*i] = Some(Outcome::Rejected { reason }),
+                }
             }
             if round + 1 == rounds {
                 tick(*i);

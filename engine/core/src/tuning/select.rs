@@ -144,18 +144,20 @@ fn nearest_pick(
     let used: Vec<&ShapeGroup> = groups
         .iter()
         .take(NEAREST_SHAPES)
+        // Squared distances: twice as far is four times the square.
         .take_while(|(shape, _)| shape_dist(*shape, here) <= 4.0 * nearest + 1e-9)
         .collect();
+    // The fastest usable time on each shape used (every used shape has one).
+    let fastest: Vec<u64> =
+        used.iter().map(|(_, g)| ids.iter().filter_map(|i| time_of(g, i)).min().unwrap_or(1).max(1)).collect();
     let cost: Vec<Option<f64>> = ids
         .iter()
         .map(|id| {
             time_of(&used[0].1, id)?;
             let logs: Vec<f64> = used
                 .iter()
-                .filter_map(|(_, g)| {
-                    let fastest = ids.iter().filter_map(|i| time_of(g, i)).min()?;
-                    Some((time_of(g, id)? as f64 / fastest.max(1) as f64).ln())
-                })
+                .zip(&fastest)
+                .filter_map(|((_, g), &f)| Some((time_of(g, id)? as f64 / f as f64).ln()))
                 .collect();
             Some((logs.iter().sum::<f64>() / logs.len() as f64).exp())
         })
