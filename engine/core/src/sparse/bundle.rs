@@ -648,7 +648,8 @@ impl FfnBundle {
     ///
     /// With [`AxpyMode::Int8`] on a CPU where `NeuronMajor::axpy_fast` is
     /// the integer AXPY, the coefficients are quantised as it quantises
-    /// them ([`QuantisedCoefs`]) and the result is its bits instead.
+    /// them ([`QuantisedCoefs`]) and the result is its bits instead; that
+    /// quantisation refuses `idx` not strictly ascending (an error).
     #[allow(clippy::too_many_arguments, reason = "the AXPY's inputs, as NeuronMajor's")]
     pub fn axpy(
         &self,
@@ -659,12 +660,16 @@ impl FfnBundle {
         coef: &[f32],
         out: &mut [f32],
         mode: AxpyMode,
-    ) {
+    ) -> Result<()> {
         let dim = self.h.dim;
         debug_assert!(out.len() == dim && coef.len() == idx.len() && codes.len() >= idx.len() * self.h.down_col);
         let units = if self.q4 { dim / 2 } else { dim };
         let ptr = SyncPtr::new(out.as_mut_ptr());
-        let int8 = (mode == AxpyMode::Int8 && NeuronMajor::axpy_fast_is_int8()).then(|| QuantisedCoefs::new(idx, coef));
+        let int8 = if mode == AxpyMode::Int8 && NeuronMajor::axpy_fast_is_int8() {
+            Some(QuantisedCoefs::new(idx, coef)?)
+        } else {
+            None
+        };
         let run = |r: std::ops::Range<usize>| {
             #[cfg(target_arch = "x86_64")]
             if let Some(qc) = &int8 {
@@ -691,6 +696,7 @@ impl FfnBundle {
                 }
             });
         }
+        Ok(())
     }
 
     /// The integer AXPY over outputs `r` (as [`Self::axpy_range`]): per run
@@ -943,14 +949,14 @@ mod tests {
                     nm.axpy_scalar(&idx, &coef, &mut want).unwrap();
                 }
                 let mut got = vec![1f32; dim];
-                b.axpy(&pool, l, &idx, &g.down, &coef, &mut got, AxpyMode::Exact);
+                b.axpy(&pool, l, &idx, &g.down, &coef, &mut got, AxpyMode::Exact).unwrap();
                 assert_eq!(got, want, "{ty} layer {l}");
                 // The integer AXPY: NeuronMajor's bits (its f32 AXPY when the
                 // CPU has no integer one).
                 let mut want = vec![0f32; dim];
                 nm.axpy_fast(&pool, &idx, &coef, &mut want).unwrap();
                 let mut got = vec![1f32; dim];
-                b.axpy(&pool, l, &idx, &g.down, &coef, &mut got, AxpyMode::Int8);
+                b.axpy(&pool, l, &idx, &g.down, &coef, &mut got, AxpyMode::Int8).unwrap();
                 if NeuronMajor::axpy_fast_is_int8() {
                     assert_eq!(got, want, "{ty} layer {l}, integer AXPY");
                 }

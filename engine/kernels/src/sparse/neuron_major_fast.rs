@@ -2,15 +2,19 @@
 //! dense fast mode, which quantises the activations to 8 bits per block.
 //!
 //! The coefficients of each run of active neurons sharing one neuron block
-//! `B` (32 neurons) are quantised to int8 with one f32 scale per run, like
-//! ggml's Q8_0 (`scale = max|coef| / 127`, `c8 = round(coef · (1 / scale))`,
-//! half away from zero), so that the block sums become exact int32 dot
-//! products:
+//! `B` (32 neurons) are quantised to two int8 planes with one f32 scale per
+//! run, like ggml's Q8_0 (`scale = max|coef| / 127`, `c8 = round(coef ·
+//! (1 / scale))`, half away from zero) plus the residual in units of
+//! `scale / 128` (`r8 = round(128 · (coef / scale − c8))`, in `[−64, 64]`),
+//! the sparse counterpart of the dense fast mode's two activation planes.
+//! The block sums become exact int32 dot products:
 //!
 //! ```text
 //! S_B[i] = Σ_{j ∈ B active} c8_j · q[i, j]          (exact, int32)
+//! T_B[i] = Σ_{j ∈ B active} r8_j · q[i, j]          (exact, int32)
 //! H_B    = Σ_{j ∈ B active} coef_j                   (f32, pairwise tree)
-//! acc[i] = fma(m[i, B], H_B, fma(d[i, B], f32(S_B[i]) · scale_B, acc[i]))
+//! f      = fma(f32(T_B[i]), 1/128, f32(S_B[i]))
+//! acc[i] = fma(m[i, B], H_B, fma(d[i, B], f · scale_B, acc[i]))
 //! ```
 //!
 //! (without a minimum, only the first fma; `H_B` sums the run's
@@ -19,16 +23,17 @@
 //! takes the active neurons of a run four at a time (the last quad padded
 //! with zero coefficients), interleaves their code bytes with one `vpermt2b`
 //! so that dword `e` holds the four codes of one output, and multiplies them
-//! by the four int8 coefficients with `vpdpbusd` (64 multiply-adds per
-//! instruction, against 16 for the f32 AXPY). `vpdpbusd` multiplies unsigned
+//! by the four int8 coefficients of each plane with `vpdpbusd` (64
+//! multiply-adds per instruction, against 16 for the f32 AXPY). `vpdpbusd` multiplies unsigned
 //! bytes by signed ones: the nibbles are unsigned already (Q4_0's `− 8` is
 //! folded in as `− 8 Σ c8`), Q8_0 codes are flipped to `q + 128` (`xor
-//! 0x80`) and `128 Σ c8` is subtracted. Both corrections are exact integers,
-//! preloaded into the int32 sums.
+//! 0x80`) and `128 Σ c8` is subtracted (and likewise for `r8`). The
+//! corrections are exact integers, preloaded into the int32 sums.
 
 use super::{GROUP, NeuronMajor};
 use crate::blocks::QK;
 use crate::pool::ThreadPool;
+use crate::sparse::shape_err;
 use crate::{GgmlType, Result};
 
 /// One run of active neurons inside one neuron block, quantised.
@@ -217,10 +222,15 @@ pub struct QuantisedCoefs {
 }
 
 impl QuantisedCoefs {
-    /// `idx` strictly ascending; `coef.len() == idx.len()` (else empty).
-    pub fn new(idx: &[u32], coef: &[f32]) -> Self {
-        if coef.len() != idx.len() || idx.windows(2).any(|w| w[0] >= w[1]) {
-            return Self::default();
+    /// Errors ([`crate::KernelError::Shape`]): `coef.len() != idx.len()`,
+    /// `idx` not strictly ascending.
+    pub fn new(idx: &[u32], coef: &[f32]) -> Result<Self> {
+        const OP: &str = "QuantisedCoefs::new";
+        if coef.len() != idx.len() {
+            return Err(shape_err(OP, format!("{} coefficients for {} indices", coef.len(), idx.len())));
+        }
+        if let Some(k) = idx.windows(2).position(|w| w[0] >= w[1]) {
+            return Err(shape_err(OP, format!("indices not strictly ascending at position {}", k + 1)));
         }
         let fc = FastCoefs::new(idx, coef, usize::MAX, 0);
         let mut out = QuantisedCoefs { runs: Vec::with_capacity(fc.runs.len()), c8: Vec::new(), r8: Vec::new() };
@@ -234,7 +244,7 @@ impl QuantisedCoefs {
             out.runs.push(QuantisedRun { block: run.block, start, len, scale: run.scale, h: run.h });
             start += len;
         }
-        out
+        Ok(out)
     }
 }
 
@@ -254,10 +264,10 @@ impl NeuronMajor {
     }
 
     /// `out[i] ≈ Σ_k coef[k] · W[i, idx[k]]` with the coefficients quantised
-    /// to int8 per run of active neurons in one neuron block (one f32 scale
-    /// per run, `max |coef| / 127`, round to nearest), integer block sums
-    /// (exact) and the minimum term `m · Σ coef` from the f32 coefficients;
-    /// see the module documentation. Overwrites `out`; same contract, errors
+    /// to two int8 planes per run of active neurons in one neuron block (one
+    /// f32 scale per run, `max |coef| / 127`, and the residual in units of
+    /// `scale / 128`), integer block sums (exact) and the minimum term
+    /// `m · Σ coef` from the f32 coefficients; see the module documentation. Overwrites `out`; same contract, errors
     /// and thread split as [`NeuronMajor::axpy`].
     ///
     /// When [`NeuronMajor::axpy_fast_is_int8`] is false (no AVX-512 VNNI +
@@ -282,8 +292,9 @@ impl NeuronMajor {
 
     /// Scalar reference of the int8 arithmetic of [`NeuronMajor::axpy_fast`]
     /// (single-threaded, on any CPU): the same quantisation, the exact
-    /// integer sums `S = Σ c8 · q`, and per output, per run in order,
-    /// `acc = fma(d, f32(S) · scale, acc)`, then `acc = fma(m, H, acc)` for
+    /// integer sums `S = Σ c8 · q` and `T = Σ r8 · q`, and per output, per
+    /// run in order, `acc = fma(d, fma(f32(T), 1/128, f32(S)) · scale, acc)`,
+    /// then `acc = fma(m, H, acc)` for
     /// Q4_1 (`H` = the run's f32 coefficients summed by a fixed pairwise
     /// tree). Same errors as [`NeuronMajor::axpy`].
     pub fn axpy_fast_scalar(&self, idx: &[u32], coef: &[f32], out: &mut [f32]) -> Result<()> {

@@ -185,7 +185,7 @@ impl Model {
                 *h = act[j as usize] * u;
             }
             // Down projection from the kept records' codes.
-            b.axpy(&s.pool, l, &sc.idx, &sc.gathered.down, &sc.h[..k], out, sp.axpy);
+            b.axpy(&s.pool, l, &sc.idx, &sc.gathered.down, &sc.h[..k], out, sp.axpy)?;
         }
         Ok(())
     }
