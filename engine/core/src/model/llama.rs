@@ -453,7 +453,7 @@ impl Model {
         let output = linear(output_name, c.vocab_size, dim)?;
         tracing::debug!(layers = c.n_layers, output = output.kernel_name(), "model loaded");
 
-        let sparse = match &options.sparsity {
+        let mut sparse = match &options.sparsity {
             Some(o) if o.ffn_budget_bytes.is_some() => {
                 // Under a memory budget the FFN matrices are read once, to
                 // write the bundle (if missing), and their pages released:
@@ -468,9 +468,7 @@ impl Model {
                         mapped: l.w_gate.w.is_mapped() && l.w_up.w.is_mapped() && l.w_down.w.is_mapped(),
                     })
                     .collect();
-                let mut sp = sparse::build_budgeted(o, &id, &src, dim, c.ffn_dim)?;
-                sp.axpy = sparse::AxpyMode::for_precision(options.precision);
-                Some(sp)
+                Some(sparse::build_budgeted(o, &id, &src, dim, c.ffn_dim)?)
             }
             Some(o) => {
                 let id = ModelId::of(&c, loader)?;
@@ -481,12 +479,15 @@ impl Model {
                         wo: (l.wo.desc.wtype, l.wo.w.bytes()),
                     })
                     .collect();
-                let mut sp = sparse::build(o, &id, &weights, dim, c.n_heads * c.head_dim, c.ffn_dim)?;
-                sp.axpy = sparse::AxpyMode::for_precision(options.precision);
-                Some(sp)
+                Some(sparse::build(o, &id, &weights, dim, c.n_heads * c.head_dim, c.ffn_dim)?)
             }
             None => None,
         };
+        if let Some(sp) = &mut sparse {
+            // The AXPYs follow the model's precision, as the dense kernels'
+            // activations do.
+            sp.axpy = sparse::AxpyMode::for_precision(options.precision);
+        }
         let rope = RopeTable::new(c.head_dim, c.rope_theta, options.ctx);
         Ok(Self { weights: Weights { token_embd, layers, output_norm, output }, config: c, options, sparse, rope })
     }

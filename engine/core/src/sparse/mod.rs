@@ -104,10 +104,10 @@ pub enum AxpyMode {
     /// f32 coefficients times the exact weights (precise mode).
     #[default]
     Exact,
-    /// Coefficients quantised to 8 bits per run of active neurons in one
-    /// 32-neuron block, integer sums ([`NeuronMajor::axpy_fast`]): the
-    /// sparse counterpart of the 8-bit activations the dense kernels use
-    /// in the fast and int8 modes, at several times the f32 AXPY's speed.
+    /// Coefficients quantised to two int8 planes per run of active neurons
+    /// in one 32-neuron block, integer sums ([`NeuronMajor::axpy_fast`]):
+    /// the sparse counterpart of the 8-bit activations the dense kernels
+    /// use in the fast and int8 modes.
     Int8,
 }
 
