@@ -4,15 +4,22 @@
 //! last token included). tg N: decode N tokens one at a time from an empty
 //! cache. Tokens are pseudo-random ids, as llama-bench uses. Each figure is
 //! the median of `--reps` runs after one warm-up.
+//!
+//! `--vs-dense` (with a sparsity sidecar) answers "is this sparse
+//! configuration faster here?": the model is loaded twice, sparse and
+//! dense, and tg128 runs on each in turn, `--reps` rounds with the order
+//! alternating. Each round's ratio compares runs a second apart, which
+//! cancels most of the drift of a shared machine (on a 2-vCPU VM, separate
+//! processes minutes apart differ by 10-20%).
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use clap::Args;
 use spinfer_engine::Engine;
 use spinfer_engine::model::Session;
 
-use crate::commands::{CommonArgs, progress};
+use crate::commands::{CommonArgs, load_config, progress};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -21,6 +28,11 @@ pub struct BenchArgs {
     /// Repetitions per measurement (the median is reported).
     #[arg(short, long, default_value_t = 3)]
     pub reps: usize,
+    /// With --sparsity: time decode (tg128) sparse and dense in the same
+    /// process, alternating, and report the per-round ratio (use -r 20 or
+    /// more).
+    #[arg(long)]
+    pub vs_dense: bool,
     #[arg(skip)]
     pub quiet: bool,
 }
@@ -30,14 +42,13 @@ const TESTS: [(&str, usize, usize); 3] = [("pp128", 128, 0), ("pp512", 512, 0), 
 
 pub fn run(mut a: BenchArgs) -> Result<()> {
     a.quiet = a.common.quiet;
+    if a.vs_dense {
+        return vs_dense(&a);
+    }
     let engine = crate::commands::load(&a.common, Some(1024))?;
     let mut session = engine.model.new_session();
-    let vocab = engine.model.config.vocab_size as u64;
-    let tokens: Vec<u32> = (0..512u64).map(|i| ((i * 2_654_435_761 + 12_345) % vocab) as u32).collect();
-
-    // Warm-up: page in the weights and start the pool's threads.
-    engine.model.forward_last(&mut session, &tokens[..32])?;
-    session.reset();
+    let tokens = bench_tokens(&engine);
+    warm_up(&engine, &mut session, &tokens)?;
 
     let reps = a.reps.max(1);
     let bar = progress(a.common.quiet || a.common.json, (TESTS.len() * reps) as u64, "runs");
@@ -53,8 +64,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
             rates.push(rate);
             bar.inc(1);
         }
-        rates.sort_by(f64::total_cmp);
-        results.push((name, rates[rates.len() / 2]));
+        results.push((name, median(&mut rates)));
     }
     bar.finish_and_clear();
     let rss = peak_rss_bytes();
@@ -86,6 +96,87 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Pseudo-random token ids, as llama-bench uses.
+fn bench_tokens(engine: &Engine) -> Vec<u32> {
+    let vocab = engine.model.config.vocab_size as u64;
+    (0..512u64).map(|i| ((i * 2_654_435_761 + 12_345) % vocab) as u32).collect()
+}
+
+/// Pages in the weights and starts the pool's threads.
+fn warm_up(engine: &Engine, session: &mut Session, tokens: &[u32]) -> Result<()> {
+    engine.model.forward_last(session, &tokens[..32])?;
+    session.reset();
+    Ok(())
+}
+
+/// `--vs-dense`: tg128 on the sparse and the dense model, alternating.
+fn vs_dense(a: &BenchArgs) -> Result<()> {
+    const TG: usize = 128;
+    let config = a.common.config(Some(1024))?;
+    if config.sparsity.is_none() {
+        bail!("--vs-dense compares a sparse run with the dense one: give --sparsity (or [sparsity] in --config)");
+    }
+    let mut dense_config = config.clone();
+    dense_config.sparsity = None;
+    let sparse = load_config(&a.common, &config)?;
+    let quiet = CommonArgs { quiet: true, ..a.common.clone() };
+    let dense = load_config(&quiet, &dense_config)?;
+    let engines = [&dense, &sparse];
+    let mut sessions = [dense.model.new_session(), sparse.model.new_session()];
+    for (e, s) in engines.iter().zip(&mut sessions) {
+        warm_up(e, s, &bench_tokens(e))?;
+    }
+    let rounds = a.reps.max(1);
+    let bar = progress(a.common.quiet || a.common.json, rounds as u64, "rounds");
+    let mut rates = [Vec::with_capacity(rounds), Vec::with_capacity(rounds)];
+    let mut ratios = Vec::with_capacity(rounds);
+    for r in 0..rounds {
+        let mut rate = [0.0; 2];
+        for k in [r % 2, 1 - r % 2] {
+            rate[k] = decode(engines[k], &mut sessions[k], TG)?;
+            rates[k].push(rate[k]);
+        }
+        ratios.push(rate[1] / rate[0]);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let faster = ratios.iter().filter(|&&x| x > 1.0).count();
+    let [dense_tps, sparse_tps] = rates.map(|mut v| median(&mut v));
+    let (lo, hi) = (ratios.iter().copied().fold(f64::INFINITY, f64::min), ratios.iter().copied().fold(0.0, f64::max));
+    let ratio = median(&mut ratios);
+    let threads = sparse.model.options.threads;
+    if a.common.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "test": format!("tg{TG}"),
+                "rounds": rounds,
+                "dense": dense_tps,
+                "sparse": sparse_tps,
+                "ratio_median": ratio,
+                "ratio_min": lo,
+                "ratio_max": hi,
+                "rounds_sparse_faster": faster,
+                "threads": threads,
+            })
+        );
+    } else if a.common.quiet {
+        println!("{ratio:.3}");
+    } else {
+        println!("model: {} | threads: {threads} | tg{TG}, {rounds} alternating rounds", sparse.path().display());
+        println!("dense {dense_tps:.2} tok/s | sparse {sparse_tps:.2} tok/s (medians)");
+        println!(
+            "sparse/dense per round: median {ratio:.3} (min {lo:.3}, max {hi:.3}); sparse faster in {faster}/{rounds}"
+        );
+    }
+    Ok(())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 fn prefill(engine: &Engine, s: &mut Session, tokens: &[u32]) -> Result<f64> {

@@ -734,7 +734,8 @@ fn fast_coef(r: &mut StdRng, idx: &[u32]) -> Vec<f32> {
 #[test]
 fn neuron_major_fast_simd_matches_scalar() {
     let mut r = rng(65);
-    let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
+    // 3 threads leave one idle (the threads work in pairs), 4 make two pairs.
+    let pools: Vec<ThreadPool> = [1, 2, 3, 4].into_iter().map(ThreadPool::new).collect();
     let int8 = NeuronMajor::axpy_fast_is_int8();
     eprintln!("axpy_fast int8 implementation: {int8}");
     for ty in NM_TYPES {
@@ -992,4 +993,62 @@ fn fast_axpy_timings() {
         }
         println!("{line}");
     }
+}
+
+/// The down projection as decode sees it: 96 distinct 576x1536 Q4_1
+/// matrices (53 MB, more than the last-level cache), swept in turn, so
+/// every matrix comes from DRAM. Per matrix, the dense matvec against the
+/// integer AXPY at 70% and 50% kept; `SPINFER_THREADS` threads (default 2).
+/// `cargo test --release -p spinfer-kernels --test sparse streaming_axpy_timings -- --ignored --nocapture`
+#[test]
+#[ignore = "timing, run by hand"]
+fn streaming_axpy_timings() {
+    let mut r = rng(53);
+    let (dim, ffn) = (576, 1536);
+    let n_mats = std::env::var("SPINFER_MATRICES").ok().and_then(|s| s.parse().ok()).unwrap_or(96);
+    let threads = std::env::var("SPINFER_THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(2);
+    let pool = ThreadPool::new(threads);
+    let ty = GgmlType::Q4_1;
+    let h = random_acts(&mut r, ffn);
+    let mut out = vec![0.0; dim];
+    let mats: Vec<Vec<u8>> = (0..n_mats).map(|_| random_weights(&mut r, ty, dim, ffn)).collect();
+    let nms: Vec<NeuronMajor> = mats.iter().map(|w| NeuronMajor::from_weights(ty, w, dim, ffn).unwrap()).collect();
+    let dk = dense_kernel(ty, dim, ffn);
+    let mut scratch = Vec::new();
+    let subsets: Vec<(usize, Vec<u32>, Vec<f32>)> = [70, 50]
+        .into_iter()
+        .map(|pct| {
+            let idx = random_subset(&mut r, ffn, ffn * pct / 100);
+            let coef = idx.iter().map(|&i| h[i as usize]).collect();
+            (pct, idx, coef)
+        })
+        .collect();
+    // Interleaved sweeps: dense, then each subset, 15 rounds; the median of
+    // the per-round ratios to dense.
+    let mut dense_us = Vec::new();
+    let mut ratios = vec![Vec::new(); subsets.len()];
+    for _ in 0..15 {
+        let t = Instant::now();
+        for w in &mats {
+            dk.run(&pool, w, &h, 1, &mut out, &mut scratch).unwrap();
+        }
+        let d = t.elapsed().as_secs_f64() * 1e6 / n_mats as f64;
+        dense_us.push(d);
+        for (s, (_, idx, coef)) in subsets.iter().enumerate() {
+            let t = Instant::now();
+            for nm in &nms {
+                nm.axpy_fast(&pool, idx, coef, &mut out).unwrap();
+            }
+            ratios[s].push(t.elapsed().as_secs_f64() * 1e6 / n_mats as f64 / d);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut line = format!("[{threads}t, {n_mats} matrices from DRAM] dense {:.2} us", median(&mut dense_us));
+    for ((pct, _, _), rs) in subsets.iter().zip(&mut ratios) {
+        line += &format!(" | {pct}% kept: {:.3} of dense", median(rs));
+    }
+    println!("{line}");
 }

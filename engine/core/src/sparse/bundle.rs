@@ -702,7 +702,9 @@ impl FfnBundle {
     /// The integer AXPY over outputs `r` (as [`Self::axpy_range`]): per run
     /// of `qc`, exact integer sums of both coefficient planes, then per
     /// output `acc = fma(d, fma(T, 1/128, S) · scale, acc)` and `acc =
-    /// fma(m, h, acc)`: `NeuronMajor::axpy_fast_scalar`'s arithmetic.
+    /// fma(m, h, acc)`, one `acc` for the runs before `qc.split` and one for
+    /// the rest, added at the end: `NeuronMajor::axpy_fast_scalar`'s
+    /// arithmetic.
     ///
     /// # Safety
     /// The CPU has FMA.
@@ -722,8 +724,10 @@ impl FfnBundle {
         let mut a = r.start;
         while a < r.end {
             let w = TILE.min(r.end - a);
-            let mut acc = [[0f32; TILE]; 2];
-            for run in &qc.runs {
+            // Per half of the runs (`qc.split`), per output plane.
+            let mut acc = [[[0f32; TILE]; 2]; 2];
+            let halves = qc.runs.split_at(qc.split);
+            for (h, run) in halves.0.iter().map(|r| (0, r)).chain(halves.1.iter().map(|r| (1, r))) {
                 // Per output plane: Σ c8·q and Σ r8·q.
                 let mut s = [[0i32; TILE]; 2];
                 let mut t = [[0i32; TILE]; 2];
@@ -749,15 +753,19 @@ impl FfnBundle {
                     let o = run.block * dim + a + p * (dim / 2);
                     for j in 0..w {
                         let f = (t[p][j] as f32).mul_add(1.0 / 128.0, s[p][j] as f32);
-                        let mut x = layer.d[o + j].to_f32().mul_add(f * run.scale, acc[p][j]);
+                        let mut x = layer.d[o + j].to_f32().mul_add(f * run.scale, acc[h][p][j]);
                         if !layer.m.is_empty() {
                             x = layer.m[o + j].to_f32().mul_add(run.h, x);
                         }
-                        acc[p][j] = x;
+                        acc[h][p][j] = x;
                     }
                 }
             }
-            self.store(a, w, planes, &acc, out);
+            let [mut sum, second] = acc;
+            for (s, t) in sum.iter_mut().flatten().zip(second.iter().flatten()) {
+                *s += t;
+            }
+            self.store(a, w, planes, &sum, out);
             a += w;
         }
     }

@@ -241,6 +241,50 @@ impl NeuronMajor {
         });
     }
 
+    /// Calls `f(h, o0, out_h[o0..])` for both halves `h` of the active
+    /// neurons (`out_0` is `out`, `out_1` a second buffer), then adds the
+    /// second buffer to `out`. With two threads or more, the threads work
+    /// in pairs, one per half, each pair on its own slice of the outputs
+    /// (multiples of 32): every thread reads whole rows of the neurons of
+    /// its half, an order the hardware prefetcher follows, where splitting
+    /// the outputs alone has each thread read a part of every row (1.2-1.3x
+    /// slower from DRAM). Small work (`active` neurons times the outputs)
+    /// runs both halves on the calling thread; the sum is the same.
+    fn split_halves(
+        &self,
+        pool: &ThreadPool,
+        active: usize,
+        out: &mut [f32],
+        f: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
+    ) {
+        let n = self.outputs;
+        let mut second = vec![0.0f32; n];
+        if pool.n_threads() == 1 || active * n < AXPY_PAR_MACS {
+            f(0, 0, out);
+            f(1, 0, &mut second);
+        } else {
+            let bases = [SharedMut(out.as_mut_ptr()), SharedMut(second.as_mut_ptr())];
+            pool.broadcast(&|ti, nt| {
+                let pairs = nt / 2;
+                if ti >= 2 * pairs {
+                    return;
+                }
+                let r = chunk_aligned(n, ti / 2, pairs, GROUP);
+                if r.is_empty() {
+                    return;
+                }
+                // SAFETY: `r` lies inside `0..outputs`, the length of both
+                // buffers; `chunk_aligned` gives every pair a disjoint range
+                // and the two threads of a pair write different buffers.
+                let o = unsafe { std::slice::from_raw_parts_mut(bases[ti % 2].ptr().add(r.start), r.len()) };
+                f(ti % 2, r.start, o);
+            });
+        }
+        for (o, s) in out.iter_mut().zip(&second) {
+            *o += s;
+        }
+    }
+
     /// Scalar reference of [`NeuronMajor::axpy`] (single-threaded): per
     /// output, per neuron block in order, `S = Σ coef·q`, `H = Σ coef` (k in
     /// order, unfused f32), then `acc += d·S + m·H` (`acc += d·S` without a

@@ -18,17 +18,22 @@
 //! ```
 //!
 //! (without a minimum, only the first fma; `H_B` sums the run's
-//! coefficients, zero padded to 32, by a fixed pairwise tree). The AVX-512
-//! implementation
-//! takes the active neurons of a run four at a time (the last quad padded
-//! with zero coefficients), interleaves their code bytes with one `vpermt2b`
-//! so that dword `e` holds the four codes of one output, and multiplies them
-//! by the four int8 coefficients of each plane with `vpdpbusd` (64
-//! multiply-adds per instruction, against 16 for the f32 AXPY). `vpdpbusd` multiplies unsigned
-//! bytes by signed ones: the nibbles are unsigned already (Q4_0's `− 8` is
-//! folded in as `− 8 Σ c8`), Q8_0 codes are flipped to `q + 128` (`xor
-//! 0x80`) and `128 Σ c8` is subtracted (and likewise for `r8`). The
-//! corrections are exact integers, preloaded into the int32 sums.
+//! coefficients, zero padded to 32, by a fixed pairwise tree). `acc` is
+//! accumulated separately over the first and the second half of the runs
+//! ([`split_point`]) and the two are added, so that two threads can each
+//! read whole rows.
+//!
+//! The AVX-512 implementation takes the active neurons of a run four at a
+//! time (the last quad padded with zero coefficients), interleaves their
+//! code bytes with one `vpermt2b` so that dword `e` holds the four codes of
+//! one output, and multiplies them by the four int8 coefficients of each
+//! plane with `vpdpbusd` (64 multiply-adds per instruction, against 16 for
+//! the f32 AXPY). `vpdpbusd` multiplies unsigned bytes by signed ones: the
+//! nibbles are unsigned already (Q4_0's `− 8` is folded in as `− 8 Σ c8`),
+//! Q8_0 codes are flipped to `q + 128` (`xor 0x80`) and `128 Σ c8` is
+//! subtracted (and likewise for `r8`). The corrections are exact integers,
+//! preloaded into the int32 sums. It goes run by run, each run's rows read
+//! from memory once for all the output tiles.
 
 use super::{GROUP, NeuronMajor};
 use crate::blocks::QK;
@@ -44,6 +49,8 @@ struct Run {
     /// Quads `q0 .. q1` of [`FastCoefs`].
     q0: usize,
     q1: usize,
+    /// Active neurons in the run (`4 (q1 - q0)` less the padding).
+    n: usize,
     /// `max |coef| / 127` over the run (0 when every coefficient is 0).
     scale: f32,
     /// `Σ coef` over the run, f32, by [`pairwise`] over 32 zero-padded
@@ -61,6 +68,8 @@ struct Run {
 #[derive(Debug, Default)]
 struct FastCoefs {
     runs: Vec<Run>,
+    /// The first run of the second half ([`split_point`]).
+    split: usize,
     /// Four neuron indices per quad.
     rows: Vec<u32>,
     /// Four int8 coefficients per quad, packed little-endian (byte `j` is
@@ -96,6 +105,7 @@ impl FastCoefs {
         let max_quads = idx.len() / 4 + idx.len().min(neurons / QK);
         let mut fc = FastCoefs {
             runs: Vec::with_capacity(idx.len().min(neurons / QK)),
+            split: 0,
             rows: Vec::with_capacity(4 * max_quads),
             quads: Vec::with_capacity(max_quads),
             quads_lo: Vec::with_capacity(max_quads),
@@ -110,6 +120,7 @@ impl FastCoefs {
             fc.push_run(block, &idx[k..k + n], &coef[k..k + n], bias);
             k += n;
         }
+        fc.split = split_point(fc.runs.iter().map(|r| r.n), idx.len());
         fc
     }
 
@@ -151,6 +162,7 @@ impl FastCoefs {
             block,
             q0,
             q1: self.quads.len(),
+            n,
             scale,
             h: pairwise(c, |a, b| a + b),
             init: -bias * sum,
@@ -163,6 +175,24 @@ impl FastCoefs {
     fn c8(plane: &[i32], s: usize) -> i8 {
         (plane[s / 4] >> (8 * (s % 4))) as i8
     }
+}
+
+/// Where the active neurons are cut in two halves, each summed on its own
+/// and then added (`out = Σ_{first half} + Σ_{second half}`), so that two
+/// threads can each read whole rows: the first run `r` with at least half
+/// of the `total` active neurons before it (0 when there are none). It
+/// depends on the runs only, never on the thread count, so the result does
+/// not either.
+fn split_point(lens: impl Iterator<Item = usize>, total: usize) -> usize {
+    let (mut before, mut runs) = (0, 0);
+    for n in lens {
+        if 2 * before >= total {
+            break;
+        }
+        before += n;
+        runs += 1;
+    }
+    runs
 }
 
 /// `round(c · inv)` (half away from zero, as ggml's `roundf`), clamped to
@@ -213,10 +243,14 @@ pub struct QuantisedRun {
 /// scale of its run. Summing `Σ c8·q` and `Σ r8·q` in integers and flushing
 /// each run per output as `acc = fma(d, fma(f32(Σ r8·q), 1/128,
 /// f32(Σ c8·q)) · scale, acc)`, then `acc = fma(m, h, acc)` with a minimum,
-/// gives [`NeuronMajor::axpy_fast_scalar`]'s bits.
+/// gives [`NeuronMajor::axpy_fast_scalar`]'s bits, when the runs before
+/// `split` and the runs from `split` on are summed separately (each from
+/// zero) and the two sums then added.
 #[derive(Clone, Debug, Default)]
 pub struct QuantisedCoefs {
     pub runs: Vec<QuantisedRun>,
+    /// The first run of the second half.
+    pub split: usize,
     pub c8: Vec<i8>,
     pub r8: Vec<i8>,
 }
@@ -233,7 +267,8 @@ impl QuantisedCoefs {
             return Err(shape_err(OP, format!("indices not strictly ascending at position {}", k + 1)));
         }
         let fc = FastCoefs::new(idx, coef, usize::MAX, 0);
-        let mut out = QuantisedCoefs { runs: Vec::with_capacity(fc.runs.len()), c8: Vec::new(), r8: Vec::new() };
+        let mut out =
+            QuantisedCoefs { runs: Vec::with_capacity(fc.runs.len()), split: fc.split, c8: Vec::new(), r8: Vec::new() };
         let mut start = 0;
         for run in &fc.runs {
             let len = idx[start..].iter().take_while(|&&j| j as usize / QK == run.block).count();
@@ -267,8 +302,14 @@ impl NeuronMajor {
     /// to two int8 planes per run of active neurons in one neuron block (one
     /// f32 scale per run, `max |coef| / 127`, and the residual in units of
     /// `scale / 128`), integer block sums (exact) and the minimum term
-    /// `m · Σ coef` from the f32 coefficients; see the module documentation. Overwrites `out`; same contract, errors
-    /// and thread split as [`NeuronMajor::axpy`].
+    /// `m · Σ coef` from the f32 coefficients; see the module
+    /// documentation. Overwrites `out`; same contract and errors as
+    /// [`NeuronMajor::axpy`]. The active neurons are summed in two halves
+    /// (split by count at a run boundary) that are then added; with two
+    /// threads or more, each thread of a pair takes one half over its
+    /// slice of the outputs, so that it reads whole rows (see
+    /// `split_halves`). The halves do not depend on the thread count, and
+    /// neither does the result.
     ///
     /// When [`NeuronMajor::axpy_fast_is_int8`] is false (no AVX-512 VNNI +
     /// VBMI), this is [`NeuronMajor::axpy`]: exact f32 coefficients, no
@@ -286,7 +327,10 @@ impl NeuronMajor {
         let fc = unsafe { FastCoefs::new_avx512(idx, coef, self.neurons, self.code_bias()) };
         #[cfg(not(target_arch = "x86_64"))]
         let fc = FastCoefs::new(idx, coef, self.neurons, self.code_bias());
-        self.split_outputs(pool, idx.len(), out, &|o0, o| self.run_fast(o0, &fc, o));
+        let halves = fc.runs.split_at(fc.split);
+        self.split_halves(pool, idx.len(), out, &|h, o0, o| {
+            self.run_fast(o0, &fc, if h == 0 { halves.0 } else { halves.1 }, o)
+        });
         Ok(())
     }
 
@@ -294,13 +338,20 @@ impl NeuronMajor {
     /// (single-threaded, on any CPU): the same quantisation, the exact
     /// integer sums `S = Σ c8 · q` and `T = Σ r8 · q`, and per output, per
     /// run in order, `acc = fma(d, fma(f32(T), 1/128, f32(S)) · scale, acc)`,
-    /// then `acc = fma(m, H, acc)` for
-    /// Q4_1 (`H` = the run's f32 coefficients summed by a fixed pairwise
-    /// tree). Same errors as [`NeuronMajor::axpy`].
+    /// then `acc = fma(m, H, acc)` for Q4_1 (`H` = the run's f32
+    /// coefficients summed by a fixed pairwise tree); one `acc` for each
+    /// half of the runs, then their sum. Same errors as
+    /// [`NeuronMajor::axpy`].
     pub fn axpy_fast_scalar(&self, idx: &[u32], coef: &[f32], out: &mut [f32]) -> Result<()> {
         self.check(idx, coef, out)?;
         let fc = FastCoefs::new(idx, coef, self.neurons, self.code_bias());
-        self.run_fast_scalar(0, &fc, out);
+        let (first, second) = fc.runs.split_at(fc.split);
+        self.run_fast_scalar(0, &fc, first, out);
+        let mut rest = vec![0.0; out.len()];
+        self.run_fast_scalar(0, &fc, second, &mut rest);
+        for (o, r) in out.iter_mut().zip(&rest) {
+            *o += r;
+        }
         Ok(())
     }
 
@@ -313,9 +364,10 @@ impl NeuronMajor {
         }
     }
 
-    /// Outputs `o0 .. o0 + out.len()` (`o0` a multiple of 32), int8 SIMD;
-    /// only called when [`NeuronMajor::axpy_fast_is_int8`].
-    fn run_fast(&self, o0: usize, fc: &FastCoefs, out: &mut [f32]) {
+    /// Outputs `o0 .. o0 + out.len()` (`o0` a multiple of 32) summed over
+    /// `runs` (some of `fc`'s), int8 SIMD; only called when
+    /// [`NeuronMajor::axpy_fast_is_int8`].
+    fn run_fast(&self, o0: usize, fc: &FastCoefs, runs: &[Run], out: &mut [f32]) {
         debug_assert!(o0.is_multiple_of(GROUP) && o0 + out.len() <= self.outputs);
         #[cfg(target_arch = "x86_64")]
         {
@@ -323,17 +375,17 @@ impl NeuronMajor {
             // detected every feature `axpy_fast_avx512` enables; `fc` was
             // built from validated indices (all `< neurons`) and the output
             // range lies inside `0..outputs`.
-            unsafe { x86::axpy_fast_avx512(self, o0, fc, out) }
+            unsafe { x86::axpy_fast_avx512(self, o0, fc, runs, out) }
         }
         #[cfg(not(target_arch = "x86_64"))]
-        self.run_fast_scalar(o0, fc, out);
+        self.run_fast_scalar(o0, fc, runs, out);
     }
 
-    fn run_fast_scalar(&self, o0: usize, fc: &FastCoefs, out: &mut [f32]) {
+    fn run_fast_scalar(&self, o0: usize, fc: &FastCoefs, runs: &[Run], out: &mut [f32]) {
         for (o, out) in out.iter_mut().enumerate() {
             let i = o0 + o;
             let mut acc = 0.0f32;
-            for run in &fc.runs {
+            for run in runs {
                 let sum = |plane: &[i32]| -> i32 {
                     (4 * run.q0..4 * run.q1)
                         .map(|s| i32::from(FastCoefs::c8(plane, s)) * i32::from(self.code(i, fc.rows[s] as usize)))
@@ -379,6 +431,10 @@ mod x86 {
         /// Byte offset and length of the tile's codes in a neuron's row.
         coff: usize,
         clen: usize,
+        /// Byte offset and length to prefetch in the rows ahead (the
+        /// thread's whole slice, for its first tile; `pf_len == 0`: none).
+        pf_off: usize,
+        pf_len: usize,
     }
 
     impl View {
@@ -396,6 +452,8 @@ mod x86 {
                 off,
                 coff,
                 clen,
+                pf_off: 0,
+                pf_len: 0,
             }
         }
     }
@@ -496,8 +554,10 @@ mod x86 {
         };
         let (mut s, mut t) = (preload(run.init), preload(run.init_lo));
         for q in run.q0..run.q1 {
-            for j in 0..4 {
-                prefetch_tile(v.codes, v.stride, v.coff, v.clen, &fc.rows, 4 * q + PREFETCH + j);
+            if v.pf_len > 0 {
+                for j in 0..4 {
+                    prefetch_tile(v.codes, v.stride, v.pf_off, v.pf_len, &fc.rows, 4 * q + PREFETCH + j);
+                }
             }
             let (cq, cl) = (_mm512_set1_epi32(fc.quads[q]), _mm512_set1_epi32(fc.quads_lo[q]));
             // SAFETY: every `rows` entry is an active (validated) neuron `<
@@ -536,86 +596,102 @@ mod x86 {
         (s, t)
     }
 
-    /// Accumulates `G` groups of 32 outputs (`V = 2 G` vectors from
-    /// `v.off`) over all runs and writes the first `valid` to `out`.
+    /// Adds run `run` to `G` groups of 32 outputs (`V = 2 G` vectors from
+    /// `v.off`), whose accumulators are the `32 G` floats at `acc`.
     ///
     /// # Safety
     /// AVX-512 F/BW/VL/VNNI/VBMI, AVX2, FMA, F16C; `fc` built from indices
-    /// `< neurons`; `v.off + 32 G <= opad`; `out` valid for `valid <= 32 G`
-    /// floats.
+    /// `< neurons`, `run` one of its runs; `v.off + 32 G <= opad`; `acc`
+    /// valid for `32 G` floats.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-    unsafe fn tile<const G: usize, const V: usize>(v: &View, fc: &FastCoefs, out: *mut f32, valid: usize) {
+    unsafe fn tile_run<const G: usize, const V: usize>(v: &View, fc: &FastCoefs, run: &Run, acc: *mut f32) {
         debug_assert_eq!(V, 2 * G);
-        let mut acc = [_mm512_setzero_ps(); V];
-        for run in &fc.runs {
-            // SAFETY: as this function's contract.
-            let (s, t) = unsafe { run_sums::<G, V>(v, fc, run) };
-            let sc = _mm512_set1_ps(run.scale);
-            // SAFETY: block `run.block < neurons / 32`, so the `32 G` f16 at
-            // `block * opad + off` (`off + 32 G <= opad`) lie inside `d`
-            // (and `m`, when not null).
-            unsafe {
-                let dp = v.d.add(run.block * v.opad + v.off);
-                for (i, (a, (s, t))) in acc.iter_mut().zip(s.iter().zip(&t)).enumerate() {
-                    let d = _mm512_cvtph_ps(_mm256_loadu_si256(dp.add(16 * i).cast()));
-                    // Both planes: S + T / 128 (one rounding, as the scalar).
-                    let mut f =
-                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(*t), _mm512_set1_ps(1.0 / 128.0), _mm512_cvtepi32_ps(*s));
-                    if i % 2 == 1 && !v.int8 {
-                        // Exact: `f` is 16 × what the scalar rounds (a power
-                        // of two commutes with the rounding).
-                        f = _mm512_mul_ps(f, _mm512_set1_ps(1.0 / 16.0));
-                    }
-                    *a = _mm512_fmadd_ps(d, _mm512_mul_ps(f, sc), *a);
+        // SAFETY: as this function's contract.
+        let (s, t) = unsafe { run_sums::<G, V>(v, fc, run) };
+        let sc = _mm512_set1_ps(run.scale);
+        let hv = _mm512_set1_ps(run.h);
+        // SAFETY: block `run.block < neurons / 32`, so the `32 G` f16 at
+        // `block * opad + off` (`off + 32 G <= opad`) lie inside `d` (and
+        // `m`, when not null); `acc` holds `32 G = 16 V` floats.
+        unsafe {
+            let dp = v.d.add(run.block * v.opad + v.off);
+            let mp = v.m.wrapping_add(run.block * v.opad + v.off);
+            for (i, (s, t)) in s.iter().zip(&t).enumerate() {
+                let mut a = _mm512_loadu_ps(acc.add(16 * i));
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(dp.add(16 * i).cast()));
+                // Both planes: S + T / 128 (one rounding, as the scalar).
+                let mut f =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(*t), _mm512_set1_ps(1.0 / 128.0), _mm512_cvtepi32_ps(*s));
+                if i % 2 == 1 && !v.int8 {
+                    // Exact: `f` is 16 × what the scalar rounds (a power
+                    // of two commutes with the rounding).
+                    f = _mm512_mul_ps(f, _mm512_set1_ps(1.0 / 16.0));
                 }
+                a = _mm512_fmadd_ps(d, _mm512_mul_ps(f, sc), a);
                 if !v.m.is_null() {
-                    let mp = v.m.add(run.block * v.opad + v.off);
-                    let hv = _mm512_set1_ps(run.h);
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        let m = _mm512_cvtph_ps(_mm256_loadu_si256(mp.add(16 * i).cast()));
-                        *a = _mm512_fmadd_ps(m, hv, *a);
-                    }
+                    let m = _mm512_cvtph_ps(_mm256_loadu_si256(mp.add(16 * i).cast()));
+                    a = _mm512_fmadd_ps(m, hv, a);
                 }
+                _mm512_storeu_ps(acc.add(16 * i), a);
             }
         }
-        let mut buf = [0f32; 32 * MAX_G];
-        for (i, a) in acc.iter().enumerate() {
-            // SAFETY: `G <= MAX_G`, so `16 i + 16 <= 32 MAX_G`.
-            unsafe { _mm512_storeu_ps(buf.as_mut_ptr().add(16 * i), *a) };
-        }
-        // SAFETY: `out` holds `valid <= 32 G` floats.
-        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), out, valid) };
     }
 
-    /// Int8 AVX-512 implementation for outputs `o0 .. o0 + out.len()`, in
-    /// tiles of up to [`MAX_G`] groups of 32 outputs.
+    /// Int8 AVX-512 implementation for outputs `o0 .. o0 + out.len()`
+    /// summed over `runs`: run by run, and within a run in tiles of up to
+    /// [`MAX_G`] groups of 32 outputs, so that the run's rows are read from
+    /// memory once (the first tile, which prefetches the rows ahead across
+    /// the whole slice) and stay in L1 for the other tiles. Per output the
+    /// runs are still added in order, so the loop order changes no bit.
     ///
     /// # Safety
     /// AVX-512 F/BW/VL/VNNI/VBMI, AVX2, FMA, F16C; `o0` a multiple of 32,
-    /// `o0 + out.len() <= outputs`, `fc` built from indices `< neurons`.
+    /// `o0 + out.len() <= outputs`, `fc` built from indices `< neurons`,
+    /// `runs` some of its runs.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-    pub(super) unsafe fn axpy_fast_avx512(nm: &NeuronMajor, o0: usize, fc: &FastCoefs, out: &mut [f32]) {
+    pub(super) unsafe fn axpy_fast_avx512(nm: &NeuronMajor, o0: usize, fc: &FastCoefs, runs: &[Run], out: &mut [f32]) {
         let ng = out.len().div_ceil(GROUP);
         let tiles = ng.div_ceil(MAX_G);
-        for ti in 0..tiles {
-            let r = chunk(ng, ti, tiles);
-            let first = GROUP * r.start;
-            let valid = (out.len() - first).min(GROUP * r.len());
-            // `o0 + first + 32 r.len() <= opad`: both are multiples of 32 and
-            // the slice ends inside the padded row.
-            let v = View::new(nm, o0 + first, r.len());
-            // SAFETY: `first + valid <= out.len()`; the tile's codes and
-            // scales are in range as argued above and by the caller.
-            unsafe {
-                let o = out.as_mut_ptr().add(first);
-                match r.len() {
-                    4 => tile::<4, 8>(&v, fc, o, valid),
-                    3 => tile::<3, 6>(&v, fc, o, valid),
-                    2 => tile::<2, 4>(&v, fc, o, valid),
-                    _ => tile::<1, 2>(&v, fc, o, valid),
+        // `o0 + 32 ng <= opad`: both are multiples of 32 and the slice ends
+        // inside the padded row.
+        // Per tile: its view, first group and group count.
+        let mut views: Vec<(View, usize, usize)> = (0..tiles)
+            .map(|ti| {
+                let r = chunk(ng, ti, tiles);
+                (View::new(nm, o0 + GROUP * r.start, r.len()), r.start, r.len())
+            })
+            .collect();
+        let whole = View::new(nm, o0, ng);
+        (views[0].0.pf_off, views[0].0.pf_len) = (whole.coff, whole.clen);
+        // The accumulators: `out` itself when it is whole groups.
+        let mut padded = Vec::new();
+        let acc: &mut [f32] = if out.len() == GROUP * ng {
+            out.fill(0.0);
+            &mut *out
+        } else {
+            padded.resize(GROUP * ng, 0.0);
+            &mut padded
+        };
+        for run in runs {
+            for (v, g0, groups) in &views {
+                // SAFETY: the tile's groups `g0 .. g0 + groups` are inside
+                // the `ng` groups of `acc`; codes and scales are in range as
+                // argued above and by the caller.
+                unsafe {
+                    let a = acc.as_mut_ptr().add(GROUP * g0);
+                    match *groups {
+                        4 => tile_run::<4, 8>(v, fc, run, a),
+                        3 => tile_run::<3, 6>(v, fc, run, a),
+                        2 => tile_run::<2, 4>(v, fc, run, a),
+                        _ => tile_run::<1, 2>(v, fc, run, a),
+                    }
                 }
             }
+        }
+        if !padded.is_empty() {
+            let n = out.len();
+            out.copy_from_slice(&padded[..n]);
         }
     }
 }
