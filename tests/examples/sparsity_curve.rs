@@ -5,7 +5,7 @@
 //! cargo run --release -p spinfer-tests --example sparsity_curve -- \
 //!     models/SmolLM2-135M-Instruct.Q4_1.gguf [--levels 0.3,0.5] \
 //!     [--predictors gate-threshold,top-k,input-magnitude] [--windows 40] [--threads 2] \
-//!     [--attn 0.4]
+//!     [--attn 0.4] [--rounds 10]
 //! ```
 //!
 //! `--attn S` also calibrates the attention output projection to skip a
@@ -18,8 +18,10 @@
 //! matches, mean and max |Δlogit|), how many of the 6 greedy 24-token
 //! continuations equal the dense engine's and the mean kept fraction; each
 //! row is printed as soon as it is measured, dense first. Then decode speed
-//! (128 tokens after prompt 0) of every configuration, round-robin, median
-//! of 5 rounds.
+//! (128 tokens after prompt 0): per round, every configuration next to a
+//! dense run (the order alternating), and the median over the rounds of the
+//! pair's ratio: runs seconds apart share the machine's state, which on a
+//! shared 2-vCPU VM drifts by 10-20% over minutes.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -40,6 +42,7 @@ struct Args {
     windows: usize,
     threads: usize,
     attn: f32,
+    rounds: usize,
 }
 
 fn parse_args() -> Result<Args> {
@@ -51,6 +54,7 @@ fn parse_args() -> Result<Args> {
         windows: 40,
         threads: 2,
         attn: 0.0,
+        rounds: 10,
     };
     while let Some(x) = it.next() {
         let mut val = || it.next().with_context(|| format!("{x} needs a value"));
@@ -65,12 +69,13 @@ fn parse_args() -> Result<Args> {
             "--windows" => a.windows = val()?.parse()?,
             "--threads" => a.threads = val()?.parse()?,
             "--attn" => a.attn = val()?.parse()?,
+            "--rounds" => a.rounds = val()?.parse()?,
             _ if a.model.as_os_str().is_empty() => a.model = PathBuf::from(x),
             _ => bail!("unexpected argument '{x}'"),
         }
     }
     if a.model.as_os_str().is_empty() {
-        bail!("usage: sparsity_curve MODEL [--levels L,..] [--predictors P,..] [--windows N] [--threads N] [--attn S]");
+        bail!("usage: sparsity_curve MODEL [--levels L,..] [--predictors P,..] [--windows N] [--threads N] [--attn S] [--rounds N]");
     }
     Ok(a)
 }
@@ -195,25 +200,39 @@ fn main() -> Result<()> {
         }
     }
 
-    // Decode speed, round-robin over every configuration so that machine
-    // noise spreads evenly; the median of 5 rounds.
+    // Decode speed: per round, each configuration paired with a dense run.
     let prompt = &reference().prompts[0].input_ids;
-    let mut speeds = vec![Vec::new(); engines.len()];
-    for _ in 0..5 {
-        for ((_, e), v) in engines.iter().zip(&mut speeds) {
-            v.push(decode_speed(e, prompt)?);
+    let n = engines.len();
+    let (mut speeds, mut ratios) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+    for r in 0..a.rounds {
+        for i in 1..n {
+            let pair = if (r + i) % 2 == 0 { [0, i] } else { [i, 0] };
+            let mut t = [0.0; 2];
+            for (k, &e) in pair.iter().enumerate() {
+                t[k] = decode_speed(&engines[e].1, prompt)?;
+                speeds[e].push(t[k]);
+            }
+            let (dense_t, sparse_t) = if pair[0] == 0 { (t[0], t[1]) } else { (t[1], t[0]) };
+            ratios[i].push(sparse_t / dense_t);
         }
     }
     let med = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let dense_speed = med(&mut speeds[0]);
-    println!("\n| configuration | decode tok/s ({} threads) | vs dense |", a.threads);
-    println!("|---|---:|---:|");
-    for ((name, _), v) in engines.iter().zip(&mut speeds) {
-        let t = med(v);
-        println!("| {name} | {t:.1} | {:.2}× |", t / dense_speed);
+    println!(
+        "\n| configuration | decode tok/s ({} threads) | vs dense (median of {} paired rounds) | rounds faster than dense |",
+        a.threads, a.rounds
+    );
+    println!("|---|---:|---:|---:|");
+    for (i, (name, _)) in engines.iter().enumerate() {
+        let t = med(&mut speeds[i]);
+        if i == 0 {
+            println!("| {name} | {t:.1} | 1.00× | |");
+        } else {
+            let faster = ratios[i].iter().filter(|&&x| x > 1.0).count();
+            println!("| {name} | {t:.1} | {:.3}× | {faster}/{} |", med(&mut ratios[i]), a.rounds);
+        }
     }
     Ok(())
 }
