@@ -75,7 +75,9 @@ fn parse_args() -> Result<Args> {
         }
     }
     if a.model.as_os_str().is_empty() {
-        bail!("usage: sparsity_curve MODEL [--levels L,..] [--predictors P,..] [--windows N] [--threads N] [--attn S] [--rounds N]");
+        bail!(
+            "usage: sparsity_curve MODEL [--levels L,..] [--predictors P,..] [--windows N] [--threads N] [--attn S] [--rounds N]"
+        );
     }
     Ok(a)
 }

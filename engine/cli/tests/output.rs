@@ -2,6 +2,7 @@
 //! `perplexity` ends with `ppl <value>`, `--json` prints one object with
 //! the documented keys, progress and logs stay off stdout.
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 mod common;
@@ -137,4 +138,62 @@ fn tune_records_history_that_kernels_then_uses() {
         let best = alts.iter().min_by_key(|a| a["median_ns"].as_u64().unwrap()).unwrap();
         assert!(best["kernel"].as_str().unwrap().ends_with(op["kernel"].as_str().unwrap()), "{op}");
     }
+}
+
+#[test]
+fn bench_vs_dense_reports_the_paired_ratio() {
+    let Some(m) = common::smollm2() else { return };
+    let m = m.to_str().unwrap();
+    // Without a sidecar there is nothing to compare: a clear error.
+    let o =
+        Command::new(env!("CARGO_BIN_EXE_spinfer")).args(["bench", "-m", m, "--vs-dense", "-t", "1"]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("give --sparsity"), "{o:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let sidecar = dir.path().join("im.spinfer");
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/wikitext-2-raw/wiki.test.raw");
+    spinfer(&[
+        "calibrate",
+        "-m",
+        m,
+        "--text",
+        text.to_str().unwrap(),
+        "--offset",
+        "800000",
+        "--tokens",
+        "512",
+        "--target-sparsity",
+        "0.3",
+        "--predictor-kind",
+        "input-magnitude",
+        "-t",
+        "2",
+        "--quiet",
+        "-o",
+        sidecar.to_str().unwrap(),
+    ]);
+    let o = spinfer(&[
+        "bench",
+        "-m",
+        m,
+        "--sparsity",
+        sidecar.to_str().unwrap(),
+        "--vs-dense",
+        "-r",
+        "2",
+        "-t",
+        "2",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["rounds"], 2, "{v}");
+    assert_eq!(v["test"], "tg128", "{v}");
+    for k in ["dense", "sparse", "ratio_median", "ratio_min", "ratio_max"] {
+        assert!(v[k].as_f64().is_some_and(|x| x > 0.0 && x.is_finite()), "{k} in {v}");
+    }
+    let (lo, mid, hi) =
+        (v["ratio_min"].as_f64().unwrap(), v["ratio_median"].as_f64().unwrap(), v["ratio_max"].as_f64().unwrap());
+    assert!(lo <= mid && mid <= hi, "{v}");
+    assert!(v["rounds_sparse_faster"].as_u64().is_some_and(|x| x <= 2), "{v}");
 }
