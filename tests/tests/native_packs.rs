@@ -116,10 +116,16 @@ fn simd_isa() -> Option<&'static str> {
     }
 }
 
+/// The prompt's last logits (prefill: a batch, split by tokens in a pack),
+/// then those of one decoded token (one token, or the fast mode's two
+/// planes: split by rows).
 fn last_logits(e: &Engine) -> Vec<f32> {
     let ids = e.tokenizer.encode(PROMPT, false).unwrap();
     let mut s = e.new_session();
-    e.model.forward_last(&mut s, &ids).unwrap().to_vec()
+    let mut out = e.model.forward_last(&mut s, &ids).unwrap().to_vec();
+    let next = out.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32;
+    out.extend_from_slice(e.model.forward_last(&mut s, &[next]).unwrap());
+    out
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -37,6 +37,13 @@ use crate::{Error, Result};
 /// The version of this engine, as packs see it (`min_host_version`).
 pub const HOST_VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// Up to this many tokens (decode: 1, or 2 as the fast mode's two
+/// activation planes) a pack kernel's work is split over the pool by
+/// weight rows, as the built-in kernels split it, so the matrix streams
+/// once; split by tokens, every thread would read all of it. Larger
+/// batches split tokens.
+const ROW_SPLIT_TOKENS: usize = 4;
+
 /// What the engine tells packs about itself and this machine: the CPU
 /// features `spinfer-kernels` detects, this engine's version and the
 /// logical cores available to the process.
@@ -274,9 +281,10 @@ impl MatmulKernel for PackKernel {
     }
 
     /// Pack kernels are single-threaded (the pool does not cross the ABI),
-    /// so the work is spread over the host's pool here: weight rows for
-    /// one token (decode), tokens for a batch (prefill). Each thread
-    /// writes a disjoint part of `out`.
+    /// so the work is spread over the host's pool here: weight rows for up
+    /// to [`ROW_SPLIT_TOKENS`] tokens (decode, including the fast mode's
+    /// two activation planes), tokens for a larger batch (prefill). Each
+    /// thread writes a disjoint part of `out`.
     fn run(
         &self,
         pool: &ThreadPool,
@@ -301,11 +309,12 @@ impl MatmulKernel for PackKernel {
         let row_bytes = w.len() / rows.max(1);
         let first_error = std::sync::Mutex::new(None);
         let out_ptr = SyncPtr::new(out.as_mut_ptr());
+        let split_rows = n_tokens <= ROW_SPLIT_TOKENS;
         pool.broadcast(&|i, n| {
-            // Decode splits rows (in tiles of 16), a batch splits tokens.
-            let (w_part, x_part, t_len, r_len, o_start) = if n_tokens == 1 {
+            // A few tokens split rows (in tiles of 16), a batch splits tokens.
+            let (w_part, x_part, t_len, r_len, o_start) = if split_rows {
                 let r = chunk_aligned(rows, i, n, 16);
-                (&w[r.start * row_bytes..r.end * row_bytes], x, 1, r.len(), r.start)
+                (&w[r.start * row_bytes..r.end * row_bytes], x, n_tokens, r.len(), r.start)
             } else {
                 let t = chunk(n_tokens, i, n);
                 (w, &x[t.start * cols..t.end * cols], t.len(), rows, t.start * rows)
@@ -313,16 +322,35 @@ impl MatmulKernel for PackKernel {
             if t_len == 0 || r_len == 0 {
                 return;
             }
-            // SAFETY: the pieces of `out` (rows `o_start..+r_len` of the one
-            // token, or whole token rows) are disjoint across threads and lie
-            // inside `out`, which outlives the broadcast.
-            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(o_start), t_len * r_len) };
-            let r = self.ensure_prepared(w_part).and_then(|()| {
-                self.kernel
-                    .run(w_part.into(), x_part.into(), t_len, r_len, cols, RSliceMut::from_mut_slice(o))
-                    .into_result()
-                    .map_err(|e| self.error("run", &e))
-            });
+            let run = |o: &mut [f32]| {
+                self.ensure_prepared(w_part).and_then(|()| {
+                    self.kernel
+                        .run(w_part.into(), x_part.into(), t_len, r_len, cols, RSliceMut::from_mut_slice(o))
+                        .into_result()
+                        .map_err(|e| self.error("run", &e))
+                })
+            };
+            let r = if split_rows && t_len > 1 {
+                // The kernel writes `t_len x r_len`; token `t`'s rows go to
+                // `out[t * rows + o_start..]`.
+                let mut part = vec![0.0f32; t_len * r_len];
+                run(&mut part).map(|()| {
+                    for (t, p) in part.chunks_exact(r_len).enumerate() {
+                        // SAFETY: rows `o_start..+r_len` of token `t` lie
+                        // inside `out` (`t < n_tokens`, `o_start + r_len <=
+                        // rows`), which outlives the broadcast, and no other
+                        // thread writes them (disjoint row ranges).
+                        let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * rows + o_start), r_len) };
+                        o.copy_from_slice(p);
+                    }
+                })
+            } else {
+                // SAFETY: the pieces of `out` (rows `o_start..+r_len` of the
+                // one token, or whole token rows) are disjoint across threads
+                // and lie inside `out`, which outlives the broadcast.
+                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(o_start), t_len * r_len) };
+                run(o)
+            };
             if let Err(e) = r {
                 first_error.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(e);
             }
