@@ -13,6 +13,7 @@
 #   --threads "1 2"   thread counts to test (default "1 2")
 #   --raw FILE        also write every per-rep measurement to FILE (JSON lines)
 #   --no-membw        skip the memory-bandwidth probe
+#   --sparsity FILE   run spinfer with this sparsity sidecar (spinfer bench --sparsity FILE)
 #   -h, --help        this help
 #
 # For each thread count and each rep, spinfer and llama-bench are run
@@ -41,6 +42,7 @@ REPS=5
 THREADS="1 2"
 RAW_OUT=""
 DO_MEMBW=1
+SPARSITY=""
 POS=()
 
 while [[ $# -gt 0 ]]; do
@@ -53,6 +55,8 @@ while [[ $# -gt 0 ]]; do
     --raw) RAW_OUT="${2:?--raw needs a file}"; shift 2 ;;
     --raw=*) RAW_OUT="${1#*=}"; shift ;;
     --no-membw) DO_MEMBW=0; shift ;;
+    --sparsity) SPARSITY="${2:?--sparsity needs a file}"; shift 2 ;;
+    --sparsity=*) SPARSITY="${1#*=}"; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; POS+=("$@"); break ;;
     -*) echo "error: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -70,6 +74,12 @@ if [[ ${#POS[@]} -ge 2 ]]; then LB="${POS[1]}"; else LB="${LLAMA_BENCH:-/opt/lla
 if [[ "$LB" == */* ]]; then LB="$(abspath "$LB")"; else LB="$(command -v "$LB" || true)"; fi
 
 [[ -f "$MODEL" ]] || { echo "error: model not found: $MODEL" >&2; exit 1; }
+SPINFER_EXTRA=()
+if [[ -n "$SPARSITY" ]]; then
+  SPARSITY="$(abspath "$SPARSITY")"
+  [[ -f "$SPARSITY" ]] || { echo "error: sparsity sidecar not found: $SPARSITY" >&2; exit 1; }
+  SPINFER_EXTRA=(--sparsity "$SPARSITY")
+fi
 [[ -n "$LB" && -x "$LB" ]] || { echo "error: llama-bench not found/executable: ${POS[1]:-${LLAMA_BENCH:-/opt/llamacpp/build/bin/llama-bench}}" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "error: python3 is required" >&2; exit 1; }
 
@@ -89,7 +99,7 @@ fi
 # --- one measurement each; both append a normalised JSON line to $RAW ---------
 run_spinfer() { # threads rep
   local t=$1 r=$2 out="$WORK/spinfer.t$1.r$2.out" err="$WORK/spinfer.t$1.r$2.err"
-  if ! "$SPINFER" bench --model "$MODEL" --threads "$t" --json >"$out" 2>"$err"; then
+  if ! "$SPINFER" bench --model "$MODEL" --threads "$t" --json "${SPINFER_EXTRA[@]}" >"$out" 2>"$err"; then
     echo "error: spinfer bench failed (threads=$t rep=$r):" >&2; tail -n 20 "$err" >&2; exit 1
   fi
   python3 - "$out" "$t" "$r" >>"$RAW" <<'PY'

@@ -127,15 +127,16 @@ fn fast_mode_is_close_to_dequantised_f32_dot() {
     }
 }
 
-/// Token counts that exercise full and partial token tiles, thread counts
-/// that split rows unevenly, and odd row counts (row-tile tails).
+/// Token counts that exercise full and partial token tiles (and both
+/// activation packings: per thread up to 4 tokens, shared above), thread
+/// counts that split rows unevenly, and odd row counts (row-tile tails);
+/// 301 rows put even one token above the single-thread threshold.
 #[test]
 fn tiles_and_threads_do_not_change_results() {
     let mut r = rng(3);
     let pools: Vec<ThreadPool> = [1, 2, 3].into_iter().map(ThreadPool::new).collect();
-    for (ty, act) in all_pairs() {
+    for ((ty, act), rows) in all_pairs().into_iter().flat_map(|p| [(p, 37), (p, 301)]) {
         let cols = *test_cols(ty).last().unwrap();
-        let rows = 37;
         let w = random_weights(&mut r, ty, rows, cols);
         for n in [1, 3, 8, 17] {
             let x = random_acts(&mut r, n * cols);
