@@ -207,7 +207,7 @@ fn main() -> Result<()> {
     let n = engines.len();
     let (mut speeds, mut ratios) = (vec![Vec::new(); n], vec![Vec::new(); n]);
     for r in 0..a.rounds {
-        for i in 1..n {
+        for (i, ratio) in ratios.iter_mut().enumerate().skip(1) {
             let pair = if (r + i) % 2 == 0 { [0, i] } else { [i, 0] };
             let mut t = [0.0; 2];
             for (k, &e) in pair.iter().enumerate() {
@@ -215,7 +215,7 @@ fn main() -> Result<()> {
                 speeds[e].push(t[k]);
             }
             let (dense_t, sparse_t) = if pair[0] == 0 { (t[0], t[1]) } else { (t[1], t[0]) };
-            ratios[i].push(sparse_t / dense_t);
+            ratio.push(sparse_t / dense_t);
         }
     }
     let med = |v: &mut Vec<f64>| {
