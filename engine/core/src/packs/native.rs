@@ -44,6 +44,12 @@ pub const HOST_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// batches split tokens.
 const ROW_SPLIT_TOKENS: usize = 4;
 
+thread_local! {
+    /// A pool thread's `tokens x rows` output of a row-split pack call,
+    /// before it goes to the token-major output; reused from call to call.
+    static PART: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// What the engine tells packs about itself and this machine: the CPU
 /// features `spinfer-kernels` detects, this engine's version and the
 /// logical cores available to the process.
@@ -333,16 +339,21 @@ impl MatmulKernel for PackKernel {
             let r = if split_rows && t_len > 1 {
                 // The kernel writes `t_len x r_len`; token `t`'s rows go to
                 // `out[t * rows + o_start..]`.
-                let mut part = vec![0.0f32; t_len * r_len];
-                run(&mut part).map(|()| {
-                    for (t, p) in part.chunks_exact(r_len).enumerate() {
-                        // SAFETY: rows `o_start..+r_len` of token `t` lie
-                        // inside `out` (`t < n_tokens`, `o_start + r_len <=
-                        // rows`), which outlives the broadcast, and no other
-                        // thread writes them (disjoint row ranges).
-                        let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * rows + o_start), r_len) };
-                        o.copy_from_slice(p);
-                    }
+                PART.with(|part| {
+                    let mut part = part.borrow_mut();
+                    part.clear();
+                    part.resize(t_len * r_len, 0.0);
+                    run(&mut part).map(|()| {
+                        for (t, p) in part.chunks_exact(r_len).enumerate() {
+                            // SAFETY: rows `o_start..+r_len` of token `t` lie
+                            // inside `out` (`t < n_tokens`, `o_start + r_len
+                            // <= rows`), which outlives the broadcast, and no
+                            // other thread writes them (disjoint row ranges).
+                            let o =
+                                unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * rows + o_start), r_len) };
+                            o.copy_from_slice(p);
+                        }
+                    })
                 })
             } else {
                 // SAFETY: the pieces of `out` (rows `o_start..+r_len` of the

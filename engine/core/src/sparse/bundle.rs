@@ -726,8 +726,8 @@ impl FfnBundle {
             let w = TILE.min(r.end - a);
             // Per half of the runs (`qc.split`), per output plane.
             let mut acc = [[[0f32; TILE]; 2]; 2];
-            let halves = qc.runs.split_at(qc.split);
-            for (h, run) in halves.0.iter().map(|r| (0, r)).chain(halves.1.iter().map(|r| (1, r))) {
+            for (k, run) in qc.runs.iter().enumerate() {
+                let h = usize::from(k >= qc.split);
                 // Per output plane: Σ c8·q and Σ r8·q.
                 let mut s = [[0i32; TILE]; 2];
                 let mut t = [[0i32; TILE]; 2];

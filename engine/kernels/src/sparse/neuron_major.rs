@@ -257,11 +257,32 @@ impl NeuronMajor {
         out: &mut [f32],
         f: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
     ) {
+        thread_local! {
+            /// The second half's sums, reused from call to call.
+            static SECOND: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        SECOND.with(|b| match b.try_borrow_mut() {
+            Ok(mut second) => self.split_halves_into(pool, active, out, &mut second, f),
+            // Not reached (`f` never calls back in); a fresh buffer is as correct.
+            Err(_) => self.split_halves_into(pool, active, out, &mut Vec::new(), f),
+        });
+    }
+
+    /// [`Self::split_halves`] with the second half's buffer.
+    fn split_halves_into(
+        &self,
+        pool: &ThreadPool,
+        active: usize,
+        out: &mut [f32],
+        second: &mut Vec<f32>,
+        f: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
+    ) {
         let n = self.outputs;
-        let mut second = vec![0.0f32; n];
+        second.clear();
+        second.resize(n, 0.0);
         if pool.n_threads() == 1 || active * n < AXPY_PAR_MACS {
             f(0, 0, out);
-            f(1, 0, &mut second);
+            f(1, 0, second);
         } else {
             let bases = [SharedMut(out.as_mut_ptr()), SharedMut(second.as_mut_ptr())];
             pool.broadcast(&|ti, nt| {
@@ -280,7 +301,7 @@ impl NeuronMajor {
                 f(ti % 2, r.start, o);
             });
         }
-        for (o, s) in out.iter_mut().zip(&second) {
+        for (o, s) in out.iter_mut().zip(second.iter()) {
             *o += s;
         }
     }

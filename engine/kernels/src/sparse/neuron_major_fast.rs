@@ -655,15 +655,7 @@ mod x86 {
         let tiles = ng.div_ceil(MAX_G);
         // `o0 + 32 ng <= opad`: both are multiples of 32 and the slice ends
         // inside the padded row.
-        // Per tile: its view, first group and group count.
-        let mut views: Vec<(View, usize, usize)> = (0..tiles)
-            .map(|ti| {
-                let r = chunk(ng, ti, tiles);
-                (View::new(nm, o0 + GROUP * r.start, r.len()), r.start, r.len())
-            })
-            .collect();
         let whole = View::new(nm, o0, ng);
-        (views[0].0.pf_off, views[0].0.pf_len) = (whole.coff, whole.clen);
         // The accumulators: `out` itself when it is whole groups.
         let mut padded = Vec::new();
         let acc: &mut [f32] = if out.len() == GROUP * ng {
@@ -674,17 +666,22 @@ mod x86 {
             &mut padded
         };
         for run in runs {
-            for (v, g0, groups) in &views {
-                // SAFETY: the tile's groups `g0 .. g0 + groups` are inside
-                // the `ng` groups of `acc`; codes and scales are in range as
-                // argued above and by the caller.
+            for ti in 0..tiles {
+                let g = chunk(ng, ti, tiles);
+                let mut v = View::new(nm, o0 + GROUP * g.start, g.len());
+                if ti == 0 {
+                    (v.pf_off, v.pf_len) = (whole.coff, whole.clen);
+                }
+                // SAFETY: the tile's groups `g` are inside the `ng` groups of
+                // `acc`; codes and scales are in range as argued above and by
+                // the caller.
                 unsafe {
-                    let a = acc.as_mut_ptr().add(GROUP * g0);
-                    match *groups {
-                        4 => tile_run::<4, 8>(v, fc, run, a),
-                        3 => tile_run::<3, 6>(v, fc, run, a),
-                        2 => tile_run::<2, 4>(v, fc, run, a),
-                        _ => tile_run::<1, 2>(v, fc, run, a),
+                    let a = acc.as_mut_ptr().add(GROUP * g.start);
+                    match g.len() {
+                        4 => tile_run::<4, 8>(&v, fc, run, a),
+                        3 => tile_run::<3, 6>(&v, fc, run, a),
+                        2 => tile_run::<2, 4>(&v, fc, run, a),
+                        _ => tile_run::<1, 2>(&v, fc, run, a),
                     }
                 }
             }
