@@ -1,17 +1,16 @@
 //! GGUF -> Hugging Face safetensors export, checked on SmolLM2-135M-Instruct
 //! (Q4_1): the exported checkpoint reopens with the same configuration and
 //! tensor shapes, its weights are the GGUF's dequantised weights (q/k rows
-//! un-permuted), and its `tokenizer.json` tokenises like the GGUF vocabulary.
+//! un-permuted), its `tokenizer.json` tokenises like the GGUF vocabulary, and
+//! it computes the GGUF's logits.
 //!
 //! The model comes from `SPINFER_MODEL` or `<workspace>/models/`; every test
-//! prints a note and passes when it is absent. Conversions are made once per
-//! test binary ([`exported`]) and shared, so a model-level comparison (e.g.
-//! logits of the F32 export against the GGUF in precise mode) can be added as
-//! one more test using [`exported`] and [`Exported::dir`]
-//! ([`exported_logits_match_gguf`] does this for the last position).
+//! prints a note and passes when it is absent. An export is 540 MB (F32) or
+//! 270 MB (BF16), so each test makes its own under the target directory's
+//! scratch space, one at a time ([`export`]), and deletes it when done.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 use spinfer_engine::convert::{OutDType, gguf_to_safetensors};
 use spinfer_engine::gguf::GgufFile;
@@ -35,39 +34,31 @@ fn model_path() -> Option<PathBuf> {
     }
 }
 
-/// The GGUF and its F32 and BF16 exports.
+/// The GGUF and one export of it; the export is deleted on drop.
 struct Exported {
     gguf: GgufFile,
-    _tmp: tempfile::TempDir,
-    f32: PathBuf,
-    bf16: PathBuf,
+    tmp: tempfile::TempDir,
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Exported {
-    fn dir(&self, dtype: OutDType) -> &Path {
-        match dtype {
-            OutDType::F32 => &self.f32,
-            OutDType::BF16 => &self.bf16,
-        }
+    fn dir(&self) -> &Path {
+        self.tmp.path()
     }
 }
 
-/// Converts the model once per test binary; `None` when it is absent.
-fn exported() -> Option<&'static Exported> {
-    static CELL: OnceLock<Option<Exported>> = OnceLock::new();
-    CELL.get_or_init(|| {
-        let path = model_path()?;
-        let gguf = GgufFile::open(&path).expect("open gguf");
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let (f32, bf16) = (tmp.path().join("f32"), tmp.path().join("bf16"));
-        for (dtype, dir) in [(OutDType::F32, &f32), (OutDType::BF16, &bf16)] {
-            let mut last = (0, 0);
-            gguf_to_safetensors(&gguf, dir, dtype, &mut |d, n| last = (d, n)).expect("export");
-            assert!(last.0 == last.1 && last.1 == gguf.tensors.len(), "progress ended at {last:?}");
-        }
-        Some(Exported { gguf, _tmp: tmp, f32, bf16 })
-    })
-    .as_ref()
+/// Exports the model as `dtype`; `None` when the model is absent. Holds a
+/// lock for the export's lifetime so that at most one export is on disk.
+fn export(dtype: OutDType) -> Option<Exported> {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let path = model_path()?;
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let gguf = GgufFile::open(&path).expect("open gguf");
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let mut last = (0, 0);
+    gguf_to_safetensors(&gguf, tmp.path(), dtype, &mut |d, n| last = (d, n)).expect("export");
+    assert!(last.0 == last.1 && last.1 == gguf.tensors.len(), "progress ended at {last:?}");
+    Some(Exported { gguf, tmp, _one_at_a_time: guard })
 }
 
 /// A tensor's elements as f32 (rows of `dims[0]`).
@@ -104,41 +95,35 @@ fn bf16_round(v: f32) -> f32 {
     f32::from_bits(b << 16)
 }
 
-#[test]
-fn config_matches_gguf() {
-    let Some(e) = exported() else { return };
+/// The configuration round-trips (RoPE style becomes NeoX: q/k rows are
+/// un-permuted).
+fn check_config(e: &Exported) {
     let mut want = e.gguf.config().unwrap();
     assert_eq!(want.rope_style, RopeStyle::Interleaved);
     want.rope_style = RopeStyle::NeoX;
-    for dtype in [OutDType::F32, OutDType::BF16] {
-        let st = open_model(e.dir(dtype)).unwrap();
-        assert_eq!(st.config().unwrap(), want, "{dtype:?}");
-        let cfg: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(e.dir(dtype).join("config.json")).unwrap()).unwrap();
-        assert_eq!(cfg["tie_word_embeddings"], true);
-        assert_eq!(cfg["model_type"], "llama");
-    }
+    assert_eq!(open_model(e.dir()).unwrap().config().unwrap(), want);
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(e.dir().join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["tie_word_embeddings"], true);
+    assert_eq!(cfg["model_type"], "llama");
 }
 
-#[test]
-fn every_tensor_present_with_same_dims() {
-    let Some(e) = exported() else { return };
-    for (dtype, ty) in [(OutDType::F32, GgmlType::F32), (OutDType::BF16, GgmlType::BF16)] {
-        let st = open_model(e.dir(dtype)).unwrap();
-        for info in &e.gguf.tensors {
-            let t = st.tensor(&info.name).unwrap_or_else(|err| panic!("{dtype:?}: {err}"));
-            assert_eq!(t.dims, info.dims, "{dtype:?} {}", info.name);
-            assert_eq!(t.ty, ty, "{}", info.name);
-        }
-        assert!(!st.has_tensor("output.weight"), "tied model must not export lm_head");
+/// Every GGUF tensor is there with its dims, as `ty`; the tied head is not.
+fn check_tensors(e: &Exported, ty: GgmlType) {
+    let st = open_model(e.dir()).unwrap();
+    for info in &e.gguf.tensors {
+        let t = st.tensor(&info.name).unwrap_or_else(|err| panic!("{ty:?}: {err}"));
+        assert_eq!(t.dims, info.dims, "{}", info.name);
+        assert_eq!(t.ty, ty, "{}", info.name);
     }
+    assert!(!st.has_tensor("output.weight"), "tied model must not export lm_head");
 }
 
-#[test]
-fn weights_are_dequantised_gguf_weights() {
-    let Some(e) = exported() else { return };
+/// Weights are the GGUF's dequantised weights (q/k rows un-permuted), passed
+/// through `round` (identity for F32, round-to-nearest-even for BF16).
+fn check_weights(e: &Exported, round: fn(f32) -> f32) {
     let c = e.gguf.config().unwrap();
-    let (f32s, bf16s) = (open_model(&e.f32).unwrap(), open_model(&e.bf16).unwrap());
+    let st = open_model(e.dir()).unwrap();
     let cases = [
         ("blk.0.attn_q.weight", Some(c.n_heads)),
         ("blk.0.attn_k.weight", Some(c.n_kv_heads)),
@@ -150,50 +135,40 @@ fn weights_are_dequantised_gguf_weights() {
     ];
     for (name, heads) in cases {
         let g = e.gguf.tensor(name).unwrap();
-        let want = to_f32(&g);
-        let x = f32s.tensor(name).unwrap();
-        let mut got = to_f32(&x);
+        let want: Vec<f32> = to_f32(&g).into_iter().map(round).collect();
+        let mut got = to_f32(&st.tensor(name).unwrap());
         if let Some(h) = heads {
             let (rows, cols) = g.rows_cols();
             assert_ne!(got, want, "{name} should have been un-permuted");
             got = permute(&got, rows, cols, h);
         }
         assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} differs from the gguf");
-        // BF16 is the F32 export rounded to nearest even.
-        let b = to_f32(&bf16s.tensor(name).unwrap());
-        let rounded: Vec<f32> = to_f32(&x).into_iter().map(bf16_round).collect();
-        assert_eq!(b, rounded, "{name} bf16");
     }
 }
 
-#[test]
-fn tokenizer_matches_gguf() {
+/// The exported `tokenizer.json` tokenises like the GGUF vocabulary.
+fn check_tokenizer(e: &Exported) {
     use spinfer_engine::tokenizer::Tokenizer;
-    let Some(e) = exported() else { return };
     let ours = Tokenizer::from_gguf(&e.gguf).unwrap();
-    for dtype in [OutDType::F32, OutDType::BF16] {
-        let hf = Tokenizer::from_json_file(&e.dir(dtype).join("tokenizer.json")).unwrap();
-        assert_eq!(hf.vocab_size(), ours.vocab_size());
-        for text in [
-            "Hello, world!",
-            "<|im_start|>user\nWhat is 12345 + 678?<|im_end|>\n<|im_start|>assistant\n",
-            "  leading spaces, tabs\tand naïve café 日本語 🙂",
-            "fn main() { println!(\"{}\", 1_000_000); }",
-        ] {
-            assert_eq!(hf.encode(text, false).unwrap(), ours.encode(text, false).unwrap(), "{text:?}");
-        }
+    let hf = Tokenizer::from_json_file(&e.dir().join("tokenizer.json")).unwrap();
+    assert_eq!(hf.vocab_size(), ours.vocab_size());
+    for text in [
+        "Hello, world!",
+        "<|im_start|>user\nWhat is 12345 + 678?<|im_end|>\n<|im_start|>assistant\n",
+        "  leading spaces, tabs\tand naïve café 日本語 🙂",
+        "fn main() { println!(\"{}\", 1_000_000); }",
+    ] {
+        assert_eq!(hf.encode(text, false).unwrap(), ours.encode(text, false).unwrap(), "{text:?}");
     }
 }
 
-/// The F32 export computes the GGUF's function (precise mode: f32
-/// activations, weights dequantised on the fly), through NeoX RoPE instead of
-/// the GGUF's interleaved RoPE; the BF16 export stays close.
-#[test]
-fn exported_logits_match_gguf() {
+/// The export computes the GGUF's function (precise mode: f32 activations,
+/// weights dequantised on the fly) through NeoX RoPE instead of the GGUF's
+/// interleaved RoPE: last-position logits within `tol`, same argmax.
+fn check_logits(e: &Exported, tol: f32) {
     use spinfer_engine::model::{Model, ModelOptions, Precision};
     use spinfer_engine::registry::KernelRegistry;
     use spinfer_engine::tokenizer::Tokenizer;
-    let Some(e) = exported() else { return };
     let opts = ModelOptions { precision: Precision::Precise, ctx: 64, ..ModelOptions::default() };
     let registry = KernelRegistry::builtin();
     let tokens = Tokenizer::from_gguf(&e.gguf)
@@ -206,12 +181,30 @@ fn exported_logits_match_gguf() {
         model.forward_last(&mut session, &tokens).unwrap().to_vec()
     };
     let want = logits(e.gguf.path());
+    let got = logits(e.dir());
     let argmax = |v: &[f32]| v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
-    for (dtype, tol) in [(OutDType::F32, 1e-3), (OutDType::BF16, 0.5)] {
-        let got = logits(e.dir(dtype));
-        let max = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        eprintln!("{dtype:?} export: max |logit difference| {max}");
-        assert!(max <= tol, "{dtype:?}: max |logit difference| {max} > {tol}");
-        assert_eq!(argmax(&got), argmax(&want), "{dtype:?}");
-    }
+    let max = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    eprintln!("max |logit difference| {max}");
+    assert!(max <= tol, "max |logit difference| {max} > {tol}");
+    assert_eq!(argmax(&got), argmax(&want));
+}
+
+#[test]
+fn f32_export_is_the_gguf() {
+    let Some(e) = export(OutDType::F32) else { return };
+    check_config(&e);
+    check_tensors(&e, GgmlType::F32);
+    check_weights(&e, |v| v);
+    check_tokenizer(&e);
+    check_logits(&e, 1e-3);
+}
+
+#[test]
+fn bf16_export_is_the_gguf_rounded() {
+    let Some(e) = export(OutDType::BF16) else { return };
+    check_config(&e);
+    check_tensors(&e, GgmlType::BF16);
+    check_weights(&e, bf16_round);
+    check_tokenizer(&e);
+    check_logits(&e, 0.5);
 }

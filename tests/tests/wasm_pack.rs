@@ -31,9 +31,7 @@ const KERNELS: [(&str, GgmlType); 3] =
 fn module() -> &'static Path {
     static MODULE: OnceLock<PathBuf> = OnceLock::new();
     MODULE.get_or_init(|| {
-        let out = std::env::temp_dir()
-            .join(format!("spinfer-wasm-pack-test-{}", std::process::id()))
-            .join("spinfer_kernels_wasm.wasm");
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-pack-test/spinfer_kernels_wasm.wasm");
         let status = Command::new("bash")
             .arg(workspace().join("kernels-wasm/build.sh"))
             .arg(&out)
