@@ -47,7 +47,8 @@ pub struct BenchOptions {
     /// Interleaved rounds over all candidates; the median of the round
     /// medians is reported.
     pub rounds: usize,
-    /// Tokens per run in the prefill phase (decode is always 1).
+    /// Tokens per run in the prefill phase (see [`BenchOptions::tokens`]
+    /// for decode).
     pub prefill_tokens: usize,
     /// Seed of the random weights and activations.
     pub seed: u64,
@@ -60,9 +61,16 @@ impl Default for BenchOptions {
 }
 
 impl BenchOptions {
-    pub fn tokens(&self, phase: Phase) -> usize {
+    /// Activation rows per timed run. Decode is timed as the default
+    /// precision runs one token: integer activations as two 8-bit planes
+    /// (`Precision::Fast` passes `hi` and `lo` as a batch of 2, so the
+    /// kernel's split over threads is the batch-2 one), f32 activations as
+    /// one row. `Precision::Int8` decodes one plane with the same kernels and
+    /// uses the same records.
+    pub fn tokens(&self, phase: Phase, act: ActType) -> usize {
         match phase {
-            Phase::Decode => 1,
+            Phase::Decode if act == ActType::F32 => 1,
+            Phase::Decode => 2,
             Phase::Prefill => self.prefill_tokens.max(1),
         }
     }
@@ -121,7 +129,7 @@ pub fn benchmark(
     let w = random_weights(&mut rng, desc.wtype, desc.rows, desc.cols);
     let mut out = Vec::with_capacity(total);
     for phase in Phase::ALL {
-        let n_tokens = opts.tokens(phase);
+        let n_tokens = opts.tokens(phase, desc.act);
         let mut run =
             Run { pool, w: &w, x: random_acts(&mut rng, n_tokens * desc.cols), n_tokens, scratch: Vec::new() };
         // The reference result; if the reference itself cannot run, every
@@ -400,6 +408,10 @@ mod tests {
             }
         }
         assert!(m.iter().any(|x| x.phase == Phase::Prefill && x.n_tokens == 8));
+        // Decode with integer activations is timed as fast mode runs it:
+        // two 8-bit planes, a batch of 2.
+        assert!(m.iter().filter(|x| x.phase == Phase::Decode).all(|x| x.n_tokens == 2));
+        assert_eq!(quick().tokens(Phase::Decode, ActType::F32), 1);
     }
 
     /// A real kernel that counts its runs and optionally sleeps in each.

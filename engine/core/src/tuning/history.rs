@@ -242,7 +242,7 @@ impl HistoryStore {
         let (w, a) = (desc.wtype.name(), desc.act.name());
         // Records of one phase share (nearly) one token count: a constant
         // offset that does not change the ranking.
-        let query = shape_features(w, a, desc.rows, desc.cols, BenchOptions::default().tokens(phase));
+        let query = shape_features(w, a, desc.rows, desc.cols, BenchOptions::default().tokens(phase, desc.act));
         let total = self.db.len().unwrap_or(self.records.len());
         if k == 0 || total == 0 {
             return Vec::new();
