@@ -13,6 +13,10 @@ pub enum KernelError {
     BufferSize { ty: GgmlType, n: usize, want: usize, got: usize },
     #[error("type {ty} is not supported by {what}")]
     Unsupported { ty: GgmlType, what: &'static str },
+    /// The kernel does not offer this operation at all (e.g. the gathered
+    /// rows of [`crate::kernel::MatmulKernel::run_rows`]).
+    #[error("kernel {kernel} does not offer {op}")]
+    NotOffered { kernel: String, op: &'static str },
 
     // === Shape errors ===
     #[error("shape mismatch in {op}: {detail}")]

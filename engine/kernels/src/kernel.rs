@@ -78,6 +78,29 @@ pub trait MatmulKernel: Send + Sync {
         out: &mut [f32],
         scratch: &mut Vec<u8>,
     ) -> Result<()>;
+
+    /// The gathered-row product (the sparse up projection): `out[t *
+    /// idx.len() + k] = dot(W[idx[k], :], x[t * cols .. (t + 1) * cols])`,
+    /// reading only the rows `idx` of `w` (which holds all `rows` rows) in
+    /// place. Each value equals the dense product's row `idx[k]`. Kernels
+    /// that cannot address single rows return [`KernelError::NotOffered`]
+    /// (the default); callers then copy the rows and use [`Self::run`].
+    ///
+    /// [`KernelError::NotOffered`]: crate::KernelError::NotOffered
+    #[allow(clippy::too_many_arguments)]
+    fn run_rows(
+        &self,
+        pool: &ThreadPool,
+        w: &[u8],
+        idx: &[u32],
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
+        let _ = (pool, w, idx, x, n_tokens, out, scratch);
+        Err(crate::KernelError::NotOffered { kernel: self.name().to_string(), op: "gathered-row matmul" })
+    }
 }
 
 /// Every implementation in this crate that serves `desc` on a CPU with

@@ -363,7 +363,7 @@ impl Kernel for CpuKernel {
 /// Maps a `spinfer-kernels` error onto the ABI's kinds, keeping its text.
 pub fn to_pack_error(e: KernelError) -> PackError {
     match e {
-        KernelError::Unsupported { .. } | KernelError::RowNotBlockAligned { .. } => {
+        KernelError::Unsupported { .. } | KernelError::NotOffered { .. } | KernelError::RowNotBlockAligned { .. } => {
             PackError::unsupported(e.to_string())
         }
         // Buffer sizes and shapes, and whatever the kernels add later.

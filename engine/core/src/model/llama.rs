@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use spinfer_kernels::KernelError;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
 use spinfer_kernels::pool::SyncPtr;
@@ -85,6 +86,9 @@ pub struct Linear {
     bias: Option<Vec<f32>>,
     /// Feed activations as two 8-bit planes (see [`Precision::Fast`]).
     two_planes: bool,
+    /// The built-in kernel of this operation, for gathered-row products
+    /// (the sparse gate and up projections read their kept rows in place).
+    rows_kernel: Option<Box<dyn MatmulKernel>>,
 }
 
 /// One matmul call: `(x, n tokens, out, kernel scratch)`.
@@ -146,6 +150,7 @@ impl Linear {
             provider: r.provider,
             choice: r.choice,
             alternatives: r.alternatives,
+            rows_kernel: crate::registry::builtin_kernel(&desc).ok(),
             bias,
             two_planes,
         })
@@ -183,9 +188,10 @@ impl Linear {
     }
 
     /// The gathered-row product: `out[t, k] = W[idx[k], :] · x[t, :] (+ b)`,
-    /// only the rows `idx` (the sparse up projection). The rows are copied
-    /// into one compact matrix and multiplied by the built-in kernel of the
-    /// same operation, so the numbers equal the dense product's rows.
+    /// only the rows `idx` (the sparse gate and up projections). The
+    /// built-in kernel of the same operation reads the rows in place
+    /// (`MatmulKernel::run_rows`), so the numbers equal the dense product's
+    /// rows; a kernel that cannot address single rows gets a compact copy.
     pub(crate) fn forward_rows(
         &self,
         pool: &ThreadPool,
@@ -195,8 +201,25 @@ impl Linear {
         out: &mut [f32],
         scratch: &mut Scratch,
     ) -> Result<()> {
-        if idx.is_empty() {
+        let k = idx.len();
+        if k == 0 {
             return Ok(());
+        }
+        if let Some(kernel) = &self.rows_kernel {
+            let w = self.w.bytes();
+            let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
+                kernel
+                    .run_rows(pool, w, idx, x, n, out, bytes)
+                    .map_err(|source| Error::Kernel { kernel: kernel.name().into(), source })
+            };
+            match self.matmul(&run, k, x, n, &mut out[..n * k], scratch) {
+                Ok(()) => {
+                    self.add_row_bias(idx, n, out);
+                    return Ok(());
+                }
+                Err(Error::Kernel { source: KernelError::NotOffered { .. }, .. }) => {}
+                Err(e) => return Err(e),
+            }
         }
         let row_bytes = self.w.bytes().len() / self.desc.rows;
         let mut rows = std::mem::take(&mut scratch.gathered);
@@ -234,14 +257,19 @@ impl Linear {
                 .map_err(|source| Error::Kernel { kernel: kernel.name().into(), source })
         };
         self.matmul(&run, k, x, n, &mut out[..n * k], scratch)?;
+        self.add_row_bias(idx, n, out);
+        Ok(())
+    }
+
+    /// Adds the bias of rows `idx` to `out` (`n × idx.len()`).
+    fn add_row_bias(&self, idx: &[u32], n: usize, out: &mut [f32]) {
         if let Some(b) = &self.bias {
-            for row in out[..n * k].chunks_exact_mut(k) {
+            for row in out[..n * idx.len()].chunks_exact_mut(idx.len()) {
                 for (o, &j) in row.iter_mut().zip(idx) {
                     *o += b[j as usize];
                 }
             }
         }
-        Ok(())
     }
 
     /// Runs `run` on `x` (n tokens) into `out` (n × rows), as two 8-bit

@@ -182,6 +182,25 @@ pub(crate) unsafe fn legacy_tile<const F: u8, const R: usize, const T: usize>(
     out: *mut f32,
     out_stride: usize,
 ) {
+    let rows = std::array::from_fn(|r| w.wrapping_add(r * row_bytes));
+    // SAFETY: the caller's contract, with the rows spelled out.
+    unsafe { legacy_tile_rows::<F, R, T>(rows, l, act, out, out_stride) }
+}
+
+/// [`legacy_tile`] on `R` weight rows anywhere in memory (`w[r]` is row
+/// `r`): the gathered rows of a sparse product, computed exactly as the
+/// dense product computes them.
+///
+/// # Safety
+/// As [`legacy_tile`], each `w[r]` holding one row.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn legacy_tile_rows<const F: u8, const R: usize, const T: usize>(
+    w: [*const u8; R],
+    l: &LegacyLayout,
+    act: *const u8,
+    out: *mut f32,
+    out_stride: usize,
+) {
     debug_assert!(F != fmt::Q8_0, "Q8_0 weights use avx512_ymm::q8_0_tile");
     let bs = fmt::block_bytes(F);
     let nb = l.blocks;
@@ -198,7 +217,7 @@ pub(crate) unsafe fn legacy_tile<const F: u8, const R: usize, const T: usize>(
             for r in 0..R {
                 // SAFETY: block `2 * pair` (and `+ 1` if `has_b`) of row `r`
                 // is inside the `R` rows the caller vouched for.
-                wv[r] = unsafe { unpack_pair::<F>(w.add(r * row_bytes + 2 * pair * bs), $has_b) };
+                wv[r] = unsafe { unpack_pair::<F>(w[r].add(2 * pair * bs), $has_b) };
             }
             for t in 0..T {
                 // SAFETY: token `t`'s `qs` has `pairs * 64` bytes and `corr`
@@ -231,7 +250,7 @@ pub(crate) unsafe fn legacy_tile<const F: u8, const R: usize, const T: usize>(
             let b0 = g * 16;
             for r in 0..R {
                 // SAFETY: blocks `b0..b0 + gn` of row `r` are readable.
-                let heads = unsafe { load_heads::<F>(w.add(r * row_bytes + b0 * bs), gn) };
+                let heads = unsafe { load_heads::<F>(w[r].add(b0 * bs), gn) };
                 let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(heads));
                 for t in 0..T {
                     let off = t * l.stride + l.off_d + b0 * 4;

@@ -142,7 +142,8 @@ impl Kernel {
         Self { name, desc, isa, row_bytes }
     }
 
-    fn validate(&self, w: &[u8], x: &[f32], n_tokens: usize, out: &[f32]) -> Result<()> {
+    /// Checks the buffers of a call computing `out_rows` output rows.
+    fn validate(&self, w: &[u8], x: &[f32], n_tokens: usize, out: &[f32], out_rows: usize) -> Result<()> {
         let d = &self.desc;
         let want = d.rows * self.row_bytes;
         if w.len() != want {
@@ -154,10 +155,10 @@ impl Kernel {
                 detail: format!("activations hold {} values, expected {n_tokens} tokens x {} columns", x.len(), d.cols),
             });
         }
-        if out.len() != n_tokens * d.rows {
+        if out.len() != n_tokens * out_rows {
             return Err(KernelError::Shape {
                 op: "matmul",
-                detail: format!("output holds {} values, expected {n_tokens} tokens x {} rows", out.len(), d.rows),
+                detail: format!("output holds {} values, expected {n_tokens} tokens x {out_rows} rows", out.len()),
             });
         }
         Ok(())
@@ -178,7 +179,7 @@ impl MatmulKernel for Kernel {
         out: &mut [f32],
         scratch: &mut Vec<u8>,
     ) -> Result<()> {
-        self.validate(w, x, n_tokens, out)?;
+        self.validate(w, x, n_tokens, out, self.desc.rows)?;
         // `candidates` trusts the features it is given; make sure the CPU we
         // run on really has the instructions before executing them.
         if !self.isa.available() {
@@ -191,11 +192,64 @@ impl MatmulKernel for Kernel {
             let out = OutPtr(out.as_mut_ptr());
             return crate::dot::ternary::run(self.isa, pool, &self.desc, self.row_bytes, w, x, n_tokens, out, scratch);
         }
-        let job = Job { desc: self.desc, row_bytes: self.row_bytes, w, x, n_tokens, out: OutPtr(out.as_mut_ptr()) };
+        let job = Job {
+            desc: self.desc,
+            row_bytes: self.row_bytes,
+            w,
+            idx: None,
+            x,
+            n_tokens,
+            out: OutPtr(out.as_mut_ptr()),
+        };
+        self.dispatch(pool, &job, scratch)
+    }
+
+    fn run_rows(
+        &self,
+        pool: &ThreadPool,
+        w: &[u8],
+        idx: &[u32],
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
+        self.validate(w, x, n_tokens, out, idx.len())?;
+        if let Some((k, &i)) = idx.iter().enumerate().find(|&(_, &i)| i as usize >= self.desc.rows) {
+            return Err(KernelError::Shape {
+                op: "gathered-row matmul",
+                detail: format!("row index {i} (position {k}) is out of range for {} rows", self.desc.rows),
+            });
+        }
+        if !self.isa.available() {
+            return Err(KernelError::Unsupported { ty: self.desc.wtype, what: "this cpu (missing simd features)" });
+        }
+        if n_tokens == 0 || idx.is_empty() {
+            return Ok(());
+        }
+        if self.desc.act == ActType::Q8_K && matches!(self.desc.wtype, GgmlType::TQ1_0 | GgmlType::TQ2_0) {
+            return Err(KernelError::NotOffered { kernel: self.name.clone(), op: "gathered-row matmul" });
+        }
+        let job = Job {
+            desc: self.desc,
+            row_bytes: self.row_bytes,
+            w,
+            idx: Some(idx),
+            x,
+            n_tokens,
+            out: OutPtr(out.as_mut_ptr()),
+        };
+        self.dispatch(pool, &job, scratch)
+    }
+}
+
+impl Kernel {
+    /// Runs a validated job with this kernel's instruction set.
+    fn dispatch(&self, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) -> Result<()> {
         match self.isa {
-            Isa::Scalar => scalar::run(pool, &job, scratch),
+            Isa::Scalar => scalar::run(pool, job, scratch),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::Avx512 => x86::run(self.isa, pool, &job, scratch),
+            Isa::Avx2 | Isa::Avx512 => x86::run(self.isa, pool, job, scratch),
             #[cfg(not(target_arch = "x86_64"))]
             _ => Err(KernelError::Unsupported { ty: self.desc.wtype, what: "simd matmul" }),
         }
@@ -225,9 +279,28 @@ pub(crate) struct Job<'a> {
     pub desc: MatmulDesc,
     pub row_bytes: usize,
     pub w: &'a [u8],
+    /// The weight rows to compute, in output order (`None`: all of them).
+    pub idx: Option<&'a [u32]>,
     pub x: &'a [f32],
     pub n_tokens: usize,
     pub out: OutPtr,
+}
+
+impl Job<'_> {
+    /// Output rows per token (the stride between tokens in `out`).
+    pub fn out_rows(&self) -> usize {
+        self.idx.map_or(self.desc.rows, <[u32]>::len)
+    }
+
+    /// The weight row of output row `r`.
+    pub fn w_row(&self, r: usize) -> usize {
+        self.idx.map_or(r, |idx| idx[r] as usize)
+    }
+
+    /// Multiply-adds of the whole job.
+    pub fn macs(&self) -> usize {
+        self.out_rows() * self.desc.cols * self.n_tokens
+    }
 }
 
 /// Returns a 64-byte aligned region of `bytes` bytes inside `scratch`,
@@ -323,6 +396,77 @@ pub(crate) fn for_each_tile(
             tile(r, nr, t, ntk);
             t += ntk;
         }
+        r += nr;
+    }
+}
+
+/// Asks the CPU to start loading weight row `row` of `job` into the caches.
+#[inline]
+fn prefetch_row(job: &Job<'_>, row: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let bytes = &job.w[row * job.row_bytes..(row + 1) * job.row_bytes];
+        for line in (0..bytes.len()).step_by(64) {
+            // SAFETY: a prefetch is only a hint and `line` is inside `bytes`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(line).cast()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (job, row);
+}
+
+/// [`for_each_tile`] over `job`'s output rows: calls `tile(out_row,
+/// w_rows, tok0, n_toks)` for the output rows `out_row..out_row +
+/// w_rows.len()`, computed from the weight rows `w_rows`. Without a row
+/// list the weight rows are the output rows. With one, tiles of `rmax` rows
+/// are formed where the list holds `rmax` consecutive weight rows, and
+/// everywhere if `scattered` (the caller's tile kernel takes one pointer
+/// per row); single rows elsewhere. Each row's value is thus computed by
+/// the same tile code as in the dense product. Rows of the list are
+/// prefetched ahead, as scattered rows defeat the hardware prefetcher.
+pub(crate) fn for_each_row_tile(
+    job: &Job<'_>,
+    ti: usize,
+    nt: usize,
+    rmax: usize,
+    tmax: usize,
+    scattered: bool,
+    mut tile: impl FnMut(usize, &[usize], usize, usize),
+) {
+    debug_assert!(rmax <= 4);
+    let Some(idx) = job.idx else {
+        return for_each_tile(job.desc.rows, job.n_tokens, ti, nt, rmax, tmax, |r, nr, t, ntk| {
+            let rows = [r, r + 1, r + 2, r + 3];
+            tile(r, &rows[..nr], t, ntk)
+        });
+    };
+    let mut each_token = |r: usize, w_rows: &[usize]| {
+        let mut t = 0;
+        while t < job.n_tokens {
+            let ntk = (job.n_tokens - t).min(tmax);
+            tile(r, w_rows, t, ntk);
+            t += ntk;
+        }
+    };
+    const AHEAD: usize = 8;
+    let Range { start, end } = chunk_aligned(idx.len(), ti, nt, rmax);
+    for &i in &idx[start..end.min(start + AHEAD)] {
+        prefetch_row(job, i as usize);
+    }
+    let mut rows = [0usize; 4];
+    let mut r = start;
+    while r < end {
+        let w0 = idx[r] as usize;
+        let full = end - r >= rmax && (scattered || (1..rmax).all(|i| idx[r + i] as usize == w0 + i));
+        let nr = if full { rmax } else { 1 };
+        for (d, &i) in rows.iter_mut().zip(&idx[r..r + nr]) {
+            *d = i as usize;
+        }
+        for &i in &idx[(r + AHEAD).min(end)..(r + nr + AHEAD).min(end)] {
+            prefetch_row(job, i as usize);
+        }
+        each_token(r, &rows[..nr]);
         r += nr;
     }
 }

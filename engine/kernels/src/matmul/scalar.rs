@@ -80,17 +80,19 @@ fn quantise<'s, B: Pod>(
     bytemuck::cast_slice(buf)
 }
 
-/// Computes `out[t * rows + r] = f(row r, t)`, rows split over the pool.
+/// Computes `out[t * rows + r] = f(weight row of output row r, t)`, output
+/// rows split over the pool.
 fn rows_loop(pool: &ThreadPool, job: &Job<'_>, f: impl Fn(&[u8], usize) -> f32 + Sync) {
-    let d = job.desc;
+    let rows = job.out_rows();
     let out = job.out;
     pool.broadcast(&|ti, nt| {
-        for r in chunk(d.rows, ti, nt) {
-            let row = &job.w[r * job.row_bytes..(r + 1) * job.row_bytes];
+        for r in chunk(rows, ti, nt) {
+            let wr = job.w_row(r);
+            let row = &job.w[wr * job.row_bytes..(wr + 1) * job.row_bytes];
             for t in 0..job.n_tokens {
                 // SAFETY: `out` holds `n_tokens * rows` floats (validated);
-                // row `r` belongs to this thread only.
-                unsafe { *out.ptr().add(t * d.rows + r) = f(row, t) };
+                // output row `r` belongs to this thread only.
+                unsafe { *out.ptr().add(t * rows + r) = f(row, t) };
             }
         }
     });

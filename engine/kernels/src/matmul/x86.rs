@@ -1,7 +1,7 @@
 //! SIMD matmul drivers (AVX2 and AVX-512): activation packing and the
 //! tile loops over the [`crate::dot`] tile kernels.
 
-use super::{Isa, Job, OutPtr, broadcast_work, for_each_tile, gemm_f32, pack_tokens, scratch_aligned};
+use super::{Isa, Job, OutPtr, broadcast_work, for_each_row_tile, gemm_f32, pack_tokens, scratch_aligned};
 use crate::GgmlType;
 use crate::Result;
 use crate::dot::avx512_k::{KQ4, KQ5, KQ6};
@@ -36,7 +36,7 @@ macro_rules! tiles {
 pub(super) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) -> Result<()> {
     let d = job.desc;
     match d.act {
-        ActType::F32 if job.n_tokens >= gemm_f32::MIN_TOKENS && gemm_f32::supports(d.wtype) => {
+        ActType::F32 if job.idx.is_none() && job.n_tokens >= gemm_f32::MIN_TOKENS && gemm_f32::supports(d.wtype) => {
             gemm_f32::run(isa, pool, job, scratch)
         }
         ActType::F32 => run_precise(isa, pool, job),
@@ -84,20 +84,32 @@ fn run_legacy<const F: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: 
         }
     });
     let act = buf.as_ptr() as usize;
-    let (w, rb, rows, n) = (job.w.as_ptr() as usize, job.row_bytes, d.rows, job.n_tokens);
+    let (w, rb, rows) = (job.w.as_ptr() as usize, job.row_bytes, job.out_rows());
     let out: OutPtr = job.out;
-    broadcast_work(pool, job.desc.rows * job.desc.cols * job.n_tokens, &|ti, nt| {
+    broadcast_work(pool, job.macs(), &|ti, nt| {
         let (w, act) = (w as *const u8, act as *const u8);
         let rmax = if avx512 { 4 } else { 2 };
-        for_each_tile(rows, n, ti, nt, rmax, TMAX, |r, nr, t, ntk| {
+        // The 512-bit nibble kernel also takes four scattered rows.
+        let scattered = avx512 && !ymm;
+        for_each_row_tile(job, ti, nt, rmax, TMAX, scattered, |r, w_rows, t, ntk| {
+            let nr = w_rows.len();
             let (wp, ap, op) =
-                (w.wrapping_add(r * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
-            // SAFETY: the CPU supports `isa` (checked by `candidates`); rows
-            // `r..r + nr` and tokens `t..t + ntk` are inside the validated
-            // weight, packed-activation and output buffers; this thread owns
-            // the output rows.
+                (w.wrapping_add(w_rows[0] * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
+            // SAFETY: the CPU supports `isa` (checked by `candidates`);
+            // weight rows `w_rows` (consecutive unless `scattered`), output
+            // rows `r..r + nr` and tokens `t..t + ntk` are inside the
+            // validated weight, packed-activation and output buffers; this
+            // thread owns the output rows.
             unsafe {
-                if ymm {
+                if nr == 4 && w_rows[3] != w_rows[0] + 3 {
+                    let ptrs = [0, 1, 2, 3].map(|i| w.wrapping_add(w_rows[i] * rb));
+                    match ntk {
+                        4 => avx512::legacy_tile_rows::<F, 4, 4>(ptrs, &l, ap, op, rows),
+                        3 => avx512::legacy_tile_rows::<F, 4, 3>(ptrs, &l, ap, op, rows),
+                        2 => avx512::legacy_tile_rows::<F, 4, 2>(ptrs, &l, ap, op, rows),
+                        _ => avx512::legacy_tile_rows::<F, 4, 1>(ptrs, &l, ap, op, rows),
+                    }
+                } else if ymm {
                     tiles!(avx512_ymm::q8_0_tile, [], 4, nr, ntk, (wp, rb, &l, ap, op, rows));
                 } else if avx512 {
                     tiles!(avx512::legacy_tile, [F], 4, nr, ntk, (wp, rb, &l, ap, op, rows));
@@ -117,14 +129,15 @@ fn run_k<const K: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut 
         quantize::pack_k(&l, x, dst);
     });
     let act = buf.as_ptr() as usize;
-    let (w, rb, rows, n) = (job.w.as_ptr() as usize, job.row_bytes, d.rows, job.n_tokens);
+    let (w, rb, rows) = (job.w.as_ptr() as usize, job.row_bytes, job.out_rows());
     let out: OutPtr = job.out;
     let avx512 = isa == Isa::Avx512;
-    broadcast_work(pool, job.desc.rows * job.desc.cols * job.n_tokens, &|ti, nt| {
+    broadcast_work(pool, job.macs(), &|ti, nt| {
         let (w, act) = (w as *const u8, act as *const u8);
-        for_each_tile(rows, n, ti, nt, 2, TMAX, |r, nr, t, ntk| {
+        for_each_row_tile(job, ti, nt, 2, TMAX, false, |r, w_rows, t, ntk| {
+            let nr = w_rows.len();
             let (wp, ap, op) =
-                (w.wrapping_add(r * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
+                (w.wrapping_add(w_rows[0] * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
             // SAFETY: as in `run_legacy`.
             unsafe {
                 if avx512 {
@@ -152,15 +165,17 @@ fn run_precise(isa: Isa, pool: &ThreadPool, job: &Job<'_>) {
 fn precise<const W: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>) {
     let d = job.desc;
     let ty = d.wtype;
-    let (w, rb, rows, cols, n) = (job.w.as_ptr() as usize, job.row_bytes, d.rows, d.cols, job.n_tokens);
+    let (w, rb, rows, cols) = (job.w.as_ptr() as usize, job.row_bytes, job.out_rows(), d.cols);
     let x = job.x.as_ptr() as usize;
     let out: OutPtr = job.out;
     let avx512 = isa == Isa::Avx512;
-    broadcast_work(pool, job.desc.rows * job.desc.cols * job.n_tokens, &|ti, nt| {
+    broadcast_work(pool, job.macs(), &|ti, nt| {
         let (w, x) = (w as *const u8, x as *const f32);
         let rmax = if avx512 { 4 } else { 2 };
-        for_each_tile(rows, n, ti, nt, rmax, TMAX, |r, nr, t, ntk| {
-            let (wp, xp, op) = (w.wrapping_add(r * rb), x.wrapping_add(t * cols), out.ptr().wrapping_add(t * rows + r));
+        for_each_row_tile(job, ti, nt, rmax, TMAX, false, |r, w_rows, t, ntk| {
+            let nr = w_rows.len();
+            let (wp, xp, op) =
+                (w.wrapping_add(w_rows[0] * rb), x.wrapping_add(t * cols), out.ptr().wrapping_add(t * rows + r));
             // SAFETY: as in `run_legacy`; `x` holds `n * cols` floats.
             unsafe {
                 if avx512 {
