@@ -35,6 +35,8 @@
 //! preloaded into the int32 sums. It goes run by run, each run's rows read
 //! from memory once for all the output tiles.
 
+use std::cell::RefCell;
+
 use super::{GROUP, NeuronMajor};
 use crate::blocks::QK;
 use crate::pool::ThreadPool;
@@ -84,10 +86,12 @@ impl FastCoefs {
     /// `idx` strictly ascending and `< neurons`, `coef.len() == idx.len()`
     /// (validated by the caller); `bias` as in [`Run::init`].
     fn new(idx: &[u32], coef: &[f32], neurons: usize, bias: i32) -> Self {
-        Self::build(idx, coef, neurons, bias)
+        let mut fc = Self::default();
+        fc.fill(idx, coef, neurons, bias);
+        fc
     }
 
-    /// [`FastCoefs::new`] compiled for AVX-512 (vectorised by the
+    /// [`FastCoefs::fill`] compiled for AVX-512 (vectorised by the
     /// compiler): bit for bit the same, as it runs the same IEEE operations
     /// in the same order (Rust never contracts or reassociates them).
     ///
@@ -95,21 +99,24 @@ impl FastCoefs {
     /// AVX-512F/BW/VL, AVX2, FMA, F16C; arguments as [`FastCoefs::new`].
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn new_avx512(idx: &[u32], coef: &[f32], neurons: usize, bias: i32) -> Self {
-        Self::build(idx, coef, neurons, bias)
+    unsafe fn fill_avx512(&mut self, idx: &[u32], coef: &[f32], neurons: usize, bias: i32) {
+        self.fill(idx, coef, neurons, bias)
     }
 
+    /// Replaces the contents with the runs of `idx`, reusing the buffers
+    /// (arguments as [`FastCoefs::new`]).
     #[inline(always)]
-    fn build(idx: &[u32], coef: &[f32], neurons: usize, bias: i32) -> Self {
+    fn fill(&mut self, idx: &[u32], coef: &[f32], neurons: usize, bias: i32) {
         // At most one partial quad per run, and one run per neuron block.
         let max_quads = idx.len() / 4 + idx.len().min(neurons / QK);
-        let mut fc = FastCoefs {
-            runs: Vec::with_capacity(idx.len().min(neurons / QK)),
-            split: 0,
-            rows: Vec::with_capacity(4 * max_quads),
-            quads: Vec::with_capacity(max_quads),
-            quads_lo: Vec::with_capacity(max_quads),
-        };
+        self.runs.clear();
+        self.runs.reserve(idx.len().min(neurons / QK));
+        self.rows.clear();
+        self.rows.reserve(4 * max_quads);
+        self.quads.clear();
+        self.quads.reserve(max_quads);
+        self.quads_lo.clear();
+        self.quads_lo.reserve(max_quads);
         let mut k = 0;
         while k < idx.len() {
             let block = idx[k] as usize / QK;
@@ -117,11 +124,10 @@ impl FastCoefs {
             // block's end among the next 32 (a count that vectorises).
             let end = ((block + 1) * QK) as u64;
             let n = idx[k..(k + QK).min(idx.len())].iter().filter(|&&j| u64::from(j) < end).count();
-            fc.push_run(block, &idx[k..k + n], &coef[k..k + n], bias);
+            self.push_run(block, &idx[k..k + n], &coef[k..k + n], bias);
             k += n;
         }
-        fc.split = split_point(fc.runs.iter().map(|r| r.n), idx.len());
-        fc
+        self.split = split_point(self.runs.iter().map(|r| r.n), idx.len());
     }
 
     /// One run (at most 32 neurons: one block), zero padded to 32 slots so
@@ -321,15 +327,24 @@ impl NeuronMajor {
             return self.axpy(pool, idx, coef, out);
         }
         self.check(idx, coef, out)?;
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `axpy_fast_is_int8` detected AVX-512F/BW/VL, AVX2, FMA and
-        // F16C; `check` validated the arguments.
-        let fc = unsafe { FastCoefs::new_avx512(idx, coef, self.neurons, self.code_bias()) };
-        #[cfg(not(target_arch = "x86_64"))]
-        let fc = FastCoefs::new(idx, coef, self.neurons, self.code_bias());
-        let halves = fc.runs.split_at(fc.split);
-        self.split_halves(pool, idx.len(), out, &|h, o0, o| {
-            self.run_fast(o0, &fc, if h == 0 { halves.0 } else { halves.1 }, o)
+        thread_local! {
+            /// The calling thread's coefficient buffers, reused every call.
+            static COEFS: RefCell<FastCoefs> = RefCell::default();
+        }
+        COEFS.with_borrow_mut(|fc| {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `axpy_fast_is_int8` detected AVX-512F/BW/VL, AVX2, FMA
+            // and F16C; `check` validated the arguments.
+            unsafe {
+                fc.fill_avx512(idx, coef, self.neurons, self.code_bias())
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            fc.fill(idx, coef, self.neurons, self.code_bias());
+            let fc = &*fc;
+            let halves = fc.runs.split_at(fc.split);
+            self.split_halves(pool, idx.len(), out, &|h, o0, o| {
+                self.run_fast(o0, fc, if h == 0 { halves.0 } else { halves.1 }, o)
+            });
         });
         Ok(())
     }
