@@ -162,40 +162,51 @@ unsafe fn unpack_pair<const F: u8>(p: *const u8, has_b: bool) -> __m512i {
     _mm512_mask_add_epi8(w, m, w, _mm512_set1_epi8(16))
 }
 
+/// Where the rows of a tile are: one base and a stride (a dense matrix),
+/// or one pointer per row (gathered rows, `[*const u8; R]`). The tile is
+/// monomorphised for each, so the dense tile addresses its rows as a plain
+/// base-plus-stride kernel would.
+pub(crate) trait RowAddr: Copy {
+    /// The start of row `r`.
+    fn row(self, r: usize) -> *const u8;
+}
+
+/// Rows `row_bytes` apart from `w`.
+#[derive(Clone, Copy)]
+pub(crate) struct Strided {
+    pub w: *const u8,
+    pub row_bytes: usize,
+}
+
+impl RowAddr for Strided {
+    #[inline(always)]
+    fn row(self, r: usize) -> *const u8 {
+        self.w.wrapping_add(r * self.row_bytes)
+    }
+}
+
+impl<const R: usize> RowAddr for [*const u8; R] {
+    #[inline(always)]
+    fn row(self, r: usize) -> *const u8 {
+        self[r]
+    }
+}
+
 /// Dots `R` weight rows with `T` packed activation rows.
 ///
-/// `w` points at the first row (rows `row_bytes` apart), `act` at the first
+/// `w` locates the rows ([`Strided`] for a matrix, one pointer per row for
+/// gathered rows, computed exactly alike), `act` points at the first
 /// token's packed activations (`l.stride` apart, 64-byte aligned), and
 /// `out[t * out_stride + r]` receives the results.
 ///
 /// # Safety
-/// The CPU must support AVX-512 F/BW/VL/VNNI, F16C and FMA; `w` must hold
-/// `R` rows of `l.blocks` blocks of `F`; `act` must hold `T` tokens packed
-/// with layout `l` (interleaved, `offset == fmt::offset(F)`); `out` must be
-/// valid for the `R * T` writes.
+/// The CPU must support AVX-512 F/BW/VL/VNNI, F16C and FMA; each
+/// `w.row(r)`, `r < R`, must hold a row of `l.blocks` blocks of `F`; `act`
+/// must hold `T` tokens packed with layout `l` (interleaved, `offset ==
+/// fmt::offset(F)`); `out` must be valid for the `R * T` writes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn legacy_tile<const F: u8, const R: usize, const T: usize>(
-    w: *const u8,
-    row_bytes: usize,
-    l: &LegacyLayout,
-    act: *const u8,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    let rows = std::array::from_fn(|r| w.wrapping_add(r * row_bytes));
-    // SAFETY: the caller's contract, with the rows spelled out.
-    unsafe { legacy_tile_rows::<F, R, T>(rows, l, act, out, out_stride) }
-}
-
-/// [`legacy_tile`] on `R` weight rows anywhere in memory (`w[r]` is row
-/// `r`): the gathered rows of a sparse product, computed exactly as the
-/// dense product computes them.
-///
-/// # Safety
-/// As [`legacy_tile`], each `w[r]` holding one row.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn legacy_tile_rows<const F: u8, const R: usize, const T: usize>(
-    w: [*const u8; R],
+    w: impl RowAddr,
     l: &LegacyLayout,
     act: *const u8,
     out: *mut f32,
@@ -217,7 +228,7 @@ pub(crate) unsafe fn legacy_tile_rows<const F: u8, const R: usize, const T: usiz
             for r in 0..R {
                 // SAFETY: block `2 * pair` (and `+ 1` if `has_b`) of row `r`
                 // is inside the `R` rows the caller vouched for.
-                wv[r] = unsafe { unpack_pair::<F>(w[r].add(2 * pair * bs), $has_b) };
+                wv[r] = unsafe { unpack_pair::<F>(w.row(r).add(2 * pair * bs), $has_b) };
             }
             for t in 0..T {
                 // SAFETY: token `t`'s `qs` has `pairs * 64` bytes and `corr`
@@ -250,7 +261,7 @@ pub(crate) unsafe fn legacy_tile_rows<const F: u8, const R: usize, const T: usiz
             let b0 = g * 16;
             for r in 0..R {
                 // SAFETY: blocks `b0..b0 + gn` of row `r` are readable.
-                let heads = unsafe { load_heads::<F>(w[r].add(b0 * bs), gn) };
+                let heads = unsafe { load_heads::<F>(w.row(r).add(b0 * bs), gn) };
                 let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(heads));
                 for t in 0..T {
                     let off = t * l.stride + l.off_d + b0 * 4;

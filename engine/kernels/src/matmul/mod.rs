@@ -416,57 +416,57 @@ fn prefetch_row(job: &Job<'_>, row: usize) {
     let _ = (job, row);
 }
 
-/// [`for_each_tile`] over `job`'s output rows: calls `tile(out_row,
-/// w_rows, tok0, n_toks)` for the output rows `out_row..out_row +
-/// w_rows.len()`, computed from the weight rows `w_rows`. Without a row
-/// list the weight rows are the output rows. With one, tiles of `rmax` rows
-/// are formed where the list holds `rmax` consecutive weight rows, and
-/// everywhere if `scattered` (the caller's tile kernel takes one pointer
-/// per row); single rows elsewhere. Each row's value is thus computed by
-/// the same tile code as in the dense product. Rows of the list are
-/// prefetched ahead, as scattered rows defeat the hardware prefetcher.
-pub(crate) fn for_each_row_tile(
+/// The tile loop of one thread of `job`: calls `tile(out_row, w_row,
+/// n_rows, tok0, n_toks)` for the output rows `out_row..out_row + n_rows`,
+/// computed from the consecutive weight rows `w_row..w_row + n_rows`.
+/// Without a row list that is [`for_each_tile`] (weight rows = output
+/// rows; nothing is added to the dense loop, whose tiles can take only
+/// ~60 ns). With one, tiles of `rmax` rows are formed where the list holds
+/// `rmax` consecutive weight rows, and, if `scattered` is given, for any
+/// 4 rows (`scattered(out_row, w_rows, tok0, n_toks)`, for a tile kernel
+/// that takes one pointer per row); single rows elsewhere. Each row's value
+/// is thus computed by the same tile code as in the dense product. Rows of
+/// the list are prefetched ahead, as scattered rows defeat the hardware
+/// prefetcher.
+#[allow(clippy::type_complexity)]
+pub(crate) fn for_each_job_tile(
     job: &Job<'_>,
     ti: usize,
     nt: usize,
     rmax: usize,
     tmax: usize,
-    scattered: bool,
-    mut tile: impl FnMut(usize, &[usize], usize, usize),
+    mut tile: impl FnMut(usize, usize, usize, usize, usize),
+    mut scattered: Option<&mut dyn FnMut(usize, [usize; 4], usize, usize)>,
 ) {
-    debug_assert!(rmax <= 4);
     let Some(idx) = job.idx else {
-        return for_each_tile(job.desc.rows, job.n_tokens, ti, nt, rmax, tmax, |r, nr, t, ntk| {
-            let rows = [r, r + 1, r + 2, r + 3];
-            tile(r, &rows[..nr], t, ntk)
-        });
+        return for_each_tile(job.desc.rows, job.n_tokens, ti, nt, rmax, tmax, |r, nr, t, ntk| tile(r, r, nr, t, ntk));
     };
-    let mut each_token = |r: usize, w_rows: &[usize]| {
-        let mut t = 0;
-        while t < job.n_tokens {
-            let ntk = (job.n_tokens - t).min(tmax);
-            tile(r, w_rows, t, ntk);
-            t += ntk;
-        }
-    };
+    debug_assert!(rmax <= 4 && (scattered.is_none() || rmax == 4));
     const AHEAD: usize = 8;
     let Range { start, end } = chunk_aligned(idx.len(), ti, nt, rmax);
     for &i in &idx[start..end.min(start + AHEAD)] {
         prefetch_row(job, i as usize);
     }
-    let mut rows = [0usize; 4];
     let mut r = start;
     while r < end {
         let w0 = idx[r] as usize;
-        let full = end - r >= rmax && (scattered || (1..rmax).all(|i| idx[r + i] as usize == w0 + i));
-        let nr = if full { rmax } else { 1 };
-        for (d, &i) in rows.iter_mut().zip(&idx[r..r + nr]) {
-            *d = i as usize;
-        }
+        let room = end - r >= rmax;
+        let consecutive = room && (1..rmax).all(|i| idx[r + i] as usize == w0 + i);
+        let nr = if consecutive || (room && scattered.is_some()) { rmax } else { 1 };
         for &i in &idx[(r + AHEAD).min(end)..(r + nr + AHEAD).min(end)] {
             prefetch_row(job, i as usize);
         }
-        each_token(r, &rows[..nr]);
+        let mut t = 0;
+        while t < job.n_tokens {
+            let ntk = (job.n_tokens - t).min(tmax);
+            match scattered.as_mut() {
+                Some(f) if nr == 4 && !consecutive => {
+                    f(r, [0, 1, 2, 3].map(|i| idx[r + i] as usize), t, ntk);
+                }
+                _ => tile(r, w0, nr, t, ntk),
+            }
+            t += ntk;
+        }
         r += nr;
     }
 }

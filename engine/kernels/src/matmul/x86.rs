@@ -1,7 +1,7 @@
 //! SIMD matmul drivers (AVX2 and AVX-512): activation packing and the
 //! tile loops over the [`crate::dot`] tile kernels.
 
-use super::{Isa, Job, OutPtr, broadcast_work, for_each_row_tile, gemm_f32, pack_tokens, scratch_aligned};
+use super::{Isa, Job, OutPtr, broadcast_work, for_each_job_tile, gemm_f32, pack_tokens, scratch_aligned};
 use crate::GgmlType;
 use crate::Result;
 use crate::dot::avx512_k::{KQ4, KQ5, KQ6};
@@ -89,35 +89,44 @@ fn run_legacy<const F: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: 
     broadcast_work(pool, job.macs(), &|ti, nt| {
         let (w, act) = (w as *const u8, act as *const u8);
         let rmax = if avx512 { 4 } else { 2 };
-        // The 512-bit nibble kernel also takes four scattered rows.
-        let scattered = avx512 && !ymm;
-        for_each_row_tile(job, ti, nt, rmax, TMAX, scattered, |r, w_rows, t, ntk| {
-            let nr = w_rows.len();
+        let tile = |r: usize, wr: usize, nr: usize, t: usize, ntk: usize| {
             let (wp, ap, op) =
-                (w.wrapping_add(w_rows[0] * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
+                (w.wrapping_add(wr * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
             // SAFETY: the CPU supports `isa` (checked by `candidates`);
-            // weight rows `w_rows` (consecutive unless `scattered`), output
-            // rows `r..r + nr` and tokens `t..t + ntk` are inside the
-            // validated weight, packed-activation and output buffers; this
-            // thread owns the output rows.
+            // weight rows `wr..wr + nr`, output rows `r..r + nr` and tokens
+            // `t..t + ntk` are inside the validated weight, packed-activation
+            // and output buffers; this thread owns the output rows.
             unsafe {
-                if nr == 4 && w_rows[3] != w_rows[0] + 3 {
-                    let ptrs = [0, 1, 2, 3].map(|i| w.wrapping_add(w_rows[i] * rb));
-                    match ntk {
-                        4 => avx512::legacy_tile_rows::<F, 4, 4>(ptrs, &l, ap, op, rows),
-                        3 => avx512::legacy_tile_rows::<F, 4, 3>(ptrs, &l, ap, op, rows),
-                        2 => avx512::legacy_tile_rows::<F, 4, 2>(ptrs, &l, ap, op, rows),
-                        _ => avx512::legacy_tile_rows::<F, 4, 1>(ptrs, &l, ap, op, rows),
-                    }
-                } else if ymm {
+                if ymm {
                     tiles!(avx512_ymm::q8_0_tile, [], 4, nr, ntk, (wp, rb, &l, ap, op, rows));
                 } else if avx512 {
-                    tiles!(avx512::legacy_tile, [F], 4, nr, ntk, (wp, rb, &l, ap, op, rows));
+                    let wp = avx512::Strided { w: wp, row_bytes: rb };
+                    tiles!(avx512::legacy_tile, [F], 4, nr, ntk, (wp, &l, ap, op, rows));
                 } else {
                     tiles!(avx2::legacy_tile, [F], 2, nr, ntk, (wp, rb, &l, ap, op, rows));
                 }
             }
-        });
+        };
+        // The 512-bit nibble kernel also takes four scattered rows.
+        let mut scattered = |r: usize, wr: [usize; 4], t: usize, ntk: usize| {
+            let (w, ap, op) = (
+                wr.map(|i| w.wrapping_add(i * rb)),
+                act.wrapping_add(t * l.stride),
+                out.ptr().wrapping_add(t * rows + r),
+            );
+            // SAFETY: as for `tile`, with weight rows `wr`; only used when
+            // `avx512 && !ymm`.
+            unsafe {
+                match ntk {
+                    4 => avx512::legacy_tile::<F, 4, 4>(w, &l, ap, op, rows),
+                    3 => avx512::legacy_tile::<F, 4, 3>(w, &l, ap, op, rows),
+                    2 => avx512::legacy_tile::<F, 4, 2>(w, &l, ap, op, rows),
+                    _ => avx512::legacy_tile::<F, 4, 1>(w, &l, ap, op, rows),
+                }
+            }
+        };
+        let scattered: Option<&mut dyn FnMut(_, _, _, _)> = if avx512 && !ymm { Some(&mut scattered) } else { None };
+        for_each_job_tile(job, ti, nt, rmax, TMAX, tile, scattered);
     });
 }
 
@@ -134,10 +143,9 @@ fn run_k<const K: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut 
     let avx512 = isa == Isa::Avx512;
     broadcast_work(pool, job.macs(), &|ti, nt| {
         let (w, act) = (w as *const u8, act as *const u8);
-        for_each_row_tile(job, ti, nt, 2, TMAX, false, |r, w_rows, t, ntk| {
-            let nr = w_rows.len();
+        let tile = |r: usize, wr: usize, nr: usize, t: usize, ntk: usize| {
             let (wp, ap, op) =
-                (w.wrapping_add(w_rows[0] * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
+                (w.wrapping_add(wr * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
             // SAFETY: as in `run_legacy`.
             unsafe {
                 if avx512 {
@@ -146,7 +154,8 @@ fn run_k<const K: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut 
                     tiles!(avx2_k::k_tile, [K], 2, nr, ntk, (wp, rb, &l, ap, op, rows));
                 }
             }
-        });
+        };
+        for_each_job_tile(job, ti, nt, 2, TMAX, tile, None);
     });
 }
 
@@ -172,10 +181,9 @@ fn precise<const W: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>) {
     broadcast_work(pool, job.macs(), &|ti, nt| {
         let (w, x) = (w as *const u8, x as *const f32);
         let rmax = if avx512 { 4 } else { 2 };
-        for_each_row_tile(job, ti, nt, rmax, TMAX, false, |r, w_rows, t, ntk| {
-            let nr = w_rows.len();
+        let tile = |r: usize, wr: usize, nr: usize, t: usize, ntk: usize| {
             let (wp, xp, op) =
-                (w.wrapping_add(w_rows[0] * rb), x.wrapping_add(t * cols), out.ptr().wrapping_add(t * rows + r));
+                (w.wrapping_add(wr * rb), x.wrapping_add(t * cols), out.ptr().wrapping_add(t * rows + r));
             // SAFETY: as in `run_legacy`; `x` holds `n * cols` floats.
             unsafe {
                 if avx512 {
@@ -184,6 +192,7 @@ fn precise<const W: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>) {
                     tiles!(f32simd::tile_avx2, [W], 2, nr, ntk, (ty, wp, rb, cols, xp, cols, op, rows));
                 }
             }
-        });
+        };
+        for_each_job_tile(job, ti, nt, rmax, TMAX, tile, None);
     });
 }
