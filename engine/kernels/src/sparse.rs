@@ -110,7 +110,8 @@ pub fn gather_rows(pool: &ThreadPool, w: &[u8], row_bytes: usize, idx: &[u32], d
     Ok(())
 }
 
-fn check_indices(op: &'static str, idx: &[u32], n_rows: usize) -> Result<()> {
+/// An error naming the first index of `idx` that is not below `n_rows`.
+pub(crate) fn check_indices(op: &'static str, idx: &[u32], n_rows: usize) -> Result<()> {
     if let Some((k, &i)) = idx.iter().enumerate().find(|&(_, &i)| i as usize >= n_rows) {
         return Err(shape_err(op, format!("index {i} (position {k}) is out of range for {n_rows} rows")));
     }

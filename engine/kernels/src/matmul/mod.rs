@@ -179,29 +179,7 @@ impl MatmulKernel for Kernel {
         out: &mut [f32],
         scratch: &mut Vec<u8>,
     ) -> Result<()> {
-        self.validate(w, x, n_tokens, out, self.desc.rows)?;
-        // `candidates` trusts the features it is given; make sure the CPU we
-        // run on really has the instructions before executing them.
-        if !self.isa.available() {
-            return Err(KernelError::Unsupported { ty: self.desc.wtype, what: "this cpu (missing simd features)" });
-        }
-        if n_tokens == 0 || self.desc.rows == 0 {
-            return Ok(());
-        }
-        if self.desc.act == ActType::Q8_K && matches!(self.desc.wtype, GgmlType::TQ1_0 | GgmlType::TQ2_0) {
-            let out = OutPtr(out.as_mut_ptr());
-            return crate::dot::ternary::run(self.isa, pool, &self.desc, self.row_bytes, w, x, n_tokens, out, scratch);
-        }
-        let job = Job {
-            desc: self.desc,
-            row_bytes: self.row_bytes,
-            w,
-            idx: None,
-            x,
-            n_tokens,
-            out: OutPtr(out.as_mut_ptr()),
-        };
-        self.dispatch(pool, &job, scratch)
+        self.run_job(pool, w, None, x, n_tokens, out, scratch)
     }
 
     fn run_rows(
@@ -214,42 +192,51 @@ impl MatmulKernel for Kernel {
         out: &mut [f32],
         scratch: &mut Vec<u8>,
     ) -> Result<()> {
-        self.validate(w, x, n_tokens, out, idx.len())?;
-        if let Some((k, &i)) = idx.iter().enumerate().find(|&(_, &i)| i as usize >= self.desc.rows) {
-            return Err(KernelError::Shape {
-                op: "gathered-row matmul",
-                detail: format!("row index {i} (position {k}) is out of range for {} rows", self.desc.rows),
-            });
-        }
-        if !self.isa.available() {
-            return Err(KernelError::Unsupported { ty: self.desc.wtype, what: "this cpu (missing simd features)" });
-        }
-        if n_tokens == 0 || idx.is_empty() {
-            return Ok(());
-        }
-        if self.desc.act == ActType::Q8_K && matches!(self.desc.wtype, GgmlType::TQ1_0 | GgmlType::TQ2_0) {
-            return Err(KernelError::NotOffered { kernel: self.name.clone(), op: "gathered-row matmul" });
-        }
-        let job = Job {
-            desc: self.desc,
-            row_bytes: self.row_bytes,
-            w,
-            idx: Some(idx),
-            x,
-            n_tokens,
-            out: OutPtr(out.as_mut_ptr()),
-        };
-        self.dispatch(pool, &job, scratch)
+        self.run_job(pool, w, Some(idx), x, n_tokens, out, scratch)
     }
 }
 
 impl Kernel {
-    /// Runs a validated job with this kernel's instruction set.
-    fn dispatch(&self, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) -> Result<()> {
+    /// [`MatmulKernel::run`] (`idx == None`) and
+    /// [`MatmulKernel::run_rows`]: validates the call and runs it with this
+    /// kernel's instruction set.
+    #[allow(clippy::too_many_arguments)]
+    fn run_job(
+        &self,
+        pool: &ThreadPool,
+        w: &[u8],
+        idx: Option<&[u32]>,
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
+        let out_rows = idx.map_or(self.desc.rows, <[u32]>::len);
+        self.validate(w, x, n_tokens, out, out_rows)?;
+        if let Some(idx) = idx {
+            crate::sparse::check_indices("gathered-row matmul", idx, self.desc.rows)?;
+        }
+        // `candidates` trusts the features it is given; make sure the CPU we
+        // run on really has the instructions before executing them.
+        if !self.isa.available() {
+            return Err(KernelError::Unsupported { ty: self.desc.wtype, what: "this cpu (missing simd features)" });
+        }
+        if n_tokens == 0 || out_rows == 0 {
+            return Ok(());
+        }
+        if self.desc.act == ActType::Q8_K && matches!(self.desc.wtype, GgmlType::TQ1_0 | GgmlType::TQ2_0) {
+            if idx.is_some() {
+                return Err(KernelError::NotOffered { kernel: self.name.clone(), op: "gathered-row matmul" });
+            }
+            let out = OutPtr(out.as_mut_ptr());
+            return crate::dot::ternary::run(self.isa, pool, &self.desc, self.row_bytes, w, x, n_tokens, out, scratch);
+        }
+        let job =
+            Job { desc: self.desc, row_bytes: self.row_bytes, w, idx, x, n_tokens, out: OutPtr(out.as_mut_ptr()) };
         match self.isa {
-            Isa::Scalar => scalar::run(pool, job, scratch),
+            Isa::Scalar => scalar::run(pool, &job, scratch),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::Avx512 => x86::run(self.isa, pool, job, scratch),
+            Isa::Avx2 | Isa::Avx512 => x86::run(self.isa, pool, &job, scratch),
             #[cfg(not(target_arch = "x86_64"))]
             _ => Err(KernelError::Unsupported { ty: self.desc.wtype, what: "simd matmul" }),
         }
