@@ -1,15 +1,23 @@
 //! Activation sparsity on SmolLM2: calibration writes a deterministic
 //! sidecar, a model loaded with it runs sparse and still answers, a
-//! keep-everything sidecar reproduces the dense model, and a sidecar of
-//! another model is refused.
+//! keep-everything sidecar reproduces the dense model, a sidecar of
+//! another model is refused, and packs' predictors and cache policies plug
+//! in.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use spinfer_engine::Engine;
 use spinfer_engine::gguf::GgufFile;
 use spinfer_engine::model::{ModelOptions, Precision};
+use spinfer_engine::packs::{NativePack, host_info};
+use spinfer_engine::registry::{KernelProvider, KernelRegistry};
 use spinfer_engine::sparse::calibrate::{CalibrateOptions, calibrate};
 use spinfer_engine::sparse::{CalibrationInfo, PredictorKind, Sidecar, SparsityOptions};
+use spinfer_kernels::kernel::{MatmulDesc, MatmulKernel};
+use spinfer_plugin_api::abi_stable::sabi_trait::TD_Opaque;
+use spinfer_plugin_api::abi_stable::std_types::{RErr, ROk, RResult, RSlice, RSliceMut, RString};
+use spinfer_plugin_api::{PackError, Predictor, Predictor_TO, PredictorBox, PredictorSpec};
 use spinfer_tests::{data, reference, smollm2, top_k};
 
 fn options(sparsity: Option<SparsityOptions>) -> ModelOptions {
@@ -287,5 +295,173 @@ fn a_memory_budget_gives_the_unbudgeted_logits() {
     // Other predictors read the whole gate: refused under a budget.
     so.predictor = Some(PredictorKind::GateThreshold);
     let e = Engine::load(&model, options(Some(so))).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.contains("low-rank"), "{e}");
+}
+
+/// A test pack's predictor: neuron `j` of layer `l` is active when
+/// `(7j + l) % 3 != 0` (two thirds of them). It records the first layer-0
+/// input it sees, can fail at one layer, or miscount.
+struct Pattern {
+    name: &'static str,
+    first_input: Arc<Mutex<Option<Vec<f32>>>>,
+    fail_at: Option<u32>,
+    miscount: bool,
+}
+
+fn pattern_active(layer: u32, j: usize) -> bool {
+    !(7 * j + layer as usize).is_multiple_of(3)
+}
+
+impl Predictor for Pattern {
+    fn name(&self) -> RString {
+        self.name.into()
+    }
+
+    fn predict(
+        &self,
+        layer: u32,
+        hidden: RSlice<'_, f32>,
+        mut out_mask: RSliceMut<'_, u8>,
+    ) -> RResult<usize, PackError> {
+        if self.fail_at == Some(layer) {
+            return RErr(PackError::invalid_argument("test failure"));
+        }
+        if layer == 0 {
+            self.first_input.lock().unwrap().get_or_insert_with(|| hidden.to_vec());
+        }
+        let mut n = 0;
+        for (j, m) in out_mask.iter_mut().enumerate() {
+            *m = u8::from(pattern_active(layer, j));
+            n += usize::from(*m);
+        }
+        ROk(if self.miscount { n + 1 } else { n })
+    }
+}
+
+/// A provider offering only predictors: `pattern`, `fail` (at layer 3),
+/// `miscount`, and a second `keep-all` (so the bare name is ambiguous).
+struct TestPack(Arc<Mutex<Option<Vec<f32>>>>);
+
+impl KernelProvider for TestPack {
+    fn name(&self) -> &str {
+        "test-pack@1.0.0#000000000000"
+    }
+
+    fn score(&self) -> u32 {
+        1
+    }
+
+    fn kernels_for(&self, _desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
+        Vec::new()
+    }
+
+    fn predictors(&self, spec: &PredictorSpec) -> Vec<PredictorBox> {
+        let p = |name, fail_at, miscount| {
+            Predictor_TO::from_value(Pattern { name, first_input: Arc::clone(&self.0), fail_at, miscount }, TD_Opaque)
+        };
+        let keep_all = spinfer_pack_cpu_portable::sparsity::KeepAll::new(spec);
+        vec![
+            p("pattern", None, false),
+            p("fail", Some(3), false),
+            p("miscount", None, true),
+            Predictor_TO::from_value(keep_all, TD_Opaque),
+        ]
+    }
+}
+
+/// Third-party predictors and cache policies: the reference pack
+/// (cpu-portable, linked in process) and a test pack plug into the sparse
+/// FFN through the kernel registry.
+#[test]
+fn pack_predictors_and_cache_policies_plug_in() {
+    let Some(model) = smollm2() else { return };
+    let dense = Engine::load(&model, options(None)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lr.spinfer");
+    calibrated(&model, &dense, 0.5, PredictorKind::LowRank).write(&path).unwrap();
+    let portable = NativePack::linked(spinfer_pack_cpu_portable::instantiate_root_module(), &host_info()).unwrap();
+    let seen = Arc::new(Mutex::new(None));
+    let mut registry = KernelRegistry::builtin();
+    registry.add_provider(Arc::new(portable));
+    registry.add_provider(Arc::new(TestPack(Arc::clone(&seen))));
+    let load = |pack_predictor: &str| {
+        let mut so = SparsityOptions::new(&path);
+        so.pack_predictor = Some(pack_predictor.to_string());
+        Engine::load_with(&model, options(Some(so)), &registry)
+    };
+
+    // keep-all: the dense model, up to the sparse down projection's
+    // summation order; every neuron computed, none by a dense fallback.
+    let all = load("cpu-portable/keep-all").unwrap();
+    assert_eq!(all.model.sparse.as_ref().unwrap().predictor, PredictorKind::Pack);
+    for p in &reference().prompts {
+        let (want, got) = (last_logits(&dense, &p.text), last_logits(&all, &p.text));
+        let diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(diff < 0.1, "{:?}: max |Δlogit| {diff}", p.text);
+        assert_eq!(top_k(&want, 5), top_k(&got, 5), "{:?}", p.text);
+    }
+    assert_eq!(greedy(&dense, "The capital of France is", 8), greedy(&all, "The capital of France is", 8));
+
+    // pattern: exactly its mask is computed, from the FFN's real input.
+    let e = load("pattern").unwrap();
+    let ids = e.tokenizer.encode("The capital of France is", false).unwrap();
+    let mut s = e.new_session();
+    let logits = e.model.forward_last(&mut s, &ids).unwrap().to_vec();
+    assert!(logits.iter().all(|v| v.is_finite()));
+    let ffn = e.model.config.ffn_dim;
+    for (l, c) in s.sparsity_stats().layers.iter().enumerate() {
+        let per_token = (0..ffn).filter(|&j| pattern_active(l as u32, j)).count() as u64;
+        assert_eq!(
+            (c.tokens, c.predicted, c.active, c.dense),
+            (ids.len() as u64, c.active, per_token * ids.len() as u64, 0),
+            "layer {l}"
+        );
+    }
+    let mut probe = dense.new_session();
+    let first: Arc<Mutex<Option<Vec<f32>>>> = Arc::default();
+    let f = Arc::clone(&first);
+    probe.set_ffn_probe(Some(Box::new(move |l, x, _, _| {
+        if l == 0 {
+            f.lock().unwrap().get_or_insert_with(|| x[..x.len() / ids.len()].to_vec());
+        }
+    })));
+    dense.model.forward_last(&mut probe, &e.tokenizer.encode("The capital of France is", false).unwrap()).unwrap();
+    let want = first.lock().unwrap().clone().unwrap();
+    assert_eq!(seen.lock().unwrap().as_deref(), Some(want.as_slice()), "the predictor sees the FFN input");
+
+    // Errors name the predictor and what the packs offer.
+    let err = |r: Result<Engine, spinfer_engine::Error>| r.err().map(|e| e.to_string()).unwrap_or_default();
+    let e = err(load("nope"));
+    assert!(e.contains("'nope'") && e.contains("cpu-portable/keep-all") && e.contains("test-pack/pattern"), "{e}");
+    let e = err(load("keep-all"));
+    assert!(e.contains("several packs") && e.contains("<pack>/keep-all"), "{e}");
+    for (name, want) in [("fail", "predictor test-pack/fail: layer 3: "), ("miscount", "reported")] {
+        let e = load(name).unwrap();
+        let mut s = e.new_session();
+        let r = e.model.forward_last(&mut s, &[1, 2, 3]).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(r.contains(want) && r.contains("test-pack"), "{name}: {r}");
+    }
+
+    // The reference pack's FIFO cache policy under a memory budget: the
+    // unbudgeted low-rank logits, bit for bit, with its own cache traffic.
+    let mut so = SparsityOptions::new(&path);
+    so.predictor = Some(PredictorKind::LowRank);
+    let free = Engine::load_with(&model, options(Some(so.clone())), &registry).unwrap();
+    so.ffn_budget_bytes = Some(12_000_000);
+    so.pack_cache_policy = Some("cpu-portable/fifo".into());
+    let fifo = Engine::load_with(&model, options(Some(so.clone())), &registry).unwrap();
+    let text = "The capital of France is Paris, and the capital of Italy is";
+    assert_eq!(last_logits(&free, text), last_logits(&fifo, text));
+    let mut s = fifo.new_session();
+    fifo.model.forward_last(&mut s, &fifo.tokenizer.encode(text, false).unwrap()).unwrap();
+    let c = &s.sparsity_stats().cache;
+    assert!(c.hot > 0 && c.misses > 0, "{c:?}");
+    so.pack_cache_policy = Some("lifo".into());
+    let e = err(Engine::load_with(&model, options(Some(so.clone())), &registry));
+    assert!(e.contains("cache policy 'lifo'") && e.contains("cpu-portable/fifo"), "{e}");
+    // A pack predictor reads the whole gate matrix: refused under a budget.
+    so.pack_cache_policy = None;
+    so.pack_predictor = Some("pattern".into());
+    let e = err(Engine::load_with(&model, options(Some(so)), &registry));
     assert!(e.contains("low-rank"), "{e}");
 }

@@ -8,13 +8,11 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use spinfer_engine::config::{Config, PrecisionSetting, SparsitySection};
+use spinfer_engine::config::{Config, PrecisionSetting, SparsitySection, check_cache_policy, check_predictor};
 use spinfer_engine::generate::{GenerateParams, StopReason};
 use spinfer_engine::model::{ModelOptions, Precision, Session};
 
 use spinfer_engine::sampling::SamplerParams;
-use spinfer_engine::sparse::PredictorKind;
-use spinfer_engine::sparse::cache::CachePolicyKind;
 use spinfer_engine::{Engine, perplexity};
 
 /// Options every model-running command shares.
@@ -44,7 +42,7 @@ pub struct CommonArgs {
     #[arg(long)]
     pub sparsity: Option<PathBuf>,
     /// Use this predictor instead of the sidecar's: gate-threshold | top-k | input-magnitude | low-rank |
-    /// sentence.
+    /// sentence | pack:<pack>/<name> (a loaded pack's predictor).
     #[arg(long, requires = "sparsity")]
     pub predictor: Option<String>,
     /// Hold at most this many MB (10^6 bytes) of FFN weights and predictor
@@ -53,7 +51,8 @@ pub struct CommonArgs {
     /// `--predictor low-rank`.
     #[arg(long, requires = "sparsity")]
     pub ffn_budget_mb: Option<f64>,
-    /// Which cold neurons stay cached under --ffn-budget-mb: lru | freq-lru.
+    /// Which cold neurons stay cached under --ffn-budget-mb: lru | freq-lru | pack:<pack>/<name> (a loaded
+    /// pack's policy).
     #[arg(long, requires = "ffn_budget_mb")]
     pub cache_policy: Option<String>,
     /// Print only the result on stdout.
@@ -102,20 +101,17 @@ impl CommonArgs {
             Precision::Int8 => PrecisionSetting::Int8,
             Precision::Precise => PrecisionSetting::Precise,
         };
-        if let Some(p) = &self.predictor
-            && PredictorKind::parse(p).is_none()
-        {
-            bail!("--predictor '{p}' is not one of {}", PredictorKind::names());
+        if let Some(p) = &self.predictor {
+            check_predictor(p).map_err(|e| anyhow::anyhow!("--{e}"))?;
         }
         if let Some(b) = self.ffn_budget_mb
             && !(b.is_finite() && b > 0.0)
         {
             bail!("--ffn-budget-mb must be a positive number, got {b}");
         }
-        if let Some(p) = &self.cache_policy
-            && CachePolicyKind::parse(p).is_none()
-        {
-            bail!("--cache-policy '{p}' is not one of lru, freq-lru");
+        if let Some(p) = &self.cache_policy {
+            check_cache_policy(p)
+                .map_err(|e| anyhow::anyhow!("--{}", e.replacen("cache policy", "cache-policy", 1)))?;
         }
         if let Some(file) = &self.sparsity {
             let old = c.sparsity.take().unwrap_or_default();

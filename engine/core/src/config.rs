@@ -34,7 +34,9 @@ pub struct SparsitySection {
     /// The sidecar written by `spinfer calibrate`. Relative paths are
     /// resolved against the config file's directory.
     pub file: PathBuf,
-    /// `"gate-threshold"` or `"top-k"` (default: the sidecar's).
+    /// `"gate-threshold"`, `"top-k"`, `"input-magnitude"`, `"low-rank"`,
+    /// `"sentence"`, or a pack's predictor as `"pack:<pack>/<name>"`
+    /// (default: the sidecar's).
     pub predictor: Option<String>,
     /// A layer keeping more than this fraction of its neurons for a token
     /// runs dense for that token (default 0.85).
@@ -43,9 +45,41 @@ pub struct SparsitySection {
     /// bytes): hot neurons in RAM, cold ones read on demand from a repack
     /// beside the sidecar. Needs the low-rank predictor. Absent: no budget.
     pub ffn_budget_mb: Option<f64>,
-    /// Which cold neurons stay cached under a budget: `"lru"` or
-    /// `"freq-lru"` (default).
+    /// Which cold neurons stay cached under a budget: `"lru"`,
+    /// `"freq-lru"` (default), or a pack's policy as `"pack:<pack>/<name>"`.
     pub cache_policy: Option<String>,
+}
+
+/// The name after `pack:` in a predictor or cache policy setting.
+fn pack_object(setting: &str) -> Option<&str> {
+    setting.strip_prefix("pack:")
+}
+
+/// Checks a predictor setting (`sparsity.predictor`, `--predictor`).
+///
+/// # Errors
+///
+/// A message listing the accepted values.
+pub fn check_predictor(p: &str) -> std::result::Result<(), String> {
+    match pack_object(p) {
+        Some(name) if !name.is_empty() => Ok(()),
+        None if PredictorKind::parse(p).is_some() => Ok(()),
+        _ => Err(format!("predictor '{p}' is not one of {}, pack:<pack>/<name>", PredictorKind::names())),
+    }
+}
+
+/// Checks a cache policy setting (`sparsity.cache_policy`,
+/// `--cache-policy`).
+///
+/// # Errors
+///
+/// A message listing the accepted values.
+pub fn check_cache_policy(p: &str) -> std::result::Result<(), String> {
+    match pack_object(p) {
+        Some(name) if !name.is_empty() => Ok(()),
+        None if CachePolicyKind::parse(p).is_some() => Ok(()),
+        _ => Err(format!("cache policy '{p}' is not one of lru, freq-lru, pack:<pack>/<name>")),
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -182,18 +216,14 @@ impl Config {
             }
         }
         if let Some(sp) = &self.sparsity {
-            if let Some(p) = &sp.predictor
-                && PredictorKind::parse(p).is_none()
-            {
-                return Err(format!("sparsity.predictor '{p}' is not one of {}", PredictorKind::names()));
+            if let Some(p) = &sp.predictor {
+                check_predictor(p).map_err(|e| format!("sparsity.{e}"))?;
             }
             if sp.ffn_budget_mb.is_some_and(|b| !(b.is_finite() && b > 0.0)) {
                 return Err("sparsity.ffn_budget_mb must be a positive number".into());
             }
-            if let Some(p) = &sp.cache_policy
-                && CachePolicyKind::parse(p).is_none()
-            {
-                return Err(format!("sparsity.cache_policy '{p}' is not one of lru, freq-lru"));
+            if let Some(p) = &sp.cache_policy {
+                check_cache_policy(p).map_err(|e| format!("sparsity.{e}"))?;
             }
             if sp.dense_above.is_some_and(|d| !(0.0..=1.0).contains(&d)) {
                 return Err("sparsity.dense_above must be between 0 and 1".into());
@@ -236,6 +266,7 @@ impl Config {
         o.sparsity = self.sparsity.as_ref().map(|sp| {
             let mut so = SparsityOptions::new(&sp.file);
             so.predictor = sp.predictor.as_deref().and_then(PredictorKind::parse);
+            so.pack_predictor = sp.predictor.as_deref().and_then(pack_object).map(str::to_string);
             if let Some(d) = sp.dense_above {
                 so.dense_above = d;
             }
@@ -243,6 +274,7 @@ impl Config {
             if let Some(p) = sp.cache_policy.as_deref().and_then(CachePolicyKind::parse) {
                 so.cache_policy = p;
             }
+            so.pack_cache_policy = sp.cache_policy.as_deref().and_then(pack_object).map(str::to_string);
             so
         });
         o
@@ -314,5 +346,12 @@ mod tests {
         assert!(e.contains("ffn_budget_mb"), "{e}");
         let e = parse(&format!("{base}cache_policy = \"mru\"\n")).unwrap_err().to_string();
         assert!(e.contains("mru"), "{e}");
+        // A pack's predictor and cache policy, by name.
+        let packs = "[model]\npath = \"m.gguf\"\n[sparsity]\nfile = \"s.spinfer\"\npredictor = \"pack:acme/mlp\"\n";
+        let so = parse(&format!("{packs}cache_policy = \"pack:fifo\"\n")).unwrap().model_options().sparsity.unwrap();
+        assert_eq!((so.predictor, so.pack_predictor.as_deref()), (None, Some("acme/mlp")));
+        assert_eq!((so.cache_policy, so.pack_cache_policy.as_deref()), (CachePolicyKind::FreqLru, Some("fifo")));
+        let e = parse(&format!("{base}cache_policy = \"pack:\"\n")).unwrap_err().to_string();
+        assert!(e.contains("pack:<pack>/<name>"), "{e}");
     }
 }

@@ -19,6 +19,8 @@ use std::sync::Mutex;
 
 use spinfer_kernels::pool::ThreadPool;
 
+use spinfer_plugin_api::{CachePolicyBox, PredictorBox, PredictorSpec};
+
 use crate::tuning::bench::{Phase, kernel_id, verify};
 use crate::tuning::history::{HistoryStore, Host};
 use crate::tuning::select::{Reason, select};
@@ -34,6 +36,30 @@ pub trait KernelProvider: Send + Sync {
 
     /// Kernels serving `desc`, best first; empty if unsupported.
     fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>>;
+
+    /// The FFN neuron predictors this provider builds for the model
+    /// `spec` describes (a pack's `PackModule::predictors`); most offer
+    /// none.
+    fn predictors(&self, spec: &PredictorSpec) -> Vec<PredictorBox> {
+        let _ = spec;
+        Vec::new()
+    }
+
+    /// Fresh cache policies for a cache of `capacity` neurons (a pack's
+    /// `PackModule::cache_policies`); most offer none.
+    fn cache_policies(&self, capacity: u64) -> Vec<CachePolicyBox> {
+        let _ = capacity;
+        Vec::new()
+    }
+}
+
+/// A plugin object (predictor, cache policy) found in a provider.
+pub struct Found<T> {
+    /// `"<pack>/<name>"`, as a user names it.
+    pub name: String,
+    /// The provider (`name@version#hash`) it came from.
+    pub provider: String,
+    pub object: T,
 }
 
 /// The provider built into the engine: `spinfer-kernels` on this CPU.
@@ -245,6 +271,76 @@ impl KernelRegistry {
                     .map(|k| (p.name().to_string(), k))
             })
             .collect()
+    }
+
+    /// The predictor called `name` (`"<pack>/<predictor>"`, or the bare
+    /// predictor name when only one pack offers it) among the usable
+    /// providers' predictors for `spec`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] naming what the loaded packs offer when
+    /// none matches, or when a bare name is ambiguous.
+    pub fn predictor(&self, name: &str, spec: &PredictorSpec) -> Result<Found<PredictorBox>> {
+        self.find_plugin("predictor", name, |p| p.predictors(spec), |o| o.name().to_string())
+    }
+
+    /// The cache policy called `name` (as [`KernelRegistry::predictor`]),
+    /// fresh, for a cache of `capacity` neurons.
+    ///
+    /// # Errors
+    ///
+    /// As [`KernelRegistry::predictor`].
+    pub fn cache_policy(&self, name: &str, capacity: u64) -> Result<Found<CachePolicyBox>> {
+        self.find_plugin("cache policy", name, |p| p.cache_policies(capacity), |o| o.name().to_string())
+    }
+
+    fn find_plugin<T>(
+        &self,
+        what: &str,
+        want: &str,
+        offered: impl Fn(&dyn KernelProvider) -> Vec<T>,
+        name_of: impl Fn(&T) -> String,
+    ) -> Result<Found<T>> {
+        let mut all = Vec::new();
+        for p in self.usable() {
+            let base = base_name(p.name()).to_string();
+            for object in offered(p.as_ref()) {
+                let name = format!("{base}/{}", name_of(&object));
+                all.push(Found { name, provider: p.name().to_string(), object });
+            }
+        }
+        let exact = all.iter().position(|f| f.name == want);
+        let bare: Vec<usize> = all
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.name.split_once('/').map(|x| x.1) == Some(want))
+            .map(|(i, _)| i)
+            .collect();
+        let names = || {
+            if all.is_empty() {
+                "none".to_string()
+            } else {
+                all.iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(", ")
+            }
+        };
+        let i = match (exact, bare.as_slice()) {
+            (Some(i), _) => i,
+            (None, [i]) => *i,
+            (None, []) => {
+                return Err(Error::InvalidArgument(format!(
+                    "no loaded pack offers the {what} '{want}' (offered: {})",
+                    names()
+                )));
+            }
+            (None, _) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{what} '{want}' is offered by several packs ({}): name it as <pack>/{want}",
+                    names()
+                )));
+            }
+        };
+        Ok(all.swap_remove(i))
     }
 
     /// Picks the kernel for `desc`: the pinned one if a pin applies,

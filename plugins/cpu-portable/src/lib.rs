@@ -10,6 +10,9 @@
 //! bit-exact reference other packs are checked against, and as a working
 //! example of a pack.
 //!
+//! It also offers the reference sparsity plugins ([`sparsity`]): the
+//! `keep-all` predictor and the `fifo` cache policy.
+//!
 //! The adapter between `spinfer-kernels` and the ABI is shared with
 //! `cpu-simd` in `spinfer-pack-kit`; this crate says only what differs: its
 //! name, which kernels ([`PACK`]) and its score.
@@ -31,7 +34,14 @@ pub const PACK_NAME: &str = "cpu-portable";
 /// any SIMD extension.
 pub const PACK: CpuPack = CpuPack { name: PACK_NAME, features: CpuFeatures::default, isas: &["scalar"] };
 
-spinfer_pack_kit::export_cpu_pack!(PACK, score);
+pub mod sparsity;
+
+spinfer_pack_kit::export_cpu_pack!(
+    PACK,
+    score,
+    predictors = sparsity::predictors,
+    cache_policies = sparsity::cache_policies
+);
 
 /// The portable reference works everywhere and is preferred nowhere.
 #[sabi_extern_fn]

@@ -188,8 +188,24 @@ pub use spinfer_plugin_api::abi_stable;
 /// and `kernels` entry points from the `CpuPack` constant `PACK`; `score`
 /// is the pack's own `#[sabi_extern_fn] fn(&HostInfo) -> u32`. The pack
 /// crate must depend on `abi_stable` (its macros name it).
+///
+/// `export_cpu_pack!(PACK, score, predictors = p, cache_policies = c)`
+/// also exports the pack's own `predictors` and `cache_policies` entry
+/// points (`#[sabi_extern_fn]`s, see [`pack_module`]).
 #[macro_export]
 macro_rules! export_cpu_pack {
+    ($pack:path, $score:path, predictors = $predictors:path, cache_policies = $policies:path) => {
+        /// The pack's root module (`abi_version` first, then this pack's
+        /// entry points; see `spinfer_pack_kit::pack_module`). Not run
+        /// until `abi_stable` has checked the layout of the type it
+        /// returns against the host's.
+        #[$crate::abi_stable::export_root_module]
+        pub fn instantiate_root_module() -> $crate::__PackModuleRef {
+            $crate::pack_module(__spinfer_pack_name, $score, __spinfer_pack_kernels, $predictors, $policies)
+        }
+
+        $crate::export_cpu_pack!(@entry_points $pack);
+    };
     ($pack:path, $score:path) => {
         /// The pack's root module (`abi_version` first, then this pack's
         /// entry points; see `spinfer_pack_kit::kernel_pack_module`). Not
@@ -200,6 +216,9 @@ macro_rules! export_cpu_pack {
             $crate::kernel_pack_module(__spinfer_pack_name, $score, __spinfer_pack_kernels)
         }
 
+        $crate::export_cpu_pack!(@entry_points $pack);
+    };
+    (@entry_points $pack:path) => {
         #[$crate::abi_stable::sabi_extern_fn]
         fn __spinfer_pack_name() -> $crate::abi_stable::std_types::RString {
             $pack.name.into()
@@ -226,16 +245,21 @@ pub fn kernel_pack_module(
     score: extern "C" fn(&HostInfo) -> u32,
     kernels: extern "C" fn() -> RVec<KernelBox>,
 ) -> PackModuleRef {
-    PackModule {
-        abi_version: ABI_VERSION,
-        name,
-        score,
-        kernels,
-        loaders: no_loaders,
-        predictors: no_predictors,
-        cache_policies: no_cache_policies,
-    }
-    .leak_into_prefix()
+    pack_module(name, score, kernels, no_predictors, no_cache_policies)
+}
+
+/// The root module of a pack that offers kernels, FFN neuron predictors
+/// and cache policies (no loaders): as [`kernel_pack_module`], with the
+/// pack's own `predictors` and `cache_policies` entry points.
+pub fn pack_module(
+    name: extern "C" fn() -> RString,
+    score: extern "C" fn(&HostInfo) -> u32,
+    kernels: extern "C" fn() -> RVec<KernelBox>,
+    predictors: extern "C" fn(&PredictorSpec) -> RVec<PredictorBox>,
+    cache_policies: extern "C" fn(u64) -> RVec<CachePolicyBox>,
+) -> PackModuleRef {
+    PackModule { abi_version: ABI_VERSION, name, score, kernels, loaders: no_loaders, predictors, cache_policies }
+        .leak_into_prefix()
 }
 
 /// `loaders` entry point of a pack without loaders.

@@ -21,8 +21,8 @@ use spinfer_kernels::pool::ThreadPool;
 use spinfer_plugin_api::abi_stable::library::lib_header_from_path;
 use spinfer_plugin_api::abi_stable::std_types::{RSliceMut, RVec};
 use spinfer_plugin_api::{
-    ABI_VERSION, ActType, KernelBox, LoadErrorKind, PackErrorKind, PackModuleRef, PredictorSpec, WeightType, check_abi,
-    load_pack,
+    ABI_VERSION, ActType, KernelBox, LoadErrorKind, NeuronId, PackErrorKind, PackModuleRef, PredictorSpec, WeightType,
+    check_abi, load_pack,
 };
 
 use crate::{CpuPack, ggml_type, isa_of, kernel_candidates, min_cols, op_for};
@@ -130,7 +130,8 @@ pub fn check_module(module: PackModuleRef, pack: &CpuPack) -> RVec<KernelBox> {
     assert_eq!(check_abi(module), Ok(()));
     assert_eq!(module.name()().as_str(), pack.name);
 
-    // The pack offers nothing but kernels.
+    // No loaders; whatever predictors and cache policies the pack offers
+    // answer the ABI's contract.
     assert!(module.loaders()().is_empty());
     let spec = PredictorSpec {
         arch: "llama".into(),
@@ -139,8 +140,25 @@ pub fn check_module(module: PackModuleRef, pack: &CpuPack) -> RVec<KernelBox> {
         hidden_dim: 64,
         ffn_dim: 256,
     };
-    assert!(module.predictors()(&spec).is_empty());
-    assert!(module.cache_policies()(1024).is_empty());
+    for p in module.predictors()(&spec) {
+        let name = p.name();
+        assert!(!name.is_empty());
+        let hidden: Vec<f32> = random_acts(&mut rng(7), 64);
+        let mut mask = vec![7u8; 256];
+        let n = p.predict(1, hidden.as_slice().into(), RSliceMut::from_mut_slice(&mut mask)).into_result().unwrap();
+        assert!(mask.iter().all(|&m| m <= 1), "predictor {name}: mask entries must be 0 or 1");
+        assert_eq!(n, mask.iter().filter(|&&m| m == 1).count(), "predictor {name}: count disagrees with the mask");
+        let e = p.predict(2, hidden.as_slice().into(), RSliceMut::from_mut_slice(&mut mask)).into_result();
+        assert_eq!(e.unwrap_err().kind, PackErrorKind::INVALID_ARGUMENT, "predictor {name}: layer out of range");
+    }
+    for mut c in module.cache_policies()(1024) {
+        let n = NeuronId { layer: 0, index: 3 };
+        assert!(!c.name().is_empty());
+        c.on_access(n);
+        if c.admit(n) {
+            assert_eq!(c.evict().into_option(), Some(n), "policy {}: the only resident neuron", c.name());
+        }
+    }
 
     // Kernels: one per (isa, pair) the pack serves, named as
     // spinfer-kernels names them.

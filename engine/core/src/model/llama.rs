@@ -23,6 +23,7 @@ use crate::registry::{Choice, KernelRegistry};
 use crate::sparse::{self, ModelId, SparseFfn, SparsityOptions, SparsityStats};
 use crate::tensor::{TensorData, TensorView};
 use crate::{Error, Result};
+use spinfer_plugin_api::PredictorSpec;
 
 mod sentence_ffn;
 mod sparse_attn;
@@ -390,6 +391,7 @@ pub struct Session {
 struct SparseScratch {
     idx: Vec<u32>,                             // kept neurons of the current token, ascending
     pred: Vec<u32>,                            // neurons the low-rank predictor keeps (before the gate)
+    mask: Vec<u8>,                             // a pack predictor's mask (ffn_dim)
     mags: Vec<f32>,                            // |activations| (top-K selection)
     up: Vec<f32>,                              // up projection of the kept neurons (k)
     h: Vec<f32>,                               // silu(gate) * up of the kept neurons (k)
@@ -496,7 +498,7 @@ impl Model {
                         mapped: l.w_gate.w.is_mapped() && l.w_up.w.is_mapped() && l.w_down.w.is_mapped(),
                     })
                     .collect();
-                Some(sparse::build_budgeted(o, &id, &src, dim, c.ffn_dim)?)
+                Some(sparse::build_budgeted(o, registry, &id, &src, dim, c.ffn_dim)?)
             }
             Some(o) => {
                 let id = ModelId::of(&c, loader)?;
@@ -507,7 +509,26 @@ impl Model {
                         wo: (l.wo.desc.wtype, l.wo.w.bytes()),
                     })
                     .collect();
-                Some(sparse::build(o, &id, &weights, dim, c.n_heads * c.head_dim, c.ffn_dim)?)
+                // A pack's predictor, built for this model.
+                let pack_predictor = match &o.pack_predictor {
+                    Some(name) => {
+                        let spec = PredictorSpec {
+                            arch: id.arch.as_str().into(),
+                            model_dir: loader
+                                .path()
+                                .parent()
+                                .map(|d| d.display().to_string())
+                                .unwrap_or_default()
+                                .into(),
+                            n_layers: c.n_layers as u32,
+                            hidden_dim: dim as u32,
+                            ffn_dim: c.ffn_dim as u32,
+                        };
+                        Some(registry.predictor(name, &spec)?)
+                    }
+                    None => None,
+                };
+                Some(sparse::build(o, pack_predictor, &id, &weights, dim, c.n_heads * c.head_dim, c.ffn_dim)?)
             }
             None => None,
         };

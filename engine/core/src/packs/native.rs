@@ -26,8 +26,8 @@ use spinfer_kernels::pool::{ThreadPool, chunk, chunk_aligned};
 use spinfer_kernels::{GgmlType, KernelError};
 use spinfer_plugin_api::abi_stable::std_types::RSliceMut;
 use spinfer_plugin_api::{
-    ABI_VERSION, ActType, CpuFeatureSet, HostInfo, KernelBox, KernelDesc, Op, PackError, PackModuleRef, WeightType,
-    check_abi_version, load_pack,
+    ABI_VERSION, ActType, CachePolicyBox, CpuFeatureSet, HostInfo, KernelBox, KernelDesc, Op, PackError, PackModuleRef,
+    PredictorBox, PredictorSpec, WeightType, check_abi_version, load_pack,
 };
 use spinfer_registry::{PackKind, VerifiedPack, Version};
 
@@ -153,27 +153,50 @@ impl NativePack {
             )));
         }
 
+        let sha = &m.artefact.sha256;
+        let provider_name = format!("{id}#{}", &sha[..sha.len().min(12)]);
+        let signer = pack.signer().map_or_else(|| "unsigned".to_string(), ToString::to_string);
+        Self::from_module(module, id, provider_name, host, &signer)
+    }
+
+    /// A pack linked into this program, from its `instantiate_root_module()`
+    /// (as abi_stable's `load_module_with` does for tests): there is no
+    /// artefact to verify, the code is part of the binary. The ABI version
+    /// and the score are checked as for [`NativePack::load`]; the provider
+    /// is named `"{name}@linked"`.
+    ///
+    /// # Errors
+    ///
+    /// As [`NativePack::load`] for the ABI version and the score.
+    pub fn linked(module: PackModuleRef, host: &HostInfo) -> Result<Self> {
+        let id = format!("{}@linked", (module.name())());
+        check_abi_version(module.abi_version()).map_err(|e| Error::Pack { pack: id.clone(), detail: e })?;
+        Self::from_module(module, id.clone(), id, host, "linked")
+    }
+
+    /// Score, name and kernels of an opened module.
+    fn from_module(
+        module: PackModuleRef,
+        id: String,
+        provider_name: String,
+        host: &HostInfo,
+        signer: &str,
+    ) -> Result<Self> {
         let score = (module.score())(host);
         if score == 0 {
-            return Err(err(format!(
-                "scores 0 on this host: it does not run on {} with cpu features {} and {} cores \
-                 (the pack's log says why)",
-                host.host_version, host.cpu_features, host.n_cores
-            )));
+            return Err(Error::Pack {
+                pack: id,
+                detail: format!(
+                    "scores 0 on this host: it does not run on {} with cpu features {} and {} cores \
+                     (the pack's log says why)",
+                    host.host_version, host.cpu_features, host.n_cores
+                ),
+            });
         }
-
         let pack_name = (module.name())().to_string();
         let kernels: Vec<(KernelDesc, Arc<KernelBox>)> =
             (module.kernels())().into_iter().map(|k| (k.describe(), Arc::new(k))).collect();
-        let sha = &m.artefact.sha256;
-        let provider_name = format!("{id}#{}", &sha[..sha.len().min(12)]);
-        tracing::info!(
-            provider = %provider_name,
-            score,
-            kernels = kernels.len(),
-            signer = %pack.signer().map_or_else(|| "unsigned".to_string(), ToString::to_string),
-            "loaded native pack"
-        );
+        tracing::info!(provider = %provider_name, score, kernels = kernels.len(), signer, "loaded native pack");
         Ok(NativePack { provider_name, id, pack_name, score, kernels, module })
     }
 
@@ -230,6 +253,14 @@ impl KernelProvider for NativePack {
                 }) as Arc<dyn MatmulKernel>
             })
             .collect()
+    }
+
+    fn predictors(&self, spec: &PredictorSpec) -> Vec<PredictorBox> {
+        (self.module.predictors())(spec).into_iter().collect()
+    }
+
+    fn cache_policies(&self, capacity: u64) -> Vec<CachePolicyBox> {
+        (self.module.cache_policies())(capacity).into_iter().collect()
     }
 }
 

@@ -430,7 +430,7 @@ impl FfnBundle {
         ffn: usize,
         budget: usize,
         fixed_other: usize,
-        policy: impl FnOnce(usize) -> BoxedPolicy,
+        policy: impl FnOnce(usize) -> Result<BoxedPolicy>,
     ) -> Result<Self> {
         let want = header_for(fingerprint, freqs, src, dim, ffn)?;
         let fresh = File::open(path).ok().and_then(|f| read_header(&f, path)).is_some_and(|h| h == want);
@@ -500,7 +500,7 @@ impl FfnBundle {
             read_at(&file, path, &mut data, base)?;
             layer.hot_data = data;
         }
-        let cache = ColdCache::new(slots, h.record, n_layers, ffn, policy(slots));
+        let cache = ColdCache::new(slots, h.record, n_layers, ffn, policy(slots)?);
         let report = BudgetReport {
             budget,
             fixed,
@@ -924,7 +924,7 @@ mod tests {
         let open = |budget| {
             let priors = freqs.clone();
             FfnBundle::open_or_build(&path, "fp", &freqs, &src, dim, ffn, budget, 0, move |slots| {
-                policy(CachePolicyKind::FreqLru, slots, priors)
+                Ok(policy(CachePolicyKind::FreqLru, slots, priors))
             })
             .unwrap()
         };
@@ -993,7 +993,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.ffn");
         let e = FfnBundle::open_or_build(&path, "fp", &[vec![0.5; 32]], &src, 32, 32, 100, 0, |_| {
-            policy(CachePolicyKind::Lru, 0, Vec::new())
+            Ok(policy(CachePolicyKind::Lru, 0, Vec::new()))
         })
         .err()
         .unwrap()

@@ -43,6 +43,8 @@ use spinfer_kernels::sparse::{NeuronMajor, axpy_rows_q8_0, transpose_to_q8_0};
 use self::bundle::{FfnBundle, FfnSource};
 use self::cache::CachePolicyKind;
 use self::lowrank::LowRank;
+use crate::registry::{Found, KernelRegistry};
+use spinfer_plugin_api::PredictorBox;
 
 use crate::{Error, Result};
 
@@ -64,6 +66,13 @@ pub struct SparsityOptions {
     pub ffn_budget_bytes: Option<usize>,
     /// Which cold neurons stay cached under a budget.
     pub cache_policy: CachePolicyKind,
+    /// A pack's predictor instead of the sidecar's (`"<pack>/<name>"`, or
+    /// the bare name if one pack offers it); the packs are those of the
+    /// kernel registry the model is loaded with.
+    pub pack_predictor: Option<String>,
+    /// A pack's cache policy instead of `cache_policy` (named as
+    /// `pack_predictor`).
+    pub pack_cache_policy: Option<String>,
 }
 
 impl SparsityOptions {
@@ -74,6 +83,8 @@ impl SparsityOptions {
             dense_above: 0.85,
             ffn_budget_bytes: None,
             cache_policy: CachePolicyKind::default(),
+            pack_predictor: None,
+            pack_cache_policy: None,
         }
     }
 }
@@ -204,6 +215,8 @@ pub struct SparseFfn {
     pub bundle: Option<FfnBundle>,
     /// Arithmetic of the AXPYs (set from the model's precision).
     pub axpy: AxpyMode,
+    /// The pack predictor, with [`PredictorKind::Pack`].
+    pub pack_predictor: Option<Found<PredictorBox>>,
 }
 
 impl SparseFfn {
@@ -233,8 +246,9 @@ pub fn select_neurons(
         PredictorKind::InputMagnitude => layer.input_threshold,
         // Filtered by the gate threshold once the predicted gate rows ran.
         PredictorKind::LowRank => layer.threshold,
-        // Per request, not per token (see `model::llama::sentence_ffn`).
-        PredictorKind::Sentence => return,
+        // Per request, not per token (see `model::llama::sentence_ffn`);
+        // a pack predictor's mask comes from the pack.
+        PredictorKind::Sentence | PredictorKind::Pack => return,
         PredictorKind::TopK => {
             let k = layer.keep.min(act.len());
             if k == 0 {
@@ -356,6 +370,7 @@ pub(crate) struct LayerWeights<'a> {
 /// has attention thresholds).
 pub(crate) fn build(
     opts: &SparsityOptions,
+    pack_predictor: Option<Found<PredictorBox>>,
     id: &ModelId,
     weights: &[LayerWeights<'_>],
     dim: usize,
@@ -410,7 +425,18 @@ pub(crate) fn build(
             attn_o,
         });
     }
-    let predictor = opts.predictor.unwrap_or(sidecar.predictor);
+    if let Some(found) = &pack_predictor {
+        tracing::info!(predictor = %found.name, provider = %found.provider, "pack predictor");
+    }
+    let predictor = match (&pack_predictor, opts.predictor) {
+        (Some(_), _) => PredictorKind::Pack,
+        (None, Some(PredictorKind::Pack)) => {
+            return Err(Error::InvalidArgument(
+                "the pack predictor needs a name: --predictor pack:<pack>/<name>".into(),
+            ));
+        }
+        (None, p) => p.unwrap_or(sidecar.predictor),
+    };
     if predictor == PredictorKind::LowRank && layers.iter().any(|l| l.lowrank.is_none()) {
         return Err(sparsity_err(path, "has no low-rank predictor (calibrate with --rank)"));
     }
@@ -423,6 +449,7 @@ pub(crate) fn build(
         layers,
         bundle: None,
         axpy: AxpyMode::Exact,
+        pack_predictor,
     })
 }
 
@@ -433,6 +460,7 @@ pub(crate) fn build(
 /// pages of the mapped FFN matrices are released.
 pub(crate) fn build_budgeted(
     opts: &SparsityOptions,
+    registry: &KernelRegistry,
     id: &ModelId,
     src: &[FfnSource],
     dim: usize,
@@ -443,13 +471,17 @@ pub(crate) fn build_budgeted(
     let mut sidecar = Sidecar::read(path)?;
     sidecar.check_model(id, path)?;
     let predictor = opts.predictor.unwrap_or(sidecar.predictor);
-    if predictor != PredictorKind::LowRank {
+    let other = match &opts.pack_predictor {
+        Some(name) => Some(format!("the pack predictor '{name}'")),
+        None => (predictor != PredictorKind::LowRank).then(|| predictor.name().to_string()),
+    };
+    if let Some(other) = other {
         return Err(sparsity_err(
             path,
             format!(
                 "an FFN memory budget needs the low-rank predictor (--predictor low-rank, with a sidecar calibrated \
-                 with --rank), not {}: the other predictors read the whole gate matrix every token",
-                predictor.name()
+                 with --rank), not {other}: the others read the whole gate matrix (or, from a pack, need the \
+                 model's own) every token"
             ),
         ));
     }
@@ -480,6 +512,7 @@ pub(crate) fn build_budgeted(
         return Err(sparsity_err(path, "active_freq does not match the model's layers"));
     }
     let kind = opts.cache_policy;
+    let pack_policy = opts.pack_cache_policy.as_deref();
     let priors = freqs.clone();
     let bundle = FfnBundle::open_or_build(
         &bundle::path_for(path),
@@ -490,7 +523,14 @@ pub(crate) fn build_budgeted(
         ffn_dim,
         budget,
         predictor_bytes,
-        move |slots| cache::policy(kind, slots, priors),
+        move |slots| match pack_policy {
+            Some(name) => {
+                let found = registry.cache_policy(name, slots as u64)?;
+                tracing::info!(policy = %found.name, provider = %found.provider, slots, "pack cache policy");
+                Ok(Box::new(found.object) as cache::BoxedPolicy)
+            }
+            None => Ok(cache::policy(kind, slots, priors)),
+        },
     )?;
     tracing::info!(path = %path.display(), budget, "sparse FFN under a memory budget");
     Ok(SparseFfn {
@@ -501,6 +541,7 @@ pub(crate) fn build_budgeted(
         layers,
         bundle: Some(bundle),
         axpy: AxpyMode::Exact,
+        pack_predictor: None,
     })
 }
 

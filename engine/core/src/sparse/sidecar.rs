@@ -77,6 +77,11 @@ pub enum PredictorKind {
     /// with the largest mean `|silu(gate)·up|` over the prompt (run dense);
     /// every later token computes only those.
     Sentence,
+    /// A pack's predictor (`--predictor pack:<pack>/<name>`): it picks the
+    /// neurons from the FFN input before any FFN projection runs; gate, up
+    /// and down are computed for those only. Never written to a sidecar.
+    #[serde(skip)]
+    Pack,
 }
 
 impl PredictorKind {
@@ -100,6 +105,7 @@ impl PredictorKind {
             PredictorKind::InputMagnitude => "input-magnitude",
             PredictorKind::LowRank => "low-rank",
             PredictorKind::Sentence => "sentence",
+            PredictorKind::Pack => "pack",
         }
     }
 

@@ -4,10 +4,13 @@
 //! on records gathered from the FFN bundle (see [`crate::sparse::bundle`]).
 
 use super::{Model, Session, grow};
-use crate::Result;
 use crate::model::math;
+use crate::registry::Found;
 use crate::sparse::bundle::FfnBundle;
 use crate::sparse::{PredictorKind, SparseFfn, select_neurons};
+use crate::{Error, Result};
+use spinfer_plugin_api::PredictorBox;
+use spinfer_plugin_api::abi_stable::std_types::RSliceMut;
 
 impl Model {
     /// FFN of layer `l` for the `n` tokens of this step, from `s.xn` into
@@ -31,7 +34,7 @@ impl Model {
         match predictor {
             // The mask comes before the gate: computed per token below.
             // (Sentence-level masks are handled by `sentence_ffn`.)
-            PredictorKind::LowRank | PredictorKind::Sentence => {}
+            PredictorKind::LowRank | PredictorKind::Sentence | PredictorKind::Pack => {}
             // The down projection's input in full: h = silu(gate) * up.
             PredictorKind::InputMagnitude => {
                 layer.w_gate.forward(&s.pool, &s.xn, n, &mut s.gate, &mut s.scratch)?;
@@ -83,6 +86,18 @@ impl Model {
                     }
                     sc.stats.layers[l].predicted += k as u64;
                 }
+                PredictorKind::Pack => {
+                    let pp = sp.pack_predictor.as_ref().expect("checked at load: a pack predictor");
+                    pack_mask(pp, l, x, ffn, &mut sc.mask, &mut sc.idx)?;
+                    // Their exact gate values; all of them are kept.
+                    let k = sc.idx.len();
+                    layer.w_gate.forward_rows(&s.pool, x, 1, &sc.idx, &mut sc.up[..k], &mut s.scratch)?;
+                    math::silu(&mut sc.up[..k]);
+                    for (&j, &a) in sc.idx.iter().zip(&sc.up[..k]) {
+                        act[j as usize] = a;
+                    }
+                    sc.stats.layers[l].predicted += k as u64;
+                }
                 PredictorKind::InputMagnitude | PredictorKind::Sentence => {
                     select_neurons(predictor, sl, act, &mut sc.idx, &mut sc.mags)
                 }
@@ -108,7 +123,9 @@ impl Model {
                 }
                 continue;
             }
-            if k > dense_above && predictor != PredictorKind::LowRank {
+            // (Not when a predictor chose before the gate: the gate was
+            // computed for the chosen neurons only.)
+            if k > dense_above && !matches!(predictor, PredictorKind::LowRank | PredictorKind::Pack) {
                 // Too many to gain from: dense for this token.
                 counters.dense += 1;
                 layer.w_up.forward(&s.pool, x, 1, &mut s.up[..ffn], &mut s.scratch)?;
@@ -189,4 +206,40 @@ impl Model {
         }
         Ok(())
     }
+}
+
+/// Asks a pack predictor for layer `l`'s mask from the FFN input `x`
+/// (`ffn` entries in `mask`) and lists the marked neurons, ascending, in
+/// `idx`.
+///
+/// # Errors
+///
+/// [`Error::Pack`] naming the predictor when the pack returns an error or
+/// its count disagrees with the mask it wrote.
+fn pack_mask(
+    pp: &Found<PredictorBox>,
+    l: usize,
+    x: &[f32],
+    ffn: usize,
+    mask: &mut Vec<u8>,
+    idx: &mut Vec<u32>,
+) -> Result<()> {
+    let err = |detail: String| Error::Pack {
+        pack: pp.provider.clone(),
+        detail: format!("predictor {}: layer {l}: {detail}", pp.name),
+    };
+    mask.clear();
+    mask.resize(ffn, 0);
+    let layer = u32::try_from(l).map_err(|_| err("layer index out of range".into()))?;
+    let said = pp
+        .object
+        .predict(layer, x.into(), RSliceMut::from_mut_slice(mask))
+        .into_result()
+        .map_err(|e| err(e.to_string()))?;
+    idx.clear();
+    idx.extend(mask.iter().enumerate().filter(|&(_, &m)| m != 0).map(|(j, _)| j as u32));
+    if said != idx.len() {
+        return Err(err(format!("reported {said} active neurons but marked {}", idx.len())));
+    }
+    Ok(())
 }
