@@ -1,6 +1,6 @@
 //! Native kernel packs end to end: pack directory → sign → verify →
 //! `NativePack::load` → registry → SmolLM2 logits through the pack's
-//! kernels, plus the refusals (tampered artefact, unsigned pack, a host the
+//! kernels (the sparse FFN's gathered rows included), plus the refusals (tampered artefact, unsigned pack, a host the
 //! pack does not run on).
 
 use std::path::{Path, PathBuf};
@@ -8,9 +8,12 @@ use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
 use spinfer_engine::Engine;
+use spinfer_engine::gguf::GgufFile;
 use spinfer_engine::model::{ModelOptions, Precision};
 use spinfer_engine::packs::{NativePack, host_info};
 use spinfer_engine::registry::{KernelProvider, KernelRegistry};
+use spinfer_engine::sparse::calibrate::{CalibrateOptions, calibrate};
+use spinfer_engine::sparse::{CalibrationInfo, PredictorKind, SparsityOptions};
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_plugin_api::{CpuFeatureSet, HostInfo};
 use spinfer_registry::{KeyPair, RegistryError, TrustPolicy, VerifiedPack, sha256_file, sign_pack, verify_pack};
@@ -249,4 +252,59 @@ fn untrusted_signer_is_refused() {
     let other = KeyPair::generate().unwrap().public_key();
     let e = verify_pack(&dir, &TrustPolicy::new().with_trusted(other)).unwrap_err();
     assert!(matches!(e, RegistryError::UntrustedKey { .. }), "{e}");
+}
+
+/// The sparse FFN's gate and up rows run through the pack's gathered-row
+/// kernel (`GATHERED_ROW_MAT_VEC`, the ABI's `run_sparse`) when the dense
+/// product is the pack's, and give what the same built-in kernel gives.
+#[test]
+fn sparse_gate_and_up_rows_run_through_the_pack() {
+    let Some(model) = smollm2() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let options = |sparsity| ModelOptions { precision: Precision::Fast, ctx: 64, threads: 2, sparsity };
+    let builtin =
+        Engine::load_with(&model, ModelOptions { ctx: 128, ..options(None) }, &KernelRegistry::builtin()).unwrap();
+    // A gate-threshold sidecar (50%) from a short calibration.
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(40);
+    let mut tokens = builtin.tokenizer.encode(&text, false).unwrap();
+    tokens.truncate(256);
+    let opts = CalibrateOptions {
+        target_sparsity: 0.5,
+        predictor: PredictorKind::GateThreshold,
+        window: 128,
+        info: CalibrationInfo::default(),
+        rank: 0,
+        recall_target: 0.95,
+        attn_sparsity: 0.0,
+    };
+    let sidecar =
+        calibrate(&builtin.model, &GgufFile::open(&model).unwrap(), &tokens, &opts, &mut |_, _, _| {}).unwrap();
+    let path = root.path().join("gt50.spinfer");
+    sidecar.write(&path).unwrap();
+    let mut so = SparsityOptions::new(&path);
+    so.dense_above = 1.0;
+
+    // The scalar kernels, built in and from cpu-portable.
+    let mut same = KernelRegistry::builtin();
+    same.pin("q4_1*q8_1", "scalar/q4_1*q8_1");
+    let want = Engine::load_with(&model, options(Some(so.clone())), &same).unwrap();
+    let pack =
+        Arc::new(NativePack::load(&verified(root.path(), "cpu-portable", "cpu_portable"), &host_info()).unwrap());
+    let mut registry = KernelRegistry::builtin();
+    registry.pin("q4_1*q8_1", "cpu-portable:scalar/q4_1*q8_1");
+    registry.add_provider(Arc::clone(&pack) as Arc<dyn KernelProvider>);
+    let got = Engine::load_with(&model, options(Some(so)), &registry).unwrap();
+    let mut through_pack = 0;
+    for lin in got.model.linears().filter(|l| l.name.contains("ffn_gate") || l.name.contains("ffn_up")) {
+        assert_eq!(lin.rows_provider, pack.name(), "{}", lin.name);
+        through_pack += 1;
+    }
+    assert_eq!(through_pack, 2 * got.model.config.n_layers);
+    for lin in want.model.linears().filter(|l| l.name.contains("ffn_up")) {
+        assert_eq!(lin.rows_provider, "cpu-builtin", "{}", lin.name);
+    }
+    // The same scalar code on both sides, rows independent of how they
+    // are split over threads: the same bits.
+    let (a, b) = (last_logits(&want), last_logits(&got));
+    assert_eq!(max_abs_diff(&a, &b), 0.0, "sparse logits through cpu-portable differ from the built-in scalar kernel");
 }

@@ -21,7 +21,7 @@ use spinfer_kernels::pool::ThreadPool;
 
 use spinfer_plugin_api::{CachePolicyBox, PredictorBox, PredictorSpec};
 
-use crate::tuning::bench::{Phase, kernel_id, verify};
+use crate::tuning::bench::{Phase, kernel_id, verify, verify_rows};
 use crate::tuning::history::{HistoryStore, Host};
 use crate::tuning::select::{Reason, select};
 use crate::{Error, Result};
@@ -36,6 +36,13 @@ pub trait KernelProvider: Send + Sync {
 
     /// Kernels serving `desc`, best first; empty if unsupported.
     fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>>;
+
+    /// The gathered-row form ([`MatmulKernel::run_rows`]) of this
+    /// provider's kernel `name` for `desc`, if it has one.
+    fn rows_kernel(&self, desc: &MatmulDesc, name: &str) -> Option<Arc<dyn MatmulKernel>> {
+        let _ = (desc, name);
+        None
+    }
 
     /// The FFN neuron predictors this provider builds for the model
     /// `spec` describes (a pack's `PackModule::predictors`); most offer
@@ -96,6 +103,12 @@ impl KernelProvider for CpuBuiltin {
 
     fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
         spinfer_kernels::kernel::candidates(desc, &self.features).into_iter().map(Arc::from).collect()
+    }
+
+    /// Every built-in kernel computes row lists in place (the ternary ones
+    /// answer `NotOffered` at run time).
+    fn rows_kernel(&self, desc: &MatmulDesc, name: &str) -> Option<Arc<dyn MatmulKernel>> {
+        self.kernels_for(desc).into_iter().find(|k| k.name() == name)
     }
 }
 
@@ -271,6 +284,46 @@ impl KernelRegistry {
                     .map(|k| (p.name().to_string(), k))
             })
             .collect()
+    }
+
+    /// The kernel for the gathered-row products over `desc`'s matrix (the
+    /// sparse FFN's gate and up rows), given the dense choice `dense`: the
+    /// gathered-row form of that same kernel when its provider offers one
+    /// (checked once against the scalar reference on random rows), else
+    /// the built-in kernel. `None` when neither exists.
+    pub fn resolve_rows(&self, desc: &MatmulDesc, dense: &Resolved) -> Option<(String, Arc<dyn MatmulKernel>)> {
+        let provider = self.providers.iter().find(|p| p.name() == dense.provider);
+        if let Some(p) = provider
+            && let Some(k) = p.rows_kernel(desc, dense.kernel.name())
+            && (p.name() == BUILTIN || self.rows_trusted(p.as_ref(), &k, desc))
+        {
+            return Some((p.name().to_string(), k));
+        }
+        builtin_kernel(desc).ok().map(|k| (BUILTIN.to_string(), Arc::from(k)))
+    }
+
+    /// As [`KernelRegistry::trusted`], for a pack's gathered-row kernel
+    /// (random rows against the scalar reference's dense product).
+    fn rows_trusted(&self, p: &dyn KernelProvider, k: &Arc<dyn MatmulKernel>, desc: &MatmulDesc) -> bool {
+        let key = (format!("{}#rows", kernel_id(p.name(), k.as_ref())), *desc);
+        let mut cache = self.verified.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let r = cache.entry(key).or_insert_with(|| {
+            // A prefix of tall matrices, as for the dense check.
+            let rows = if desc.rows > 320 { 256 + desc.rows % 64 } else { desc.rows };
+            let small = MatmulDesc { rows, ..*desc };
+            let k = p.rows_kernel(&small, k.name()).unwrap_or_else(|| Arc::clone(k));
+            let r = verify_rows(&small, k.as_ref(), &ThreadPool::new(1));
+            if let Err(why) = &r {
+                tracing::error!(
+                    provider = p.name(),
+                    kernel = k.name(),
+                    op = %describe(desc),
+                    "pack gathered-row kernel refused: {why}"
+                );
+            }
+            r
+        });
+        r.is_ok()
     }
 
     /// The predictor called `name` (`"<pack>/<predictor>"`, or the bare
@@ -525,6 +578,73 @@ mod tests {
     }
 
     const DESC: MatmulDesc = MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows: 64, cols: 64 };
+
+    /// A pack whose dense kernel is right but whose gathered-row form
+    /// returns zeros.
+    struct WrongRows;
+    struct RightDenseZeroRows(Arc<dyn MatmulKernel>);
+    impl MatmulKernel for RightDenseZeroRows {
+        fn name(&self) -> &str {
+            "right-dense"
+        }
+        fn run(
+            &self,
+            pool: &ThreadPool,
+            w: &[u8],
+            x: &[f32],
+            n: usize,
+            out: &mut [f32],
+            scratch: &mut Vec<u8>,
+        ) -> spinfer_kernels::Result<()> {
+            self.0.run(pool, w, x, n, out, scratch)
+        }
+        fn run_rows(
+            &self,
+            _: &ThreadPool,
+            _: &[u8],
+            _: &[u32],
+            _: &[f32],
+            _: usize,
+            out: &mut [f32],
+            _: &mut Vec<u8>,
+        ) -> spinfer_kernels::Result<()> {
+            out.fill(0.0);
+            Ok(())
+        }
+    }
+    impl KernelProvider for WrongRows {
+        fn name(&self) -> &str {
+            "wrong-rows@1.0.0#000000000000"
+        }
+        fn score(&self) -> u32 {
+            1000
+        }
+        fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
+            vec![Arc::new(RightDenseZeroRows(Arc::from(builtin_kernel(desc).unwrap())))]
+        }
+        fn rows_kernel(&self, desc: &MatmulDesc, name: &str) -> Option<Arc<dyn MatmulKernel>> {
+            self.kernels_for(desc).into_iter().find(|k| k.name() == name)
+        }
+    }
+
+    #[test]
+    fn gathered_rows_follow_the_dense_choice_unless_they_are_wrong() {
+        let mut r = KernelRegistry::builtin();
+        // The built-in provider: the gathered form of the pinned kernel.
+        r.pin("q4_1*q8_1", "scalar/q4_1*q8_1");
+        let dense = r.resolve(&DESC).unwrap();
+        let (p, k) = r.resolve_rows(&DESC, &dense).unwrap();
+        assert_eq!((p.as_str(), k.name()), ("cpu-builtin", "scalar/q4_1*q8_1"));
+        // A pack whose dense kernel is right but its rows are not: its
+        // dense kernel is used, its gathered rows never are.
+        let mut r = KernelRegistry::builtin();
+        r.add_provider(Arc::new(WrongRows));
+        let dense = r.resolve(&DESC).unwrap();
+        assert_eq!(dense.provider, "wrong-rows@1.0.0#000000000000");
+        let (p, k) = r.resolve_rows(&DESC, &dense).unwrap();
+        assert_eq!(p, "cpu-builtin");
+        assert_ne!(k.name(), "right-dense");
+    }
 
     #[test]
     fn score_order_pins_and_exclusions() {

@@ -79,6 +79,13 @@ pub fn op_for(w: WeightType) -> Op {
     if w == WeightType::I2_S { Op::TERNARY_MAT_MUL } else { Op::MAT_MUL }
 }
 
+/// Whether the kernels for `w` also compute a list of rows in place
+/// (`MatmulKernel::run_rows`, served as [`Op::GATHERED_ROW_MAT_VEC`]):
+/// every type but the ternary ones.
+pub fn offers_gathered_rows(w: WeightType) -> bool {
+    op_for(w) == Op::MAT_MUL && !matches!(w, WeightType::TQ1_0 | WeightType::TQ2_0)
+}
+
 /// The instruction-set prefix of a `spinfer-kernels` kernel name
 /// (`"avx512"` of `"avx512/q4_1*q8_1"`).
 pub fn isa_of(kernel_name: &str) -> &str {
@@ -145,11 +152,21 @@ impl CpuPack {
     /// The kernel for an entry of [`CpuPack::supported_kernels`], or
     /// `None` if this CPU has no `isa` kernel for the pair.
     pub fn kernel(&self, isa: &str, wtype: WeightType, act: ActType) -> Option<CpuKernel> {
+        self.kernel_for_op(isa, wtype, act, op_for(wtype))
+    }
+
+    /// As [`CpuPack::kernel`], serving `op`: its dense operation, or
+    /// [`Op::GATHERED_ROW_MAT_VEC`] where [`offers_gathered_rows`].
+    pub fn kernel_for_op(&self, isa: &str, wtype: WeightType, act: ActType, op: Op) -> Option<CpuKernel> {
+        if op != op_for(wtype) && !(op == Op::GATHERED_ROW_MAT_VEC && offers_gathered_rows(wtype)) {
+            return None;
+        }
         let block = min_cols(wtype);
         let name =
             self.candidates(wtype, act, 1, block).into_iter().find(|k| isa_of(k.name()) == isa)?.name().to_string();
         Some(CpuKernel {
             pack: *self,
+            op,
             isa: isa.to_string(),
             wtype,
             act,
@@ -160,16 +177,17 @@ impl CpuPack {
         })
     }
 
-    /// Every kernel of [`CpuPack::supported_kernels`] as an ABI object: the
-    /// body of a pack's `kernels` entry point. A panic offers nothing (it
-    /// must not unwind into the host).
+    /// Every kernel of [`CpuPack::supported_kernels`] as an ABI object,
+    /// then the gathered-row form of those that have one (same names, op
+    /// [`Op::GATHERED_ROW_MAT_VEC`]): the body of a pack's `kernels` entry
+    /// point. A panic offers nothing (it must not unwind into the host).
     pub fn kernel_boxes(&self) -> RVec<KernelBox> {
         catch_unwind(|| {
-            self.supported_kernels()
-                .into_iter()
-                .filter_map(|(isa, w, a)| self.kernel(&isa, w, a))
-                .map(|k| Kernel_TO::from_value(k, TD_Opaque))
-                .collect::<RVec<KernelBox>>()
+            let supported = self.supported_kernels();
+            let dense = supported.iter().filter_map(|(isa, w, a)| self.kernel(isa, *w, *a));
+            let gathered =
+                supported.iter().filter_map(|(isa, w, a)| self.kernel_for_op(isa, *w, *a, Op::GATHERED_ROW_MAT_VEC));
+            dense.chain(gathered).map(|k| Kernel_TO::from_value(k, TD_Opaque)).collect::<RVec<KernelBox>>()
         })
         .unwrap_or_default()
     }
@@ -293,6 +311,9 @@ thread_local! {
 /// number of tokens, on the calling thread.
 pub struct CpuKernel {
     pack: CpuPack,
+    /// The dense operation ([`op_for`]), or [`Op::GATHERED_ROW_MAT_VEC`]:
+    /// `run_sparse` then computes the listed rows (and `run` all of them).
+    op: Op,
     isa: String,
     wtype: WeightType,
     act: ActType,
@@ -341,13 +362,33 @@ impl CpuKernel {
         let k = self.for_shape(rows, cols)?;
         SCRATCH.with_borrow_mut(|scratch| k.run(&self.pool, w, x, n_tokens, out, scratch)).map_err(to_pack_error)
     }
+
+    #[allow(clippy::too_many_arguments, reason = "the ABI's run_sparse arguments")]
+    fn rows_impl(
+        &self,
+        w: &[u8],
+        x: &[f32],
+        n_tokens: usize,
+        rows: usize,
+        cols: usize,
+        idx: &[u32],
+        out: &mut [f32],
+    ) -> Result<(), PackError> {
+        if self.op != Op::GATHERED_ROW_MAT_VEC {
+            return Err(PackError::unsupported(format!("{} ({}) implements no sparse operation", self.name, self.op)));
+        }
+        let k = self.for_shape(rows, cols)?;
+        SCRATCH
+            .with_borrow_mut(|scratch| k.run_rows(&self.pool, w, idx, x, n_tokens, out, scratch))
+            .map_err(to_pack_error)
+    }
 }
 
 impl Kernel for CpuKernel {
     fn describe(&self) -> KernelDesc {
         KernelDesc {
             name: self.name.as_str().into(),
-            op: op_for(self.wtype),
+            op: self.op,
             wtype: self.wtype,
             act: self.act,
             cols_multiple: u32::try_from(self.block).unwrap_or(u32::MAX),
@@ -380,6 +421,33 @@ impl Kernel for CpuKernel {
         match r {
             Ok(r) => r.into(),
             Err(_) => RResult::RErr(PackError::internal(format!("{} panicked", self.name))),
+        }
+    }
+
+    fn run_sparse(
+        &self,
+        weights: RSlice<'_, u8>,
+        x: RSlice<'_, f32>,
+        n_tokens: usize,
+        rows: usize,
+        cols: usize,
+        indices: RSlice<'_, u32>,
+        mut out: RSliceMut<'_, f32>,
+    ) -> RResult<(), PackError> {
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            self.rows_impl(
+                weights.as_slice(),
+                x.as_slice(),
+                n_tokens,
+                rows,
+                cols,
+                indices.as_slice(),
+                out.as_mut_slice(),
+            )
+        }));
+        match r {
+            Ok(r) => r.into(),
+            Err(_) => RResult::RErr(PackError::internal(format!("{} panicked in run_sparse", self.name))),
         }
     }
 }
@@ -427,6 +495,12 @@ mod tests {
         let d = k.describe();
         assert_eq!((d.name.as_str(), d.op, d.cols_multiple), ("scalar/i2_s*q8_K", Op::TERNARY_MAT_MUL, 256));
         assert!(SCALAR.kernel("avx2", WeightType::Q4_1, ActType::Q8_1).is_none());
-        assert_eq!(SCALAR.kernel_boxes().len(), listed.len());
+        // Each listed kernel, then the gathered-row form of the non-ternary ones.
+        let gathered = listed.iter().filter(|(_, w, _)| offers_gathered_rows(*w)).count();
+        assert!(gathered > 0 && gathered < listed.len());
+        assert_eq!(SCALAR.kernel_boxes().len(), listed.len() + gathered);
+        assert!(SCALAR.kernel_for_op("scalar", WeightType::TQ2_0, ActType::Q8_K, Op::GATHERED_ROW_MAT_VEC).is_none());
+        let k = SCALAR.kernel_for_op("scalar", WeightType::Q4_1, ActType::Q8_1, Op::GATHERED_ROW_MAT_VEC).unwrap();
+        assert_eq!(k.describe().op, Op::GATHERED_ROW_MAT_VEC);
     }
 }

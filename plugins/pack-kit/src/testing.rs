@@ -21,11 +21,11 @@ use spinfer_kernels::pool::ThreadPool;
 use spinfer_plugin_api::abi_stable::library::lib_header_from_path;
 use spinfer_plugin_api::abi_stable::std_types::{RSliceMut, RVec};
 use spinfer_plugin_api::{
-    ABI_VERSION, ActType, KernelBox, LoadErrorKind, NeuronId, PackErrorKind, PackModuleRef, PredictorSpec, WeightType,
-    check_abi, load_pack,
+    ABI_VERSION, ActType, KernelBox, LoadErrorKind, NeuronId, Op, PackErrorKind, PackModuleRef, PredictorSpec,
+    WeightType, check_abi, load_pack,
 };
 
-use crate::{CpuPack, ggml_type, isa_of, kernel_candidates, min_cols, op_for};
+use crate::{CpuPack, ggml_type, isa_of, kernel_candidates, min_cols, offers_gathered_rows, op_for};
 
 /// Weight types whose kernels [`check_module`] compares bit for bit.
 pub const CHECKED_TYPES: [WeightType; 5] =
@@ -122,6 +122,47 @@ pub fn check_bit_exact(pack: &CpuPack, k: &KernelBox, n_tokens: usize, seed: u64
     assert_eq!(bits(&got), bits(&want), "{} n_tokens={n_tokens}", d.name);
 }
 
+/// Runs the pack's gathered-row kernel `k` on random rows (unsorted, one
+/// repeated) of random data and compares bit for bit with those rows of
+/// the dense `spinfer-kernels` product.
+pub fn check_gathered_rows(pack: &CpuPack, k: &KernelBox, n_tokens: usize, seed: u64) {
+    let d = k.describe();
+    let (rows, cols) = (37, 512);
+    let mut r = rng(seed);
+    let wb = random_weights(&mut r, d.wtype, rows, cols);
+    let x = random_acts(&mut r, n_tokens * cols);
+    let dense = reference(pack, &d.name, d.wtype, d.act, rows, cols, &wb, &x);
+    let mut idx: Vec<u32> = (0..rows as u32).filter(|_| r.random_bool(0.4)).collect();
+    idx.reverse();
+    idx.push(idx[0]);
+    let want: Vec<f32> =
+        (0..n_tokens).flat_map(|t| idx.iter().map(|&i| dense[t * rows + i as usize]).collect::<Vec<_>>()).collect();
+    let mut got = vec![f32::NAN; n_tokens * idx.len()];
+    k.run_sparse(
+        wb.as_slice().into(),
+        x.as_slice().into(),
+        n_tokens,
+        rows,
+        cols,
+        idx.as_slice().into(),
+        RSliceMut::from_mut_slice(&mut got),
+    )
+    .into_result()
+    .unwrap();
+    assert_eq!(bits(&got), bits(&want), "{} gathered rows, n_tokens={n_tokens}", d.name);
+    // An index past the last row is refused, not read.
+    let e = k.run_sparse(
+        wb.as_slice().into(),
+        x.as_slice().into(),
+        n_tokens,
+        rows,
+        cols,
+        [rows as u32].as_slice().into(),
+        RSliceMut::from_mut_slice(&mut got[..n_tokens]),
+    );
+    assert_eq!(e.into_result().unwrap_err().kind, PackErrorKind::INVALID_ARGUMENT, "{}", d.name);
+}
+
 /// Every check common to the CPU packs; returns the kernels for the pack's
 /// own checks. A pack without kernels on this CPU (`cpu-simd` without
 /// AVX2) only gets the module-level checks.
@@ -162,7 +203,10 @@ pub fn check_module(module: PackModuleRef, pack: &CpuPack) -> RVec<KernelBox> {
 
     // Kernels: one per (isa, pair) the pack serves, named as
     // spinfer-kernels names them.
-    let kernels = module.kernels()();
+    let all = module.kernels()();
+    let (gathered, kernels): (Vec<KernelBox>, Vec<KernelBox>) =
+        all.into_iter().partition(|k| k.describe().op == Op::GATHERED_ROW_MAT_VEC);
+    let kernels: RVec<KernelBox> = kernels.into();
     let listed: Vec<(String, WeightType, ActType)> = kernels
         .iter()
         .map(|k| {
@@ -195,6 +239,25 @@ pub fn check_module(module: PackModuleRef, pack: &CpuPack) -> RVec<KernelBox> {
         if CHECKED_TYPES.contains(&k.describe().wtype) {
             for n_tokens in [1, 3, 8] {
                 check_bit_exact(pack, k, n_tokens, i as u64 * 10 + n_tokens as u64);
+            }
+        }
+    }
+
+    // The gathered-row kernels: one per dense kernel whose type has them,
+    // with its name, computing exactly the dense kernel's rows.
+    let want: Vec<(String, WeightType, ActType)> = kernels
+        .iter()
+        .map(KernelBox::describe)
+        .filter(|d| offers_gathered_rows(d.wtype))
+        .map(|d| (d.name.to_string(), d.wtype, d.act))
+        .collect();
+    let got: Vec<(String, WeightType, ActType)> =
+        gathered.iter().map(KernelBox::describe).map(|d| (d.name.to_string(), d.wtype, d.act)).collect();
+    assert_eq!(got, want, "gathered-row kernels");
+    for (i, k) in gathered.iter().enumerate() {
+        if CHECKED_TYPES.contains(&k.describe().wtype) {
+            for n_tokens in [1, 2, 5] {
+                check_gathered_rows(pack, k, n_tokens, 1000 + i as u64 * 10 + n_tokens as u64);
             }
         }
     }

@@ -87,9 +87,18 @@ pub struct Linear {
     bias: Option<Vec<f32>>,
     /// Feed activations as two 8-bit planes (see [`Precision::Fast`]).
     two_planes: bool,
-    /// The built-in kernel of this operation, for gathered-row products
-    /// (the sparse gate and up projections read their kept rows in place).
-    rows_kernel: Option<Box<dyn MatmulKernel>>,
+    /// The kernel of the gathered-row products (the sparse gate and up
+    /// projections read their kept rows in place): the gathered-row form
+    /// of `kernel` when its pack offers one, else the built-in kernel
+    /// ([`KernelRegistry::resolve_rows`]).
+    rows_kernel: Option<Arc<dyn MatmulKernel>>,
+    /// Who provides `rows_kernel`.
+    pub rows_provider: String,
+    /// For a pack's `rows_kernel`: the built-in kernel that takes over if
+    /// it fails.
+    rows_fallback: Option<Arc<dyn MatmulKernel>>,
+    /// Set once the pack's gathered-row kernel has failed.
+    rows_failed: AtomicBool,
 }
 
 /// One matmul call: `(x, n tokens, out, kernel scratch)`.
@@ -135,6 +144,10 @@ impl Linear {
         let two_planes = precision == Precision::Fast && act != ActType::F32;
         let desc = MatmulDesc { wtype: t.ty, act, rows, cols };
         let r = registry.resolve(&desc)?;
+        let (rows_provider, rows_kernel) = registry.resolve_rows(&desc, &r).unzip();
+        let rows_fallback = (rows_provider.as_deref().is_some_and(|p| p != crate::registry::BUILTIN))
+            .then(|| crate::registry::builtin_kernel(&desc).ok().map(Arc::from))
+            .flatten();
         let bias_name = name.replace(".weight", ".bias");
         let bias = if bias_name != name && loader.has_tensor(&bias_name) {
             Some(load_vector(loader, &bias_name, rows)?)
@@ -151,7 +164,10 @@ impl Linear {
             provider: r.provider,
             choice: r.choice,
             alternatives: r.alternatives,
-            rows_kernel: crate::registry::builtin_kernel(&desc).ok(),
+            rows_kernel,
+            rows_provider: rows_provider.unwrap_or_default(),
+            rows_fallback,
+            rows_failed: AtomicBool::new(false),
             bias,
             two_planes,
         })
@@ -206,7 +222,9 @@ impl Linear {
         if k == 0 {
             return Ok(());
         }
-        if let Some(kernel) = &self.rows_kernel {
+        let pack_failed = self.rows_failed.load(Ordering::Relaxed);
+        let kernels = [(!pack_failed).then_some(self.rows_kernel.as_ref()).flatten(), self.rows_fallback.as_ref()];
+        for kernel in kernels.into_iter().flatten() {
             let w = self.w.bytes();
             let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
                 kernel
@@ -218,7 +236,12 @@ impl Linear {
                     self.add_row_bias(idx, n, out);
                     return Ok(());
                 }
-                Err(Error::Kernel { source: KernelError::NotOffered { .. }, .. }) => {}
+                Err(Error::Kernel { source: KernelError::NotOffered { .. }, .. }) => break,
+                // A pack's kernel failed: the built-in one from now on
+                // (the pack kernel logged why).
+                Err(Error::Kernel { source: KernelError::Pack { .. }, .. }) if self.rows_fallback.is_some() => {
+                    self.rows_failed.store(true, Ordering::Relaxed);
+                }
                 Err(e) => return Err(e),
             }
         }

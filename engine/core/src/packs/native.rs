@@ -222,6 +222,19 @@ impl NativePack {
         format!("{}:{}", self.pack_name, desc.name)
     }
 
+    /// Pack kernel `k` (described by `d`) bound to the operation `desc`.
+    fn bind(&self, d: &KernelDesc, k: &Arc<KernelBox>, desc: &MatmulDesc) -> Arc<dyn MatmulKernel> {
+        Arc::new(PackKernel {
+            name: self.kernel_name(d),
+            pack: self.provider_name.clone(),
+            kernel: Arc::clone(k),
+            op: d.op,
+            desc: *desc,
+            prepared: RwLock::new(HashSet::new()),
+            failed: AtomicBool::new(false),
+        })
+    }
+
     /// The root module (for tools that list loaders, predictors, ...).
     pub fn module(&self) -> PackModuleRef {
         self.module
@@ -242,17 +255,22 @@ impl KernelProvider for NativePack {
         self.kernels
             .iter()
             .filter(|(d, _)| d.op == Op::MAT_MUL && d.wtype == w && d.act == a && d.accepts_shape(desc.rows, desc.cols))
-            .map(|(d, k)| {
-                Arc::new(PackKernel {
-                    name: self.kernel_name(d),
-                    pack: self.provider_name.clone(),
-                    kernel: Arc::clone(k),
-                    desc: *desc,
-                    prepared: RwLock::new(HashSet::new()),
-                    failed: AtomicBool::new(false),
-                }) as Arc<dyn MatmulKernel>
-            })
+            .map(|(d, k)| self.bind(d, k, desc))
             .collect()
+    }
+
+    fn rows_kernel(&self, desc: &MatmulDesc, name: &str) -> Option<Arc<dyn MatmulKernel>> {
+        let (w, a) = (abi_weight_type(desc.wtype), abi_act_type(desc.act));
+        self.kernels
+            .iter()
+            .find(|(d, _)| {
+                d.op == Op::GATHERED_ROW_MAT_VEC
+                    && d.wtype == w
+                    && d.act == a
+                    && d.accepts_shape(desc.rows, desc.cols)
+                    && self.kernel_name(d) == name
+            })
+            .map(|(d, k)| self.bind(d, k, desc))
     }
 
     fn predictors(&self, spec: &PredictorSpec) -> Vec<PredictorBox> {
@@ -273,6 +291,9 @@ pub struct PackKernel {
     name: String,
     pack: String,
     kernel: Arc<KernelBox>,
+    /// What the pack kernel serves: `MAT_MUL` (dense, `run`), or
+    /// `GATHERED_ROW_MAT_VEC` (`run_rows` through the ABI's `run_sparse`).
+    op: Op,
     desc: MatmulDesc,
     /// Weight slices (address, length) already given to `prepare`.
     prepared: RwLock<HashSet<(usize, usize)>>,
@@ -394,6 +415,82 @@ impl MatmulKernel for PackKernel {
                 run(o)
             };
             if let Err(e) = r {
+                first_error.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(e);
+            }
+        });
+        match first_error.into_inner().unwrap_or_else(PoisonError::into_inner) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The gathered-row form (a `GATHERED_ROW_MAT_VEC` kernel; others
+    /// answer `NotOffered`): the row list is split over the host's pool,
+    /// each thread asking the pack for its part through `run_sparse`.
+    fn run_rows(
+        &self,
+        pool: &ThreadPool,
+        w: &[u8],
+        idx: &[u32],
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+        _scratch: &mut Vec<u8>,
+    ) -> spinfer_kernels::Result<()> {
+        if self.op != Op::GATHERED_ROW_MAT_VEC {
+            return Err(KernelError::NotOffered { kernel: self.name.clone(), op: "gathered-row matmul" });
+        }
+        let (rows, cols, k) = (self.desc.rows, self.desc.cols, idx.len());
+        if !w.len().is_multiple_of(rows.max(1)) || x.len() != n_tokens * cols || out.len() != n_tokens * k {
+            return Err(KernelError::Shape {
+                op: "pack gathered-row kernel",
+                detail: format!(
+                    "{n_tokens} tokens of {k} rows of {rows}x{cols}: {} weight bytes, {} inputs, {} outputs",
+                    w.len(),
+                    x.len(),
+                    out.len()
+                ),
+            });
+        }
+        self.ensure_prepared(w)?;
+        let first_error = std::sync::Mutex::new(None);
+        let out_ptr = SyncPtr::new(out.as_mut_ptr());
+        pool.broadcast(&|i, n| {
+            let r = chunk_aligned(k, i, n, 4);
+            if r.is_empty() {
+                return;
+            }
+            let part_idx = &idx[r.clone()];
+            let run = |o: &mut [f32]| {
+                self.kernel
+                    .run_sparse(w.into(), x.into(), n_tokens, rows, cols, part_idx.into(), RSliceMut::from_mut_slice(o))
+                    .into_result()
+                    .map_err(|e| self.error("run_sparse", &e))
+            };
+            let res = if n_tokens == 1 {
+                // SAFETY: outputs `r` of the one token lie inside `out`
+                // (`r.end <= k`), which outlives the broadcast, and the
+                // threads' ranges are disjoint.
+                run(unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(r.start), r.len()) })
+            } else {
+                PART.with(|part| {
+                    let mut part = part.borrow_mut();
+                    part.clear();
+                    part.resize(n_tokens * r.len(), 0.0);
+                    run(&mut part).map(|()| {
+                        for (t, p) in part.chunks_exact(r.len()).enumerate() {
+                            // SAFETY: outputs `r` of token `t` lie inside
+                            // `out` (`t < n_tokens`, `r.end <= k`), which
+                            // outlives the broadcast; ranges are disjoint
+                            // across threads.
+                            let o =
+                                unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * k + r.start), r.len()) };
+                            o.copy_from_slice(p);
+                        }
+                    })
+                })
+            };
+            if let Err(e) = res {
                 first_error.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(e);
             }
         });

@@ -307,6 +307,31 @@ pub fn verify(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -
     compare(&got, &want, desc.act)
 }
 
+/// As [`verify`], for the gathered-row product ([`MatmulKernel::run_rows`]):
+/// every third row, in reverse order, with one repeated, against those
+/// rows of the scalar reference's dense product.
+///
+/// # Errors
+///
+/// As [`verify`].
+pub fn verify_rows(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -> Result<(), String> {
+    let reference = spinfer_kernels::kernel::candidates(desc, &CpuFeatures::default())
+        .pop()
+        .ok_or_else(|| "no scalar reference kernel serves this operation".to_string())?;
+    let mut rng = StdRng::seed_from_u64(0x5eed + 1);
+    let w = random_weights(&mut rng, desc.wtype, desc.rows, desc.cols);
+    let x = random_acts(&mut rng, desc.cols);
+    let mut scratch = Vec::new();
+    let mut dense = vec![0.0f32; desc.rows];
+    reference.run(pool, &w, &x, 1, &mut dense, &mut scratch).map_err(|e| format!("reference: {e}"))?;
+    let mut idx: Vec<u32> = (0..desc.rows as u32).rev().step_by(3).collect();
+    idx.push(idx[0]);
+    let want: Vec<f32> = idx.iter().map(|&i| dense[i as usize]).collect();
+    let mut got = vec![f32::NAN; idx.len()];
+    kernel.run_rows(pool, &w, &idx, &x, 1, &mut got, &mut scratch).map_err(|e| format!("error: {e}"))?;
+    compare(&got, &want, desc.act)
+}
+
 /// Offsets of the f16 scale fields inside one block of `ty`.
 fn scale_offsets(ty: GgmlType) -> &'static [usize] {
     use GgmlType::*;
