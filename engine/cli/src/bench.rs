@@ -20,6 +20,7 @@ use spinfer_engine::Engine;
 use spinfer_engine::model::Session;
 
 use crate::commands::{CommonArgs, load_config, progress};
+use crate::paired::Paired;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -142,10 +143,8 @@ fn vs_dense(a: &BenchArgs) -> Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let faster = ratios.iter().filter(|&&x| x > 1.0).count();
     let [dense_tps, sparse_tps] = rates.map(|mut v| median(&mut v));
-    let (lo, hi) = (ratios.iter().copied().fold(f64::INFINITY, f64::min), ratios.iter().copied().fold(0.0, f64::max));
-    let ratio = median(&mut ratios);
+    let p = Paired::of(&ratios);
     let threads = sparse.model.options.threads;
     if a.common.json {
         println!(
@@ -155,20 +154,27 @@ fn vs_dense(a: &BenchArgs) -> Result<()> {
                 "rounds": rounds,
                 "dense": dense_tps,
                 "sparse": sparse_tps,
-                "ratio_median": ratio,
-                "ratio_min": lo,
-                "ratio_max": hi,
-                "rounds_sparse_faster": faster,
+                "ratio_median": p.median,
+                "ratio_min": p.min,
+                "ratio_max": p.max,
+                "ratio_median_ci95": p.ci95.map(|(lo, hi)| [lo, hi]),
+                "rounds_sparse_faster": p.faster,
+                "sign_test_p": p.sign_p,
                 "threads": threads,
             })
         );
     } else if a.common.quiet {
-        println!("{ratio:.3}");
+        println!("{:.3}", p.median);
     } else {
         println!("model: {} | threads: {threads} | tg{TG}, {rounds} alternating rounds", sparse.path().display());
         println!("dense {dense_tps:.2} tok/s | sparse {sparse_tps:.2} tok/s (medians)");
+        let ci = p
+            .ci95
+            .map_or_else(|| "95% interval needs 6+ rounds".to_string(), |(lo, hi)| format!("95% CI {lo:.3}-{hi:.3}"));
         println!(
-            "sparse/dense per round: median {ratio:.3} (min {lo:.3}, max {hi:.3}); sparse faster in {faster}/{rounds}"
+            "sparse/dense per round: median {:.3} ({ci}; min {:.3}, max {:.3}); sparse faster in {}/{rounds} \
+             (sign test p = {:.2e})",
+            p.median, p.min, p.max, p.faster, p.sign_p
         );
     }
     Ok(())

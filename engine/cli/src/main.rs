@@ -10,6 +10,7 @@ mod commands;
 mod embed;
 mod kernels;
 mod pack;
+mod paired;
 
 use std::process::ExitCode;
 
