@@ -94,6 +94,7 @@ fn print_choices(engine: &Engine, json: bool) {
                     "op": describe(&l.desc),
                     "kernel": l.kernel_name(),
                     "provider": l.provider,
+                    "rows_provider": l.rows_provider,
                     "why": l.choice.to_string(),
                     "alternatives": l.alternatives.iter().map(|(k, ns)| serde_json::json!({"kernel": k, "median_ns": ns})).collect::<Vec<_>>(),
                 })
@@ -105,6 +106,9 @@ fn print_choices(engine: &Engine, json: bool) {
     for l in choices {
         println!("{}", describe(&l.desc));
         println!("  -> {} ({}): {}", l.kernel_name(), l.provider, l.choice);
+        if l.rows_provider != l.provider {
+            println!("     gathered rows (sparse FFN): {}", l.rows_provider);
+        }
         for (k, ns) in &l.alternatives {
             match ns {
                 Some(ns) => println!("     {k:<48} {:>10.1} µs", *ns as f64 / 1e3),
