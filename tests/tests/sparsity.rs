@@ -235,6 +235,21 @@ fn low_rank_predictor_recalls_its_target_and_runs() {
     // Gate rows computed only for predicted neurons, and fewer kept after
     // the gate threshold.
     assert!(st.layers.iter().all(|c| c.active <= c.predicted && c.predicted < c.tokens * 1536));
+    assert_eq!(st.mean_recall_precision(), None, "not measured unless asked");
+
+    // Judged against the full gate (as `generate --stats` does): the same
+    // logits; every neuron kept was truly active, so the hits are exactly
+    // the kept neurons, and recall is near the calibrated target.
+    let mut m = sparse.new_session();
+    m.set_measure_recall(true);
+    assert_eq!(sparse.model.forward_last(&mut m, &ids).unwrap(), logits.as_slice());
+    let sm = m.sparsity_stats();
+    for (l, c) in sm.layers.iter().enumerate() {
+        assert_eq!((c.truth_tokens, c.truth_predicted, c.truth_hits), (c.tokens, c.predicted, c.active), "layer {l}");
+        assert!(c.truly_active >= c.active, "layer {l}");
+    }
+    let (recall, precision) = sm.mean_recall_precision().unwrap();
+    assert!(recall > 0.8 && recall <= 1.0 && precision > 0.0 && precision <= 1.0, "{recall} {precision}");
 
     // A sidecar without factors cannot run the low-rank predictor.
     let plain = dir.path().join("plain.spinfer");
@@ -401,6 +416,12 @@ fn pack_predictors_and_cache_policies_plug_in() {
         assert_eq!(top_k(&want, 5), top_k(&got, 5), "{:?}", p.text);
     }
     assert_eq!(greedy(&dense, "The capital of France is", 8), greedy(&all, "The capital of France is", 8));
+    // Every truly active neuron is selected: recall exactly 1.
+    let mut s = all.new_session();
+    s.set_measure_recall(true);
+    all.model.forward_last(&mut s, &all.tokenizer.encode("The capital of France is", false).unwrap()).unwrap();
+    let st = s.sparsity_stats();
+    assert!((0..st.layers.len()).all(|l| st.recall(l) == Some(1.0)), "{:?}", st.layers[0]);
 
     // pattern: exactly its mask is computed, from the FFN's real input.
     let e = load("pattern").unwrap();

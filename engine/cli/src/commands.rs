@@ -168,7 +168,9 @@ pub struct GenerateArgs {
     #[arg(short = 'c', long)]
     pub ctx: Option<usize>,
     /// Print the sparse FFN's per-layer statistics (kept fraction, dense
-    /// fallbacks) to stderr, or under "sparsity" with --json.
+    /// fallbacks; for the low-rank, pack and sentence predictors also their
+    /// recall and precision against the full gate, which is then computed
+    /// too and slows decoding) to stderr, or under "sparsity" with --json.
     #[arg(long)]
     pub stats: bool,
 }
@@ -206,6 +208,9 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     params.sampler.validate()?;
     let engine = load(&a.common, a.ctx)?;
     let mut session = engine.model.new_session();
+    // Judge predictors that choose before the gate against the full gate
+    // (a dense gate projection more per token and layer).
+    session.set_measure_recall(a.stats);
     let stream = !a.common.json;
     let mut stdout = std::io::stdout().lock();
     let g = spinfer_engine::generate::generate(
@@ -274,7 +279,8 @@ pub fn sparsity_json(engine: &Engine, session: &Session) -> serde_json::Value {
         .map(|(l, c)| {
             let attn = (c.attn_tokens > 0).then(|| c.attn_active as f64 / (c.attn_tokens as f64 * st.attn_dim as f64));
             serde_json::json!({"layer": l, "tokens": c.tokens, "active_fraction": st.active_fraction(l),
-                "dense_tokens": c.dense, "attn_active_fraction": attn})
+                "dense_tokens": c.dense, "attn_active_fraction": attn,
+                "recall": st.recall(l), "precision": st.precision(l)})
         })
         .collect();
     let budget = sp.bundle.as_ref().map(|b| {
@@ -305,6 +311,8 @@ pub fn sparsity_json(engine: &Engine, session: &Session) -> serde_json::Value {
         "active_fraction": st.mean_active_fraction(),
         "attn_sparsity": sp.sidecar.attn_sparsity,
         "attn_active_fraction": st.mean_attn_active_fraction(),
+        "recall": st.mean_recall_precision().map(|r| r.0),
+        "precision": st.mean_recall_precision().map(|r| r.1),
         "layers": layers,
         "budget": budget,
     })
@@ -329,14 +337,30 @@ fn print_sparsity_stats(engine: &Engine, session: &Session) {
             100.0 * st.mean_attn_active_fraction()
         );
     }
-    eprintln!("layer  tokens  kept%  dense-tokens  attn-kept%");
+    if let Some((recall, precision)) = st.mean_recall_precision() {
+        eprintln!(
+            "[against the full gate (|silu(gate)| above the sidecar's threshold, computed for --stats): \
+             recall {:.1}%, precision {:.1}%]",
+            100.0 * recall,
+            100.0 * precision
+        );
+    }
+    eprintln!("layer  tokens  kept%  dense-tokens  attn-kept%  recall%  precision%");
+    let pct = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{:.1}", 100.0 * v));
     for (l, c) in st.layers.iter().enumerate() {
         let attn = if c.attn_tokens > 0 {
             format!("{:.1}", 100.0 * c.attn_active as f64 / (c.attn_tokens as f64 * st.attn_dim as f64))
         } else {
             "-".into()
         };
-        eprintln!("{l:>5}  {:>6}  {:>5.1}  {:>12}  {attn:>10}", c.tokens, 100.0 * st.active_fraction(l), c.dense);
+        eprintln!(
+            "{l:>5}  {:>6}  {:>5.1}  {:>12}  {attn:>10}  {:>7}  {:>10}",
+            c.tokens,
+            100.0 * st.active_fraction(l),
+            c.dense,
+            pct(st.recall(l)),
+            pct(st.precision(l))
+        );
     }
     if let Some(b) = &sp.bundle {
         let r = b.report();

@@ -415,6 +415,8 @@ struct SparseScratch {
     idx: Vec<u32>,                             // kept neurons of the current token, ascending
     pred: Vec<u32>,                            // neurons the low-rank predictor keeps (before the gate)
     mask: Vec<u8>,                             // a pack predictor's mask (ffn_dim)
+    measure_truth: bool,                       // compute the full gate to judge the predictor
+    truth: Vec<f32>,                           // |silu(gate)| in full (ffn_dim), when measuring
     mags: Vec<f32>,                            // |activations| (top-K selection)
     up: Vec<f32>,                              // up projection of the kept neurons (k)
     h: Vec<f32>,                               // silu(gate) * up of the kept neurons (k)
@@ -452,6 +454,16 @@ impl Session {
     /// What the sparse FFN did in this session (empty when dense).
     pub fn sparsity_stats(&self) -> &SparsityStats {
         &self.sparse.stats
+    }
+
+    /// Also computes, for the predictors that choose before the gate
+    /// (low-rank, pack, sentence-level), every token's full gate and counts
+    /// how many truly active neurons (`|silu(gate)|` above the sidecar's
+    /// gate threshold) the predictor selected: `SparsityStats::recall` and
+    /// `precision`. Costs a dense gate projection per token and layer
+    /// (`generate --stats`); never changes the output.
+    pub fn set_measure_recall(&mut self, on: bool) {
+        self.sparse.measure_truth = on;
     }
 
     /// Resets the sparse FFN counters.

@@ -295,6 +295,16 @@ pub struct LayerCounters {
     pub attn_tokens: u64,
     /// Attention-output inputs kept, summed over those tokens.
     pub attn_active: u64,
+    /// Tokens whose full gate was computed to judge the predictor (see
+    /// `Session::set_measure_recall`).
+    pub truth_tokens: u64,
+    /// Truly active neurons (`|silu(gate)|` above the sidecar's gate
+    /// threshold) over those tokens.
+    pub truly_active: u64,
+    /// Neurons the predictor selected over those tokens.
+    pub truth_predicted: u64,
+    /// Selected neurons that were truly active.
+    pub truth_hits: u64,
 }
 
 /// What the FFN bundle served under a memory budget (neuron records).
@@ -342,6 +352,35 @@ impl SparsityStats {
     pub fn mean_active_fraction(&self) -> f64 {
         let (a, t): (u64, u64) = self.layers.iter().fold((0, 0), |(a, t), c| (a + c.active, t + c.tokens));
         if t == 0 { 1.0 } else { a as f64 / (t as f64 * self.ffn_dim as f64) }
+    }
+
+    /// The predictor's recall in layer `l`: the fraction of truly active
+    /// neurons (`|silu(gate)|` above the sidecar's gate threshold) it
+    /// selected, over the tokens where the full gate was computed (`None`
+    /// if none was: see `Session::set_measure_recall`).
+    pub fn recall(&self, l: usize) -> Option<f64> {
+        let c = &self.layers[l];
+        (c.truth_tokens > 0)
+            .then(|| if c.truly_active == 0 { 1.0 } else { c.truth_hits as f64 / c.truly_active as f64 })
+    }
+
+    /// The predictor's precision in layer `l`: the fraction of its
+    /// selection that was truly active (as [`SparsityStats::recall`]).
+    pub fn precision(&self, l: usize) -> Option<f64> {
+        let c = &self.layers[l];
+        (c.truth_tokens > 0)
+            .then(|| if c.truth_predicted == 0 { 1.0 } else { c.truth_hits as f64 / c.truth_predicted as f64 })
+    }
+
+    /// Recall and precision over all layers, `None` unless measured.
+    pub fn mean_recall_precision(&self) -> Option<(f64, f64)> {
+        let (mut hits, mut truth, mut pred, mut tokens) = (0u64, 0u64, 0u64, 0u64);
+        for c in &self.layers {
+            (hits, truth, pred, tokens) =
+                (hits + c.truth_hits, truth + c.truly_active, pred + c.truth_predicted, tokens + c.truth_tokens);
+        }
+        let ratio = |a: u64, b: u64| if b == 0 { 1.0 } else { a as f64 / b as f64 };
+        (tokens > 0).then(|| (ratio(hits, truth), ratio(hits, pred)))
     }
 
     /// Mean fraction of attention-output inputs kept over all layers (1

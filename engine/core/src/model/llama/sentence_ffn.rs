@@ -79,6 +79,23 @@ impl Model {
             let out = &mut s.tmp[t * dim..(t + 1) * dim];
             sp.layers[l].down.axpy(&s.pool, dim, &m.idx, &s.gate[t * k..(t + 1) * k], out, sp.axpy)?;
         }
+        if s.sparse.measure_truth {
+            let sc = &mut s.sparse;
+            for x in s.xn[..n * dim].chunks_exact(dim) {
+                let (m, c) = (&sc.sentence[l], &mut sc.stats.layers[l]);
+                let th = sp.layers[l].threshold;
+                super::sparse_ffn::count_truth(
+                    &layer.w_gate,
+                    &s.pool,
+                    x,
+                    th,
+                    &m.idx,
+                    &mut sc.truth,
+                    &mut s.scratch,
+                    c,
+                )?;
+            }
+        }
         Ok(())
     }
 }

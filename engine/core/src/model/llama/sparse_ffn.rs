@@ -3,12 +3,13 @@
 //! down-projection columns. Under a memory budget the same arithmetic runs
 //! on records gathered from the FFN bundle (see [`crate::sparse::bundle`]).
 
-use super::{Model, Session, grow};
+use super::{Linear, Model, Scratch, Session, grow};
 use crate::model::math;
 use crate::registry::Found;
 use crate::sparse::bundle::FfnBundle;
-use crate::sparse::{PredictorKind, SparseFfn, select_neurons};
+use crate::sparse::{LayerCounters, PredictorKind, SparseFfn, select_neurons};
 use crate::{Error, Result};
+use spinfer_kernels::pool::ThreadPool;
 use spinfer_plugin_api::PredictorBox;
 use spinfer_plugin_api::abi_stable::std_types::RSliceMut;
 
@@ -74,6 +75,19 @@ impl Model {
                     // Predicted gate, the neurons it keeps, then their exact
                     // gate values, filtered by the gate threshold (CATS).
                     lr.predict(&s.pool, x, &mut sc.mags, act, &mut s.scratch.bytes, &mut sc.pred)?;
+                    if sc.measure_truth {
+                        let c = &mut sc.stats.layers[l];
+                        count_truth(
+                            &layer.w_gate,
+                            &s.pool,
+                            x,
+                            sl.threshold,
+                            &sc.pred,
+                            &mut sc.truth,
+                            &mut s.scratch,
+                            c,
+                        )?;
+                    }
                     let k = sc.pred.len();
                     layer.w_gate.forward_rows(&s.pool, x, 1, &sc.pred, &mut sc.up[..k], &mut s.scratch)?;
                     math::silu(&mut sc.up[..k]);
@@ -89,6 +103,19 @@ impl Model {
                 PredictorKind::Pack => {
                     let pp = sp.pack_predictor.as_ref().expect("checked at load: a pack predictor");
                     pack_mask(pp, l, x, ffn, &mut sc.mask, &mut sc.idx)?;
+                    if sc.measure_truth {
+                        let c = &mut sc.stats.layers[l];
+                        count_truth(
+                            &layer.w_gate,
+                            &s.pool,
+                            x,
+                            sl.threshold,
+                            &sc.idx,
+                            &mut sc.truth,
+                            &mut s.scratch,
+                            c,
+                        )?;
+                    }
                     // Their exact gate values; all of them are kept.
                     let k = sc.idx.len();
                     layer.w_gate.forward_rows(&s.pool, x, 1, &sc.idx, &mut sc.up[..k], &mut s.scratch)?;
@@ -241,5 +268,29 @@ fn pack_mask(
     if said != idx.len() {
         return Err(err(format!("reported {said} active neurons but marked {}", idx.len())));
     }
+    Ok(())
+}
+
+/// Judges a predictor on one token (`Session::set_measure_recall`): the
+/// full gate of `x` into `truth`, and in `c` how many neurons are truly
+/// active (`|silu(gate)| > threshold`) and how many of `predicted` are.
+#[allow(clippy::too_many_arguments, reason = "the session's disjoint buffers")]
+pub(super) fn count_truth(
+    w_gate: &Linear,
+    pool: &ThreadPool,
+    x: &[f32],
+    threshold: f32,
+    predicted: &[u32],
+    truth: &mut Vec<f32>,
+    scratch: &mut Scratch,
+    c: &mut LayerCounters,
+) -> Result<()> {
+    truth.resize(w_gate.desc.rows, 0.0);
+    w_gate.forward(pool, x, 1, truth, scratch)?;
+    math::silu(truth);
+    c.truth_tokens += 1;
+    c.truly_active += truth.iter().filter(|a| a.abs() > threshold).count() as u64;
+    c.truth_predicted += predicted.len() as u64;
+    c.truth_hits += predicted.iter().filter(|&&j| truth[j as usize].abs() > threshold).count() as u64;
     Ok(())
 }
