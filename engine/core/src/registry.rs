@@ -243,27 +243,44 @@ impl KernelRegistry {
     /// on random data. Built-in kernels are trusted (tested in CI); a pack
     /// kernel that disagrees is refused and reported, never used.
     fn trusted(&self, p: &dyn KernelProvider, kernel: &Arc<dyn MatmulKernel>, desc: &MatmulDesc) -> bool {
-        let provider = p.name();
-        if provider == BUILTIN {
+        if p.name() == BUILTIN {
             return true;
         }
-        let key = (kernel_id(provider, kernel.as_ref()), *desc);
+        self.checked_once(p, kernel.as_ref(), desc, "", |small| {
+            match p.kernels_for(small).into_iter().find(|k| k.name() == kernel.name()) {
+                Some(k) if small.rows < desc.rows => verify(small, k.as_ref(), &ThreadPool::new(1)),
+                _ => verify(desc, kernel.as_ref(), &ThreadPool::new(1)),
+            }
+        })
+    }
+
+    /// The check of a pack kernel for `desc` (`form`: `""` for the dense
+    /// product, `"gathered-row "` for its row form), run once per kernel
+    /// and operation and remembered: `check` gets the shape to test. Tall
+    /// matrices are checked on a prefix of their rows (256 plus the
+    /// remainder modulo 64, so partial row tiles are exercised too), with
+    /// the provider's kernel for that shape: the full 49152-row output
+    /// matrix would cost tens of milliseconds per kernel at every load.
+    fn checked_once(
+        &self,
+        p: &dyn KernelProvider,
+        kernel: &dyn MatmulKernel,
+        desc: &MatmulDesc,
+        form: &str,
+        check: impl FnOnce(&MatmulDesc) -> Result<(), String>,
+    ) -> bool {
+        let key = (format!("{}{}", kernel_id(p.name(), kernel), if form.is_empty() { "" } else { "#rows" }), *desc);
         let mut cache = self.verified.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let r = cache.entry(key).or_insert_with(|| {
-            // Tall matrices are checked on a prefix of their rows (256 plus
-            // the remainder modulo 64, so partial row tiles are exercised
-            // too), with the provider's kernel for that shape: the full
-            // 49152-row output matrix would cost tens of milliseconds per
-            // kernel at every load.
             let rows = if desc.rows > 320 { 256 + desc.rows % 64 } else { desc.rows };
-            let small = MatmulDesc { rows, ..*desc };
-            let pool = ThreadPool::new(1);
-            let r = match p.kernels_for(&small).into_iter().find(|k| k.name() == kernel.name()) {
-                Some(k) if rows < desc.rows => verify(&small, k.as_ref(), &pool),
-                _ => verify(desc, kernel.as_ref(), &pool),
-            };
+            let r = check(&MatmulDesc { rows, ..*desc });
             if let Err(why) = &r {
-                tracing::error!(provider, kernel = kernel.name(), op = %describe(desc), "pack kernel refused: {why}");
+                tracing::error!(
+                    provider = p.name(),
+                    kernel = kernel.name(),
+                    op = %describe(desc),
+                    "pack {form}kernel refused: {why}"
+                );
             }
             r
         });
@@ -305,25 +322,10 @@ impl KernelRegistry {
     /// As [`KernelRegistry::trusted`], for a pack's gathered-row kernel
     /// (random rows against the scalar reference's dense product).
     fn rows_trusted(&self, p: &dyn KernelProvider, k: &Arc<dyn MatmulKernel>, desc: &MatmulDesc) -> bool {
-        let key = (format!("{}#rows", kernel_id(p.name(), k.as_ref())), *desc);
-        let mut cache = self.verified.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let r = cache.entry(key).or_insert_with(|| {
-            // A prefix of tall matrices, as for the dense check.
-            let rows = if desc.rows > 320 { 256 + desc.rows % 64 } else { desc.rows };
-            let small = MatmulDesc { rows, ..*desc };
-            let k = p.rows_kernel(&small, k.name()).unwrap_or_else(|| Arc::clone(k));
-            let r = verify_rows(&small, k.as_ref(), &ThreadPool::new(1));
-            if let Err(why) = &r {
-                tracing::error!(
-                    provider = p.name(),
-                    kernel = k.name(),
-                    op = %describe(desc),
-                    "pack gathered-row kernel refused: {why}"
-                );
-            }
-            r
-        });
-        r.is_ok()
+        self.checked_once(p, k.as_ref(), desc, "gathered-row ", |small| {
+            let k = p.rows_kernel(small, k.name()).unwrap_or_else(|| Arc::clone(k));
+            verify_rows(small, k.as_ref(), &ThreadPool::new(1))
+        })
     }
 
     /// The predictor called `name` (`"<pack>/<predictor>"`, or the bare

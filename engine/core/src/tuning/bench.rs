@@ -290,20 +290,26 @@ fn compare(got: &[f32], want: &[f32], act: ActType) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs `kernel` once on random data of `desc`'s shape (one token) and
-/// compares it with the scalar reference; `Err` says how it disagreed.
-pub fn verify(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -> Result<(), String> {
+/// Random weights and one token of activations of `desc`'s shape, and the
+/// scalar reference's dense product of them.
+fn reference_case(desc: &MatmulDesc, seed: u64, pool: &ThreadPool) -> Result<(Vec<u8>, Vec<f32>, Vec<f32>), String> {
     let reference = spinfer_kernels::kernel::candidates(desc, &CpuFeatures::default())
         .pop()
         .ok_or_else(|| "no scalar reference kernel serves this operation".to_string())?;
-    let mut rng = StdRng::seed_from_u64(0x5eed);
+    let mut rng = StdRng::seed_from_u64(seed);
     let w = random_weights(&mut rng, desc.wtype, desc.rows, desc.cols);
     let x = random_acts(&mut rng, desc.cols);
-    let mut scratch = Vec::new();
     let mut want = vec![0.0f32; desc.rows];
-    reference.run(pool, &w, &x, 1, &mut want, &mut scratch).map_err(|e| format!("reference: {e}"))?;
+    reference.run(pool, &w, &x, 1, &mut want, &mut Vec::new()).map_err(|e| format!("reference: {e}"))?;
+    Ok((w, x, want))
+}
+
+/// Runs `kernel` once on random data of `desc`'s shape (one token) and
+/// compares it with the scalar reference; `Err` says how it disagreed.
+pub fn verify(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -> Result<(), String> {
+    let (w, x, want) = reference_case(desc, 0x5eed, pool)?;
     let mut got = vec![f32::NAN; desc.rows];
-    kernel.run(pool, &w, &x, 1, &mut got, &mut scratch).map_err(|e| format!("error: {e}"))?;
+    kernel.run(pool, &w, &x, 1, &mut got, &mut Vec::new()).map_err(|e| format!("error: {e}"))?;
     compare(&got, &want, desc.act)
 }
 
@@ -315,20 +321,12 @@ pub fn verify(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -
 ///
 /// As [`verify`].
 pub fn verify_rows(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -> Result<(), String> {
-    let reference = spinfer_kernels::kernel::candidates(desc, &CpuFeatures::default())
-        .pop()
-        .ok_or_else(|| "no scalar reference kernel serves this operation".to_string())?;
-    let mut rng = StdRng::seed_from_u64(0x5eed + 1);
-    let w = random_weights(&mut rng, desc.wtype, desc.rows, desc.cols);
-    let x = random_acts(&mut rng, desc.cols);
-    let mut scratch = Vec::new();
-    let mut dense = vec![0.0f32; desc.rows];
-    reference.run(pool, &w, &x, 1, &mut dense, &mut scratch).map_err(|e| format!("reference: {e}"))?;
+    let (w, x, dense) = reference_case(desc, 0x5eed + 1, pool)?;
     let mut idx: Vec<u32> = (0..desc.rows as u32).rev().step_by(3).collect();
     idx.push(idx[0]);
     let want: Vec<f32> = idx.iter().map(|&i| dense[i as usize]).collect();
     let mut got = vec![f32::NAN; idx.len()];
-    kernel.run_rows(pool, &w, &idx, &x, 1, &mut got, &mut scratch).map_err(|e| format!("error: {e}"))?;
+    kernel.run_rows(pool, &w, &idx, &x, 1, &mut got, &mut Vec::new()).map_err(|e| format!("error: {e}"))?;
     compare(&got, &want, desc.act)
 }
 
