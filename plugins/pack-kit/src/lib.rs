@@ -363,6 +363,15 @@ impl CpuKernel {
         SCRATCH.with_borrow_mut(|scratch| k.run(&self.pool, w, x, n_tokens, out, scratch)).map_err(to_pack_error)
     }
 
+    /// `f`, with a panic turned into an error: it must not unwind into
+    /// the host (abi_stable would abort).
+    fn guarded(&self, what: &str, f: impl FnOnce() -> Result<(), PackError>) -> RResult<(), PackError> {
+        match catch_unwind(AssertUnwindSafe(f)) {
+            Ok(r) => r.into(),
+            Err(_) => RResult::RErr(PackError::internal(format!("{} panicked in {what}", self.name))),
+        }
+    }
+
     #[allow(clippy::too_many_arguments, reason = "the ABI's run_sparse arguments")]
     fn rows_impl(
         &self,
@@ -399,10 +408,7 @@ impl Kernel for CpuKernel {
     fn prepare(&self, _weights: RSlice<'_, u8>, rows: usize, cols: usize) -> RResult<(), PackError> {
         // CPU kernels read the host's weights in place; only warm the
         // per-shape cache and reject shapes early.
-        match catch_unwind(AssertUnwindSafe(|| self.for_shape(rows, cols).map(drop))) {
-            Ok(r) => r.into(),
-            Err(_) => RResult::RErr(PackError::internal(format!("{} panicked in prepare", self.name))),
-        }
+        self.guarded("prepare", || self.for_shape(rows, cols).map(drop))
     }
 
     fn run(
@@ -414,14 +420,9 @@ impl Kernel for CpuKernel {
         cols: usize,
         mut out: RSliceMut<'_, f32>,
     ) -> RResult<(), PackError> {
-        // A panic must not unwind into the host (abi_stable would abort).
-        let r = catch_unwind(AssertUnwindSafe(|| {
+        self.guarded("run", || {
             self.run_impl(weights.as_slice(), x.as_slice(), n_tokens, rows, cols, out.as_mut_slice())
-        }));
-        match r {
-            Ok(r) => r.into(),
-            Err(_) => RResult::RErr(PackError::internal(format!("{} panicked", self.name))),
-        }
+        })
     }
 
     fn run_sparse(
@@ -434,21 +435,10 @@ impl Kernel for CpuKernel {
         indices: RSlice<'_, u32>,
         mut out: RSliceMut<'_, f32>,
     ) -> RResult<(), PackError> {
-        let r = catch_unwind(AssertUnwindSafe(|| {
-            self.rows_impl(
-                weights.as_slice(),
-                x.as_slice(),
-                n_tokens,
-                rows,
-                cols,
-                indices.as_slice(),
-                out.as_mut_slice(),
-            )
-        }));
-        match r {
-            Ok(r) => r.into(),
-            Err(_) => RResult::RErr(PackError::internal(format!("{} panicked in run_sparse", self.name))),
-        }
+        self.guarded("run_sparse", || {
+            let (w, x, idx) = (weights.as_slice(), x.as_slice(), indices.as_slice());
+            self.rows_impl(w, x, n_tokens, rows, cols, idx, out.as_mut_slice())
+        })
     }
 }
 

@@ -365,10 +365,9 @@ impl MatmulKernel for PackKernel {
             });
         }
         let row_bytes = w.len() / rows.max(1);
-        let first_error = std::sync::Mutex::new(None);
         let out_ptr = SyncPtr::new(out.as_mut_ptr());
         let split_rows = n_tokens <= ROW_SPLIT_TOKENS;
-        pool.broadcast(&|i, n| {
+        first_error(pool, |i, n| {
             // A few tokens split rows (in tiles of 16), a batch splits tokens.
             let (w_part, x_part, t_len, r_len, o_start) = if split_rows {
                 let r = chunk_aligned(rows, i, n, 16);
@@ -378,7 +377,7 @@ impl MatmulKernel for PackKernel {
                 (w, &x[t.start * cols..t.end * cols], t.len(), rows, t.start * rows)
             };
             if t_len == 0 || r_len == 0 {
-                return;
+                return Ok(());
             }
             let run = |o: &mut [f32]| {
                 self.ensure_prepared(w_part).and_then(|()| {
@@ -388,40 +387,17 @@ impl MatmulKernel for PackKernel {
                         .map_err(|e| self.error("run", &e))
                 })
             };
-            let r = if split_rows && t_len > 1 {
-                // The kernel writes `t_len x r_len`; token `t`'s rows go to
-                // `out[t * rows + o_start..]`.
-                PART.with(|part| {
-                    let mut part = part.borrow_mut();
-                    part.clear();
-                    part.resize(t_len * r_len, 0.0);
-                    run(&mut part).map(|()| {
-                        for (t, p) in part.chunks_exact(r_len).enumerate() {
-                            // SAFETY: rows `o_start..+r_len` of token `t` lie
-                            // inside `out` (`t < n_tokens`, `o_start + r_len
-                            // <= rows`), which outlives the broadcast, and no
-                            // other thread writes them (disjoint row ranges).
-                            let o =
-                                unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * rows + o_start), r_len) };
-                            o.copy_from_slice(p);
-                        }
-                    })
-                })
+            if split_rows {
+                // SAFETY: rows `o_start..+r_len` of each token lie inside
+                // `out` (`n_tokens x rows`), which outlives the broadcast,
+                // and the threads' row ranges are disjoint.
+                unsafe { into_columns(out_ptr, rows, o_start, r_len, t_len, run) }
             } else {
-                // SAFETY: the pieces of `out` (rows `o_start..+r_len` of the
-                // one token, or whole token rows) are disjoint across threads
-                // and lie inside `out`, which outlives the broadcast.
-                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(o_start), t_len * r_len) };
-                run(o)
-            };
-            if let Err(e) = r {
-                first_error.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(e);
+                // SAFETY: whole token rows `o_start..+t_len * rows`, inside
+                // `out` and disjoint across threads.
+                run(unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(o_start), t_len * r_len) })
             }
-        });
-        match first_error.into_inner().unwrap_or_else(PoisonError::into_inner) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        })
     }
 
     /// The gathered-row form (a `GATHERED_ROW_MAT_VEC` kernel; others
@@ -453,12 +429,11 @@ impl MatmulKernel for PackKernel {
             });
         }
         self.ensure_prepared(w)?;
-        let first_error = std::sync::Mutex::new(None);
         let out_ptr = SyncPtr::new(out.as_mut_ptr());
-        pool.broadcast(&|i, n| {
+        first_error(pool, |i, n| {
             let r = chunk_aligned(k, i, n, 4);
             if r.is_empty() {
-                return;
+                return Ok(());
             }
             let part_idx = &idx[r.clone()];
             let run = |o: &mut [f32]| {
@@ -467,38 +442,63 @@ impl MatmulKernel for PackKernel {
                     .into_result()
                     .map_err(|e| self.error("run_sparse", &e))
             };
-            let res = if n_tokens == 1 {
-                // SAFETY: outputs `r` of the one token lie inside `out`
-                // (`r.end <= k`), which outlives the broadcast, and the
-                // threads' ranges are disjoint.
-                run(unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(r.start), r.len()) })
-            } else {
-                PART.with(|part| {
-                    let mut part = part.borrow_mut();
-                    part.clear();
-                    part.resize(n_tokens * r.len(), 0.0);
-                    run(&mut part).map(|()| {
-                        for (t, p) in part.chunks_exact(r.len()).enumerate() {
-                            // SAFETY: outputs `r` of token `t` lie inside
-                            // `out` (`t < n_tokens`, `r.end <= k`), which
-                            // outlives the broadcast; ranges are disjoint
-                            // across threads.
-                            let o =
-                                unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * k + r.start), r.len()) };
-                            o.copy_from_slice(p);
-                        }
-                    })
-                })
-            };
-            if let Err(e) = res {
-                first_error.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(e);
-            }
-        });
-        match first_error.into_inner().unwrap_or_else(PoisonError::into_inner) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+            // SAFETY: outputs `r` of each token lie inside `out`
+            // (`n_tokens x k`, `r.end <= k`), which outlives the broadcast,
+            // and the threads' ranges are disjoint.
+            unsafe { into_columns(out_ptr, k, r.start, r.len(), n_tokens, run) }
+        })
     }
+}
+
+/// Runs `f` on every thread of `pool` and returns the first error any of
+/// them met.
+fn first_error(
+    pool: &ThreadPool,
+    f: impl Fn(usize, usize) -> spinfer_kernels::Result<()> + Sync,
+) -> spinfer_kernels::Result<()> {
+    let first = std::sync::Mutex::new(None);
+    pool.broadcast(&|i, n| {
+        if let Err(e) = f(i, n) {
+            first.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(e);
+        }
+    });
+    match first.into_inner().unwrap_or_else(PoisonError::into_inner) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Lets `run` write `n_tokens x len` values and puts token `t`'s at
+/// `out[t * stride + start..][..len]`: in place for one token, through a
+/// per-thread buffer for several.
+///
+/// # Safety
+///
+/// `out + t * stride + start .. + len` must be valid for writes for every
+/// `t < n_tokens`, and no other thread may touch those ranges meanwhile.
+unsafe fn into_columns(
+    out: SyncPtr<f32>,
+    stride: usize,
+    start: usize,
+    len: usize,
+    n_tokens: usize,
+    run: impl FnOnce(&mut [f32]) -> spinfer_kernels::Result<()>,
+) -> spinfer_kernels::Result<()> {
+    if n_tokens == 1 {
+        // SAFETY: the caller's range for token 0.
+        return run(unsafe { std::slice::from_raw_parts_mut(out.get().add(start), len) });
+    }
+    PART.with(|part| {
+        let mut part = part.borrow_mut();
+        part.clear();
+        part.resize(n_tokens * len, 0.0);
+        run(&mut part)?;
+        for (t, p) in part.chunks_exact(len).enumerate() {
+            // SAFETY: the caller's range for token `t < n_tokens`.
+            unsafe { std::slice::from_raw_parts_mut(out.get().add(t * stride + start), len) }.copy_from_slice(p);
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]

@@ -290,9 +290,12 @@ fn compare(got: &[f32], want: &[f32], act: ActType) -> Result<(), String> {
     Ok(())
 }
 
-/// Random weights and one token of activations of `desc`'s shape, and the
-/// scalar reference's dense product of them.
-fn reference_case(desc: &MatmulDesc, seed: u64, pool: &ThreadPool) -> Result<(Vec<u8>, Vec<f32>, Vec<f32>), String> {
+/// Random weights, one token of activations, and the scalar reference's
+/// dense product of them.
+type ReferenceCase = (Vec<u8>, Vec<f32>, Vec<f32>);
+
+/// A [`ReferenceCase`] of `desc`'s shape.
+fn reference_case(desc: &MatmulDesc, seed: u64, pool: &ThreadPool) -> Result<ReferenceCase, String> {
     let reference = spinfer_kernels::kernel::candidates(desc, &CpuFeatures::default())
         .pop()
         .ok_or_else(|| "no scalar reference kernel serves this operation".to_string())?;

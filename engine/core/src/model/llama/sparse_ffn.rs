@@ -70,11 +70,17 @@ impl Model {
             let sc = &mut s.sparse;
             // The neurons to keep, and act[j] = silu(gate_j) (or h_j) for them.
             match predictor {
-                PredictorKind::LowRank => {
-                    let lr = sl.lowrank.as_ref().expect("checked at load: low-rank factors present");
-                    // Predicted gate, the neurons it keeps, then their exact
-                    // gate values, filtered by the gate threshold (CATS).
-                    lr.predict(&s.pool, x, &mut sc.mags, act, &mut s.scratch.bytes, &mut sc.pred)?;
+                PredictorKind::LowRank | PredictorKind::Pack => {
+                    // The neurons chosen before the gate: a pack's mask, or
+                    // the low-rank prediction of the gate.
+                    let pack = predictor == PredictorKind::Pack;
+                    if pack {
+                        let pp = sp.pack_predictor.as_ref().expect("checked at load: a pack predictor");
+                        pack_mask(pp, l, x, ffn, &mut sc.mask, &mut sc.pred)?;
+                    } else {
+                        let lr = sl.lowrank.as_ref().expect("checked at load: low-rank factors present");
+                        lr.predict(&s.pool, x, &mut sc.mags, act, &mut s.scratch.bytes, &mut sc.pred)?;
+                    }
                     if sc.measure_truth {
                         let c = &mut sc.stats.layers[l];
                         count_truth(
@@ -88,40 +94,18 @@ impl Model {
                             c,
                         )?;
                     }
+                    // Their exact gate values; a pack's choice is kept
+                    // whole, the low-rank one filtered by the gate
+                    // threshold (CATS).
                     let k = sc.pred.len();
                     layer.w_gate.forward_rows(&s.pool, x, 1, &sc.pred, &mut sc.up[..k], &mut s.scratch)?;
                     math::silu(&mut sc.up[..k]);
                     sc.idx.clear();
                     for (&j, &a) in sc.pred.iter().zip(&sc.up[..k]) {
                         act[j as usize] = a;
-                        if a.abs() > sl.threshold {
+                        if pack || a.abs() > sl.threshold {
                             sc.idx.push(j);
                         }
-                    }
-                    sc.stats.layers[l].predicted += k as u64;
-                }
-                PredictorKind::Pack => {
-                    let pp = sp.pack_predictor.as_ref().expect("checked at load: a pack predictor");
-                    pack_mask(pp, l, x, ffn, &mut sc.mask, &mut sc.idx)?;
-                    if sc.measure_truth {
-                        let c = &mut sc.stats.layers[l];
-                        count_truth(
-                            &layer.w_gate,
-                            &s.pool,
-                            x,
-                            sl.threshold,
-                            &sc.idx,
-                            &mut sc.truth,
-                            &mut s.scratch,
-                            c,
-                        )?;
-                    }
-                    // Their exact gate values; all of them are kept.
-                    let k = sc.idx.len();
-                    layer.w_gate.forward_rows(&s.pool, x, 1, &sc.idx, &mut sc.up[..k], &mut s.scratch)?;
-                    math::silu(&mut sc.up[..k]);
-                    for (&j, &a) in sc.idx.iter().zip(&sc.up[..k]) {
-                        act[j as usize] = a;
                     }
                     sc.stats.layers[l].predicted += k as u64;
                 }
