@@ -79,15 +79,24 @@ pub trait Kernel: Send + Sync {
     /// * [`Op::SPARSE_AXPY`]: `x` holds `n_tokens * k` values (the selected
     ///   neurons' activations), `out` holds `n_tokens * cols` values,
     ///   `out[t * cols + c] = sum_j x[t * k + j] * W[indices[j], c]`.
+    /// * [`Op::GATHERED_COLUMN_AXPY`]: the selected *columns* of `W` as
+    ///   stored (`indices` index `0..cols`, strictly ascending): `x` holds
+    ///   `n_tokens * k` values, `out` holds `n_tokens * rows` values,
+    ///   `out[t * rows + r] = sum_j x[t * k + j] * W[r, indices[j]]`. With
+    ///   activation type `F32` the products use the f32 values; with `Q8_0`
+    ///   a kernel may quantise them to 8 bits per run of selected columns
+    ///   within one 32-column block (the host's fast modes).
     ///
     /// Dense kernels keep the default, which answers `Unsupported`.
     ///
     /// # Errors
     ///
-    /// As [`Kernel::run`]; `InvalidArgument` for an index `>= rows`.
+    /// As [`Kernel::run`]; `InvalidArgument` for an index out of range
+    /// (or, for `GATHERED_COLUMN_AXPY`, not strictly ascending).
     ///
     /// [`Op::GATHERED_ROW_MAT_VEC`]: crate::Op::GATHERED_ROW_MAT_VEC
     /// [`Op::SPARSE_AXPY`]: crate::Op::SPARSE_AXPY
+    /// [`Op::GATHERED_COLUMN_AXPY`]: crate::Op::GATHERED_COLUMN_AXPY
     #[sabi(last_prefix_field)]
     fn run_sparse(
         &self,

@@ -72,10 +72,27 @@ impl Op {
     pub const TERNARY_MAT_VEC: Op = Op(4);
     /// [`Op::MAT_MUL`] over ternary weights.
     pub const TERNARY_MAT_MUL: Op = Op(5);
+    /// Only the selected input columns of `W` as the model stores it
+    /// (row-major, `rows` outputs x `cols` inputs; the FFN down projection
+    /// under neuron sparsity, where the inputs are the neurons):
+    /// `out[t * rows + r] = sum_j x[t * k + j] * W[r, idx[j]]` for the `k`
+    /// strictly ascending column indices `idx`. A pack usually repacks `W`
+    /// input-major in [`crate::Kernel::prepare`]. The host may split `W`
+    /// into contiguous ranges of rows (one per thread, each starting at a
+    /// multiple of 32) and call once per range, each range a slice of its
+    /// own, prepared once. Served by [`crate::Kernel::run_sparse`].
+    pub const GATHERED_COLUMN_AXPY: Op = Op(6);
 
     /// Every operation this build knows.
-    pub const ALL: [Op; 6] =
-        [Op::MAT_VEC, Op::MAT_MUL, Op::GATHERED_ROW_MAT_VEC, Op::SPARSE_AXPY, Op::TERNARY_MAT_VEC, Op::TERNARY_MAT_MUL];
+    pub const ALL: [Op; 7] = [
+        Op::MAT_VEC,
+        Op::MAT_MUL,
+        Op::GATHERED_ROW_MAT_VEC,
+        Op::SPARSE_AXPY,
+        Op::TERNARY_MAT_VEC,
+        Op::TERNARY_MAT_MUL,
+        Op::GATHERED_COLUMN_AXPY,
+    ];
 
     /// Lowercase name (`"gathered_row_matvec"`); `None` for values this
     /// build does not know.
@@ -87,13 +104,14 @@ impl Op {
             Op::SPARSE_AXPY => "sparse_axpy",
             Op::TERNARY_MAT_VEC => "ternary_matvec",
             Op::TERNARY_MAT_MUL => "ternary_matmul",
+            Op::GATHERED_COLUMN_AXPY => "gathered_column_axpy",
             _ => return None,
         })
     }
 
     /// True for the operations served by [`crate::Kernel::run_sparse`].
     pub const fn is_sparse(self) -> bool {
-        matches!(self, Op::GATHERED_ROW_MAT_VEC | Op::SPARSE_AXPY)
+        matches!(self, Op::GATHERED_ROW_MAT_VEC | Op::SPARSE_AXPY | Op::GATHERED_COLUMN_AXPY)
     }
 }
 
@@ -422,6 +440,8 @@ mod tests {
         assert_eq!(format!("{:?}", Op(99)), "Op(99)");
         assert_eq!(format!("{:?}", ActType::Q8_K), "q8_K");
         assert_eq!(Op::SPARSE_AXPY.to_string(), "sparse_axpy");
+        assert_eq!(Op::GATHERED_COLUMN_AXPY.to_string(), "gathered_column_axpy");
+        assert!(Op::GATHERED_COLUMN_AXPY.is_sparse());
         let names: Vec<_> = WeightType::ALL.iter().map(|t| t.name().unwrap()).collect();
         let mut dedup = names.clone();
         dedup.sort_unstable();

@@ -254,17 +254,15 @@ fn untrusted_signer_is_refused() {
     assert!(matches!(e, RegistryError::UntrustedKey { .. }), "{e}");
 }
 
-/// The sparse FFN's gate and up rows run through the pack's gathered-row
-/// kernel (`GATHERED_ROW_MAT_VEC`, the ABI's `run_sparse`) when the dense
-/// product is the pack's, and give what the same built-in kernel gives.
-#[test]
-fn sparse_gate_and_up_rows_run_through_the_pack() {
-    let Some(model) = smollm2() else { return };
-    let root = tempfile::tempdir().unwrap();
-    let options = |sparsity| ModelOptions { precision: Precision::Fast, ctx: 64, threads: 2, sparsity };
-    let builtin =
-        Engine::load_with(&model, ModelOptions { ctx: 128, ..options(None) }, &KernelRegistry::builtin()).unwrap();
-    // A gate-threshold sidecar (50%) from a short calibration.
+/// A gate-threshold sidecar (50%) for `model` from a short calibration,
+/// written under `dir`, with no dense fallback.
+fn gt50_sidecar(model: &Path, dir: &Path) -> SparsityOptions {
+    let builtin = Engine::load_with(
+        model,
+        ModelOptions { precision: Precision::Fast, ctx: 128, threads: 2, sparsity: None },
+        &KernelRegistry::builtin(),
+    )
+    .unwrap();
     let text = "The quick brown fox jumps over the lazy dog. ".repeat(40);
     let mut tokens = builtin.tokenizer.encode(&text, false).unwrap();
     tokens.truncate(256);
@@ -278,11 +276,29 @@ fn sparse_gate_and_up_rows_run_through_the_pack() {
         attn_sparsity: 0.0,
     };
     let sidecar =
-        calibrate(&builtin.model, &GgufFile::open(&model).unwrap(), &tokens, &opts, &mut |_, _, _| {}).unwrap();
-    let path = root.path().join("gt50.spinfer");
+        calibrate(&builtin.model, &GgufFile::open(model).unwrap(), &tokens, &opts, &mut |_, _, _| {}).unwrap();
+    let path = dir.join("gt50.spinfer");
     sidecar.write(&path).unwrap();
     let mut so = SparsityOptions::new(&path);
     so.dense_above = 1.0;
+    so
+}
+
+/// Who serves each layer's sparse down projection.
+fn down_providers(e: &Engine) -> Vec<String> {
+    let sparse = e.model.sparse.as_ref().expect("a sparse model");
+    sparse.layers.iter().map(|l| l.down.provider().to_string()).collect()
+}
+
+/// The sparse FFN's gate and up rows run through the pack's gathered-row
+/// kernel (`GATHERED_ROW_MAT_VEC`, the ABI's `run_sparse`) when the dense
+/// product is the pack's, and give what the same built-in kernel gives.
+#[test]
+fn sparse_gate_and_up_rows_run_through_the_pack() {
+    let Some(model) = smollm2() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let options = |sparsity| ModelOptions { precision: Precision::Fast, ctx: 64, threads: 2, sparsity };
+    let so = gt50_sidecar(&model, root.path());
 
     // The scalar kernels, built in and from cpu-portable.
     let mut same = KernelRegistry::builtin();
@@ -303,8 +319,47 @@ fn sparse_gate_and_up_rows_run_through_the_pack() {
     for lin in want.model.linears().filter(|l| l.name.contains("ffn_up")) {
         assert_eq!(lin.rows_provider, "cpu-builtin", "{}", lin.name);
     }
+    // The down projection follows the dense product to the pack: its
+    // scalar int8 AXPY.
+    assert!(down_providers(&got).iter().all(|p| p == pack.name()));
+    assert!(down_providers(&want).iter().all(|p| p == "cpu-builtin"));
     // The same scalar code on both sides, rows independent of how they
-    // are split over threads: the same bits.
+    // are split over threads: the same bits. (The built-in int8 AXPY is
+    // the scalar one's bits where the CPU has AVX-512 VNNI and VBMI; on
+    // other CPUs it computes with exact f32 coefficients instead.)
     let (a, b) = (last_logits(&want), last_logits(&got));
-    assert_eq!(max_abs_diff(&a, &b), 0.0, "sparse logits through cpu-portable differ from the built-in scalar kernel");
+    if spinfer_kernels::sparse::NeuronMajor::axpy_fast_is_int8() {
+        assert_eq!(max_abs_diff(&a, &b), 0.0, "sparse logits through cpu-portable differ from the built-in kernels");
+    } else {
+        assert!(max_abs_diff(&a, &b) < 0.05, "sparse logits through cpu-portable differ from the built-in kernels");
+    }
+}
+
+/// The sparse down projection runs through the pack's gathered-column
+/// AXPY (`GATHERED_COLUMN_AXPY`) when the dense product is the pack's, in
+/// each precision, and gives the built-in AXPY's bits (cpu-simd's kernels
+/// are the built-in ones for the best instruction set of this CPU).
+#[test]
+fn sparse_down_projection_runs_through_the_pack() {
+    let Some(model) = smollm2() else { return };
+    if simd_isa().is_none() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let so = gt50_sidecar(&model, root.path());
+    let pack = Arc::new(NativePack::load(&verified(root.path(), "cpu-simd", "cpu_simd"), &host_info()).unwrap());
+    let mut registry = KernelRegistry::builtin();
+    registry.add_provider(Arc::clone(&pack) as Arc<dyn KernelProvider>);
+    for precision in [Precision::Precise, Precision::Fast] {
+        let options = ModelOptions { precision, ctx: 64, threads: 2, sparsity: Some(so.clone()) };
+        let want = Engine::load_with(&model, options.clone(), &KernelRegistry::builtin()).unwrap();
+        let got = Engine::load_with(&model, options, &registry).unwrap();
+        assert!(got.model.linears().all(|l| l.provider == pack.name()), "{precision:?}: dense kernels from the pack");
+        let int8_offered = spinfer_kernels::sparse::NeuronMajor::axpy_fast_is_int8();
+        let from_pack = precision == Precision::Precise || int8_offered;
+        let provider = if from_pack { pack.name() } else { "cpu-builtin" };
+        assert!(down_providers(&got).iter().all(|p| p == provider), "{precision:?}: {:?}", down_providers(&got));
+        let (a, b) = (last_logits(&want), last_logits(&got));
+        assert_eq!(max_abs_diff(&a, &b), 0.0, "{precision:?}: sparse logits through cpu-simd differ");
+    }
 }

@@ -116,4 +116,9 @@ fn print_choices(engine: &Engine, json: bool) {
             }
         }
     }
+    if let Some(sp) = &engine.model.sparse {
+        let mut providers: Vec<&str> = sp.layers.iter().map(|l| l.down.provider()).collect();
+        providers.dedup();
+        println!("sparse FFN down projection (gathered-column axpy): {}", providers.join(", "));
+    }
 }

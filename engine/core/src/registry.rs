@@ -21,7 +21,7 @@ use spinfer_kernels::pool::ThreadPool;
 
 use spinfer_plugin_api::{CachePolicyBox, PredictorBox, PredictorSpec};
 
-use crate::tuning::bench::{Phase, kernel_id, verify, verify_rows};
+use crate::tuning::bench::{Phase, kernel_id, verify, verify_columns, verify_rows};
 use crate::tuning::history::{HistoryStore, Host};
 use crate::tuning::select::{Reason, select};
 use crate::{Error, Result};
@@ -41,6 +41,15 @@ pub trait KernelProvider: Send + Sync {
     /// provider's kernel `name` for `desc`, if it has one.
     fn rows_kernel(&self, desc: &MatmulDesc, name: &str) -> Option<Arc<dyn MatmulKernel>> {
         let _ = (desc, name);
+        None
+    }
+
+    /// This provider's gathered-column AXPY
+    /// ([`MatmulKernel::run_columns`]) over `desc`'s matrix, best first,
+    /// if it has one; `desc.act` says which arithmetic (`F32` exact,
+    /// `Q8_0` int8 coefficients).
+    fn columns_kernel(&self, desc: &MatmulDesc) -> Option<Arc<dyn MatmulKernel>> {
+        let _ = desc;
         None
     }
 
@@ -255,7 +264,8 @@ impl KernelRegistry {
     }
 
     /// The check of a pack kernel for `desc` (`form`: `""` for the dense
-    /// product, `"gathered-row "` for its row form), run once per kernel
+    /// product, `"gathered-row "` for its row form, `"gathered-column "`
+    /// for the column AXPY), run once per kernel
     /// and operation and remembered: `check` gets the shape to test. Tall
     /// matrices are checked on a prefix of their rows (256 plus the
     /// remainder modulo 64, so partial row tiles are exercised too), with
@@ -269,7 +279,7 @@ impl KernelRegistry {
         form: &str,
         check: impl FnOnce(&MatmulDesc) -> Result<(), String>,
     ) -> bool {
-        let key = (format!("{}{}", kernel_id(p.name(), kernel), if form.is_empty() { "" } else { "#rows" }), *desc);
+        let key = (format!("{}#{}", kernel_id(p.name(), kernel), form.trim()), *desc);
         let mut cache = self.verified.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let r = cache.entry(key).or_insert_with(|| {
             let rows = if desc.rows > 320 { 256 + desc.rows % 64 } else { desc.rows };
@@ -326,6 +336,22 @@ impl KernelRegistry {
             let k = p.rows_kernel(small, k.name()).unwrap_or_else(|| Arc::clone(k));
             verify_rows(small, k.as_ref(), &ThreadPool::new(1))
         })
+    }
+
+    /// The pack kernel for the gathered-column AXPY over `desc`'s matrix
+    /// (the sparse FFN's down projection), given the provider of its dense
+    /// product: that provider's [`KernelProvider::columns_kernel`], checked
+    /// once against the scalar reference on random columns. `None` for the
+    /// built-in provider (the engine's own neuron-major repack serves it),
+    /// a provider without one, or one that computes the wrong function.
+    pub fn resolve_columns(&self, desc: &MatmulDesc, dense_provider: &str) -> Option<(String, Arc<dyn MatmulKernel>)> {
+        let p = self.providers.iter().find(|p| p.name() == dense_provider && p.name() != BUILTIN)?;
+        let k = p.columns_kernel(desc)?;
+        let trusted = self.checked_once(p.as_ref(), k.as_ref(), desc, "gathered-column ", |small| {
+            let k = p.columns_kernel(small).unwrap_or_else(|| Arc::clone(&k));
+            verify_columns(small, k.as_ref(), &ThreadPool::new(1))
+        });
+        trusted.then(|| (p.name().to_string(), k))
     }
 
     /// The predictor called `name` (`"<pack>/<predictor>"`, or the bare
@@ -646,6 +672,79 @@ mod tests {
         let (p, k) = r.resolve_rows(&DESC, &dense).unwrap();
         assert_eq!(p, "cpu-builtin");
         assert_ne!(k.name(), "right-dense");
+    }
+
+    /// A pack whose gathered-column AXPY is right (the engine's exact
+    /// repack) or, with `zeros`, returns zeros.
+    struct ColumnPack {
+        zeros: bool,
+    }
+    struct ColumnAxpy {
+        zeros: bool,
+        cols: usize,
+    }
+    impl MatmulKernel for ColumnAxpy {
+        fn name(&self) -> &str {
+            "axpy"
+        }
+        fn run(
+            &self,
+            _: &ThreadPool,
+            _: &[u8],
+            _: &[f32],
+            _: usize,
+            _: &mut [f32],
+            _: &mut Vec<u8>,
+        ) -> spinfer_kernels::Result<()> {
+            unreachable!("the registry only checks the column form")
+        }
+        fn run_columns(
+            &self,
+            _: &ThreadPool,
+            w: &[u8],
+            idx: &[u32],
+            x: &[f32],
+            _: usize,
+            out: &mut [f32],
+            _: &mut Vec<u8>,
+        ) -> spinfer_kernels::Result<()> {
+            if self.zeros {
+                out.fill(0.0);
+                return Ok(());
+            }
+            spinfer_kernels::sparse::NeuronMajor::from_weights(GgmlType::Q4_1, w, out.len(), self.cols)?
+                .axpy_scalar(idx, x, out)
+        }
+    }
+    impl KernelProvider for ColumnPack {
+        fn name(&self) -> &str {
+            if self.zeros { "zero-columns@1.0.0#000000000000" } else { "columns@1.0.0#000000000000" }
+        }
+        fn score(&self) -> u32 {
+            1000
+        }
+        fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
+            vec![Arc::from(builtin_kernel(desc).unwrap())]
+        }
+        fn columns_kernel(&self, desc: &MatmulDesc) -> Option<Arc<dyn MatmulKernel>> {
+            let k = ColumnAxpy { zeros: self.zeros, cols: desc.cols };
+            (desc.act == ActType::F32).then(|| Arc::new(k) as Arc<dyn MatmulKernel>)
+        }
+    }
+
+    #[test]
+    fn column_axpy_follows_the_dense_provider_unless_it_is_wrong() {
+        let exact = MatmulDesc { act: ActType::F32, ..DESC };
+        let mut r = KernelRegistry::builtin();
+        r.add_provider(Arc::new(ColumnPack { zeros: false }));
+        r.add_provider(Arc::new(ColumnPack { zeros: true }));
+        let (p, k) = r.resolve_columns(&exact, "columns@1.0.0#000000000000").expect("a checked column kernel");
+        assert_eq!((p.as_str(), k.name()), ("columns@1.0.0#000000000000", "axpy"));
+        // Not offered for this arithmetic, not from the built-in provider
+        // (its own repack serves it), never when it computes zeros.
+        assert!(r.resolve_columns(&DESC, "columns@1.0.0#000000000000").is_none());
+        assert!(r.resolve_columns(&exact, "cpu-builtin").is_none());
+        assert!(r.resolve_columns(&exact, "zero-columns@1.0.0#000000000000").is_none());
     }
 
     #[test]

@@ -101,6 +101,31 @@ pub trait MatmulKernel: Send + Sync {
         let _ = (pool, w, idx, x, n_tokens, out, scratch);
         Err(crate::KernelError::NotOffered { kernel: self.name().to_string(), op: "gathered-row matmul" })
     }
+
+    /// The gathered-column AXPY (the sparse down projection): `out[t * rows
+    /// + r] = Σ_j x[t * k + j] · W[r, idx[j]]` over the `k` strictly
+    /// ascending columns `idx` of `w` (all `rows x cols` of it, as the model
+    /// stores it). Served by pack kernels of the ABI's
+    /// `GATHERED_COLUMN_AXPY`, which keep their own repack of `w`; the
+    /// built-in kernels answer [`KernelError::NotOffered`] (the default):
+    /// the engine's own sparse down projection runs on its exact
+    /// neuron-major repack (`crate::sparse::NeuronMajor`) instead.
+    ///
+    /// [`KernelError::NotOffered`]: crate::KernelError::NotOffered
+    #[allow(clippy::too_many_arguments)]
+    fn run_columns(
+        &self,
+        pool: &ThreadPool,
+        w: &[u8],
+        idx: &[u32],
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
+        let _ = (pool, w, idx, x, n_tokens, out, scratch);
+        Err(crate::KernelError::NotOffered { kernel: self.name().to_string(), op: "gathered-column axpy" })
+    }
 }
 
 /// Every implementation in this crate that serves `desc` on a CPU with

@@ -178,8 +178,9 @@ pub fn transpose_to_q8_0(wtype: GgmlType, w: &[u8], rows: usize, cols: usize) ->
 // AXPY over selected rows of a Q8_0 matrix (sparse down projection)
 // ---------------------------------------------------------------------------
 
-/// Which implementation [`axpy_rows_q8_0`] uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which implementation [`axpy_rows_q8_0`] uses; ordered from the least
+/// to the most capable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum AxpyIsa {
     Scalar,
     /// AVX2 + FMA + F16C.

@@ -18,6 +18,9 @@
 //! * the type mapping between the ABI catalogues and `spinfer-kernels`,
 //!   including `WeightType::I2_S`, which has no GGML id and is served by
 //!   `spinfer_kernels::dot::ternary` under [`Op::TERNARY_MAT_MUL`];
+//! * [`ColumnAxpyKernel`] (`column_axpy.rs`): the sparse down projection
+//!   ([`Op::GATHERED_COLUMN_AXPY`]) over an exact neuron-major repack of
+//!   each weight slice the host prepares;
 //! * [`kernel_pack_module`]: the root module of a pack that offers only
 //!   kernels (`abi_version` first), from the pack's `name`, `score` and
 //!   `kernels` entry points;
@@ -43,8 +46,11 @@ use spinfer_plugin_api::{
     PackModule, PackModuleRef, PredictorBox, PredictorSpec, WeightType,
 };
 
+mod column_axpy;
 #[cfg(feature = "testing")]
 pub mod testing;
+
+pub use column_axpy::{COLUMN_AXPY_TYPES, ColumnAxpyKernel};
 
 // === Type mapping ===
 
@@ -179,15 +185,18 @@ impl CpuPack {
 
     /// Every kernel of [`CpuPack::supported_kernels`] as an ABI object,
     /// then the gathered-row form of those that have one (same names, op
-    /// [`Op::GATHERED_ROW_MAT_VEC`]): the body of a pack's `kernels` entry
-    /// point. A panic offers nothing (it must not unwind into the host).
+    /// [`Op::GATHERED_ROW_MAT_VEC`]), then the
+    /// [`CpuPack::column_axpy_kernels`]: the body of a pack's `kernels`
+    /// entry point. A panic offers nothing (it must not unwind into the host).
     pub fn kernel_boxes(&self) -> RVec<KernelBox> {
         catch_unwind(|| {
             let supported = self.supported_kernels();
             let dense = supported.iter().filter_map(|(isa, w, a)| self.kernel(isa, *w, *a));
             let gathered =
                 supported.iter().filter_map(|(isa, w, a)| self.kernel_for_op(isa, *w, *a, Op::GATHERED_ROW_MAT_VEC));
-            dense.chain(gathered).map(|k| Kernel_TO::from_value(k, TD_Opaque)).collect::<RVec<KernelBox>>()
+            let boxes = dense.chain(gathered).map(|k| Kernel_TO::from_value(k, TD_Opaque));
+            let columns = self.column_axpy_kernels().into_iter().map(|k| Kernel_TO::from_value(k, TD_Opaque));
+            boxes.chain(columns).collect::<RVec<KernelBox>>()
         })
         .unwrap_or_default()
     }
@@ -363,13 +372,8 @@ impl CpuKernel {
         SCRATCH.with_borrow_mut(|scratch| k.run(&self.pool, w, x, n_tokens, out, scratch)).map_err(to_pack_error)
     }
 
-    /// `f`, with a panic turned into an error: it must not unwind into
-    /// the host (abi_stable would abort).
     fn guarded(&self, what: &str, f: impl FnOnce() -> Result<(), PackError>) -> RResult<(), PackError> {
-        match catch_unwind(AssertUnwindSafe(f)) {
-            Ok(r) => r.into(),
-            Err(_) => RResult::RErr(PackError::internal(format!("{} panicked in {what}", self.name))),
-        }
+        guarded(&self.name, what, f)
     }
 
     #[allow(clippy::too_many_arguments, reason = "the ABI's run_sparse arguments")]
@@ -442,6 +446,15 @@ impl Kernel for CpuKernel {
     }
 }
 
+/// `f`, with a panic turned into an error naming the kernel: it must not
+/// unwind into the host (abi_stable would abort).
+fn guarded(kernel: &str, what: &str, f: impl FnOnce() -> Result<(), PackError>) -> RResult<(), PackError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r.into(),
+        Err(_) => RResult::RErr(PackError::internal(format!("{kernel} panicked in {what}"))),
+    }
+}
+
 /// Maps a `spinfer-kernels` error onto the ABI's kinds, keeping its text.
 pub fn to_pack_error(e: KernelError) -> PackError {
     match e {
@@ -488,7 +501,11 @@ mod tests {
         // Each listed kernel, then the gathered-row form of the non-ternary ones.
         let gathered = listed.iter().filter(|(_, w, _)| offers_gathered_rows(*w)).count();
         assert!(gathered > 0 && gathered < listed.len());
-        assert_eq!(SCALAR.kernel_boxes().len(), listed.len() + gathered);
+        // ... then the gathered-column AXPYs: f32 and int8 for each exact type.
+        let columns: Vec<String> = SCALAR.column_axpy_kernels().iter().map(|k| k.name().to_string()).collect();
+        assert_eq!(columns[..2], ["scalar/axpy:q4_0*f32", "scalar/axpy:q4_0*q8_0"]);
+        assert_eq!(columns.len(), 2 * COLUMN_AXPY_TYPES.len());
+        assert_eq!(SCALAR.kernel_boxes().len(), listed.len() + gathered + columns.len());
         assert!(SCALAR.kernel_for_op("scalar", WeightType::TQ2_0, ActType::Q8_K, Op::GATHERED_ROW_MAT_VEC).is_none());
         let k = SCALAR.kernel_for_op("scalar", WeightType::Q4_1, ActType::Q8_1, Op::GATHERED_ROW_MAT_VEC).unwrap();
         assert_eq!(k.describe().op, Op::GATHERED_ROW_MAT_VEC);

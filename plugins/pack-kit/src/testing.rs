@@ -25,7 +25,9 @@ use spinfer_plugin_api::{
     WeightType, check_abi, load_pack,
 };
 
-use crate::{CpuPack, ggml_type, isa_of, kernel_candidates, min_cols, offers_gathered_rows, op_for};
+use spinfer_kernels::sparse::{AxpyIsa, NeuronMajor};
+
+use crate::{COLUMN_AXPY_TYPES, CpuPack, ggml_type, isa_of, kernel_candidates, min_cols, offers_gathered_rows, op_for};
 
 /// Weight types whose kernels [`check_module`] compares bit for bit.
 pub const CHECKED_TYPES: [WeightType; 5] =
@@ -54,7 +56,7 @@ pub fn random_weights(r: &mut StdRng, w: WeightType, rows: usize, cols: usize) -
     let ty = ggml_type(w).unwrap_or_else(|| panic!("random_weights: {w} has no GGML type"));
     let scale_fields: &[usize] = match w {
         WeightType::Q4_1 => &[0, 2],
-        WeightType::Q8_0 => &[0],
+        WeightType::Q4_0 | WeightType::Q8_0 => &[0],
         WeightType::TQ1_0 => &[52],
         WeightType::TQ2_0 => &[64],
         _ => panic!("random_weights: {w} not handled"),
@@ -163,6 +165,77 @@ pub fn check_gathered_rows(pack: &CpuPack, k: &KernelBox, n_tokens: usize, seed:
     assert_eq!(e.into_result().unwrap_err().kind, PackErrorKind::INVALID_ARGUMENT, "{}", d.name);
 }
 
+/// Runs the pack's gathered-column AXPY `k` on random columns of random
+/// weights, the rows split in two ranges as the host splits them over
+/// threads (each range prepared as a slice of its own), and compares bit
+/// for bit with `NeuronMajor` over the whole matrix (the instruction set
+/// of `k`'s name; the int8 arithmetic for activation type `Q8_0`). Also
+/// checks its errors.
+pub fn check_column_axpy(k: &KernelBox, n_tokens: usize, seed: u64) {
+    let d = k.describe();
+    assert_eq!(d.op, Op::GATHERED_COLUMN_AXPY, "{}", d.name);
+    let (rows, cols, split) = (70, 256, 64);
+    let mut r = rng(seed);
+    let wb = random_weights(&mut r, d.wtype, rows, cols);
+    let idx: Vec<u32> = (0..cols as u32).filter(|_| r.random_bool(0.4)).collect();
+    let x = random_acts(&mut r, n_tokens * idx.len());
+    let nm = NeuronMajor::from_weights(ggml_type(d.wtype).unwrap(), &wb, rows, cols).unwrap();
+    let isa = match isa_of(&d.name) {
+        "scalar" => AxpyIsa::Scalar,
+        "avx2" => AxpyIsa::Avx2,
+        _ => AxpyIsa::Avx512,
+    };
+    let mut want = vec![0.0; n_tokens * rows];
+    for (c, o) in x.chunks_exact(idx.len()).zip(want.chunks_exact_mut(rows)) {
+        match d.act {
+            ActType::Q8_0 => nm.axpy_fast_scalar(&idx, c, o).unwrap(),
+            _ => nm.axpy_with(&ThreadPool::new(2), isa, &idx, c, o).unwrap(),
+        }
+    }
+    assert!(want.iter().any(|&v| v != 0.0), "{}: reference is all zeros", d.name);
+
+    let rb = ggml_type(d.wtype).unwrap().row_bytes(cols).unwrap();
+    let mut got = vec![f32::NAN; n_tokens * rows];
+    for range in [0..split, split..rows] {
+        let part = &wb[range.start * rb..range.end * rb];
+        k.prepare(part.into(), range.len(), cols).into_result().unwrap();
+        let mut o = vec![f32::NAN; n_tokens * range.len()];
+        k.run_sparse(
+            part.into(),
+            x.as_slice().into(),
+            n_tokens,
+            range.len(),
+            cols,
+            idx.as_slice().into(),
+            RSliceMut::from_mut_slice(&mut o),
+        )
+        .into_result()
+        .unwrap();
+        for t in 0..n_tokens {
+            got[t * rows + range.start..t * rows + range.end].copy_from_slice(&o[t * range.len()..][..range.len()]);
+        }
+    }
+    assert_eq!(bits(&got), bits(&want), "{} columns, n_tokens={n_tokens}", d.name);
+
+    // Errors: columns out of order or out of range, a slice used with
+    // another shape, the dense entry point.
+    let mut o = vec![0.0; rows];
+    let run = |idx: &[u32], x: &[f32], rows: usize, o: &mut [f32]| {
+        k.run_sparse(wb.as_slice().into(), x.into(), 1, rows, cols, idx.into(), RSliceMut::from_mut_slice(o))
+            .into_result()
+            .map_err(|e| e.kind)
+    };
+    k.prepare(wb.as_slice().into(), rows, cols).into_result().unwrap();
+    assert_eq!(run(&[3, 1], &[1.0, 1.0], rows, &mut o), Err(PackErrorKind::INVALID_ARGUMENT), "{}", d.name);
+    assert_eq!(run(&[cols as u32], &[1.0], rows, &mut o), Err(PackErrorKind::INVALID_ARGUMENT), "{}", d.name);
+    assert_eq!(run(&[1], &[1.0, 2.0], rows, &mut o), Err(PackErrorKind::INVALID_ARGUMENT), "{}", d.name);
+    assert_eq!(run(&[1], &[1.0], rows - 1, &mut o[1..]), Err(PackErrorKind::INVALID_ARGUMENT), "{}", d.name);
+    assert_eq!(run(&[], &[], rows, &mut o), Ok(()), "{}", d.name);
+    assert!(o.iter().all(|&v| v == 0.0), "{}: no columns, no sum", d.name);
+    let e = k.run(wb.as_slice().into(), [0.0; 256].as_slice().into(), 1, rows, cols, RSliceMut::from_mut_slice(&mut o));
+    assert_eq!(e.into_result().unwrap_err().kind, PackErrorKind::UNSUPPORTED, "{}", d.name);
+}
+
 /// Every check common to the CPU packs; returns the kernels for the pack's
 /// own checks. A pack without kernels on this CPU (`cpu-simd` without
 /// AVX2) only gets the module-level checks.
@@ -204,6 +277,8 @@ pub fn check_module(module: PackModuleRef, pack: &CpuPack) -> RVec<KernelBox> {
     // Kernels: one per (isa, pair) the pack serves, named as
     // spinfer-kernels names them.
     let all = module.kernels()();
+    let (columns, all): (Vec<KernelBox>, Vec<KernelBox>) =
+        all.into_iter().partition(|k| k.describe().op == Op::GATHERED_COLUMN_AXPY);
     let (gathered, kernels): (Vec<KernelBox>, Vec<KernelBox>) =
         all.into_iter().partition(|k| k.describe().op == Op::GATHERED_ROW_MAT_VEC);
     let kernels: RVec<KernelBox> = kernels.into();
@@ -259,6 +334,22 @@ pub fn check_module(module: PackModuleRef, pack: &CpuPack) -> RVec<KernelBox> {
             for n_tokens in [1, 2, 5] {
                 check_gathered_rows(pack, k, n_tokens, 1000 + i as u64 * 10 + n_tokens as u64);
             }
+        }
+    }
+
+    // The gathered-column AXPYs: the pack's own list, each type of
+    // COLUMN_AXPY_TYPES with f32 activations on each instruction set, all
+    // bit-exact with NeuronMajor.
+    let got: Vec<String> = columns.iter().map(|k| k.describe().name.to_string()).collect();
+    let want: Vec<String> = pack.column_axpy_kernels().iter().map(|k| k.name().to_string()).collect();
+    assert_eq!(got, want, "gathered-column kernels");
+    for w in COLUMN_AXPY_TYPES {
+        let f32_kernels = columns.iter().filter(|k| k.describe().wtype == w && k.describe().act == ActType::F32);
+        assert!(f32_kernels.count() >= 1, "no {w}*f32 gathered-column kernel");
+    }
+    for (i, k) in columns.iter().enumerate() {
+        for n_tokens in [1, 3] {
+            check_column_axpy(k, n_tokens, 2000 + i as u64 * 10 + n_tokens as u64);
         }
     }
 

@@ -518,6 +518,9 @@ impl Model {
         let output = linear(output_name, c.vocab_size, dim)?;
         tracing::debug!(layers = c.n_layers, output = output.kernel_name(), "model loaded");
 
+        // The AXPYs follow the model's precision, as the dense kernels'
+        // activations do.
+        let axpy = sparse::AxpyMode::for_precision(options.precision);
         let mut sparse = match &options.sparsity {
             Some(o) if o.ffn_budget_bytes.is_some() => {
                 // Under a memory budget the FFN matrices are read once, to
@@ -541,6 +544,10 @@ impl Model {
                     .iter()
                     .map(|l| sparse::LayerWeights {
                         down: (l.w_down.desc.wtype, l.w_down.w.bytes()),
+                        // The pack that serves the dense product serves the
+                        // sparse one too, if it has the column form.
+                        down_pack: registry
+                            .resolve_columns(&MatmulDesc { act: axpy.act(), ..l.w_down.desc }, &l.w_down.provider),
                         wo: (l.wo.desc.wtype, l.wo.w.bytes()),
                     })
                     .collect();
@@ -563,14 +570,12 @@ impl Model {
                     }
                     None => None,
                 };
-                Some(sparse::build(o, pack_predictor, &id, &weights, dim, c.n_heads * c.head_dim, c.ffn_dim)?)
+                Some(sparse::build(o, pack_predictor, &id, weights, dim, c.n_heads * c.head_dim, c.ffn_dim, axpy)?)
             }
             None => None,
         };
         if let Some(sp) = &mut sparse {
-            // The AXPYs follow the model's precision, as the dense kernels'
-            // activations do.
-            sp.axpy = sparse::AxpyMode::for_precision(options.precision);
+            sp.axpy = axpy;
         }
         let rope = RopeTable::new(c.head_dim, c.rope_theta, options.ctx);
         Ok(Self { weights: Weights { token_embd, layers, output_norm, output }, config: c, options, sparse, rope })

@@ -273,6 +273,16 @@ impl KernelProvider for NativePack {
             .map(|(d, k)| self.bind(d, k, desc))
     }
 
+    fn columns_kernel(&self, desc: &MatmulDesc) -> Option<Arc<dyn MatmulKernel>> {
+        let (w, a) = (abi_weight_type(desc.wtype), abi_act_type(desc.act));
+        self.kernels
+            .iter()
+            .find(|(d, _)| {
+                d.op == Op::GATHERED_COLUMN_AXPY && d.wtype == w && d.act == a && d.accepts_shape(desc.rows, desc.cols)
+            })
+            .map(|(d, k)| self.bind(d, k, desc))
+    }
+
     fn predictors(&self, spec: &PredictorSpec) -> Vec<PredictorBox> {
         (self.module.predictors())(spec).into_iter().collect()
     }
@@ -291,8 +301,9 @@ pub struct PackKernel {
     name: String,
     pack: String,
     kernel: Arc<KernelBox>,
-    /// What the pack kernel serves: `MAT_MUL` (dense, `run`), or
-    /// `GATHERED_ROW_MAT_VEC` (`run_rows` through the ABI's `run_sparse`).
+    /// What the pack kernel serves: `MAT_MUL` (dense, `run`),
+    /// `GATHERED_ROW_MAT_VEC` (`run_rows` through the ABI's `run_sparse`)
+    /// or `GATHERED_COLUMN_AXPY` (`run_columns`, likewise).
     op: Op,
     desc: MatmulDesc,
     /// Weight slices (address, length) already given to `prepare`.
@@ -314,8 +325,9 @@ impl PackKernel {
         KernelError::Pack { pack: self.pack.clone(), kernel: self.name.clone(), detail: format!("{what}: {e}") }
     }
 
-    /// `prepare` once per weight slice (the pack may key uploads by address).
-    fn ensure_prepared(&self, w: &[u8]) -> Result<(), KernelError> {
+    /// `prepare` once per weight slice of `rows` rows (the pack may key
+    /// uploads by address).
+    fn ensure_prepared(&self, w: &[u8], rows: usize) -> Result<(), KernelError> {
         let key = (w.as_ptr() as usize, w.len());
         if self.prepared.read().unwrap_or_else(PoisonError::into_inner).contains(&key) {
             return Ok(());
@@ -324,10 +336,7 @@ impl PackKernel {
         if set.contains(&key) {
             return Ok(());
         }
-        self.kernel
-            .prepare(w.into(), self.desc.rows, self.desc.cols)
-            .into_result()
-            .map_err(|e| self.error("prepare", &e))?;
+        self.kernel.prepare(w.into(), rows, self.desc.cols).into_result().map_err(|e| self.error("prepare", &e))?;
         set.insert(key);
         Ok(())
     }
@@ -380,7 +389,7 @@ impl MatmulKernel for PackKernel {
                 return Ok(());
             }
             let run = |o: &mut [f32]| {
-                self.ensure_prepared(w_part).and_then(|()| {
+                self.ensure_prepared(w_part, r_len).and_then(|()| {
                     self.kernel
                         .run(w_part.into(), x_part.into(), t_len, r_len, cols, RSliceMut::from_mut_slice(o))
                         .into_result()
@@ -428,7 +437,7 @@ impl MatmulKernel for PackKernel {
                 ),
             });
         }
-        self.ensure_prepared(w)?;
+        self.ensure_prepared(w, rows)?;
         let out_ptr = SyncPtr::new(out.as_mut_ptr());
         first_error(pool, |i, n| {
             let r = chunk_aligned(k, i, n, 4);
@@ -446,6 +455,82 @@ impl MatmulKernel for PackKernel {
             // (`n_tokens x k`, `r.end <= k`), which outlives the broadcast,
             // and the threads' ranges are disjoint.
             unsafe { into_columns(out_ptr, k, r.start, r.len(), n_tokens, run) }
+        })
+    }
+
+    /// The gathered-column AXPY (a `GATHERED_COLUMN_AXPY` kernel; others
+    /// answer `NotOffered`).
+    fn run_columns(
+        &self,
+        pool: &ThreadPool,
+        w: &[u8],
+        idx: &[u32],
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+        _scratch: &mut Vec<u8>,
+    ) -> spinfer_kernels::Result<()> {
+        if self.op != Op::GATHERED_COLUMN_AXPY {
+            return Err(KernelError::NotOffered { kernel: self.name.clone(), op: "gathered-column axpy" });
+        }
+        self.columns(pool, w, idx, x, n_tokens, out)
+    }
+}
+
+impl PackKernel {
+    /// [`MatmulKernel::run_columns`] of a `GATHERED_COLUMN_AXPY` kernel:
+    /// the rows of `W` are split over the host's pool in ranges starting at
+    /// multiples of 32, each thread asking the pack for its range (a weight
+    /// slice of its own, prepared once) through `run_sparse`.
+    #[allow(clippy::too_many_arguments)]
+    fn columns(
+        &self,
+        pool: &ThreadPool,
+        w: &[u8],
+        idx: &[u32],
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+    ) -> spinfer_kernels::Result<()> {
+        let (rows, cols, k) = (self.desc.rows, self.desc.cols, idx.len());
+        if rows == 0 || !w.len().is_multiple_of(rows) || x.len() != n_tokens * k || out.len() != n_tokens * rows {
+            return Err(KernelError::Shape {
+                op: "pack gathered-column kernel",
+                detail: format!(
+                    "{n_tokens} tokens of {k} columns of {rows}x{cols}: {} weight bytes, {} inputs, {} outputs",
+                    w.len(),
+                    x.len(),
+                    out.len()
+                ),
+            });
+        }
+        let row_bytes = w.len() / rows;
+        let out_ptr = SyncPtr::new(out.as_mut_ptr());
+        first_error(pool, |i, n| {
+            let r = chunk_aligned(rows, i, n, 32);
+            if r.is_empty() {
+                return Ok(());
+            }
+            let part = &w[r.start * row_bytes..r.end * row_bytes];
+            self.ensure_prepared(part, r.len())?;
+            let run = |o: &mut [f32]| {
+                self.kernel
+                    .run_sparse(
+                        part.into(),
+                        x.into(),
+                        n_tokens,
+                        r.len(),
+                        cols,
+                        idx.into(),
+                        RSliceMut::from_mut_slice(o),
+                    )
+                    .into_result()
+                    .map_err(|e| self.error("run_sparse", &e))
+            };
+            // SAFETY: rows `r` of each token lie inside `out` (`n_tokens x
+            // rows`, `r.end <= rows`), which outlives the broadcast, and
+            // the threads' ranges are disjoint.
+            unsafe { into_columns(out_ptr, rows, r.start, r.len(), n_tokens, run) }
         })
     }
 }

@@ -33,10 +33,12 @@ pub mod lowrank;
 pub mod sidecar;
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 pub use sidecar::{CalibrationInfo, LayerStats, LowRankFactors, LowRankInfo, ModelId, PredictorKind, Sidecar};
 
 use spinfer_kernels::GgmlType;
+use spinfer_kernels::kernel::MatmulKernel;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::sparse::{NeuronMajor, axpy_rows_q8_0, transpose_to_q8_0};
 
@@ -123,6 +125,16 @@ pub enum AxpyMode {
 }
 
 impl AxpyMode {
+    /// The activation type a kernel of this arithmetic declares (the
+    /// ABI's `GATHERED_COLUMN_AXPY`): `F32`, or `Q8_0` for int8
+    /// coefficients.
+    pub fn act(self) -> spinfer_kernels::kernel::ActType {
+        match self {
+            AxpyMode::Exact => spinfer_kernels::kernel::ActType::F32,
+            AxpyMode::Int8 => spinfer_kernels::kernel::ActType::Q8_0,
+        }
+    }
+
     /// The AXPYs follow the model's precision, as the dense kernels'
     /// activations do: exact in precise mode, integer otherwise.
     pub fn for_precision(p: crate::model::Precision) -> Self {
@@ -161,23 +173,41 @@ impl SparseInput {
     }
 }
 
-/// The neuron-major copy of a layer's `W_down`.
+/// What serves a layer's sparse down projection: the engine's own
+/// neuron-major copy of `W_down`, or a pack.
 pub enum NeuronMajorDown {
     /// The same weights, transposed exactly (Q4_0, Q4_1, Q8_0).
     Exact(NeuronMajor),
     /// Other types: requantised to Q8_0 rows (ffn_dim, dim).
     Q8_0(Vec<u8>),
+    /// A pack's gathered-column AXPY over the model's own `W_down` (the
+    /// pack keeps whatever copy it made); no copy here.
+    Pack(PackDown),
     /// Under a memory budget: served by [`SparseFfn::bundle`].
     Bundled,
 }
 
 impl NeuronMajorDown {
-    /// `out = Σ_k coef[k] · W_down[:, idx[k]]` (`idx` ascending); the
-    /// requantised Q8_0 copy always computes in f32.
+    /// The engine's own copy of `W_down` (`ty`, `dim × ffn_dim` bytes `w`):
+    /// exact for Q4_0 / Q4_1 / Q8_0, requantised to Q8_0 otherwise.
+    pub fn repack(ty: GgmlType, w: &[u8], dim: usize, ffn_dim: usize) -> spinfer_kernels::Result<Self> {
+        Ok(match ty {
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
+                NeuronMajorDown::Exact(NeuronMajor::from_weights(ty, w, dim, ffn_dim)?)
+            }
+            _ => NeuronMajorDown::Q8_0(transpose_to_q8_0(ty, w, dim, ffn_dim)?),
+        })
+    }
+
+    /// `out = Σ_k coef[k] · W_down[:, idx[k]]` (`idx` ascending); `w` is
+    /// the model's `W_down` (`dim × ffn_dim`, as stored), which a pack
+    /// reads. The requantised Q8_0 copy always computes in f32.
+    #[allow(clippy::too_many_arguments)]
     pub fn axpy(
         &self,
         pool: &ThreadPool,
         dim: usize,
+        w: &[u8],
         idx: &[u32],
         coef: &[f32],
         out: &mut [f32],
@@ -186,6 +216,7 @@ impl NeuronMajorDown {
         match self {
             NeuronMajorDown::Exact(nm) => nm_axpy(nm, pool, idx, coef, out, mode)?,
             NeuronMajorDown::Q8_0(t) => axpy_rows_q8_0(pool, t, dim, idx, coef, out)?,
+            NeuronMajorDown::Pack(p) => p.axpy(pool, dim, w, idx, coef, out, mode)?,
             NeuronMajorDown::Bundled => {
                 return Err(Error::InvalidArgument("the down projection is served by the FFN bundle".into()));
             }
@@ -193,12 +224,77 @@ impl NeuronMajorDown {
         Ok(())
     }
 
-    /// Resident bytes.
+    /// Resident bytes held by the engine (a pack's copy is the pack's).
     pub fn bytes(&self) -> usize {
         match self {
             NeuronMajorDown::Exact(nm) => nm.bytes(),
             NeuronMajorDown::Q8_0(t) => t.len(),
+            NeuronMajorDown::Pack(p) => p.fallback.get().map_or(0, |f| f.bytes()),
             NeuronMajorDown::Bundled => 0,
+        }
+    }
+
+    /// Who computes it: `"cpu-builtin"`, or the pack's provider name.
+    pub fn provider(&self) -> &str {
+        match self {
+            NeuronMajorDown::Pack(p) => &p.provider,
+            _ => crate::registry::BUILTIN,
+        }
+    }
+}
+
+/// A layer's down projection from a pack
+/// ([`KernelRegistry::resolve_columns`]): the pack's kernel is called with
+/// the model's `W_down`. If it fails, the engine makes its own copy then
+/// and uses it for the rest of the process.
+pub struct PackDown {
+    /// The provider (`name@version#hash`).
+    pub provider: String,
+    kernel: Arc<dyn MatmulKernel>,
+    /// `W_down`'s type and FFN width, to build the fallback.
+    ty: GgmlType,
+    ffn_dim: usize,
+    /// The built-in copy, made at the pack's first failure.
+    fallback: OnceLock<Box<NeuronMajorDown>>,
+}
+
+impl PackDown {
+    pub fn new(provider: String, kernel: Arc<dyn MatmulKernel>, ty: GgmlType, ffn_dim: usize) -> Self {
+        Self { provider, kernel, ty, ffn_dim, fallback: OnceLock::new() }
+    }
+
+    /// The kernel's name.
+    pub fn kernel_name(&self) -> &str {
+        self.kernel.name()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn axpy(
+        &self,
+        pool: &ThreadPool,
+        dim: usize,
+        w: &[u8],
+        idx: &[u32],
+        coef: &[f32],
+        out: &mut [f32],
+        mode: AxpyMode,
+    ) -> Result<()> {
+        if let Some(fb) = self.fallback.get() {
+            return fb.axpy(pool, dim, w, idx, coef, out, mode);
+        }
+        match self.kernel.run_columns(pool, w, idx, coef, 1, out, &mut Vec::new()) {
+            Ok(()) => Ok(()),
+            // The pack kernel logged why; the built-in copy from now on.
+            Err(e @ spinfer_kernels::KernelError::Pack { .. }) => {
+                tracing::error!(
+                    kernel = self.kernel.name(),
+                    "{e}; the sparse down projection falls back to cpu-builtin"
+                );
+                let fb = NeuronMajorDown::repack(self.ty, w, dim, self.ffn_dim)?;
+                let fb = self.fallback.get_or_init(|| Box::new(fb));
+                fb.axpy(pool, dim, w, idx, coef, out, mode)
+            }
+            Err(source) => Err(Error::Kernel { kernel: self.kernel.name().to_string(), source }),
         }
     }
 }
@@ -400,21 +496,27 @@ pub(crate) fn sparsity_err(path: &Path, detail: impl Into<String>) -> Error {
 pub(crate) struct LayerWeights<'a> {
     /// `W_down`, `dim × ffn_dim`.
     pub down: (GgmlType, &'a [u8]),
+    /// A pack's gathered-column AXPY for `W_down` (provider, kernel),
+    /// from [`KernelRegistry::resolve_columns`]: no copy is made then.
+    pub down_pack: Option<(String, Arc<dyn MatmulKernel>)>,
     /// `W_o`, `dim × q_dim`.
     pub wo: (GgmlType, &'a [u8]),
 }
 
 /// Reads `opts.sidecar`, checks it belongs to `model` and builds the
-/// neuron-major down copies (and input-major `W_o` copies when the sidecar
-/// has attention thresholds).
+/// neuron-major down copies (unless a pack serves the down projection) and
+/// input-major `W_o` copies when the sidecar has attention thresholds; the
+/// AXPYs compute in `axpy` mode.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn build(
     opts: &SparsityOptions,
     pack_predictor: Option<Found<PredictorBox>>,
     id: &ModelId,
-    weights: &[LayerWeights<'_>],
+    weights: Vec<LayerWeights<'_>>,
     dim: usize,
     q_dim: usize,
     ffn_dim: usize,
+    axpy: AxpyMode,
 ) -> Result<SparseFfn> {
     let path = &opts.sidecar;
     let sidecar = Sidecar::read(path)?;
@@ -428,13 +530,10 @@ pub(crate) fn build(
     let mut layers = Vec::with_capacity(sidecar.layers.len());
     for (l, (s, lw)) in sidecar.layers.iter().zip(weights).enumerate() {
         let (ty, bytes) = lw.down;
-        let repack =
-            |e: spinfer_kernels::KernelError| sparsity_err(path, format!("layer {l}: repacking ffn_down: {e}"));
-        let down = match ty {
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
-                NeuronMajorDown::Exact(NeuronMajor::from_weights(ty, bytes, dim, ffn_dim).map_err(repack)?)
-            }
-            _ => NeuronMajorDown::Q8_0(transpose_to_q8_0(ty, bytes, dim, ffn_dim).map_err(repack)?),
+        let down = match lw.down_pack {
+            Some((provider, kernel)) => NeuronMajorDown::Pack(PackDown::new(provider, kernel, ty, ffn_dim)),
+            None => NeuronMajorDown::repack(ty, bytes, dim, ffn_dim)
+                .map_err(|e| sparsity_err(path, format!("layer {l}: repacking ffn_down: {e}")))?,
         };
         let lowrank = match &s.lowrank {
             Some(f) => Some(
@@ -467,6 +566,9 @@ pub(crate) fn build(
     if let Some(found) = &pack_predictor {
         tracing::info!(predictor = %found.name, provider = %found.provider, "pack predictor");
     }
+    if let Some(NeuronMajorDown::Pack(p)) = layers.first().map(|l| &l.down) {
+        tracing::info!(kernel = p.kernel_name(), provider = %p.provider, "sparse down projection from a pack");
+    }
     let predictor = match (&pack_predictor, opts.predictor) {
         (Some(_), _) => PredictorKind::Pack,
         (None, Some(PredictorKind::Pack)) => {
@@ -487,7 +589,7 @@ pub(crate) fn build(
         sidecar,
         layers,
         bundle: None,
-        axpy: AxpyMode::Exact,
+        axpy,
         pack_predictor,
     })
 }
@@ -597,6 +699,60 @@ mod tests {
             down: NeuronMajorDown::Q8_0(Vec::new()),
             attn_o: None,
         }
+    }
+
+    /// A pack's column AXPY that always fails.
+    struct Failing;
+    impl MatmulKernel for Failing {
+        fn name(&self) -> &str {
+            "failing"
+        }
+        fn run(&self, _: &ThreadPool, _: &[u8], _: &[f32], _: usize, _: &mut [f32], _: &mut Vec<u8>) -> KResult {
+            unreachable!("only the column form is called")
+        }
+        fn run_columns(
+            &self,
+            _: &ThreadPool,
+            _: &[u8],
+            _: &[u32],
+            _: &[f32],
+            _: usize,
+            _: &mut [f32],
+            _: &mut Vec<u8>,
+        ) -> KResult {
+            Err(KernelError::Pack { pack: "p".into(), kernel: "failing".into(), detail: "run_sparse: boom".into() })
+        }
+    }
+    type KResult = spinfer_kernels::Result<()>;
+    use spinfer_kernels::KernelError;
+
+    #[test]
+    fn a_failing_pack_down_projection_falls_back_to_the_builtin_copy() {
+        let (dim, ffn) = (64, 96);
+        // Q8_0 rows: an f16 scale, then 32 codes, per block.
+        let w: Vec<u8> = (0..dim * ffn / 32)
+            .flat_map(|b| {
+                let mut blk = half::f16::from_f32(0.01 + b as f32 * 1e-4).to_le_bytes().to_vec();
+                blk.extend((0..32).map(|i| ((b * 7 + i * 13) % 255) as u8));
+                blk
+            })
+            .collect();
+        let pool = ThreadPool::new(1);
+        let (idx, coef) = ([1u32, 5, 40, 95], [0.5f32, -1.0, 2.0, 0.25]);
+        let builtin = NeuronMajorDown::repack(GgmlType::Q8_0, &w, dim, ffn).unwrap();
+        let mut want = vec![0.0; dim];
+        builtin.axpy(&pool, dim, &w, &idx, &coef, &mut want, AxpyMode::Exact).unwrap();
+        assert!(want.iter().any(|&v| v != 0.0));
+
+        let down = NeuronMajorDown::Pack(PackDown::new("p@1".into(), Arc::new(Failing), GgmlType::Q8_0, ffn));
+        assert_eq!((down.provider(), down.bytes()), ("p@1", 0));
+        for _ in 0..2 {
+            let mut got = vec![f32::NAN; dim];
+            down.axpy(&pool, dim, &w, &idx, &coef, &mut got, AxpyMode::Exact).unwrap();
+            assert_eq!(got, want);
+        }
+        // The copy is made once, at the failure.
+        assert_eq!(down.bytes(), builtin.bytes());
     }
 
     #[test]

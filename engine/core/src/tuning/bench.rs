@@ -294,14 +294,25 @@ fn compare(got: &[f32], want: &[f32], act: ActType) -> Result<(), String> {
 /// dense product of them.
 type ReferenceCase = (Vec<u8>, Vec<f32>, Vec<f32>);
 
-/// A [`ReferenceCase`] of `desc`'s shape.
-fn reference_case(desc: &MatmulDesc, seed: u64, pool: &ThreadPool) -> Result<ReferenceCase, String> {
+/// A [`ReferenceCase`] of `desc`'s shape, the activations zero outside
+/// the columns `keep` accepts.
+fn reference_case(
+    desc: &MatmulDesc,
+    seed: u64,
+    pool: &ThreadPool,
+    keep: impl Fn(usize) -> bool,
+) -> Result<ReferenceCase, String> {
     let reference = spinfer_kernels::kernel::candidates(desc, &CpuFeatures::default())
         .pop()
         .ok_or_else(|| "no scalar reference kernel serves this operation".to_string())?;
     let mut rng = StdRng::seed_from_u64(seed);
     let w = random_weights(&mut rng, desc.wtype, desc.rows, desc.cols);
-    let x = random_acts(&mut rng, desc.cols);
+    let mut x = random_acts(&mut rng, desc.cols);
+    for (c, v) in x.iter_mut().enumerate() {
+        if !keep(c) {
+            *v = 0.0;
+        }
+    }
     let mut want = vec![0.0f32; desc.rows];
     reference.run(pool, &w, &x, 1, &mut want, &mut Vec::new()).map_err(|e| format!("reference: {e}"))?;
     Ok((w, x, want))
@@ -310,7 +321,7 @@ fn reference_case(desc: &MatmulDesc, seed: u64, pool: &ThreadPool) -> Result<Ref
 /// Runs `kernel` once on random data of `desc`'s shape (one token) and
 /// compares it with the scalar reference; `Err` says how it disagreed.
 pub fn verify(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -> Result<(), String> {
-    let (w, x, want) = reference_case(desc, 0x5eed, pool)?;
+    let (w, x, want) = reference_case(desc, 0x5eed, pool, |_| true)?;
     let mut got = vec![f32::NAN; desc.rows];
     kernel.run(pool, &w, &x, 1, &mut got, &mut Vec::new()).map_err(|e| format!("error: {e}"))?;
     compare(&got, &want, desc.act)
@@ -324,12 +335,31 @@ pub fn verify(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -
 ///
 /// As [`verify`].
 pub fn verify_rows(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -> Result<(), String> {
-    let (w, x, dense) = reference_case(desc, 0x5eed + 1, pool)?;
+    let (w, x, dense) = reference_case(desc, 0x5eed + 1, pool, |_| true)?;
     let mut idx: Vec<u32> = (0..desc.rows as u32).rev().step_by(3).collect();
     idx.push(idx[0]);
     let want: Vec<f32> = idx.iter().map(|&i| dense[i as usize]).collect();
     let mut got = vec![f32::NAN; idx.len()];
     kernel.run_rows(pool, &w, &idx, &x, 1, &mut got, &mut Vec::new()).map_err(|e| format!("error: {e}"))?;
+    compare(&got, &want, desc.act)
+}
+
+/// As [`verify`], for the gathered-column AXPY
+/// ([`MatmulKernel::run_columns`], the sparse down projection): every third
+/// column, against the scalar reference's exact dense product of an input
+/// that is zero outside those columns (so `desc.act` only sets the
+/// tolerance).
+///
+/// # Errors
+///
+/// As [`verify`].
+pub fn verify_columns(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -> Result<(), String> {
+    let exact = MatmulDesc { act: ActType::F32, ..*desc };
+    let (w, x, want) = reference_case(&exact, 0x5eed + 2, pool, |c| c % 3 == 1)?;
+    let idx: Vec<u32> = (0..desc.cols as u32).filter(|c| c % 3 == 1).collect();
+    let coef: Vec<f32> = idx.iter().map(|&c| x[c as usize]).collect();
+    let mut got = vec![f32::NAN; desc.rows];
+    kernel.run_columns(pool, &w, &idx, &coef, 1, &mut got, &mut Vec::new()).map_err(|e| format!("error: {e}"))?;
     compare(&got, &want, desc.act)
 }
 

@@ -77,7 +77,15 @@ impl Model {
         math::swiglu(&mut s.gate[..n * k], &s.up[..n * k]);
         for t in 0..n {
             let out = &mut s.tmp[t * dim..(t + 1) * dim];
-            sp.layers[l].down.axpy(&s.pool, dim, &m.idx, &s.gate[t * k..(t + 1) * k], out, sp.axpy)?;
+            sp.layers[l].down.axpy(
+                &s.pool,
+                dim,
+                layer.w_down.raw_weights(),
+                &m.idx,
+                &s.gate[t * k..(t + 1) * k],
+                out,
+                sp.axpy,
+            )?;
         }
         if s.sparse.measure_truth {
             let sc = &mut s.sparse;

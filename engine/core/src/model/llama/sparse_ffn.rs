@@ -130,7 +130,7 @@ impl Model {
                     counters.dense += 1;
                     layer.w_down.forward(&s.pool, act, 1, out, &mut s.scratch)?;
                 } else {
-                    sl.down.axpy(&s.pool, dim, &sc.idx, &sc.h[..k], out, sp.axpy)?;
+                    sl.down.axpy(&s.pool, dim, layer.w_down.raw_weights(), &sc.idx, &sc.h[..k], out, sp.axpy)?;
                 }
                 continue;
             }
@@ -153,7 +153,7 @@ impl Model {
                 *h = act[j as usize] * u;
             }
             // Down projection: out = Σ_k h_k · W_down[:, idx_k].
-            sl.down.axpy(&s.pool, dim, &sc.idx, &sc.h[..k], out, sp.axpy)?;
+            sl.down.axpy(&s.pool, dim, layer.w_down.raw_weights(), &sc.idx, &sc.h[..k], out, sp.axpy)?;
         }
         Ok(())
     }
