@@ -17,7 +17,8 @@
 //! The Q8_0 transpose requantises `W_down`. For Q4_0 / Q4_1 / Q8_0 weights,
 //! [`NeuronMajor`] is an exact neuron-major form instead (integer codes plus
 //! the original block scales and minimums), with its own AXPY
-//! ([`NeuronMajor::axpy`]).
+//! ([`NeuronMajor::axpy`]); [`NeuronMajorSplit`] keeps one such copy per
+//! thread, each of a range of the outputs, which streams faster.
 
 use crate::blocks::{BlockQ8_0, QK};
 use crate::cpu::CpuFeatures;
@@ -27,8 +28,10 @@ use crate::quantize::quantize_row_q8_0_ref;
 use crate::{GgmlType, KernelError, Result};
 
 mod neuron_major;
+mod neuron_major_split;
 
 pub use neuron_major::{NeuronMajor, QuantisedCoefs, QuantisedRun};
+pub use neuron_major_split::NeuronMajorSplit;
 
 /// Bytes of one Q8_0 block (`f16` scale + 32 int8).
 const Q8_0_BYTES: usize = std::mem::size_of::<BlockQ8_0>();

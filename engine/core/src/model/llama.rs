@@ -570,7 +570,8 @@ impl Model {
                     }
                     None => None,
                 };
-                Some(sparse::build(o, pack_predictor, &id, weights, dim, c.n_heads * c.head_dim, c.ffn_dim, axpy)?)
+                let (q_dim, threads) = (c.n_heads * c.head_dim, options.threads.max(1));
+                Some(sparse::build(o, pack_predictor, &id, weights, dim, q_dim, c.ffn_dim, axpy, threads)?)
             }
             None => None,
         };

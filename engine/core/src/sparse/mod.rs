@@ -40,7 +40,7 @@ pub use sidecar::{CalibrationInfo, LayerStats, LowRankFactors, LowRankInfo, Mode
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::kernel::MatmulKernel;
 use spinfer_kernels::pool::ThreadPool;
-use spinfer_kernels::sparse::{NeuronMajor, axpy_rows_q8_0, transpose_to_q8_0};
+use spinfer_kernels::sparse::{NeuronMajorSplit, axpy_rows_q8_0, transpose_to_q8_0};
 
 use self::bundle::{FfnBundle, FfnSource};
 use self::cache::CachePolicyKind;
@@ -144,7 +144,7 @@ impl AxpyMode {
 
 /// `out = Σ_k coef[k] · nm[:, idx[k]]` in `mode`.
 fn nm_axpy(
-    nm: &NeuronMajor,
+    nm: &NeuronMajorSplit,
     pool: &ThreadPool,
     idx: &[u32],
     coef: &[f32],
@@ -162,8 +162,9 @@ fn nm_axpy(
 /// (TEAL): `out = Σ_{i : |x_i| > threshold} x_i · W[:, i]`.
 pub struct SparseInput {
     pub threshold: f32,
-    /// `W` input-major (exact, as many bytes as the GGUF matrix).
-    pub w: NeuronMajor,
+    /// `W` input-major (exact, as many bytes as the GGUF matrix), a copy
+    /// per thread.
+    pub w: NeuronMajorSplit,
 }
 
 impl SparseInput {
@@ -176,8 +177,9 @@ impl SparseInput {
 /// What serves a layer's sparse down projection: the engine's own
 /// neuron-major copy of `W_down`, or a pack.
 pub enum NeuronMajorDown {
-    /// The same weights, transposed exactly (Q4_0, Q4_1, Q8_0).
-    Exact(NeuronMajor),
+    /// The same weights, transposed exactly (Q4_0, Q4_1, Q8_0), a copy per
+    /// thread of the session pools.
+    Exact(NeuronMajorSplit),
     /// Other types: requantised to Q8_0 rows (ffn_dim, dim).
     Q8_0(Vec<u8>),
     /// A pack's gathered-column AXPY over the model's own `W_down` (the
@@ -189,11 +191,12 @@ pub enum NeuronMajorDown {
 
 impl NeuronMajorDown {
     /// The engine's own copy of `W_down` (`ty`, `dim × ffn_dim` bytes `w`):
-    /// exact for Q4_0 / Q4_1 / Q8_0, requantised to Q8_0 otherwise.
-    pub fn repack(ty: GgmlType, w: &[u8], dim: usize, ffn_dim: usize) -> spinfer_kernels::Result<Self> {
+    /// exact for Q4_0 / Q4_1 / Q8_0 (a copy per thread of `threads`),
+    /// requantised to Q8_0 otherwise.
+    pub fn repack(ty: GgmlType, w: &[u8], dim: usize, ffn_dim: usize, threads: usize) -> spinfer_kernels::Result<Self> {
         Ok(match ty {
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
-                NeuronMajorDown::Exact(NeuronMajor::from_weights(ty, w, dim, ffn_dim)?)
+                NeuronMajorDown::Exact(NeuronMajorSplit::from_weights(ty, w, dim, ffn_dim, threads)?)
             }
             _ => NeuronMajorDown::Q8_0(transpose_to_q8_0(ty, w, dim, ffn_dim)?),
         })
@@ -251,16 +254,18 @@ pub struct PackDown {
     /// The provider (`name@version#hash`).
     pub provider: String,
     kernel: Arc<dyn MatmulKernel>,
-    /// `W_down`'s type and FFN width, to build the fallback.
+    /// `W_down`'s type and FFN width and the model's threads, to build
+    /// the fallback.
     ty: GgmlType,
     ffn_dim: usize,
+    threads: usize,
     /// The built-in copy, made at the pack's first failure.
     fallback: OnceLock<Box<NeuronMajorDown>>,
 }
 
 impl PackDown {
-    pub fn new(provider: String, kernel: Arc<dyn MatmulKernel>, ty: GgmlType, ffn_dim: usize) -> Self {
-        Self { provider, kernel, ty, ffn_dim, fallback: OnceLock::new() }
+    pub fn new(provider: String, kernel: Arc<dyn MatmulKernel>, ty: GgmlType, ffn_dim: usize, threads: usize) -> Self {
+        Self { provider, kernel, ty, ffn_dim, threads, fallback: OnceLock::new() }
     }
 
     /// The kernel's name.
@@ -290,7 +295,7 @@ impl PackDown {
                     kernel = self.kernel.name(),
                     "{e}; the sparse down projection falls back to cpu-builtin"
                 );
-                let fb = NeuronMajorDown::repack(self.ty, w, dim, self.ffn_dim)?;
+                let fb = NeuronMajorDown::repack(self.ty, w, dim, self.ffn_dim, self.threads)?;
                 let fb = self.fallback.get_or_init(|| Box::new(fb));
                 fb.axpy(pool, dim, w, idx, coef, out, mode)
             }
@@ -505,8 +510,9 @@ pub(crate) struct LayerWeights<'a> {
 
 /// Reads `opts.sidecar`, checks it belongs to `model` and builds the
 /// neuron-major down copies (unless a pack serves the down projection) and
-/// input-major `W_o` copies when the sidecar has attention thresholds; the
-/// AXPYs compute in `axpy` mode.
+/// input-major `W_o` copies when the sidecar has attention thresholds,
+/// each as a copy per thread of `threads`; the AXPYs compute in `axpy`
+/// mode.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn build(
     opts: &SparsityOptions,
@@ -517,6 +523,7 @@ pub(crate) fn build(
     q_dim: usize,
     ffn_dim: usize,
     axpy: AxpyMode,
+    threads: usize,
 ) -> Result<SparseFfn> {
     let path = &opts.sidecar;
     let sidecar = Sidecar::read(path)?;
@@ -531,8 +538,8 @@ pub(crate) fn build(
     for (l, (s, lw)) in sidecar.layers.iter().zip(weights).enumerate() {
         let (ty, bytes) = lw.down;
         let down = match lw.down_pack {
-            Some((provider, kernel)) => NeuronMajorDown::Pack(PackDown::new(provider, kernel, ty, ffn_dim)),
-            None => NeuronMajorDown::repack(ty, bytes, dim, ffn_dim)
+            Some((provider, kernel)) => NeuronMajorDown::Pack(PackDown::new(provider, kernel, ty, ffn_dim, threads)),
+            None => NeuronMajorDown::repack(ty, bytes, dim, ffn_dim, threads)
                 .map_err(|e| sparsity_err(path, format!("layer {l}: repacking ffn_down: {e}")))?,
         };
         let lowrank = match &s.lowrank {
@@ -545,7 +552,7 @@ pub(crate) fn build(
         let attn_o = match (s.attn_input_threshold, lw.wo.0) {
             (None, _) => None,
             (Some(threshold), ty @ (GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)) => {
-                let w = NeuronMajor::from_weights(ty, lw.wo.1, dim, q_dim)
+                let w = NeuronMajorSplit::from_weights(ty, lw.wo.1, dim, q_dim, threads)
                     .map_err(|e| sparsity_err(path, format!("layer {l}: repacking attn_output: {e}")))?;
                 Some(SparseInput { threshold, w })
             }
@@ -739,12 +746,12 @@ mod tests {
             .collect();
         let pool = ThreadPool::new(1);
         let (idx, coef) = ([1u32, 5, 40, 95], [0.5f32, -1.0, 2.0, 0.25]);
-        let builtin = NeuronMajorDown::repack(GgmlType::Q8_0, &w, dim, ffn).unwrap();
+        let builtin = NeuronMajorDown::repack(GgmlType::Q8_0, &w, dim, ffn, 2).unwrap();
         let mut want = vec![0.0; dim];
         builtin.axpy(&pool, dim, &w, &idx, &coef, &mut want, AxpyMode::Exact).unwrap();
         assert!(want.iter().any(|&v| v != 0.0));
 
-        let down = NeuronMajorDown::Pack(PackDown::new("p@1".into(), Arc::new(Failing), GgmlType::Q8_0, ffn));
+        let down = NeuronMajorDown::Pack(PackDown::new("p@1".into(), Arc::new(Failing), GgmlType::Q8_0, ffn, 2));
         assert_eq!((down.provider(), down.bytes()), ("p@1", 0));
         for _ in 0..2 {
             let mut got = vec![f32::NAN; dim];

@@ -1,0 +1,109 @@
+//! The sparse down projection on SmolLM2-135M's shape (`W_down` Q4_1,
+//! 576 x 1536), 2 threads, 70% of the neurons kept: the dense matvec
+//! against the neuron-major AXPYs (exact f32 and int8 coefficients), with
+//! the outputs split over the threads inside one copy (the built-in
+//! layout before session 8) or with one copy per thread of its own
+//! outputs (`NeuronMajorSplit`, the layout now; also how a pack's
+//! `GATHERED_COLUMN_AXPY` runs). 64 matrices are cycled, 35 MB against a
+//! 32 MB L3, so the weights stream from memory as in decode.
+//!
+//! `cargo bench -p spinfer-kernels --bench sparse_down`
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use half::f16;
+use spinfer_kernels::GgmlType;
+use spinfer_kernels::cpu::CpuFeatures;
+use spinfer_kernels::kernel::{ActType, MatmulDesc, candidates};
+use spinfer_kernels::pool::ThreadPool;
+use spinfer_kernels::sparse::{NeuronMajor, NeuronMajorSplit};
+
+const DIM: usize = 576;
+const FFN: usize = 1536;
+const COPIES: usize = 64;
+const THREADS: usize = 2;
+
+/// Deterministic pseudo-random Q4_1 bytes (xorshift) with sane scales.
+fn weights(seed: u64) -> Vec<u8> {
+    let ty = GgmlType::Q4_1;
+    let mut s = 0x9E37_79B9_7F4A_7C15u64 ^ seed.wrapping_mul(0x2545_F491_4F6C_DD1D);
+    let mut w: Vec<u8> = (0..DIM * ty.row_bytes(FFN).unwrap())
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u8
+        })
+        .collect();
+    for blk in w.chunks_exact_mut(ty.type_size()) {
+        blk[0..2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
+        blk[2..4].copy_from_slice(&f16::from_f32(-0.05).to_le_bytes());
+    }
+    w
+}
+
+fn bench(c: &mut Criterion) {
+    let pool = ThreadPool::new(THREADS);
+    let ws: Vec<Vec<u8>> = (0..COPIES as u64).map(weights).collect();
+    // 70% kept, spread as the predictors spread them.
+    let idx: Vec<u32> = (0..FFN as u32).filter(|j| (j * 2654435761u32) % 10 < 7).collect();
+    let coef: Vec<f32> = idx.iter().map(|&j| ((j * 7919 % 2003) as f32 - 1001.0) * 1e-3).collect();
+    let mut dense_x = vec![0.0f32; FFN];
+    for (&j, &c) in idx.iter().zip(&coef) {
+        dense_x[j as usize] = c;
+    }
+    let whole: Vec<NeuronMajor> =
+        ws.iter().map(|w| NeuronMajor::from_weights(GgmlType::Q4_1, w, DIM, FFN).unwrap()).collect();
+    let split: Vec<NeuronMajorSplit> =
+        ws.iter().map(|w| NeuronMajorSplit::from_weights(GgmlType::Q4_1, w, DIM, FFN, THREADS).unwrap()).collect();
+    let mut out = vec![0.0f32; DIM];
+
+    let mut g = c.benchmark_group(format!("sparse_down/t{THREADS}/{COPIES}x576x1536 q4_1, 70% kept"));
+    g.warm_up_time(Duration::from_millis(500));
+    g.measurement_time(Duration::from_secs(3));
+    g.sample_size(20);
+    let desc = MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows: DIM, cols: FFN };
+    let dense = candidates(&desc, &CpuFeatures::detect()).remove(0);
+    let mut scratch = Vec::new();
+    g.bench_function(format!("dense matvec [{}]", dense.name()), |b| {
+        b.iter(|| {
+            for w in &ws {
+                dense.run(&pool, black_box(w), &dense_x, 1, &mut out, &mut scratch).unwrap();
+            }
+        })
+    });
+    g.bench_function("axpy exact, outputs split in one copy", |b| {
+        b.iter(|| {
+            for nm in &whole {
+                nm.axpy(&pool, black_box(&idx), &coef, &mut out).unwrap();
+            }
+        })
+    });
+    g.bench_function("axpy int8, outputs split in one copy", |b| {
+        b.iter(|| {
+            for nm in &whole {
+                nm.axpy_fast(&pool, black_box(&idx), &coef, &mut out).unwrap();
+            }
+        })
+    });
+    g.bench_function("axpy exact, a copy per thread (NeuronMajorSplit)", |b| {
+        b.iter(|| {
+            for nm in &split {
+                nm.axpy(&pool, black_box(&idx), &coef, &mut out).unwrap();
+            }
+        })
+    });
+    g.bench_function("axpy int8, a copy per thread (NeuronMajorSplit)", |b| {
+        b.iter(|| {
+            for nm in &split {
+                nm.axpy_fast(&pool, black_box(&idx), &coef, &mut out).unwrap();
+            }
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
