@@ -65,6 +65,22 @@ pub(super) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<
     Ok(())
 }
 
+/// Weight rows per tile of the 512-bit legacy kernels. Four rows share
+/// each activation load, but their four interleaved streams read long rows
+/// from memory at less than half the speed of one row at a time on Zen 4:
+/// streaming 35 MB of Q4_1 matrices of 576 rows (2 threads, one token),
+/// four-row tiles took 3.9 ms at 1536 columns and 3.3-3.6 ms at 2048
+/// against 1.5-1.9 ms for single rows, while at 576 columns the two were
+/// level (1.3-1.7 ms) and at 768 single rows already won (1.6-1.7 against
+/// 1.8-1.9 ms). So decode-sized batches (up to `TMAX` tokens, where the
+/// weights stream) of the nibble formats take one row at a time above 640
+/// columns (`W_down` of every Llama-family model); Q8_0 (the 256-bit
+/// kernel) keeps four-row tiles, which stream its 49152 x 576 output
+/// matrix faster (2.1 against 3.4 ms).
+fn nibble_rows(f: u8, cols: usize, n_tokens: usize) -> usize {
+    if f != fmt::Q8_0 && cols > 640 && n_tokens <= TMAX { 1 } else { 4 }
+}
+
 fn run_legacy<const F: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) {
     let d = job.desc;
     let avx512 = isa == Isa::Avx512;
@@ -88,7 +104,7 @@ fn run_legacy<const F: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: 
     let out: OutPtr = job.out;
     broadcast_work(pool, job.macs(), &|ti, nt| {
         let (w, act) = (w as *const u8, act as *const u8);
-        let rmax = if avx512 { 4 } else { 2 };
+        let rmax = if avx512 { nibble_rows(F, d.cols, job.n_tokens) } else { 2 };
         let tile = |r: usize, wr: usize, nr: usize, t: usize, ntk: usize| {
             let (wp, ap, op) =
                 (w.wrapping_add(wr * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
@@ -180,7 +196,16 @@ fn precise<const W: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>) {
     let avx512 = isa == Isa::Avx512;
     broadcast_work(pool, job.macs(), &|ti, nt| {
         let (w, x) = (w as *const u8, x as *const f32);
-        let rmax = if avx512 { 4 } else { 2 };
+        let rmax = match std::env::var("TMP_R").ok().and_then(|v| v.parse::<usize>().ok()) {
+            Some(r) => r,
+            None => {
+                if avx512 {
+                    4
+                } else {
+                    2
+                }
+            }
+        };
         let tile = |r: usize, wr: usize, nr: usize, t: usize, ntk: usize| {
             let (wp, xp, op) =
                 (w.wrapping_add(wr * rb), x.wrapping_add(t * cols), out.ptr().wrapping_add(t * rows + r));

@@ -104,13 +104,7 @@ impl NeuronMajorSplit {
     /// thread when the pool has one per copy and the work (`active`
     /// neurons times the outputs) is worth a broadcast, else one after the
     /// other on the caller (each then using `pool` itself).
-    fn run(
-        &self,
-        pool: &ThreadPool,
-        active: usize,
-        out: &mut [f32],
-        f: &PartFn<'_>,
-    ) -> Result<()> {
+    fn run(&self, pool: &ThreadPool, active: usize, out: &mut [f32], f: &PartFn<'_>) -> Result<()> {
         if out.len() != self.outputs {
             return Err(KernelError::Shape {
                 op: "NeuronMajorSplit::axpy",
