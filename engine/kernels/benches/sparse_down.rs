@@ -4,8 +4,10 @@
 //! the outputs split over the threads inside one copy (the built-in
 //! layout before session 8) or with one copy per thread of its own
 //! outputs (`NeuronMajorSplit`, the layout now; also how a pack's
-//! `GATHERED_COLUMN_AXPY` runs). 64 matrices are cycled, 35 MB against a
-//! 32 MB L3, so the weights stream from memory as in decode.
+//! `GATHERED_COLUMN_AXPY` runs), and with the skipped neurons in whole
+//! 32-neuron blocks (block-structured sparsity, not built). 64 matrices
+//! are cycled, 35 MB against a 32 MB L3, so the weights stream from memory
+//! as in decode.
 //!
 //! `cargo bench -p spinfer-kernels --bench sparse_down`
 
@@ -59,6 +61,7 @@ fn bench(c: &mut Criterion) {
     let split: Vec<NeuronMajorSplit> =
         ws.iter().map(|w| NeuronMajorSplit::from_weights(GgmlType::Q4_1, w, DIM, FFN, THREADS).unwrap()).collect();
     let mut out = vec![0.0f32; DIM];
+    let coef_all: Vec<f32> = (0..FFN).map(|i| (i as f32 * 0.1).sin()).collect();
 
     let mut g = c.benchmark_group(format!("sparse_down/t{THREADS}/{COPIES}x576x1536 q4_1, 70% kept"));
     g.warm_up_time(Duration::from_millis(500));
@@ -102,6 +105,20 @@ fn bench(c: &mut Criterion) {
             }
         })
     });
+    // The same fractions with whole 32-neuron blocks skipped (what
+    // block-structured sparsity would give: skipped codes and scales are
+    // contiguous).
+    for (label, keep) in [("70% kept in whole blocks", 70), ("50% kept in whole blocks", 50)] {
+        let idx: Vec<u32> = (0..FFN as u32).filter(|j| ((j / 32).wrapping_mul(2654435761u32) >> 7) % 100 < keep).collect();
+        let coef = &coef_all[..idx.len()];
+        g.bench_function(format!("axpy int8, a copy per thread (NeuronMajorSplit), {label}"), |b| {
+            b.iter(|| {
+                for nm in &split {
+                    nm.axpy_fast(&pool, black_box(&idx), coef, &mut out).unwrap();
+                }
+            })
+        });
+    }
     g.finish();
 }
 
