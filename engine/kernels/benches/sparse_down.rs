@@ -109,7 +109,8 @@ fn bench(c: &mut Criterion) {
     // block-structured sparsity would give: skipped codes and scales are
     // contiguous).
     for (label, keep) in [("70% kept in whole blocks", 70), ("50% kept in whole blocks", 50)] {
-        let idx: Vec<u32> = (0..FFN as u32).filter(|j| ((j / 32).wrapping_mul(2654435761u32) >> 7) % 100 < keep).collect();
+        let idx: Vec<u32> =
+            (0..FFN as u32).filter(|j| ((j / 32).wrapping_mul(2654435761u32) >> 7) % 100 < keep).collect();
         let coef = &coef_all[..idx.len()];
         g.bench_function(format!("axpy int8, a copy per thread (NeuronMajorSplit), {label}"), |b| {
             b.iter(|| {
