@@ -459,7 +459,10 @@ impl MatmulKernel for PackKernel {
     }
 
     /// The gathered-column AXPY (a `GATHERED_COLUMN_AXPY` kernel; others
-    /// answer `NotOffered`).
+    /// answer `NotOffered`): the rows of `W` are split over the host's
+    /// pool in ranges starting at multiples of 32, each thread asking the
+    /// pack for its range (a weight slice of its own, prepared once)
+    /// through `run_sparse`.
     fn run_columns(
         &self,
         pool: &ThreadPool,
@@ -473,25 +476,6 @@ impl MatmulKernel for PackKernel {
         if self.op != Op::GATHERED_COLUMN_AXPY {
             return Err(KernelError::NotOffered { kernel: self.name.clone(), op: "gathered-column axpy" });
         }
-        self.columns(pool, w, idx, x, n_tokens, out)
-    }
-}
-
-impl PackKernel {
-    /// [`MatmulKernel::run_columns`] of a `GATHERED_COLUMN_AXPY` kernel:
-    /// the rows of `W` are split over the host's pool in ranges starting at
-    /// multiples of 32, each thread asking the pack for its range (a weight
-    /// slice of its own, prepared once) through `run_sparse`.
-    #[allow(clippy::too_many_arguments)]
-    fn columns(
-        &self,
-        pool: &ThreadPool,
-        w: &[u8],
-        idx: &[u32],
-        x: &[f32],
-        n_tokens: usize,
-        out: &mut [f32],
-    ) -> spinfer_kernels::Result<()> {
         let (rows, cols, k) = (self.desc.rows, self.desc.cols, idx.len());
         if rows == 0 || !w.len().is_multiple_of(rows) || x.len() != n_tokens * k || out.len() != n_tokens * rows {
             return Err(KernelError::Shape {

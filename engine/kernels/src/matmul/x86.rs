@@ -72,13 +72,16 @@ pub(super) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<
 /// four-row tiles took 3.9 ms at 1536 columns and 3.3-3.6 ms at 2048
 /// against 1.5-1.9 ms for single rows, while at 576 columns the two were
 /// level (1.3-1.7 ms) and at 768 single rows already won (1.6-1.7 against
-/// 1.8-1.9 ms). So decode-sized batches (up to `TMAX` tokens, where the
-/// weights stream) of the nibble formats take one row at a time above 640
-/// columns (`W_down` of every Llama-family model); Q8_0 (the 256-bit
-/// kernel) keeps four-row tiles, which stream its 49152 x 576 output
-/// matrix faster (2.1 against 3.4 ms).
-fn nibble_rows(f: u8, cols: usize, n_tokens: usize) -> usize {
-    if f != fmt::Q8_0 && cols > 640 && n_tokens <= TMAX { 1 } else { 4 }
+/// 1.8-1.9 ms). So dense decode-sized batches (up to `TMAX` tokens, where
+/// the weights stream) of the nibble formats take one row at a time above
+/// 640 columns (SmolLM2's `W_down`; every matrix of a model with a wider
+/// hidden size). Q8_0 (the 256-bit kernel) keeps four-row tiles, which
+/// stream its 49152 x 576 output matrix faster (2.1 against 3.4 ms), and
+/// so do gathered rows, whose four scattered rows per tile are
+/// prefetched ahead (`for_each_job_tile`).
+fn nibble_rows(f: u8, job: &Job<'_>) -> usize {
+    let dense_decode = job.idx.is_none() && job.n_tokens <= TMAX;
+    if f != fmt::Q8_0 && job.desc.cols > 640 && dense_decode { 1 } else { 4 }
 }
 
 fn run_legacy<const F: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) {
@@ -102,9 +105,9 @@ fn run_legacy<const F: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: 
     let act = buf.as_ptr() as usize;
     let (w, rb, rows) = (job.w.as_ptr() as usize, job.row_bytes, job.out_rows());
     let out: OutPtr = job.out;
+    let rmax = if avx512 { nibble_rows(F, job) } else { 2 };
     broadcast_work(pool, job.macs(), &|ti, nt| {
         let (w, act) = (w as *const u8, act as *const u8);
-        let rmax = if avx512 { nibble_rows(F, d.cols, job.n_tokens) } else { 2 };
         let tile = |r: usize, wr: usize, nr: usize, t: usize, ntk: usize| {
             let (wp, ap, op) =
                 (w.wrapping_add(wr * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
