@@ -426,7 +426,12 @@ mod x86 {
     use super::{FastCoefs, Run};
     use crate::GgmlType;
     use crate::pool::chunk;
-    use crate::sparse::x86::{PREFETCH, prefetch_tile};
+    use crate::sparse::x86::prefetch_tile;
+
+    /// How far past the current run, in active neurons, the rows are
+    /// prefetched (their order is data-dependent, so the hardware
+    /// prefetchers cannot follow).
+    const AHEAD: usize = 32;
 
     /// Most groups of 32 outputs per tile (`2 G` int32 sums per plane + `2
     /// G` f32 accumulators).
@@ -446,10 +451,6 @@ mod x86 {
         /// Byte offset and length of the tile's codes in a neuron's row.
         coff: usize,
         clen: usize,
-        /// Byte offset and length to prefetch in the rows ahead (the
-        /// thread's whole slice, for its first tile; `pf_len == 0`: none).
-        pf_off: usize,
-        pf_len: usize,
     }
 
     impl View {
@@ -467,8 +468,6 @@ mod x86 {
                 off,
                 coff,
                 clen,
-                pf_off: 0,
-                pf_len: 0,
             }
         }
     }
@@ -523,89 +522,109 @@ mod x86 {
         }
     }
 
-    /// Adds the nibbles of `p` (dword `e` = one byte of 4 neurons: low
-    /// nibbles output `e`, high nibbles output `16 + e` of a group) times
-    /// the 4 coefficients `cq` to `s[0]` and `s[1]`, and times the residual
-    /// coefficients `cl` to `t[0]` and `t[1]`. The high nibbles are taken
-    /// in place (`byte & 0xF0` = 16 × nibble, saving a shift), so `s[1]`
-    /// and `t[1]` sum 16 × the codes: see [`hi_scale`].
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-    fn nibbles(s: &mut [__m512i], t: &mut [__m512i], p: __m512i, low: __m512i, cq: __m512i, cl: __m512i) {
-        let lo = _mm512_and_si512(p, low);
-        let hi = _mm512_andnot_si512(low, p);
-        s[0] = _mm512_dpbusd_epi32(s[0], lo, cq);
-        s[1] = _mm512_dpbusd_epi32(s[1], hi, cq);
-        t[0] = _mm512_dpbusd_epi32(t[0], lo, cl);
-        t[1] = _mm512_dpbusd_epi32(t[1], hi, cl);
-    }
-
     /// What the int32 sums of the high half of each group (odd vectors)
-    /// hold, in units of the codes: 16 for nibbles (see [`nibbles`]), 1 for
+    /// hold, in units of the codes: 16 for nibbles (the high nibbles are
+    /// taken in place, `byte & 0xF0` = 16 × nibble, saving a shift), 1 for
     /// Q8_0.
     #[inline(always)]
     fn hi_scale(int8: bool) -> i32 {
         if int8 { 1 } else { 16 }
     }
 
-    /// The int32 sums of one run for a tile of `G` groups: the main plane
-    /// and the residual plane.
-    ///
-    /// # Safety
-    /// As [`tile`].
+    /// The preloaded int32 sums of one run: `init` in the low halves (even
+    /// vectors), `init · hi_scale` in the high ones.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-    unsafe fn run_sums<const G: usize, const V: usize>(
+    fn preload<const V: usize>(init: i32, int8: bool) -> [__m512i; V] {
+        let (even, odd) = (_mm512_set1_epi32(init), _mm512_set1_epi32(init * hi_scale(int8)));
+        std::array::from_fn(|i| if i % 2 == 0 { even } else { odd })
+    }
+
+    /// The four rows of quad `q`, at the tile's offset.
+    ///
+    /// # Safety
+    /// `fc` built from indices `< neurons` of the copy `v` views.
+    #[inline(always)]
+    unsafe fn quad_rows(v: &View, fc: &FastCoefs, q: usize) -> [*const u8; 4] {
+        // SAFETY: every `rows` entry is an active (validated) neuron `<
+        // neurons`, so its row of `stride` bytes lies inside `codes`, and
+        // `coff + clen <= stride`.
+        std::array::from_fn(|j| unsafe { v.codes.add(fc.rows[4 * q + j] as usize * v.stride + v.coff) })
+    }
+
+    /// The int32 sums of one run for a tile of `G` groups of 4-bit codes:
+    /// the main plane and the residual plane. Vector `2 g` holds outputs
+    /// `32 g .. 32 g + 16` of the tile (low nibbles), `2 g + 1` the next 16
+    /// (high nibbles, × 16). One loop per code width, every index a
+    /// constant after unrolling, so that the `4 G` accumulators stay in
+    /// registers (a shared loop with a run-time width spilled them).
+    ///
+    /// # Safety
+    /// As [`tile_run`], for a nibble copy.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+    unsafe fn sums_nibbles<const G: usize, const V: usize>(
         v: &View,
         fc: &FastCoefs,
         run: &Run,
     ) -> ([__m512i; V], [__m512i; V]) {
         let (p0, p1) = (perm_idx(0), perm_idx(1));
         let low = _mm512_set1_epi8(0x0F);
-        let flip = _mm512_set1_epi8(0x80u8 as i8);
-        let preload = |init: i32| -> [__m512i; V] {
-            let (even, odd) = (_mm512_set1_epi32(init), _mm512_set1_epi32(init * hi_scale(v.int8)));
-            std::array::from_fn(|i| if i % 2 == 0 { even } else { odd })
-        };
-        let (mut s, mut t) = (preload(run.init), preload(run.init_lo));
+        let (mut s, mut t) = (preload::<V>(run.init, false), preload::<V>(run.init_lo, false));
         for q in run.q0..run.q1 {
-            if v.pf_len > 0 {
-                for j in 0..4 {
-                    prefetch_tile(v.codes, v.stride, v.pf_off, v.pf_len, &fc.rows, 4 * q + PREFETCH + j);
+            let (cq, cl) = (_mm512_set1_epi32(fc.quads[q]), _mm512_set1_epi32(fc.quads_lo[q]));
+            // SAFETY: as this function's contract.
+            let rp = unsafe { quad_rows(v, fc, q) };
+            // Unit `u`: 32 bytes of each row = 64 outputs = groups 2u, 2u+1
+            // (the last one 16 bytes when G is odd).
+            for u in 0..G.div_ceil(2) {
+                let whole = 2 * u + 1 < G;
+                // SAFETY: bytes `32 u .. 32 u + 32` (or `+ 16` for a half
+                // unit) `<= 16 G = clen` of each row.
+                let (x, y) = unsafe { if whole { load_unit(&rp, 32 * u) } else { load_half(&rp, 32 * u) } };
+                for h in 0..if whole { 2 } else { 1 } {
+                    let p = _mm512_permutex2var_epi8(x, if h == 0 { p0 } else { p1 }, y);
+                    let (lo, hi) = (_mm512_and_si512(p, low), _mm512_andnot_si512(low, p));
+                    let i = 4 * u + 2 * h;
+                    s[i] = _mm512_dpbusd_epi32(s[i], lo, cq);
+                    s[i + 1] = _mm512_dpbusd_epi32(s[i + 1], hi, cq);
+                    t[i] = _mm512_dpbusd_epi32(t[i], lo, cl);
+                    t[i + 1] = _mm512_dpbusd_epi32(t[i + 1], hi, cl);
                 }
             }
+        }
+        (s, t)
+    }
+
+    /// As [`sums_nibbles`] for Q8_0 codes (flipped to `q + 128`): vector
+    /// `2 g` holds outputs `32 g .. 32 g + 16`, `2 g + 1` the next 16.
+    ///
+    /// # Safety
+    /// As [`tile_run`], for a Q8_0 copy.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+    unsafe fn sums_q8<const G: usize, const V: usize>(
+        v: &View,
+        fc: &FastCoefs,
+        run: &Run,
+    ) -> ([__m512i; V], [__m512i; V]) {
+        let (p0, p1) = (perm_idx(0), perm_idx(1));
+        let flip = _mm512_set1_epi8(0x80u8 as i8);
+        let (mut s, mut t) = (preload::<V>(run.init, true), preload::<V>(run.init_lo, true));
+        for q in run.q0..run.q1 {
             let (cq, cl) = (_mm512_set1_epi32(fc.quads[q]), _mm512_set1_epi32(fc.quads_lo[q]));
-            // SAFETY: every `rows` entry is an active (validated) neuron `<
-            // neurons`, so its row of `stride` bytes lies inside `codes`, and
-            // `coff + clen <= stride`.
-            let rp: [*const u8; 4] =
-                std::array::from_fn(|j| unsafe { v.codes.add(fc.rows[4 * q + j] as usize * v.stride + v.coff) });
-            if v.int8 {
-                for g in 0..G {
-                    // SAFETY: bytes `32 g .. 32 g + 32 <= clen` of each row.
-                    let (x, y) = unsafe { load_unit(&rp, 32 * g) };
-                    let (x, y) = (_mm512_xor_si512(x, flip), _mm512_xor_si512(y, flip));
-                    let a = _mm512_permutex2var_epi8(x, p0, y);
-                    let b = _mm512_permutex2var_epi8(x, p1, y);
-                    s[2 * g] = _mm512_dpbusd_epi32(s[2 * g], a, cq);
-                    s[2 * g + 1] = _mm512_dpbusd_epi32(s[2 * g + 1], b, cq);
-                    t[2 * g] = _mm512_dpbusd_epi32(t[2 * g], a, cl);
-                    t[2 * g + 1] = _mm512_dpbusd_epi32(t[2 * g + 1], b, cl);
-                }
-            } else {
-                for u in 0..G / 2 {
-                    // SAFETY: bytes `32 u .. 32 u + 32 <= 16 G = clen`.
-                    let (x, y) = unsafe { load_unit(&rp, 32 * u) };
-                    let (a, b) = (_mm512_permutex2var_epi8(x, p0, y), _mm512_permutex2var_epi8(x, p1, y));
-                    nibbles(&mut s[4 * u..4 * u + 2], &mut t[4 * u..4 * u + 2], a, low, cq, cl);
-                    nibbles(&mut s[4 * u + 2..4 * u + 4], &mut t[4 * u + 2..4 * u + 4], b, low, cq, cl);
-                }
-                if G % 2 == 1 {
-                    // SAFETY: bytes `16 (G - 1) .. 16 G = clen` of each row.
-                    let (x, y) = unsafe { load_half(&rp, 16 * (G - 1)) };
-                    let a = _mm512_permutex2var_epi8(x, p0, y);
-                    nibbles(&mut s[2 * G - 2..2 * G], &mut t[2 * G - 2..2 * G], a, low, cq, cl);
-                }
+            // SAFETY: as this function's contract.
+            let rp = unsafe { quad_rows(v, fc, q) };
+            for g in 0..G {
+                // SAFETY: bytes `32 g .. 32 g + 32 <= clen` of each row.
+                let (x, y) = unsafe { load_unit(&rp, 32 * g) };
+                let (x, y) = (_mm512_xor_si512(x, flip), _mm512_xor_si512(y, flip));
+                let a = _mm512_permutex2var_epi8(x, p0, y);
+                let b = _mm512_permutex2var_epi8(x, p1, y);
+                s[2 * g] = _mm512_dpbusd_epi32(s[2 * g], a, cq);
+                s[2 * g + 1] = _mm512_dpbusd_epi32(s[2 * g + 1], b, cq);
+                t[2 * g] = _mm512_dpbusd_epi32(t[2 * g], a, cl);
+                t[2 * g + 1] = _mm512_dpbusd_epi32(t[2 * g + 1], b, cl);
             }
         }
         (s, t)
@@ -623,7 +642,7 @@ mod x86 {
     unsafe fn tile_run<const G: usize, const V: usize>(v: &View, fc: &FastCoefs, run: &Run, acc: *mut f32) {
         debug_assert_eq!(V, 2 * G);
         // SAFETY: as this function's contract.
-        let (s, t) = unsafe { run_sums::<G, V>(v, fc, run) };
+        let (s, t) = unsafe { if v.int8 { sums_q8::<G, V>(v, fc, run) } else { sums_nibbles::<G, V>(v, fc, run) } };
         let sc = _mm512_set1_ps(run.scale);
         let hv = _mm512_set1_ps(run.h);
         // SAFETY: block `run.block < neurons / 32`, so the `32 G` f16 at
@@ -656,9 +675,10 @@ mod x86 {
     /// Int8 AVX-512 implementation for outputs `o0 .. o0 + out.len()`
     /// summed over `runs`: run by run, and within a run in tiles of up to
     /// [`MAX_G`] groups of 32 outputs, so that the run's rows are read from
-    /// memory once (the first tile, which prefetches the rows ahead across
-    /// the whole slice) and stay in L1 for the other tiles. Per output the
-    /// runs are still added in order, so the loop order changes no bit.
+    /// memory once (by the first tile) and stay in L1 for the other tiles.
+    /// Before each run, the slice's bytes of the rows up to [`AHEAD`]
+    /// neurons past it are prefetched, outside the inner loops. Per output
+    /// the runs are still added in order, so the loop order changes no bit.
     ///
     /// # Safety
     /// AVX-512 F/BW/VL/VNNI/VBMI, AVX2, FMA, F16C; `o0` a multiple of 32,
@@ -680,13 +700,17 @@ mod x86 {
             padded.resize(GROUP * ng, 0.0);
             &mut padded
         };
+        // The next row slot (of `fc.rows`) not yet prefetched.
+        let mut pf = runs.first().map_or(0, |r| 4 * r.q0);
         for run in runs {
+            let ahead = (4 * run.q1 + AHEAD).min(fc.rows.len());
+            while pf < ahead {
+                prefetch_tile(whole.codes, whole.stride, whole.coff, whole.clen, &fc.rows, pf);
+                pf += 1;
+            }
             for ti in 0..tiles {
                 let g = chunk(ng, ti, tiles);
-                let mut v = View::new(nm, o0 + GROUP * g.start, g.len());
-                if ti == 0 {
-                    (v.pf_off, v.pf_len) = (whole.coff, whole.clen);
-                }
+                let v = View::new(nm, o0 + GROUP * g.start, g.len());
                 // SAFETY: the tile's groups `g` are inside the `ng` groups of
                 // `acc`; codes and scales are in range as argued above and by
                 // the caller.
