@@ -254,8 +254,9 @@ fn untrusted_signer_is_refused() {
     assert!(matches!(e, RegistryError::UntrustedKey { .. }), "{e}");
 }
 
-/// A gate-threshold sidecar (50%) for `model` from a short calibration,
-/// written under `dir`, with no dense fallback.
+/// A gate-threshold sidecar (50%, and 40% of the attention output's
+/// inputs) for `model` from a short calibration, written under `dir`, with
+/// no dense fallback.
 fn gt50_sidecar(model: &Path, dir: &Path) -> SparsityOptions {
     let builtin = Engine::load_with(
         model,
@@ -273,7 +274,7 @@ fn gt50_sidecar(model: &Path, dir: &Path) -> SparsityOptions {
         info: CalibrationInfo::default(),
         rank: 0,
         recall_target: 0.95,
-        attn_sparsity: 0.0,
+        attn_sparsity: 0.4,
     };
     let sidecar =
         calibrate(&builtin.model, &GgufFile::open(model).unwrap(), &tokens, &opts, &mut |_, _, _| {}).unwrap();
@@ -288,6 +289,12 @@ fn gt50_sidecar(model: &Path, dir: &Path) -> SparsityOptions {
 fn down_providers(e: &Engine) -> Vec<String> {
     let sparse = e.model.sparse.as_ref().expect("a sparse model");
     sparse.layers.iter().map(|l| l.down.provider().to_string()).collect()
+}
+
+/// Who serves each layer's input-sparse attention output (`W_o`).
+fn attn_output_providers(e: &Engine) -> Vec<String> {
+    let sparse = e.model.sparse.as_ref().expect("a sparse model");
+    sparse.layers.iter().map(|l| l.attn_o.as_ref().expect("W_o thresholds").w.provider().to_string()).collect()
 }
 
 /// The sparse FFN's gate and up rows run through the pack's gathered-row
@@ -335,10 +342,11 @@ fn sparse_gate_and_up_rows_run_through_the_pack() {
     }
 }
 
-/// The sparse down projection runs through the pack's gathered-column
-/// AXPY (`GATHERED_COLUMN_AXPY`) when the dense product is the pack's, in
-/// each precision, and gives the built-in AXPY's bits (cpu-simd's kernels
-/// are the built-in ones for the best instruction set of this CPU).
+/// The sparse down projection and the input-sparse attention output run
+/// through the pack's gathered-column AXPY (`GATHERED_COLUMN_AXPY`) when
+/// the dense product is the pack's, in each precision, and give the
+/// built-in AXPY's bits (cpu-simd's kernels are the built-in ones for the
+/// best instruction set of this CPU).
 #[test]
 fn sparse_down_projection_runs_through_the_pack() {
     let Some(model) = smollm2() else { return };
@@ -359,6 +367,9 @@ fn sparse_down_projection_runs_through_the_pack() {
         let from_pack = precision == Precision::Precise || int8_offered;
         let provider = if from_pack { pack.name() } else { "cpu-builtin" };
         assert!(down_providers(&got).iter().all(|p| p == provider), "{precision:?}: {:?}", down_providers(&got));
+        let wo = attn_output_providers(&got);
+        assert!(wo.iter().all(|p| p == provider), "{precision:?}: W_o from {wo:?}");
+        assert!(attn_output_providers(&want).iter().all(|p| p == "cpu-builtin"));
         let (a, b) = (last_logits(&want), last_logits(&got));
         assert_eq!(max_abs_diff(&a, &b), 0.0, "{precision:?}: sparse logits through cpu-simd differ");
     }

@@ -11,6 +11,7 @@ use spinfer_engine::Engine;
 use spinfer_engine::gguf::GgufFile;
 use spinfer_engine::model::{ModelOptions, Precision};
 use spinfer_engine::packs::{NativePack, host_info};
+use spinfer_engine::perplexity::perplexity_after_prompt;
 use spinfer_engine::registry::{KernelProvider, KernelRegistry};
 use spinfer_engine::sparse::calibrate::{CalibrateOptions, calibrate};
 use spinfer_engine::sparse::{CalibrationInfo, PredictorKind, Sidecar, SparsityOptions};
@@ -128,6 +129,63 @@ fn keeping_every_neuron_matches_the_dense_model() {
         assert_eq!(top_k(&want, 5), top_k(&got, 5), "{:?}", p.text);
     }
     assert_eq!(greedy(&dense, "The capital of France is", 8), greedy(&sparse, "The capital of France is", 8));
+}
+
+/// The sentence-level predictor chooses its neurons from the prompt, so
+/// the reference protocol (one forward per window: all prompt) measures the
+/// dense model; `perplexity_after_prompt` scores a continuation instead.
+/// Dense, the split forward scores the same tokens as one forward; keeping
+/// every neuron reproduces it; keeping 70% is measurably worse only after a
+/// prompt.
+#[test]
+fn sentence_level_is_measured_on_the_continuation() {
+    let Some(model) = smollm2() else { return };
+    let dense = Engine::load(&model, options(None)).unwrap();
+    let text = std::fs::read_to_string(data("wikitext-2-raw/wiki.test.raw")).unwrap().replace("\r\n", "\n");
+    let tokens = dense.tokenizer.encode(&text, false).unwrap();
+    let (ctx, prompt, windows) = (256, 128, 2);
+    let ppl = |e: &Engine, prompt: usize| {
+        let mut s = e.new_session();
+        perplexity_after_prompt(&e.model, &mut s, &tokens, ctx, prompt, Some(windows), &mut |_, _, _| {}).unwrap()
+    };
+    // The same tokens scored from one forward per window.
+    let mut s = dense.new_session();
+    let mut nll = 0.0f64;
+    for w in 0..windows {
+        let win = &tokens[w * ctx..(w + 1) * ctx];
+        s.reset();
+        dense.model.forward(&mut s, win).unwrap();
+        let vocab = dense.model.config.vocab_size;
+        let logits = dense.model.logits(&mut s, prompt..ctx - 1).unwrap();
+        for (r, row) in logits.chunks_exact(vocab).enumerate() {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let z: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+            nll -= row[win[prompt + r + 1] as usize] as f64 - max - z.ln();
+        }
+    }
+    let split = ppl(&dense, prompt);
+    assert_eq!(split.scored_tokens, windows * (ctx - prompt - 1));
+    let one = (nll / split.scored_tokens as f64).exp();
+    assert!((split.ppl / one - 1.0).abs() < 1e-3, "split forward {} vs one forward {one}", split.ppl);
+
+    let load = |target: f32, name: &str, dir: &Path| {
+        let path = dir.join(name);
+        calibrated(&model, &dense, target, PredictorKind::Sentence).write(&path).unwrap();
+        Engine::load(&model, options(Some(SparsityOptions::new(&path)))).unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let all = ppl(&load(0.0, "all.spinfer", dir.path()), prompt);
+    assert!((all.ppl / split.ppl - 1.0).abs() < 1e-3, "keep-all {} vs dense {}", all.ppl, split.ppl);
+    let sl30 = load(0.3, "sl30.spinfer", dir.path());
+    let (after, whole) = (ppl(&sl30, prompt), ppl(&sl30, 0));
+    assert!(after.ppl > 1.01 * split.ppl, "sentence 30%: {} vs dense {}", after.ppl, split.ppl);
+    let dense_whole = ppl(&dense, 0);
+    assert!(
+        (whole.ppl / dense_whole.ppl - 1.0).abs() < 1e-3,
+        "whole windows are all prompt: {} vs {}",
+        whole.ppl,
+        dense_whole.ppl
+    );
 }
 
 /// TEAL on the attention output projection: calibrated thresholds skip

@@ -408,6 +408,12 @@ pub struct PerplexityArgs {
     /// Score at most this many windows (default: all).
     #[arg(long)]
     pub windows: Option<usize>,
+    /// Run each window's first N tokens as a prompt, unscored, and score
+    /// the rest as a second forward (how the sentence-level predictor is
+    /// measured: it picks its neurons from the prompt). 0: the reference
+    /// protocol, one forward per window.
+    #[arg(long, default_value_t = 0)]
+    pub prompt_tokens: usize,
 }
 
 pub fn perplexity(a: PerplexityArgs) -> Result<()> {
@@ -422,15 +428,23 @@ pub fn perplexity(a: PerplexityArgs) -> Result<()> {
     let total = a.windows.map_or(tokens.len() / a.ctx, |w| w.min(tokens.len() / a.ctx));
     let bar = progress(a.common.quiet || a.common.json, total as u64, "windows");
     let mut session = engine.model.new_session();
-    let r = perplexity::perplexity(&engine.model, &mut session, &tokens, a.ctx, a.windows, &mut |done, _, ppl| {
-        bar.set_position(done as u64);
-        bar.set_message(format!("ppl {ppl:.4}"));
-    })?;
+    let r = perplexity::perplexity_after_prompt(
+        &engine.model,
+        &mut session,
+        &tokens,
+        a.ctx,
+        a.prompt_tokens,
+        a.windows,
+        &mut |done, _, ppl| {
+            bar.set_position(done as u64);
+            bar.set_message(format!("ppl {ppl:.4}"));
+        },
+    )?;
     bar.finish_and_clear();
     if a.common.json {
         println!(
             "{}",
-            serde_json::json!({"ppl": r.ppl, "nll": r.nll, "scored_tokens": r.scored_tokens, "windows": r.windows, "ctx": a.ctx,
+            serde_json::json!({"ppl": r.ppl, "nll": r.nll, "scored_tokens": r.scored_tokens, "windows": r.windows, "ctx": a.ctx, "prompt_tokens": a.prompt_tokens,
                 "sparsity": sparsity_json(&engine, &session)})
         );
     } else {

@@ -120,5 +120,10 @@ fn print_choices(engine: &Engine, json: bool) {
         let mut providers: Vec<&str> = sp.layers.iter().map(|l| l.down.provider()).collect();
         providers.dedup();
         println!("sparse FFN down projection (gathered-column axpy): {}", providers.join(", "));
+        let mut providers: Vec<&str> = sp.layers.iter().filter_map(|l| Some(l.attn_o.as_ref()?.w.provider())).collect();
+        providers.dedup();
+        if !providers.is_empty() {
+            println!("sparse attention output (gathered-column axpy): {}", providers.join(", "));
+        }
     }
 }

@@ -2,6 +2,11 @@
 //! non-overlapping windows of `ctx` tokens from the start; each window runs
 //! from an empty cache and every token after the first is scored by the
 //! logits of the position before it; ppl = exp(mean NLL).
+//!
+//! [`perplexity_after_prompt`] is the same with each window split into a
+//! prompt, run first and not scored, and a continuation, run as a second
+//! forward: what a predictor that chooses its neurons from the prompt
+//! (sentence-level) needs to be measured on the text it did not see.
 
 use crate::model::{Model, Session};
 use crate::{Error, Result};
@@ -28,8 +33,30 @@ pub fn perplexity(
     max_windows: Option<usize>,
     progress: &mut dyn FnMut(usize, usize, f64),
 ) -> Result<Perplexity> {
+    perplexity_after_prompt(model, session, tokens, ctx, 0, max_windows, progress)
+}
+
+/// As [`perplexity`], but each window's first `prompt` tokens are run as
+/// one forward and not scored; the rest run as a second forward, whose
+/// every token but the first is scored by the position before it
+/// (`ctx − prompt − 1` per window). `prompt == 0` is [`perplexity`]: one
+/// forward, `ctx − 1` scored.
+pub fn perplexity_after_prompt(
+    model: &Model,
+    session: &mut Session,
+    tokens: &[u32],
+    ctx: usize,
+    prompt: usize,
+    max_windows: Option<usize>,
+    progress: &mut dyn FnMut(usize, usize, f64),
+) -> Result<Perplexity> {
     if ctx < 2 {
         return Err(Error::InvalidArgument(format!("perplexity window must be at least 2 tokens, got {ctx}")));
+    }
+    if prompt + 2 > ctx && prompt > 0 {
+        return Err(Error::InvalidArgument(format!(
+            "a prompt of {prompt} tokens leaves nothing to score in a window of {ctx}"
+        )));
     }
     if ctx > session.ctx() {
         return Err(Error::ContextOverflow { needed: ctx, ctx: session.ctx() });
@@ -45,13 +72,17 @@ pub fn perplexity(
     let vocab = model.config.vocab_size;
     let (mut nll, mut scored) = (0f64, 0usize);
     for w in 0..windows {
-        let win = &tokens[w * ctx..(w + 1) * ctx];
+        let window = &tokens[w * ctx..(w + 1) * ctx];
         session.reset();
+        if prompt > 0 {
+            model.forward(session, &window[..prompt])?;
+        }
+        // The continuation; its position i predicts its token i + 1.
+        let win = &window[prompt..];
         model.forward(session, win)?;
-        // Position i predicts token i + 1.
         let mut start = 0;
-        while start < ctx - 1 {
-            let end = (start + LOGIT_ROWS).min(ctx - 1);
+        while start < win.len() - 1 {
+            let end = (start + LOGIT_ROWS).min(win.len() - 1);
             let logits = model.logits(session, start..end)?;
             for (r, row) in logits.chunks_exact(vocab).enumerate() {
                 nll -= log_softmax_at(row, win[start + r + 1] as usize);

@@ -549,6 +549,7 @@ impl Model {
                         down_pack: registry
                             .resolve_columns(&MatmulDesc { act: axpy.act(), ..l.w_down.desc }, &l.w_down.provider),
                         wo: (l.wo.desc.wtype, l.wo.w.bytes()),
+                        wo_pack: registry.resolve_columns(&MatmulDesc { act: axpy.act(), ..l.wo.desc }, &l.wo.provider),
                     })
                     .collect();
                 // A pack's predictor, built for this model.

@@ -103,7 +103,7 @@ pub struct SparseLayer {
     pub lowrank: Option<LowRank>,
     /// `W_down` neuron-major: one neuron's output column is one
     /// contiguous row.
-    pub down: NeuronMajorDown,
+    pub down: ColumnAxpy,
     /// The attention output projection, input-sparse; `None` when the
     /// sidecar has no attention thresholds (or `W_o`'s type has no exact
     /// neuron-major form).
@@ -162,49 +162,44 @@ fn nm_axpy(
 /// (TEAL): `out = Σ_{i : |x_i| > threshold} x_i · W[:, i]`.
 pub struct SparseInput {
     pub threshold: f32,
-    /// `W` input-major (exact, as many bytes as the GGUF matrix), a copy
-    /// per thread.
-    pub w: NeuronMajorSplit,
+    /// `W` input-major: the engine's exact copy or a pack.
+    pub w: ColumnAxpy,
 }
 
-impl SparseInput {
-    /// `out = Σ_k coef[k] · W[:, idx[k]]` (`idx` ascending).
-    pub fn axpy(&self, pool: &ThreadPool, idx: &[u32], coef: &[f32], out: &mut [f32], mode: AxpyMode) -> Result<()> {
-        nm_axpy(&self.w, pool, idx, coef, out, mode)
-    }
-}
-
-/// What serves a layer's sparse down projection: the engine's own
-/// neuron-major copy of `W_down`, or a pack.
-pub enum NeuronMajorDown {
+/// What serves a matrix accumulated over a subset of its columns (inputs)
+/// per token, `out = Σ_k coef[k] · W[:, idx[k]]`: the sparse down
+/// projection (`W_down`, inputs = FFN neurons) and the attention output
+/// (`W_o`): the engine's own input-major copy, or a pack's
+/// `GATHERED_COLUMN_AXPY` over the model's matrix.
+pub enum ColumnAxpy {
     /// The same weights, transposed exactly (Q4_0, Q4_1, Q8_0), a copy per
     /// thread of the session pools.
     Exact(NeuronMajorSplit),
-    /// Other types: requantised to Q8_0 rows (ffn_dim, dim).
+    /// Other types: requantised to Q8_0 rows (cols, rows); `W_down` only.
     Q8_0(Vec<u8>),
-    /// A pack's gathered-column AXPY over the model's own `W_down` (the
+    /// A pack's gathered-column AXPY over the model's own matrix (the
     /// pack keeps whatever copy it made); no copy here.
-    Pack(PackDown),
+    Pack(PackColumns),
     /// Under a memory budget: served by [`SparseFfn::bundle`].
     Bundled,
 }
 
-impl NeuronMajorDown {
-    /// The engine's own copy of `W_down` (`ty`, `dim × ffn_dim` bytes `w`):
-    /// exact for Q4_0 / Q4_1 / Q8_0 (a copy per thread of `threads`),
-    /// requantised to Q8_0 otherwise.
+impl ColumnAxpy {
+    /// The engine's own copy of `W` (`ty`, `dim × ffn_dim` bytes `w`, `dim`
+    /// outputs of `ffn_dim` inputs): exact for Q4_0 / Q4_1 / Q8_0 (a copy per
+    /// thread of `threads`), requantised to Q8_0 otherwise.
     pub fn repack(ty: GgmlType, w: &[u8], dim: usize, ffn_dim: usize, threads: usize) -> spinfer_kernels::Result<Self> {
         Ok(match ty {
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
-                NeuronMajorDown::Exact(NeuronMajorSplit::from_weights(ty, w, dim, ffn_dim, threads)?)
+                ColumnAxpy::Exact(NeuronMajorSplit::from_weights(ty, w, dim, ffn_dim, threads)?)
             }
-            _ => NeuronMajorDown::Q8_0(transpose_to_q8_0(ty, w, dim, ffn_dim)?),
+            _ => ColumnAxpy::Q8_0(transpose_to_q8_0(ty, w, dim, ffn_dim)?),
         })
     }
 
-    /// `out = Σ_k coef[k] · W_down[:, idx[k]]` (`idx` ascending); `w` is
-    /// the model's `W_down` (`dim × ffn_dim`, as stored), which a pack
-    /// reads. The requantised Q8_0 copy always computes in f32.
+    /// `out = Σ_k coef[k] · W[:, idx[k]]` (`idx` ascending); `w` is the
+    /// model's matrix (`dim` rows, as stored), which a pack reads. The
+    /// requantised Q8_0 copy always computes in f32.
     #[allow(clippy::too_many_arguments)]
     pub fn axpy(
         &self,
@@ -217,10 +212,10 @@ impl NeuronMajorDown {
         mode: AxpyMode,
     ) -> Result<()> {
         match self {
-            NeuronMajorDown::Exact(nm) => nm_axpy(nm, pool, idx, coef, out, mode)?,
-            NeuronMajorDown::Q8_0(t) => axpy_rows_q8_0(pool, t, dim, idx, coef, out)?,
-            NeuronMajorDown::Pack(p) => p.axpy(pool, dim, w, idx, coef, out, mode)?,
-            NeuronMajorDown::Bundled => {
+            ColumnAxpy::Exact(nm) => nm_axpy(nm, pool, idx, coef, out, mode)?,
+            ColumnAxpy::Q8_0(t) => axpy_rows_q8_0(pool, t, dim, idx, coef, out)?,
+            ColumnAxpy::Pack(p) => p.axpy(pool, dim, w, idx, coef, out, mode)?,
+            ColumnAxpy::Bundled => {
                 return Err(Error::InvalidArgument("the down projection is served by the FFN bundle".into()));
             }
         }
@@ -230,42 +225,51 @@ impl NeuronMajorDown {
     /// Resident bytes held by the engine (a pack's copy is the pack's).
     pub fn bytes(&self) -> usize {
         match self {
-            NeuronMajorDown::Exact(nm) => nm.bytes(),
-            NeuronMajorDown::Q8_0(t) => t.len(),
-            NeuronMajorDown::Pack(p) => p.fallback.get().map_or(0, |f| f.bytes()),
-            NeuronMajorDown::Bundled => 0,
+            ColumnAxpy::Exact(nm) => nm.bytes(),
+            ColumnAxpy::Q8_0(t) => t.len(),
+            ColumnAxpy::Pack(p) => p.fallback.get().map_or(0, |f| f.bytes()),
+            ColumnAxpy::Bundled => 0,
         }
     }
 
     /// Who computes it: `"cpu-builtin"`, or the pack's provider name.
     pub fn provider(&self) -> &str {
         match self {
-            NeuronMajorDown::Pack(p) => &p.provider,
+            ColumnAxpy::Pack(p) => &p.provider,
             _ => crate::registry::BUILTIN,
         }
     }
 }
 
-/// A layer's down projection from a pack
+/// A layer's `W_down` or `W_o` column AXPY from a pack
 /// ([`KernelRegistry::resolve_columns`]): the pack's kernel is called with
-/// the model's `W_down`. If it fails, the engine makes its own copy then
-/// and uses it for the rest of the process.
-pub struct PackDown {
+/// the model's matrix. If it fails, the engine makes its own copy then and
+/// uses it for the rest of the process.
+pub struct PackColumns {
     /// The provider (`name@version#hash`).
     pub provider: String,
     kernel: Arc<dyn MatmulKernel>,
-    /// `W_down`'s type and FFN width and the model's threads, to build
-    /// the fallback.
+    /// The tensor's role (`ffn_down`, `attn_output`), for the log.
+    what: &'static str,
+    /// The matrix's type and input count and the model's threads, to
+    /// build the fallback.
     ty: GgmlType,
-    ffn_dim: usize,
+    cols: usize,
     threads: usize,
     /// The built-in copy, made at the pack's first failure.
-    fallback: OnceLock<Box<NeuronMajorDown>>,
+    fallback: OnceLock<Box<ColumnAxpy>>,
 }
 
-impl PackDown {
-    pub fn new(provider: String, kernel: Arc<dyn MatmulKernel>, ty: GgmlType, ffn_dim: usize, threads: usize) -> Self {
-        Self { provider, kernel, ty, ffn_dim, threads, fallback: OnceLock::new() }
+impl PackColumns {
+    pub fn new(
+        provider: String,
+        kernel: Arc<dyn MatmulKernel>,
+        what: &'static str,
+        ty: GgmlType,
+        cols: usize,
+        threads: usize,
+    ) -> Self {
+        Self { provider, kernel, what, ty, cols, threads, fallback: OnceLock::new() }
     }
 
     /// The kernel's name.
@@ -293,9 +297,10 @@ impl PackDown {
             Err(e @ spinfer_kernels::KernelError::Pack { .. }) => {
                 tracing::error!(
                     kernel = self.kernel.name(),
-                    "{e}; the sparse down projection falls back to cpu-builtin"
+                    tensor = self.what,
+                    "{e}; the sparse column AXPY falls back to cpu-builtin"
                 );
-                let fb = NeuronMajorDown::repack(self.ty, w, dim, self.ffn_dim, self.threads)?;
+                let fb = ColumnAxpy::repack(self.ty, w, dim, self.cols, self.threads)?;
                 let fb = self.fallback.get_or_init(|| Box::new(fb));
                 fb.axpy(pool, dim, w, idx, coef, out, mode)
             }
@@ -506,6 +511,8 @@ pub(crate) struct LayerWeights<'a> {
     pub down_pack: Option<(String, Arc<dyn MatmulKernel>)>,
     /// `W_o`, `dim × q_dim`.
     pub wo: (GgmlType, &'a [u8]),
+    /// The same for `W_o`.
+    pub wo_pack: Option<(String, Arc<dyn MatmulKernel>)>,
 }
 
 /// Reads `opts.sidecar`, checks it belongs to `model` and builds the
@@ -538,8 +545,10 @@ pub(crate) fn build(
     for (l, (s, lw)) in sidecar.layers.iter().zip(weights).enumerate() {
         let (ty, bytes) = lw.down;
         let down = match lw.down_pack {
-            Some((provider, kernel)) => NeuronMajorDown::Pack(PackDown::new(provider, kernel, ty, ffn_dim, threads)),
-            None => NeuronMajorDown::repack(ty, bytes, dim, ffn_dim, threads)
+            Some((provider, kernel)) => {
+                ColumnAxpy::Pack(PackColumns::new(provider, kernel, "ffn_down", ty, ffn_dim, threads))
+            }
+            None => ColumnAxpy::repack(ty, bytes, dim, ffn_dim, threads)
                 .map_err(|e| sparsity_err(path, format!("layer {l}: repacking ffn_down: {e}")))?,
         };
         let lowrank = match &s.lowrank {
@@ -552,8 +561,15 @@ pub(crate) fn build(
         let attn_o = match (s.attn_input_threshold, lw.wo.0) {
             (None, _) => None,
             (Some(threshold), ty @ (GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)) => {
-                let w = NeuronMajorSplit::from_weights(ty, lw.wo.1, dim, q_dim, threads)
-                    .map_err(|e| sparsity_err(path, format!("layer {l}: repacking attn_output: {e}")))?;
+                let w = match lw.wo_pack {
+                    Some((provider, kernel)) => {
+                        ColumnAxpy::Pack(PackColumns::new(provider, kernel, "attn_output", ty, q_dim, threads))
+                    }
+                    None => ColumnAxpy::Exact(
+                        NeuronMajorSplit::from_weights(ty, lw.wo.1, dim, q_dim, threads)
+                            .map_err(|e| sparsity_err(path, format!("layer {l}: repacking attn_output: {e}")))?,
+                    ),
+                };
                 Some(SparseInput { threshold, w })
             }
             (Some(_), ty) => {
@@ -573,8 +589,11 @@ pub(crate) fn build(
     if let Some(found) = &pack_predictor {
         tracing::info!(predictor = %found.name, provider = %found.provider, "pack predictor");
     }
-    if let Some(NeuronMajorDown::Pack(p)) = layers.first().map(|l| &l.down) {
+    if let Some(ColumnAxpy::Pack(p)) = layers.first().map(|l| &l.down) {
         tracing::info!(kernel = p.kernel_name(), provider = %p.provider, "sparse down projection from a pack");
+    }
+    if let Some(ColumnAxpy::Pack(p)) = layers.first().and_then(|l| Some(&l.attn_o.as_ref()?.w)) {
+        tracing::info!(kernel = p.kernel_name(), provider = %p.provider, "sparse attention output from a pack");
     }
     let predictor = match (&pack_predictor, opts.predictor) {
         (Some(_), _) => PredictorKind::Pack,
@@ -649,7 +668,7 @@ pub(crate) fn build_budgeted(
             keep: s.keep,
             input_threshold: s.input_threshold,
             lowrank: Some(lr),
-            down: NeuronMajorDown::Bundled,
+            down: ColumnAxpy::Bundled,
             // The budget covers the FFN; the attention output stays dense.
             attn_o: None,
         });
@@ -703,7 +722,7 @@ mod tests {
             keep,
             input_threshold: threshold,
             lowrank: None,
-            down: NeuronMajorDown::Q8_0(Vec::new()),
+            down: ColumnAxpy::Q8_0(Vec::new()),
             attn_o: None,
         }
     }
@@ -746,12 +765,13 @@ mod tests {
             .collect();
         let pool = ThreadPool::new(1);
         let (idx, coef) = ([1u32, 5, 40, 95], [0.5f32, -1.0, 2.0, 0.25]);
-        let builtin = NeuronMajorDown::repack(GgmlType::Q8_0, &w, dim, ffn, 2).unwrap();
+        let builtin = ColumnAxpy::repack(GgmlType::Q8_0, &w, dim, ffn, 2).unwrap();
         let mut want = vec![0.0; dim];
         builtin.axpy(&pool, dim, &w, &idx, &coef, &mut want, AxpyMode::Exact).unwrap();
         assert!(want.iter().any(|&v| v != 0.0));
 
-        let down = NeuronMajorDown::Pack(PackDown::new("p@1".into(), Arc::new(Failing), GgmlType::Q8_0, ffn, 2));
+        let down =
+            ColumnAxpy::Pack(PackColumns::new("p@1".into(), Arc::new(Failing), "ffn_down", GgmlType::Q8_0, ffn, 2));
         assert_eq!((down.provider(), down.bytes()), ("p@1", 0));
         for _ in 0..2 {
             let mut got = vec![f32::NAN; dim];

@@ -48,7 +48,7 @@ impl Model {
             }
         }
         counters.attn_active += k as u64;
-        so.axpy(&s.pool, &sc.idx, &sc.h[..k], &mut s.tmp[..dim], mode)?;
+        so.w.axpy(&s.pool, dim, wo.raw_weights(), &sc.idx, &sc.h[..k], &mut s.tmp[..dim], mode)?;
         Ok(())
     }
 }
