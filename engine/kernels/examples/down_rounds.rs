@@ -8,6 +8,8 @@
 //!
 //! `cargo run --release -p spinfer-kernels --example down_rounds -- [ROUNDS] [THREADS] [COPIES]`
 //! (COPIES 2: the weights stay in L2, which shows the kernels' arithmetic).
+//! With `ONE_COPY=1` the AXPYs run on one `NeuronMajor` of all outputs
+//! instead of a copy per thread.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -17,7 +19,7 @@ use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, candidates};
 use spinfer_kernels::pool::ThreadPool;
-use spinfer_kernels::sparse::NeuronMajorSplit;
+use spinfer_kernels::sparse::{NeuronMajor, NeuronMajorSplit};
 
 const DIM: usize = 576;
 const FFN: usize = 1536;
@@ -67,6 +69,9 @@ fn main() {
     let ws: Vec<Vec<u8>> = (0..copies as u64).map(weights).collect();
     let split: Vec<NeuronMajorSplit> =
         ws.iter().map(|w| NeuronMajorSplit::from_weights(GgmlType::Q4_1, w, DIM, FFN, threads).unwrap()).collect();
+    let whole: Vec<NeuronMajor> =
+        ws.iter().map(|w| NeuronMajor::from_weights(GgmlType::Q4_1, w, DIM, FFN).unwrap()).collect();
+    let one_copy = std::env::var_os("ONE_COPY").is_some();
     let coef_all: Vec<f32> = (0..FFN).map(|i| (i as f32 * 0.1).sin()).collect();
     let desc = MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows: DIM, cols: FFN };
     let dense = candidates(&desc, &CpuFeatures::detect()).remove(0);
@@ -104,8 +109,14 @@ fn main() {
                 let idx = &sets[v - 1].1;
                 let coef = &coef_all[..idx.len()];
                 time(&mut || {
-                    for nm in &split {
-                        nm.axpy_fast(&pool, black_box(idx), coef, &mut out).unwrap();
+                    if one_copy {
+                        for nm in &whole {
+                            nm.axpy_fast(&pool, black_box(idx), coef, &mut out).unwrap();
+                        }
+                    } else {
+                        for nm in &split {
+                            nm.axpy_fast(&pool, black_box(idx), coef, &mut out).unwrap();
+                        }
                     }
                 })
             };
