@@ -289,15 +289,15 @@ pub fn pack_k(l: &KLayout, x: &[f32], dst: &mut [u8]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use super::{LegacyLayout, QK, legacy_sections};
     use std::arch::x86_64::*;
 
     /// `roundf` on 16 lanes: truncate, then step away from zero when the
     /// dropped fraction is at least one half (exact for |v| < 2^23).
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    fn round_away(v: __m512) -> __m512i {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub(crate) fn round_away(v: __m512) -> __m512i {
         let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
         let frac = _mm512_sub_ps(v, t);
         let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, _mm512_set1_ps(0.5));
