@@ -14,18 +14,12 @@ use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, candidates};
 use spinfer_kernels::pool::ThreadPool;
 
+#[path = "support/mod.rs"]
+mod support;
+
 /// Deterministic pseudo-random bytes (xorshift), with sane f16 scales.
 fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
-    let n = rows * ty.row_bytes(cols).unwrap();
-    let mut s = 0x9E37_79B9_7F4A_7C15u64;
-    let mut w: Vec<u8> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u8
-        })
-        .collect();
+    let mut w = support::xorshift_bytes(rows * ty.row_bytes(cols).unwrap(), 0);
     let scale = f16::from_f32(0.01).to_le_bytes();
     let offs: &[usize] = match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],

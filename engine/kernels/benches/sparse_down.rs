@@ -15,7 +15,6 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use half::f16;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, candidates};
@@ -27,28 +26,12 @@ const FFN: usize = 1536;
 const COPIES: usize = 64;
 const THREADS: usize = 2;
 
-/// Deterministic pseudo-random Q4_1 bytes (xorshift) with sane scales.
-fn weights(seed: u64) -> Vec<u8> {
-    let ty = GgmlType::Q4_1;
-    let mut s = 0x9E37_79B9_7F4A_7C15u64 ^ seed.wrapping_mul(0x2545_F491_4F6C_DD1D);
-    let mut w: Vec<u8> = (0..DIM * ty.row_bytes(FFN).unwrap())
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u8
-        })
-        .collect();
-    for blk in w.chunks_exact_mut(ty.type_size()) {
-        blk[0..2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
-        blk[2..4].copy_from_slice(&f16::from_f32(-0.05).to_le_bytes());
-    }
-    w
-}
+#[path = "support/mod.rs"]
+mod support;
 
 fn bench(c: &mut Criterion) {
     let pool = ThreadPool::new(THREADS);
-    let ws: Vec<Vec<u8>> = (0..COPIES as u64).map(weights).collect();
+    let ws: Vec<Vec<u8>> = (0..COPIES as u64).map(|seed| support::q4_1(DIM, FFN, seed)).collect();
     // 70% kept, spread as the predictors spread them.
     let idx: Vec<u32> = (0..FFN as u32).filter(|j| (j * 2654435761u32) % 10 < 7).collect();
     let coef: Vec<f32> = idx.iter().map(|&j| ((j * 7919 % 2003) as f32 - 1001.0) * 1e-3).collect();

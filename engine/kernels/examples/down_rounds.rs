@@ -14,7 +14,6 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use half::f16;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, candidates};
@@ -25,24 +24,8 @@ const DIM: usize = 576;
 const FFN: usize = 1536;
 const COPIES: usize = 64;
 
-/// Deterministic pseudo-random Q4_1 bytes (xorshift) with sane scales.
-fn weights(seed: u64) -> Vec<u8> {
-    let ty = GgmlType::Q4_1;
-    let mut s = 0x9E37_79B9_7F4A_7C15u64 ^ seed.wrapping_mul(0x2545_F491_4F6C_DD1D);
-    let mut w: Vec<u8> = (0..DIM * ty.row_bytes(FFN).unwrap())
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u8
-        })
-        .collect();
-    for blk in w.chunks_exact_mut(ty.type_size()) {
-        blk[0..2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
-        blk[2..4].copy_from_slice(&f16::from_f32(-0.05).to_le_bytes());
-    }
-    w
-}
+#[path = "../benches/support/mod.rs"]
+mod support;
 
 /// The kept neurons: `keep`% of them, at random or in whole 32-neuron
 /// blocks.
@@ -66,7 +49,7 @@ fn main() {
     let threads: usize = args.next().map_or(2, |a| a.parse().expect("THREADS: a number"));
     let pool = ThreadPool::new(threads);
     let copies: usize = args.next().map_or(COPIES, |a| a.parse().expect("COPIES: a number"));
-    let ws: Vec<Vec<u8>> = (0..copies as u64).map(weights).collect();
+    let ws: Vec<Vec<u8>> = (0..copies as u64).map(|seed| support::q4_1(DIM, FFN, seed)).collect();
     let split: Vec<NeuronMajorSplit> =
         ws.iter().map(|w| NeuronMajorSplit::from_weights(GgmlType::Q4_1, w, DIM, FFN, threads).unwrap()).collect();
     let whole: Vec<NeuronMajor> =
