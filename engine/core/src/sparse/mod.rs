@@ -378,11 +378,16 @@ pub fn select_neurons(
             return;
         }
     };
+    // Branch-free (about a third of the neurons fail the test, at
+    // random): every index is written, and the count moves past the kept
+    // ones only.
+    idx.resize(act.len(), 0);
+    let mut k = 0;
     for (j, a) in act.iter().enumerate() {
-        if a.abs() > threshold {
-            idx.push(j as u32);
-        }
+        idx[k] = j as u32;
+        k += usize::from(a.abs() > threshold);
     }
+    idx.truncate(k);
 }
 
 /// Per-layer counters of a session's sparse FFN.
