@@ -84,10 +84,12 @@ struct FastCoefs {
 
 impl FastCoefs {
     /// `idx` strictly ascending and `< neurons`, `coef.len() == idx.len()`
-    /// (validated by the caller); `bias` as in [`Run::init`].
-    fn new(idx: &[u32], coef: &[f32], neurons: usize, bias: i32) -> Self {
+    /// (validated by the caller); `bias` as in [`Run::init`]; runs of at
+    /// least `whole_from` active neurons cover their whole block (see
+    /// [`WHOLE_FROM`]).
+    fn new(idx: &[u32], coef: &[f32], neurons: usize, bias: i32, whole_from: usize) -> Self {
         let mut fc = Self::default();
-        fc.fill(idx, coef, neurons, bias);
+        fc.fill(idx, coef, neurons, bias, whole_from);
         fc
     }
 
@@ -99,16 +101,17 @@ impl FastCoefs {
     /// AVX-512F/BW/VL, AVX2, FMA, F16C; arguments as [`FastCoefs::new`].
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn fill_avx512(&mut self, idx: &[u32], coef: &[f32], neurons: usize, bias: i32) {
-        self.fill(idx, coef, neurons, bias)
+    unsafe fn fill_avx512(&mut self, idx: &[u32], coef: &[f32], neurons: usize, bias: i32, whole_from: usize) {
+        self.fill(idx, coef, neurons, bias, whole_from)
     }
 
     /// Replaces the contents with the runs of `idx`, reusing the buffers
     /// (arguments as [`FastCoefs::new`]).
     #[inline(always)]
-    fn fill(&mut self, idx: &[u32], coef: &[f32], neurons: usize, bias: i32) {
-        // At most one partial quad per run, and one run per neuron block.
-        let max_quads = idx.len() / 4 + idx.len().min(neurons / QK);
+    fn fill(&mut self, idx: &[u32], coef: &[f32], neurons: usize, bias: i32, whole_from: usize) {
+        // At most one partial quad per run (or a whole block, 8 quads, for
+        // at least 16 neurons), and one run per neuron block.
+        let max_quads = 2 * idx.len() / 4 + idx.len().min(neurons / QK);
         self.runs.clear();
         self.runs.reserve(idx.len().min(neurons / QK));
         self.rows.clear();
@@ -124,16 +127,20 @@ impl FastCoefs {
             // block's end among the next 32 (a count that vectorises).
             let end = ((block + 1) * QK) as u64;
             let n = idx[k..(k + QK).min(idx.len())].iter().filter(|&&j| u64::from(j) < end).count();
-            self.push_run(block, &idx[k..k + n], &coef[k..k + n], bias);
+            let whole = n >= whole_from && (block + 1) * QK <= neurons;
+            self.push_run(block, &idx[k..k + n], &coef[k..k + n], bias, whole);
             k += n;
         }
         self.split = split_point(self.runs.iter().map(|r| r.n), idx.len());
     }
 
     /// One run (at most 32 neurons: one block), zero padded to 32 slots so
-    /// that every loop has a fixed trip count and vectorises.
+    /// that every loop has a fixed trip count and vectorises. With `whole`,
+    /// its quads cover the block's 32 neurons in order, the inactive ones
+    /// with coefficient 0; the integer sums, the scale and `h` (from the
+    /// run's own coefficients) are the same, so are the results.
     #[inline(always)]
-    fn push_run(&mut self, block: usize, ids: &[u32], cs: &[f32], bias: i32) {
+    fn push_run(&mut self, block: usize, ids: &[u32], cs: &[f32], bias: i32, whole: bool) {
         let n = cs.len();
         debug_assert!(n <= QK && ids.len() == n);
         let mut c = [0.0f32; QK];
@@ -157,13 +164,28 @@ impl FastCoefs {
             *bl = r as u8;
         }
         let q0 = self.quads.len();
-        let nq = n.div_ceil(4);
+        if whole && n < QK {
+            // The whole block, the skipped neurons with coefficient 0: its
+            // rows are read in order, without gaps.
+            let (mut wb, mut wl) = ([0u8; QK], [0u8; QK]);
+            for (k, &j) in ids.iter().enumerate() {
+                let slot = j as usize - block * QK;
+                wb[slot] = bytes[k];
+                wl[slot] = bytes_lo[k];
+            }
+            (bytes, bytes_lo) = (wb, wl);
+        }
+        let (len, nq) = if whole { (QK, QK / 4) } else { (n, n.div_ceil(4)) };
         self.quads.extend(bytes.as_chunks::<4>().0[..nq].iter().map(|b| i32::from_le_bytes(*b)));
         self.quads_lo.extend(bytes_lo.as_chunks::<4>().0[..nq].iter().map(|b| i32::from_le_bytes(*b)));
-        self.rows.extend_from_slice(ids);
-        // The last quad's padding: coefficient 0 on its first neuron.
-        let first = ids[(nq - 1) * 4];
-        self.rows.resize(self.rows.len() + 4 * nq - n, first);
+        if whole {
+            self.rows.extend((block * QK) as u32..((block + 1) * QK) as u32);
+        } else {
+            self.rows.extend_from_slice(ids);
+            // The last quad's padding: coefficient 0 on its first neuron.
+            let first = ids[(nq - 1) * 4];
+            self.rows.resize(self.rows.len() + 4 * nq - len, first);
+        }
         self.runs.push(Run {
             block,
             q0,
@@ -182,6 +204,15 @@ impl FastCoefs {
         (plane[s / 4] >> (8 * (s % 4))) as i8
     }
 }
+
+/// Runs with at least this many of their block's 32 neurons active read
+/// the whole block, the others with coefficient 0. Streamed from memory,
+/// rows skipped at random (144 bytes per thread's copy on SmolLM2) break the
+/// hardware prefetch streams and cost more than reading them: 70% of the
+/// neurons kept at random took 1.25× the time of all of them, 1.00–1.05×
+/// when read whole (`examples/down_rounds`), and input-magnitude 30% decode
+/// went from 0.946× dense to 0.968× and 0.988× (paired rounds).
+pub(super) const WHOLE_FROM: usize = 16;
 
 /// Where the active neurons are cut in two halves, each summed on its own
 /// and then added (`out = Σ_{first half} + Σ_{second half}`), so that two
@@ -272,7 +303,8 @@ impl QuantisedCoefs {
         if let Some(k) = idx.windows(2).position(|w| w[0] >= w[1]) {
             return Err(shape_err(OP, format!("indices not strictly ascending at position {}", k + 1)));
         }
-        let fc = FastCoefs::new(idx, coef, usize::MAX, 0);
+        // Compact runs: `c8`/`r8` are read back by position in `idx`.
+        let fc = FastCoefs::new(idx, coef, usize::MAX, 0, usize::MAX);
         let mut out =
             QuantisedCoefs { runs: Vec::with_capacity(fc.runs.len()), split: fc.split, c8: Vec::new(), r8: Vec::new() };
         let mut start = 0;
@@ -336,10 +368,10 @@ impl NeuronMajor {
             // SAFETY: `axpy_fast_is_int8` detected AVX-512F/BW/VL, AVX2, FMA
             // and F16C; `check` validated the arguments.
             unsafe {
-                fc.fill_avx512(idx, coef, self.neurons, self.code_bias())
+                fc.fill_avx512(idx, coef, self.neurons, self.code_bias(), WHOLE_FROM)
             };
             #[cfg(not(target_arch = "x86_64"))]
-            fc.fill(idx, coef, self.neurons, self.code_bias());
+            fc.fill(idx, coef, self.neurons, self.code_bias(), WHOLE_FROM);
             let fc = &*fc;
             let halves = fc.runs.split_at(fc.split);
             self.split_halves(pool, idx.len(), out, &|h, o0, o| {
@@ -359,7 +391,7 @@ impl NeuronMajor {
     /// [`NeuronMajor::axpy`].
     pub fn axpy_fast_scalar(&self, idx: &[u32], coef: &[f32], out: &mut [f32]) -> Result<()> {
         self.check(idx, coef, out)?;
-        let fc = FastCoefs::new(idx, coef, self.neurons, self.code_bias());
+        let fc = FastCoefs::new(idx, coef, self.neurons, self.code_bias(), WHOLE_FROM);
         let (first, second) = fc.runs.split_at(fc.split);
         self.run_fast_scalar(0, &fc, first, out);
         let mut rest = vec![0.0; out.len()];
@@ -729,5 +761,64 @@ mod x86 {
             let n = out.len();
             out.copy_from_slice(&padded[..n]);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::f16;
+
+    /// Runs read whole (inactive neurons with coefficient 0) give the bits
+    /// of compact runs: blocks with 0, 5, 16, 31 and 32 active neurons, in
+    /// the scalar reference and in `axpy_fast`.
+    #[test]
+    fn whole_block_runs_give_the_compact_runs_bits() {
+        let (rows, cols) = (96, 5 * QK);
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let ty = GgmlType::Q4_1;
+        let mut w: Vec<u8> = (0..rows * ty.row_bytes(cols).unwrap()).map(|_| next() as u8).collect();
+        for blk in w.chunks_exact_mut(ty.type_size()) {
+            blk[0..2].copy_from_slice(&f16::from_f32((next() % 100) as f32 * 1e-4 + 1e-3).to_le_bytes());
+            blk[2..4].copy_from_slice(&f16::from_f32(-((next() % 100) as f32) * 1e-4).to_le_bytes());
+        }
+        let nm = NeuronMajor::from_weights(ty, &w, rows, cols).unwrap();
+        let active = [0usize, 5, 16, 31, 32];
+        let idx: Vec<u32> = active
+            .iter()
+            .enumerate()
+            .flat_map(|(b, &n)| (0..n as u32).map(move |j| (b * QK) as u32 + (j * 7) % 32))
+            .collect::<std::collections::BTreeSet<u32>>()
+            .into_iter()
+            .collect();
+        let coef: Vec<f32> = idx.iter().map(|&j| ((j as f32) * 0.77).sin()).collect();
+        let sums = |whole_from: usize| {
+            let fc = FastCoefs::new(&idx, &coef, cols, nm.code_bias(), whole_from);
+            let (first, second) = fc.runs.split_at(fc.split);
+            let (mut a, mut b) = (vec![0.0f32; rows], vec![0.0f32; rows]);
+            nm.run_fast_scalar(0, &fc, first, &mut a);
+            nm.run_fast_scalar(0, &fc, second, &mut b);
+            (fc.rows.len(), a.iter().zip(&b).map(|(x, y)| (x + y).to_bits()).collect::<Vec<_>>())
+        };
+        let (compact_rows, compact) = sums(usize::MAX);
+        let (whole_rows, whole) = sums(WHOLE_FROM);
+        assert!(whole_rows > compact_rows, "some runs were read whole");
+        assert_eq!(whole, compact);
+        assert!(compact.iter().any(|&b| f32::from_bits(b) != 0.0));
+        // `axpy_fast` (int8 SIMD where the CPU has it) uses WHOLE_FROM.
+        let mut out = vec![0.0f32; rows];
+        nm.axpy_fast_scalar(&idx, &coef, &mut out).unwrap();
+        if NeuronMajor::axpy_fast_is_int8() {
+            let mut simd = vec![f32::NAN; rows];
+            nm.axpy_fast(&crate::pool::ThreadPool::new(2), &idx, &coef, &mut simd).unwrap();
+            assert_eq!(simd.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), compact);
+        }
+        assert_eq!(out.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), compact);
     }
 }
