@@ -9,6 +9,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 use spinfer_engine::Engine;
 use spinfer_engine::registry::describe;
+use spinfer_engine::sparse::ColumnAxpy;
 use spinfer_engine::tuning::{HistoryStore, Outcome, synthetic_descs, tune};
 
 use crate::commands::{CommonArgs, load_config, progress};
@@ -117,13 +118,16 @@ fn print_choices(engine: &Engine, json: bool) {
         }
     }
     if let Some(sp) = &engine.model.sparse {
-        let mut providers: Vec<&str> = sp.layers.iter().map(|l| l.down.provider()).collect();
-        providers.dedup();
-        println!("sparse FFN down projection (gathered-column axpy): {}", providers.join(", "));
-        let mut providers: Vec<&str> = sp.layers.iter().filter_map(|l| Some(l.attn_o.as_ref()?.w.provider())).collect();
-        providers.dedup();
-        if !providers.is_empty() {
-            println!("sparse attention output (gathered-column axpy): {}", providers.join(", "));
+        let providers = |it: &mut dyn Iterator<Item = &ColumnAxpy>| {
+            let mut p: Vec<&str> = it.map(ColumnAxpy::provider).collect();
+            p.dedup();
+            p.join(", ")
+        };
+        let down = providers(&mut sp.layers.iter().map(|l| &l.down));
+        println!("sparse FFN down projection (gathered-column axpy): {down}");
+        let wo = providers(&mut sp.layers.iter().filter_map(|l| Some(&l.attn_o.as_ref()?.w)));
+        if !wo.is_empty() {
+            println!("sparse attention output (gathered-column axpy): {wo}");
         }
     }
 }

@@ -197,6 +197,26 @@ impl ColumnAxpy {
         })
     }
 
+    /// A pack's kernel when the registry found one (`pack`, see
+    /// [`PackColumns`]; `what` names the tensor in its log), else the
+    /// engine's own copy ([`ColumnAxpy::repack`]).
+    pub fn new(
+        pack: Option<(String, Arc<dyn MatmulKernel>)>,
+        what: &'static str,
+        ty: GgmlType,
+        w: &[u8],
+        dim: usize,
+        cols: usize,
+        threads: usize,
+    ) -> spinfer_kernels::Result<Self> {
+        match pack {
+            Some((provider, kernel)) => {
+                Ok(ColumnAxpy::Pack(PackColumns::new(provider, kernel, what, ty, cols, threads)))
+            }
+            None => Self::repack(ty, w, dim, cols, threads),
+        }
+    }
+
     /// `out = Σ_k coef[k] · W[:, idx[k]]` (`idx` ascending); `w` is the
     /// model's matrix (`dim` rows, as stored), which a pack reads. The
     /// requantised Q8_0 copy always computes in f32.
@@ -549,13 +569,8 @@ pub(crate) fn build(
     let mut layers = Vec::with_capacity(sidecar.layers.len());
     for (l, (s, lw)) in sidecar.layers.iter().zip(weights).enumerate() {
         let (ty, bytes) = lw.down;
-        let down = match lw.down_pack {
-            Some((provider, kernel)) => {
-                ColumnAxpy::Pack(PackColumns::new(provider, kernel, "ffn_down", ty, ffn_dim, threads))
-            }
-            None => ColumnAxpy::repack(ty, bytes, dim, ffn_dim, threads)
-                .map_err(|e| sparsity_err(path, format!("layer {l}: repacking ffn_down: {e}")))?,
-        };
+        let down = ColumnAxpy::new(lw.down_pack, "ffn_down", ty, bytes, dim, ffn_dim, threads)
+            .map_err(|e| sparsity_err(path, format!("layer {l}: repacking ffn_down: {e}")))?;
         let lowrank = match &s.lowrank {
             Some(f) => Some(
                 LowRank::new(&f.p, &f.q, f.rank, dim, ffn_dim, f.threshold)
@@ -566,15 +581,9 @@ pub(crate) fn build(
         let attn_o = match (s.attn_input_threshold, lw.wo.0) {
             (None, _) => None,
             (Some(threshold), ty @ (GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)) => {
-                let w = match lw.wo_pack {
-                    Some((provider, kernel)) => {
-                        ColumnAxpy::Pack(PackColumns::new(provider, kernel, "attn_output", ty, q_dim, threads))
-                    }
-                    None => ColumnAxpy::Exact(
-                        NeuronMajorSplit::from_weights(ty, lw.wo.1, dim, q_dim, threads)
-                            .map_err(|e| sparsity_err(path, format!("layer {l}: repacking attn_output: {e}")))?,
-                    ),
-                };
+                // (Exact types only: the same copy as `W_down`'s.)
+                let w = ColumnAxpy::new(lw.wo_pack, "attn_output", ty, lw.wo.1, dim, q_dim, threads)
+                    .map_err(|e| sparsity_err(path, format!("layer {l}: repacking attn_output: {e}")))?;
                 Some(SparseInput { threshold, w })
             }
             (Some(_), ty) => {

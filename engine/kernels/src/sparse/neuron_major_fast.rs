@@ -175,7 +175,7 @@ impl FastCoefs {
             }
             (bytes, bytes_lo) = (wb, wl);
         }
-        let (len, nq) = if whole { (QK, QK / 4) } else { (n, n.div_ceil(4)) };
+        let nq = if whole { QK / 4 } else { n.div_ceil(4) };
         self.quads.extend(bytes.as_chunks::<4>().0[..nq].iter().map(|b| i32::from_le_bytes(*b)));
         self.quads_lo.extend(bytes_lo.as_chunks::<4>().0[..nq].iter().map(|b| i32::from_le_bytes(*b)));
         if whole {
@@ -184,7 +184,7 @@ impl FastCoefs {
             self.rows.extend_from_slice(ids);
             // The last quad's padding: coefficient 0 on its first neuron.
             let first = ids[(nq - 1) * 4];
-            self.rows.resize(self.rows.len() + 4 * nq - len, first);
+            self.rows.resize(self.rows.len() + 4 * nq - n, first);
         }
         self.runs.push(Run {
             block,
