@@ -618,7 +618,11 @@ act = "f32"
         let e = run(k.as_ref(), &w).unwrap_err().to_string();
         let ms = t.elapsed().as_millis();
         eprintln!("interrupted after {ms} ms (budget 100 ms)");
-        assert!((100..=150).contains(&ms), "interrupted after {ms} ms, budget 100 ms");
+        // Never before the budget. After it: one epoch tick (10 ms) plus
+        // however long the ticker thread and this one wait for a core; on
+        // a loaded 2-core CI machine that has been tens of milliseconds,
+        // so the bound is 2 s, still far below "never stops".
+        assert!((100..=2_100).contains(&ms), "interrupted after {ms} ms, budget 100 ms");
         assert!(e.contains("pack test-loop") && e.contains("kernel 'test_loop_f32'") && e.contains("timed out"), "{e}");
         assert_eq!(p.fault(), Some(WasmFault::Timeout { timeout_ms: 100 }));
         assert!(p.is_disabled());
