@@ -5,8 +5,8 @@
 # pack.toml pinning its sha256, and pack.sig signed with KEY_NAME.key
 # (created with `spinfer pack keygen` when absent). Trust KEY_NAME.pub in
 # the operator config's `packs.trusted_keys` and list OUT_DIR in
-# `packs.dirs`. Needs the wasm32 target for the WASM pack
-# (`rustup target add wasm32-unknown-unknown`).
+# `packs.dirs`. The WASM pack's build (kernels-wasm/build.sh) installs the
+# wasm32 target through rustup when it is missing.
 set -euo pipefail
 if [ $# -ne 2 ]; then
     echo "usage: $0 OUT_DIR KEY_NAME" >&2
