@@ -28,6 +28,19 @@ pub enum RegistryError {
     #[error("invalid pack manifest {}: {}{message}", path.display(), field_prefix(field))]
     InvalidManifest { path: PathBuf, field: Option<String>, message: String },
 
+    /// A pack file (`pack.toml`, `pack.sig`, the artefact) is larger than its cap; nothing of it
+    /// was parsed.
+    #[error("{what} {} is larger than the limit of {limit} bytes; refused before parsing", path.display())]
+    TooLarge { path: PathBuf, what: &'static str, limit: u64 },
+
+    /// A pack file is a symbolic link: refused (the bytes checked must be the pack's own).
+    #[error("{} is a symbolic link; pack files must be regular files inside the pack directory", path.display())]
+    Symlink { path: PathBuf },
+
+    /// A pack file exists but is not a regular file (a directory, a FIFO, a device).
+    #[error("{} is not a regular file", path.display())]
+    NotAFile { path: PathBuf },
+
     // === Signature and trust errors ===
     /// No `pack.sig` and the trust policy does not allow unsigned packs.
     #[error("pack {pack} at {} is unsigned (no pack.sig) and unsigned packs are not allowed", dir.display())]
@@ -44,6 +57,13 @@ pub enum RegistryError {
     /// The signing key is not in the trusted list.
     #[error("pack {pack} at {} is signed by untrusted key {key}", dir.display())]
     UntrustedKey { pack: String, dir: PathBuf, key: String },
+
+    /// The signing key is trusted, but not for this pack name (`names = [...]` of the trusted key).
+    #[error(
+        "pack {pack} at {} is signed by {key}, which the trust policy allows only for {allowed}",
+        dir.display()
+    )]
+    NameNotAllowed { pack: String, dir: PathBuf, key: String, allowed: String },
 
     /// The signature does not verify against the exact bytes of `pack.toml`.
     #[error("bad signature for pack {pack}: {} does not match its signature (tampered manifest?)", path.display())]
@@ -62,9 +82,25 @@ pub enum RegistryError {
     ArtefactHashMismatch { pack: String, path: PathBuf, expected: String, actual: String },
 
     // === Install-record errors ===
-    /// A lower version than the highest one recorded for the same pack name and signer.
-    #[error("refusing to downgrade pack {name} from {have} to {got} (pin the version to allow it)")]
+    /// A lower version than the highest one recorded for the same pack name (whoever signed it).
+    #[error(
+        "refusing to downgrade pack {name} from {have} to {got} \
+         (allow it explicitly with [packs] pinned_versions = {{ \"{name}\" = \"{got}\" }})"
+    )]
     Downgrade { name: String, have: Version, got: Version },
+
+    /// An unsigned pack whose name the install record knows as signed (a stripped signature).
+    #[error(
+        "pack {pack} at {} is unsigned, but pack {name} was installed signed before; \
+         refusing the unsigned copy (a stripped signature?)",
+        dir.display()
+    )]
+    StrippedSignature { pack: String, name: String, dir: PathBuf },
+
+    /// The install record was deleted, emptied or changed outside spinfer: its witness (the
+    /// checksum kept in a second file) does not match.
+    #[error("install record {} {problem} (its witness {} says otherwise); {remedy}", path.display(), witness.display())]
+    RecordTampered { path: PathBuf, witness: PathBuf, problem: &'static str, remedy: &'static str },
 
     /// The install-record file exists but cannot be parsed.
     #[error("invalid install record {}: {message}", path.display())]

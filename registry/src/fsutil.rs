@@ -1,6 +1,7 @@
-//! Small file-system helpers: atomic writes and streaming sha256.
+//! Small file-system helpers: atomic writes, streaming sha256, and the one way pack files are read
+//! (opened once, no symlinks, regular files only, size-capped).
 
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -33,6 +34,76 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     }
     Ok(())
 }
+
+/// Reads the regular file `path` into memory, refusing anything that could make the bytes read
+/// differ from the bytes checked or exhaust memory. Returns `Ok(None)` if the file does not exist.
+///
+/// - opened once, with `O_NOFOLLOW` (a symlink as the last component is refused: [`RegistryError::Symlink`])
+///   and `O_NONBLOCK` (a FIFO cannot block the open);
+/// - the *opened handle* must be a regular file (`fstat`): [`RegistryError::NotAFile`];
+/// - at most `limit` bytes: the size is checked before reading and the read itself is capped at
+///   `limit + 1` bytes (a file growing meanwhile is caught too): [`RegistryError::TooLarge`].
+///
+/// The caller hashes and uses the returned bytes; the path is never reopened.
+pub(crate) fn read_capped(path: &Path, limit: u64, what: &'static str) -> Result<Option<Vec<u8>>> {
+    let mut file = match open_nofollow(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if is_symlink_error(&e, path) => return Err(RegistryError::Symlink { path: path.to_path_buf() }),
+        Err(e) => return Err(RegistryError::Io { path: path.to_path_buf(), source: e }),
+    };
+    let meta = file.metadata().map_err(RegistryError::io(path))?;
+    if !meta.is_file() {
+        return Err(RegistryError::NotAFile { path: path.to_path_buf() });
+    }
+    let too_large = || RegistryError::TooLarge { path: path.to_path_buf(), what, limit };
+    if meta.len() > limit {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    (&mut file).take(limit.saturating_add(1)).read_to_end(&mut bytes).map_err(RegistryError::io(path))?;
+    if bytes.len() as u64 > limit {
+        return Err(too_large());
+    }
+    Ok(Some(bytes))
+}
+
+#[cfg(unix)]
+fn open_nofollow(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)
+}
+
+#[cfg(not(unix))]
+fn open_nofollow(path: &Path) -> std::io::Result<std::fs::File> {
+    // No O_NOFOLLOW: refuse a symlink by its link metadata first (a race remains on such systems).
+    if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
+        return Err(std::io::Error::other("symlink"));
+    }
+    std::fs::File::open(path)
+}
+
+/// Whether opening `path` failed because it is a symlink (`ELOOP` from `O_NOFOLLOW`).
+fn is_symlink_error(e: &std::io::Error, path: &Path) -> bool {
+    #[cfg(unix)]
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        return true;
+    }
+    let _ = e;
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+}
+
+/// At most `max` characters of `s` (plus `…` when cut): what error messages quote of untrusted input.
+pub(crate) fn excerpt(s: &str, max: usize) -> String {
+    let mut out: String = s.chars().take(max).collect();
+    if out.len() < s.len() {
+        out.push('…');
+    }
+    out
+}
+
+/// How many characters of untrusted input an error message quotes.
+pub(crate) const EXCERPT_CHARS: usize = 80;
 
 /// Lowercase hex sha256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {

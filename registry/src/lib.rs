@@ -18,9 +18,13 @@
 //!
 //! - [`Manifest`]: a parsed, validated `pack.toml` (`Serialize`, for `spinfer pack inspect`).
 //! - [`KeyPair`] / [`PublicKey`]: ed25519 keys; public text form `ed25519:<base64>`.
-//! - [`sign_pack`]: writes `pack.sig`. [`verify_pack`] checks manifest → signature → artefact
-//!   hash against a [`TrustPolicy`] and returns a [`VerifiedPack`], the only way to get one.
-//! - [`InstallRecord`]: refuses downgrades per (pack name, signer) unless pinned.
+//! - [`sign_pack`]: writes `pack.sig`. [`verify_pack`] reads each file once (no symlinks, size
+//!   caps), checks the signature over the raw manifest bytes *before* parsing them, then the
+//!   manifest, the signer's right to the pack's name ([`TrustedKey`]) and the artefact hash, and
+//!   returns a [`VerifiedPack`] holding the artefact bytes it hashed — the only way to get one,
+//!   and the bytes a loader must load.
+//! - [`InstallRecord`]: refuses downgrades per pack name (whoever signed) unless a version is
+//!   explicitly allowed, refuses a stripped signature, and detects a deleted record (witness file).
 //! - [`discover`]: lists pack directories in search directories and `SPINFER_PACK_PATH`.
 //! - [`synthetic_shapes`]: the generic shape grid `spinfer tune --synthetic-shapes` measures.
 //! - [`RegistryError`]: one error enum; messages name the pack (`name@version`) and path.
@@ -68,10 +72,13 @@ pub use discover::{PACK_PATH_ENV, discover, discover_with, is_pack_dir};
 pub use error::{RegistryError, Result};
 pub use fsutil::{sha256_file, sha256_hex};
 pub use keys::{KeyFiles, KeyPair, PUBLIC_KEY_PREFIX, PublicKey, SECRET_KEY_PREFIX};
-pub use manifest::{Artefact, KernelEntry, MANIFEST_FILE, MAX_NAME_LEN, Manifest, PackKind};
+pub use manifest::{Artefact, KernelEntry, MANIFEST_FILE, MAX_MANIFEST_BYTES, MAX_NAME_LEN, Manifest, PackKind};
 pub use record::{InstallRecord, UNSIGNED_SIGNER};
 /// Semantic versions (pack `version`, `min_host_version`), re-exported so callers need no `semver` dependency.
 pub use semver::Version;
 pub use shapes::{SYNTHETIC_COLS, SYNTHETIC_MAX_ELEMENTS, SYNTHETIC_ROWS, synthetic_shapes};
-pub use signature::{PackSignature, SIGNATURE_FILE};
-pub use verify::{TrustPolicy, VerifiedPack, sign_pack, verify_pack};
+pub use signature::{MAX_SIGNATURE_BYTES, PackSignature, SIGNATURE_FILE};
+pub use verify::{
+    DEFAULT_MAX_ARTEFACT_BYTES, DEFAULT_MAX_WASM_BYTES, TrustPolicy, TrustedKey, VerifiedPack, VerifyLimits, sign_pack,
+    verify_pack, verify_pack_with,
+};

@@ -28,12 +28,17 @@ use semver::Version;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{RegistryError, Result};
+use crate::fsutil::{EXCERPT_CHARS, excerpt, read_capped};
 
 /// File name of the manifest inside a pack directory.
 pub const MANIFEST_FILE: &str = "pack.toml";
 
 /// Longest accepted pack name.
 pub const MAX_NAME_LEN: usize = 64;
+
+/// Largest accepted `pack.toml`, in bytes (64 KiB): a bigger file is refused before it is parsed
+/// or its signature checked.
+pub const MAX_MANIFEST_BYTES: u64 = 64 * 1024;
 
 /// A parsed and validated `pack.toml`.
 ///
@@ -145,18 +150,28 @@ impl Manifest {
     }
 
     /// Reads and parses `dir/pack.toml`, returning the manifest and the exact bytes read
-    /// (the bytes a signature covers).
+    /// (the bytes a signature covers). The file is read as [`read_raw`](Self::read_raw) reads it.
+    ///
+    /// This parses an unverified manifest: [`verify_pack`](crate::verify_pack) checks the
+    /// signature over [`read_raw`](Self::read_raw)'s bytes first and parses only then.
     ///
     /// # Errors
-    /// [`RegistryError::MissingManifest`], [`RegistryError::Io`] or [`RegistryError::InvalidManifest`].
+    /// As [`read_raw`](Self::read_raw), and [`RegistryError::InvalidManifest`].
     pub fn read(dir: &Path) -> Result<(Self, Vec<u8>)> {
-        let path = dir.join(MANIFEST_FILE);
-        let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => RegistryError::MissingManifest { path: path.clone() },
-            _ => RegistryError::Io { path: path.clone(), source: e },
-        })?;
-        let manifest = Self::parse(&bytes, &path)?;
+        let bytes = Self::read_raw(dir)?;
+        let manifest = Self::parse(&bytes, &dir.join(MANIFEST_FILE))?;
         Ok((manifest, bytes))
+    }
+
+    /// The raw bytes of `dir/pack.toml`, unparsed: opened once without following a symlink,
+    /// a regular file of at most [`MAX_MANIFEST_BYTES`].
+    ///
+    /// # Errors
+    /// [`RegistryError::MissingManifest`], [`RegistryError::Symlink`], [`RegistryError::NotAFile`],
+    /// [`RegistryError::TooLarge`], [`RegistryError::Io`].
+    pub fn read_raw(dir: &Path) -> Result<Vec<u8>> {
+        let path = dir.join(MANIFEST_FILE);
+        read_capped(&path, MAX_MANIFEST_BYTES, "pack manifest")?.ok_or(RegistryError::MissingManifest { path })
     }
 
     /// Checks the invariants serde cannot express: name syntax, semver form, artefact file name and
@@ -195,7 +210,10 @@ impl Manifest {
         validate_file_name(&self.artefact.file).map_err(|m| err("artefact.file", m))?;
         let sha = &self.artefact.sha256;
         if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(err("artefact.sha256", format!("expected 64 hex digits, got {sha:?}")));
+            return Err(err(
+                "artefact.sha256",
+                format!("expected 64 hex digits, got {:?}", excerpt(sha, EXCERPT_CHARS)),
+            ));
         }
         if self.kernels.is_empty() {
             return Err(err("kernels", "a pack must declare at least one [[kernels]] entry".into()));
@@ -214,6 +232,7 @@ impl Manifest {
 
 fn parse_version(text: &str, path: &Path, field: &str) -> Result<Version> {
     Version::parse(text).map_err(|e| {
+        let text = excerpt(text, EXCERPT_CHARS);
         RegistryError::manifest_field(path, field, format!("{text:?} is not a semver version MAJOR.MINOR.PATCH: {e}"))
     })
 }
@@ -232,7 +251,7 @@ pub(crate) fn validate_name(name: &str) -> std::result::Result<(), String> {
 /// `[a-z0-9_]+` (kernel names, ops, formats).
 fn validate_ident(value: &str) -> std::result::Result<(), String> {
     if value.is_empty() || !value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
-        return Err(format!("{value:?} must match [a-z0-9_]+"));
+        return Err(format!("{:?} must match [a-z0-9_]+", excerpt(value, EXCERPT_CHARS)));
     }
     Ok(())
 }
@@ -251,21 +270,22 @@ pub(crate) fn validate_file_name(file: &str) -> std::result::Result<(), String> 
         None
     };
     match problem {
-        Some(p) => Err(format!("{file:?} {p}")),
+        Some(p) => Err(format!("{:?} {p}", excerpt(file, EXCERPT_CHARS))),
         None => Ok(()),
     }
 }
 
-/// One line: `line L, column C: <message> (in `<source line>`)`.
+/// One line: `line L, column C: <message> (in `<source line>`)`; the message and the source line
+/// are cut to a short excerpt (the input may be hostile: no error message echoes all of it).
 fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
-    let message = e.message().trim_end_matches('\n');
+    let message = excerpt(e.message().trim_end_matches('\n'), 2 * EXCERPT_CHARS);
     let Some(span) = e.span() else { return message.to_string() };
     let start = span.start.min(text.len());
     let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
     let line_end = text[start..].find('\n').map_or(text.len(), |i| start + i);
     let line_no = text[..start].matches('\n').count() + 1;
     let column = text[line_start..start].chars().count() + 1;
-    let source_line = text[line_start..line_end].trim();
+    let source_line = excerpt(text[line_start..line_end].trim(), EXCERPT_CHARS);
     if source_line.is_empty() {
         format!("line {line_no}, column {column}: {message}")
     } else {
@@ -364,6 +384,22 @@ act = "q8_1"
         }
         for good in ["libk.so", "kernels.wasm", "k-1.2_x.dll"] {
             assert!(validate_file_name(good).is_ok(), "{good:?}");
+        }
+    }
+
+    #[test]
+    fn errors_quote_only_an_excerpt_of_the_input() {
+        let long = "Xx".repeat(5_000);
+        for text in [
+            format!("{GOOD}\nbogus = \"{long}\"\n"),
+            GOOD.replace("\"1.2.3\"", &format!("\"{long}\"")),
+            GOOD.replace("\"matmul\"", &format!("\"{long}\"")),
+            GOOD.replace("\"libcpu_ref.so\"", &format!("\"../{long}\"")),
+            GOOD.replace("ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789", &long),
+            format!("{long} = ="),
+        ] {
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(e.len() < 400, "{} chars: {e}", e.len());
         }
     }
 

@@ -25,6 +25,10 @@ use crate::keys::{KeyPair, PUBLIC_KEY_PREFIX, PublicKey};
 /// File name of the signature inside a pack directory.
 pub const SIGNATURE_FILE: &str = "pack.sig";
 
+/// Largest accepted `pack.sig`, in bytes (1 KiB; a signature line is about 150): a bigger file is
+/// refused before it is parsed.
+pub const MAX_SIGNATURE_BYTES: u64 = 1024;
+
 /// A parsed `pack.sig`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct PackSignature {
@@ -64,16 +68,16 @@ impl PackSignature {
         Ok(Self { key, signature: Signature::from_bytes(&sig) })
     }
 
-    /// Reads `dir/pack.sig`; `Ok(None)` if the file does not exist.
+    /// Reads `dir/pack.sig` (opened once without following a symlink, a regular file of at most
+    /// [`MAX_SIGNATURE_BYTES`]); `Ok(None)` if the file does not exist.
     ///
     /// # Errors
-    /// [`RegistryError::Io`], or [`RegistryError::MalformedSignature`] attributed to `pack`.
+    /// [`RegistryError::Io`], [`RegistryError::Symlink`], [`RegistryError::NotAFile`],
+    /// [`RegistryError::TooLarge`], or [`RegistryError::MalformedSignature`] attributed to `pack`.
     pub fn read(dir: &Path, pack: &str) -> Result<Option<Self>> {
         let path = dir.join(SIGNATURE_FILE);
-        let text = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(RegistryError::Io { path, source: e }),
+        let Some(text) = crate::fsutil::read_capped(&path, MAX_SIGNATURE_BYTES, "pack signature")? else {
+            return Ok(None);
         };
         let malformed =
             |message: String| RegistryError::MalformedSignature { pack: pack.into(), path: path.clone(), message };

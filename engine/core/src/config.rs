@@ -50,6 +50,15 @@ pub struct SparsitySection {
     pub cache_policy: Option<String>,
 }
 
+/// At most 80 characters of `s`: what error messages quote of a setting.
+fn excerpt(s: &str) -> String {
+    let mut out: String = s.chars().take(80).collect();
+    if out.len() < s.len() {
+        out.push('…');
+    }
+    out
+}
+
 /// The name after `pack:` in a predictor or cache policy setting.
 fn pack_object(setting: &str) -> Option<&str> {
     setting.strip_prefix("pack:")
@@ -109,23 +118,87 @@ pub enum PrecisionSetting {
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PacksSection {
-    /// Directories searched for packs (plus `SPINFER_PACK_PATH`).
+    /// Directories searched for packs (plus `SPINFER_PACK_PATH`). A trusted
+    /// native pack runs with the full privileges of this process.
     #[serde(default)]
     pub dirs: Vec<PathBuf>,
-    /// Public keys (`ed25519:<base64>`) whose signatures are trusted.
+    /// Public keys (`ed25519:<base64>`) whose signatures are trusted, each
+    /// either a string (any pack name) or a table
+    /// `{ key = "ed25519:...", names = ["cpu-simd", "vendor-*"] }` (only
+    /// those pack names).
     #[serde(default)]
-    pub trusted_keys: Vec<String>,
+    pub trusted_keys: Vec<TrustedKeySetting>,
     /// Keys refused even if also listed as trusted.
     #[serde(default)]
     pub revoked_keys: Vec<String>,
     /// Load packs without a signature (logged loudly). Default false.
     #[serde(default)]
     pub allow_unsigned: bool,
-    /// Where the highest version seen per pack and signer is kept
-    /// (downgrade protection). Default: no record.
+    /// Where the highest version seen per pack name is kept (downgrade
+    /// protection, always on). Default: [`default_install_record`]
+    /// (`$XDG_DATA_HOME/spinfer/packs-installed.toml`).
     pub install_record: Option<PathBuf>,
+    /// Where the install record's checksum (its witness, which detects a
+    /// deleted or emptied record) is kept. Default: next to the history
+    /// store when `history` is set, else `<install_record>.sum`.
+    pub install_witness: Option<PathBuf>,
+    /// Pack name → the one lower version accepted despite the install
+    /// record (an explicit downgrade), e.g. `{ "cpu-simd" = "1.0.0" }`.
+    /// Kernel pins never allow a downgrade.
+    #[serde(default)]
+    pub pinned_versions: BTreeMap<String, spinfer_registry::Version>,
     /// The kernel performance-history store. Default: none (no tuning data).
     pub history: Option<PathBuf>,
+}
+
+/// One `[packs] trusted_keys` entry: `"ed25519:..."` (any pack name) or
+/// `{ key = "ed25519:...", names = [...] }` (only these pack names, or
+/// `prefix*` patterns).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrustedKeySetting {
+    pub key: String,
+    /// `None`: any pack name.
+    pub names: Option<Vec<String>>,
+}
+
+impl<'de> Deserialize<'de> for TrustedKeySetting {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Table {
+            key: String,
+            names: Vec<String>,
+        }
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = TrustedKeySetting;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a key \"ed25519:<base64>\" or a table { key = \"ed25519:<base64>\", names = [...] }")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<TrustedKeySetting, E> {
+                Ok(TrustedKeySetting { key: v.to_string(), names: None })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<TrustedKeySetting, A::Error> {
+                let t = Table::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(TrustedKeySetting { key: t.key, names: Some(t.names) })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Where the install record lives when `[packs] install_record` is not
+/// set: `$XDG_DATA_HOME/spinfer/packs-installed.toml`, else
+/// `$HOME/.local/share/spinfer/packs-installed.toml`; `None` when neither
+/// variable is set (then downgrade protection cannot persist, and the
+/// engine says so).
+pub fn default_install_record() -> Option<PathBuf> {
+    let nonempty = |v: &str| std::env::var_os(v).filter(|s| !s.is_empty()).map(PathBuf::from);
+    let data = nonempty("XDG_DATA_HOME").or_else(|| nonempty("HOME").map(|h| h.join(".local/share")))?;
+    Some(data.join("spinfer").join("packs-installed.toml"))
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -143,18 +216,36 @@ pub struct KernelsSection {
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct WasmSection {
-    /// Linear-memory cap per WASM pack, MiB (default 512).
+    /// Linear-memory cap per WASM pack, MiB (default 512, at most 4096:
+    /// wasm32's whole address space). A module whose declared memory or
+    /// data segments exceed it is refused before it is compiled.
     #[serde(default = "default_wasm_memory")]
     pub max_memory_mb: u64,
-    /// Wall-clock budget of one kernel call, ms (default 1000).
+    /// Largest WASM module file accepted, MiB (default 64, at most 1024);
+    /// checked before the file is read.
+    #[serde(default = "default_wasm_module")]
+    pub max_module_mb: u64,
+    /// Wall-clock budget of one kernel call, ms (default 1000, at most
+    /// [`MAX_WASM_TIMEOUT_MS`]).
     #[serde(default = "default_wasm_timeout")]
     pub timeout_ms: u64,
     /// Fuel per call; unset = no fuel metering.
     pub fuel: Option<u64>,
 }
 
+/// Upper bound of `[wasm] timeout_ms`: one minute per kernel call.
+pub const MAX_WASM_TIMEOUT_MS: u64 = 60_000;
+/// Upper bound of `[wasm] max_memory_mb`: wasm32's 4 GiB.
+pub const MAX_WASM_MEMORY_MB: u64 = 4096;
+/// Upper bound of `[wasm] max_module_mb`.
+pub const MAX_WASM_MODULE_MB: u64 = 1024;
+
 fn default_wasm_memory() -> u64 {
     512
+}
+
+fn default_wasm_module() -> u64 {
+    64
 }
 
 fn default_wasm_timeout() -> u64 {
@@ -163,7 +254,12 @@ fn default_wasm_timeout() -> u64 {
 
 impl Default for WasmSection {
     fn default() -> Self {
-        Self { max_memory_mb: default_wasm_memory(), timeout_ms: default_wasm_timeout(), fuel: None }
+        Self {
+            max_memory_mb: default_wasm_memory(),
+            max_module_mb: default_wasm_module(),
+            timeout_ms: default_wasm_timeout(),
+            fuel: None,
+        }
     }
 }
 
@@ -182,6 +278,9 @@ impl Config {
         abs(&mut c.model.path);
         c.packs.dirs.iter_mut().for_each(abs);
         if let Some(p) = c.packs.install_record.as_mut() {
+            abs(p);
+        }
+        if let Some(p) = c.packs.install_witness.as_mut() {
             abs(p);
         }
         if let Some(p) = c.packs.history.as_mut() {
@@ -210,9 +309,9 @@ impl Config {
         if self.model.threads == Some(0) {
             return Err("model.threads must be at least 1".into());
         }
-        for k in self.packs.trusted_keys.iter().chain(&self.packs.revoked_keys) {
+        for k in self.packs.trusted_keys.iter().map(|t| &t.key).chain(&self.packs.revoked_keys) {
             if !k.starts_with("ed25519:") {
-                return Err(format!("packs key '{k}' must look like 'ed25519:<base64>'"));
+                return Err(format!("packs key '{}' must look like 'ed25519:<base64>'", excerpt(k)));
             }
         }
         if let Some(sp) = &self.sparsity {
@@ -229,21 +328,58 @@ impl Config {
                 return Err("sparsity.dense_above must be between 0 and 1".into());
             }
         }
-        if self.wasm.max_memory_mb == 0 || self.wasm.timeout_ms == 0 {
-            return Err("wasm.max_memory_mb and wasm.timeout_ms must be positive".into());
+        let w = &self.wasm;
+        for (key, v, max) in [
+            ("max_memory_mb", w.max_memory_mb, MAX_WASM_MEMORY_MB),
+            ("max_module_mb", w.max_module_mb, MAX_WASM_MODULE_MB),
+            ("timeout_ms", w.timeout_ms, MAX_WASM_TIMEOUT_MS),
+        ] {
+            if !(1..=max).contains(&v) {
+                return Err(format!("[wasm] {key} = {v} is out of range: it must be between 1 and {max}"));
+            }
         }
         Ok(())
     }
 
-    /// The trust policy of `[packs]` (keys parsed; a malformed key is an
-    /// error naming it).
+    /// The install record's path: `[packs] install_record`, else
+    /// [`default_install_record`].
+    pub fn install_record_path(&self) -> Option<PathBuf> {
+        self.packs.install_record.clone().or_else(default_install_record)
+    }
+
+    /// The install record witness's path: `[packs] install_witness`, else
+    /// next to the history store (`<history>.packs-installed.sum`), else
+    /// `<install_record>.sum`.
+    pub fn install_witness_path(&self) -> Option<PathBuf> {
+        let with_suffix = |p: &Path, suffix: &str| {
+            let mut s = p.as_os_str().to_owned();
+            s.push(suffix);
+            PathBuf::from(s)
+        };
+        self.packs
+            .install_witness
+            .clone()
+            .or_else(|| self.packs.history.as_deref().map(|h| with_suffix(h, ".packs-installed.sum")))
+            .or_else(|| self.install_record_path().map(|r| with_suffix(&r, ".sum")))
+    }
+
+    /// The trust policy of `[packs]` (keys parsed; a malformed key or name
+    /// pattern is an error naming it).
     pub fn trust_policy(&self) -> Result<spinfer_registry::TrustPolicy> {
         let parse = |k: &String| {
             k.parse::<spinfer_registry::PublicKey>()
-                .map_err(|e| Error::InvalidArgument(format!("packs key '{k}': {e}")))
+                .map_err(|e| Error::InvalidArgument(format!("packs key '{}': {e}", excerpt(k))))
+        };
+        let trusted = |t: &TrustedKeySetting| {
+            let key = parse(&t.key)?;
+            match &t.names {
+                None => Ok(spinfer_registry::TrustedKey::any(key)),
+                Some(names) => spinfer_registry::TrustedKey::for_names(key, names.iter().cloned())
+                    .map_err(|e| Error::InvalidArgument(format!("packs key '{}': {e}", excerpt(&t.key)))),
+            }
         };
         Ok(spinfer_registry::TrustPolicy {
-            trusted: self.packs.trusted_keys.iter().map(parse).collect::<Result<_>>()?,
+            trusted: self.packs.trusted_keys.iter().map(trusted).collect::<Result<_>>()?,
             revoked: self.packs.revoked_keys.iter().map(parse).collect::<Result<_>>()?,
             allow_unsigned: self.packs.allow_unsigned,
         })
@@ -311,6 +447,45 @@ mod tests {
         assert!(parse("[model]\npath = \"m.gguf\"\nctx = 0\n").unwrap_err().to_string().contains("model.ctx"));
     }
 
+    #[test]
+    fn trusted_keys_strings_or_tables_and_wasm_bounds() {
+        let key = "ed25519:6kpsY+KcUgq+9VB7Ey7F+ZVHdq6+vnuSQh7qaRRG0iw=";
+        let text = format!(
+            "[model]\npath = \"m.gguf\"\n[packs]\ntrusted_keys = [\"{key}\", {{ key = \"{key}\", names = [\"cpu-*\"] }}]\n\
+             pinned_versions = {{ \"cpu-simd\" = \"1.0.0\" }}\n"
+        );
+        let c = parse(&text).unwrap();
+        assert_eq!(c.packs.trusted_keys[1].names.as_deref(), Some(&["cpu-*".to_string()][..]));
+        assert_eq!(c.packs.pinned_versions["cpu-simd"], spinfer_registry::Version::new(1, 0, 0));
+        let policy = c.trust_policy().unwrap();
+        assert_eq!(policy.trusted.len(), 2);
+        let e = parse(&text.replace("names", "nmes")).unwrap_err().to_string();
+        assert!(e.contains("nmes"), "{e}");
+        let e = parse(&text.replace("cpu-*", "CPU")).unwrap().trust_policy().unwrap_err().to_string();
+        assert!(e.contains("CPU"), "{e}");
+
+        let base = "[model]\npath = \"m.gguf\"\n[wasm]\n";
+        for bad in
+            ["timeout_ms = 9223372036854775807", "timeout_ms = 60001", "max_memory_mb = 5000", "max_module_mb = 0"]
+        {
+            let e = parse(&format!("{base}{bad}\n")).unwrap_err().to_string();
+            let key = bad.split(' ').next().unwrap();
+            assert!(e.contains(&format!("[wasm] {key}")) && e.contains("out of range"), "{e}");
+        }
+        let c = parse(&format!("{base}timeout_ms = 60000\n")).unwrap();
+        assert_eq!((c.wasm.timeout_ms, c.wasm.max_module_mb), (60_000, 64));
+    }
+
+    #[test]
+    fn install_record_and_witness_locations() {
+        let c = parse("[model]\npath = \"m.gguf\"\n[packs]\ninstall_record = \"/d/rec.toml\"\n").unwrap();
+        assert_eq!(c.install_record_path(), Some(PathBuf::from("/d/rec.toml")));
+        assert_eq!(c.install_witness_path(), Some(PathBuf::from("/d/rec.toml.sum")));
+        let c =
+            parse("[model]\npath = \"m.gguf\"\n[packs]\ninstall_record = \"/d/r\"\nhistory = \"/h/hist\"\n").unwrap();
+        assert_eq!(c.install_witness_path(), Some(PathBuf::from("/h/hist.packs-installed.sum")));
+    }
+
     /// Every example configuration shipped in `docs/` parses.
     #[test]
     fn every_example_config_in_docs_parses() {
@@ -323,7 +498,9 @@ mod tests {
                 if p.is_dir() {
                     stack.push(p);
                 } else if p.extension().is_some_and(|e| e == "toml") {
-                    Config::load(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                    let c = Config::load(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                    // The keys parse as ed25519 points, name patterns included.
+                    c.trust_policy().unwrap_or_else(|e| panic!("{}: {e}", p.display()));
                     seen += 1;
                 }
             }

@@ -39,7 +39,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use spinfer_registry::{InstallRecord, PackKind, discover, verify_pack};
+use spinfer_registry::{InstallRecord, PackKind, VerifiedPack, VerifyLimits, discover, verify_pack_with};
 
 use crate::config::Config;
 use crate::generate::{self, GenerateParams, StopReason, Timings};
@@ -643,8 +643,16 @@ pub struct PackStatus {
 }
 
 /// The kernel registry an operator config describes: built-in kernels,
-/// verified packs from `[packs]` (verify → downgrade check → open → ABI
-/// check → score → register), pins, exclusions and the history store.
+/// verified packs from `[packs]`, pins, exclusions and the history store.
+///
+/// Per pack found: verify (each file read once, signature before parsing,
+/// the signer's right to the name; `[wasm] max_module_mb` caps a module
+/// before it is read) → refuse every pack whose manifest name another
+/// verified pack also has (naming both directories) → `[kernels] exclude`
+/// by manifest name → the install record (downgrades and stripped
+/// signatures, by name; a downgrade only through `[packs]
+/// pinned_versions`) → open the verified bytes → ABI check → score →
+/// register.
 pub fn registry_from_config(c: &Config) -> Result<(KernelRegistry, Vec<PackStatus>)> {
     let mut registry = KernelRegistry::builtin();
     for (op, kernel) in &c.kernels.pin {
@@ -657,54 +665,105 @@ pub fn registry_from_config(c: &Config) -> Result<(KernelRegistry, Vec<PackStatu
         registry.set_history(HistoryStore::open(h)?);
     }
     let policy = c.trust_policy()?;
-    let mut record = c.packs.install_record.as_ref().map(InstallRecord::open).transpose()?;
     let host = host_info();
+    let mb = |v: u64| usize::try_from(v.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
     let limits = WasmLimits {
-        max_memory_bytes: usize::try_from(c.wasm.max_memory_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+        max_memory_bytes: mb(c.wasm.max_memory_mb),
         timeout_ms: c.wasm.timeout_ms,
+        max_module_bytes: mb(c.wasm.max_module_mb),
         fuel: c.wasm.fuel,
     };
-    let mut status = Vec::new();
-    for found in discover(&c.packs.dirs) {
-        let dir = match found {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::warn!("pack discovery: {e}");
-                status.push(PackStatus { dir: PathBuf::new(), outcome: Err(e.to_string()) });
-                continue;
+    let verify_limits =
+        VerifyLimits { max_wasm_bytes: c.wasm.max_module_mb.saturating_mul(1 << 20), ..VerifyLimits::default() };
+
+    // 1. Verify everything found (nothing is loaded yet).
+    let mut found: Vec<(PathBuf, std::result::Result<VerifiedPack, String>)> = Vec::new();
+    for entry in discover(&c.packs.dirs) {
+        match entry {
+            Ok(dir) => {
+                let verified = verify_pack_with(&dir, &policy, &verify_limits).map_err(|e| e.to_string());
+                found.push((dir, verified));
+            }
+            Err(e) => found.push((PathBuf::new(), Err(format!("pack discovery: {e}")))),
+        }
+    }
+
+    // 2. One name, one pack: two verified packs with the same manifest name
+    // are both refused (which one is meant is not for the engine to guess).
+    let mut dirs_of: std::collections::BTreeMap<String, Vec<PathBuf>> = Default::default();
+    for (dir, v) in &found {
+        if let Ok(p) = v {
+            dirs_of.entry(p.manifest().name.clone()).or_default().push(dir.clone());
+        }
+    }
+    for (dir, v) in &mut found {
+        let Ok(p) = v else { continue };
+        let dirs = &dirs_of[&p.manifest().name];
+        if dirs.len() > 1 {
+            let others: Vec<String> = dirs.iter().filter(|d| *d != dir).map(|d| d.display().to_string()).collect();
+            *v = Err(format!(
+                "pack {} at {} is refused: pack {} at {} has the same name (one name, one pack: remove or rename one)",
+                p.id(),
+                dir.display(),
+                p.manifest().name,
+                others.join(", ")
+            ));
+        }
+    }
+
+    // 3. The install record, opened only when there is a pack to check.
+    let any = found.iter().any(|(_, v)| v.is_ok());
+    let mut record: std::result::Result<Option<InstallRecord>, String> = Ok(None);
+    if any {
+        record = match (c.install_record_path(), c.install_witness_path()) {
+            (Some(r), Some(w)) => InstallRecord::open_with_witness(r, w).map(Some).map_err(|e| e.to_string()),
+            _ => {
+                tracing::warn!(
+                    "no data directory (neither [packs] install_record, XDG_DATA_HOME nor HOME is set): \
+                     pack downgrades cannot be detected across runs"
+                );
+                Ok(None)
             }
         };
-        let mut load = || -> Result<Arc<dyn KernelProvider>> {
-            let pack = verify_pack(&dir, &policy)?;
+        if let Err(e) = &record {
+            tracing::error!("{e}; every pack is refused until this is resolved");
+        }
+    }
+
+    // 4. Load, in discovery order.
+    let mut status = Vec::new();
+    for (dir, verified) in found {
+        let outcome = verified.map_err(Error::InvalidArgument).and_then(|pack| {
             let name = &pack.manifest().name;
             if c.kernels.exclude.contains(name) {
                 return Err(Error::Pack { pack: pack.id(), detail: "excluded by [kernels] exclude".into() });
             }
-            if let Some(record) = record.as_mut() {
-                let pinned = c
-                    .kernels
-                    .pin
-                    .values()
-                    .any(|k| k.starts_with(&format!("{name}/")) || k.starts_with(&format!("{name}:")));
-                record.check_and_record(&pack, pinned)?;
+            match record.as_mut() {
+                Ok(Some(record)) => record.check_and_record(&pack, c.packs.pinned_versions.get(name))?,
+                Ok(None) => {}
+                Err(e) => return Err(Error::Pack { pack: pack.id(), detail: e.clone() }),
             }
             Ok(match pack.manifest().kind {
-                PackKind::Native => Arc::new(NativePack::load(&pack, &host)?),
+                PackKind::Native => Arc::new(NativePack::load(&pack, &host)?) as Arc<dyn KernelProvider>,
                 PackKind::Wasm => Arc::new(WasmPack::load(&pack, limits)?),
                 PackKind::Cuda => {
                     return Err(Error::Pack { pack: pack.id(), detail: "cuda packs are not supported yet".into() });
                 }
             })
-        };
-        match load() {
+        });
+        match outcome {
             Ok(provider) => {
                 tracing::info!(pack = provider.name(), "registered kernel pack");
                 status.push(PackStatus { dir, outcome: Ok(provider.name().to_string()) });
                 registry.add_provider(provider);
             }
             Err(e) => {
-                tracing::warn!(dir = %dir.display(), "pack skipped: {e}");
-                status.push(PackStatus { dir, outcome: Err(e.to_string()) });
+                let msg = match e {
+                    Error::InvalidArgument(m) => m,
+                    other => other.to_string(),
+                };
+                tracing::warn!(dir = %dir.display(), "pack skipped: {msg}");
+                status.push(PackStatus { dir, outcome: Err(msg) });
             }
         }
     }

@@ -4,9 +4,17 @@
 //!
 //! Loading follows ggml's backend order: verify (already done: the input is
 //! a [`VerifiedPack`]) → open ([`load_pack`]: dlopen plus `abi_stable`'s
-//! layout checks) → ABI version (named on both sides) → `score(host)` (0
-//! means "does not run here", with a reason) → register (the caller's
+//! layout checks) → ABI version (named on both sides) → the library's name
+//! must be the manifest's → `score(host)` (0 means "does not run here",
+//! with a reason) → register (the caller's
 //! [`KernelRegistry::add_provider`]).
+//!
+//! The bytes loaded are the bytes verified: the registry read the artefact
+//! once and hashed it ([`VerifiedPack::artefact_bytes`]); those bytes are
+//! copied into a sealed `memfd` (no write, grow or shrink possible, and no
+//! further seals) and `dlopen`ed as `/proc/self/fd/N`. The pack directory's
+//! file is never opened again, so swapping it after verification changes
+//! nothing. A library is loaded once per content (sha256) per process.
 //!
 //! Libraries are never unloaded: a [`NativePack`] holds a `'static` root
 //! module, and dropping it drops only the kernel objects. See
@@ -15,9 +23,9 @@
 //! [`KernelRegistry`]: crate::registry::KernelRegistry
 //! [`KernelRegistry::add_provider`]: crate::registry::KernelRegistry::add_provider
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType as KActType, MatmulDesc, MatmulKernel};
@@ -99,8 +107,9 @@ pub struct NativePack {
     provider_name: String,
     /// `"{name}@{version}"`.
     id: String,
-    /// The name the pack reports about itself (its kernels are named
-    /// `"{pack_name}:{kernel}"` on the engine side).
+    /// The manifest's name (equal to the name the library reports, or the
+    /// pack is refused); its kernels are named `"{pack_name}:{kernel}"` on
+    /// the engine side.
     pack_name: String,
     score: u32,
     kernels: Vec<(KernelDesc, Arc<KernelBox>)>,
@@ -121,8 +130,9 @@ impl NativePack {
     /// not for a native pack or for a newer host, when the library does not
     /// load (not a pack, another ABI or interface version, layout
     /// mismatch), when the manifest's and the library's ABI versions
-    /// disagree, and when the pack scores 0 on this host ("pack X@v: scores
-    /// 0 on this host: ...").
+    /// disagree, when the library reports another name than its manifest,
+    /// and when the pack scores 0 on this host ("pack X@v: scores 0 on this
+    /// host: ...").
     pub fn load(pack: &VerifiedPack, host: &HostInfo) -> Result<Self> {
         let m = pack.manifest();
         let id = pack.id();
@@ -138,13 +148,9 @@ impl NativePack {
         // ABI is not opened at all.
         check_abi_version(m.abi_version).map_err(|e| err(format!("manifest: {e}")))?;
 
-        // Open: dlopen + abi_stable checks + the module's own ABI version.
-        let module = load_pack(pack.artefact_path()).map_err(|e| {
-            if let Some(d) = e.details() {
-                tracing::debug!(pack = %id, "load details: {d}");
-            }
-            err(e.to_string())
-        })?;
+        // Open: the verified bytes from a sealed memfd, dlopen + abi_stable
+        // checks + the module's own ABI version.
+        let module = load_verified_bytes(pack).map_err(&err)?;
         if module.abi_version() != m.abi_version {
             return Err(err(format!(
                 "the library declares pack ABI version {} but its manifest says {} (host ABI version {ABI_VERSION})",
@@ -153,10 +159,23 @@ impl NativePack {
             )));
         }
 
+        // A pack is named by its signed manifest: a library that calls
+        // itself something else (a pack `a-shadow` shipping cpu-simd's
+        // library, to capture its pins and escape its exclusion) is refused.
+        let reported = (module.name())().to_string();
+        if reported != m.name {
+            return Err(err(format!(
+                "the library calls itself {:?} but its signed manifest names the pack {:?}; refused \
+                 (a pack is named by its manifest)",
+                reported.chars().take(80).collect::<String>(),
+                m.name
+            )));
+        }
+
         let sha = &m.artefact.sha256;
         let provider_name = format!("{id}#{}", &sha[..sha.len().min(12)]);
         let signer = pack.signer().map_or_else(|| "unsigned".to_string(), ToString::to_string);
-        Self::from_module(module, id, provider_name, host, &signer)
+        Self::from_module(module, id, m.name.clone(), provider_name, host, &signer)
     }
 
     /// A pack linked into this program, from its `instantiate_root_module()`
@@ -169,15 +188,17 @@ impl NativePack {
     ///
     /// As [`NativePack::load`] for the ABI version and the score.
     pub fn linked(module: PackModuleRef, host: &HostInfo) -> Result<Self> {
-        let id = format!("{}@linked", (module.name())());
+        let name = (module.name())().to_string();
+        let id = format!("{name}@linked");
         check_abi_version(module.abi_version()).map_err(|e| Error::Pack { pack: id.clone(), detail: e })?;
-        Self::from_module(module, id.clone(), id, host, "linked")
+        Self::from_module(module, id.clone(), name, id, host, "linked")
     }
 
-    /// Score, name and kernels of an opened module.
+    /// Score and kernels of an opened module named `pack_name`.
     fn from_module(
         module: PackModuleRef,
         id: String,
+        pack_name: String,
         provider_name: String,
         host: &HostInfo,
         signer: &str,
@@ -193,7 +214,6 @@ impl NativePack {
                 ),
             });
         }
-        let pack_name = (module.name())().to_string();
         let kernels: Vec<(KernelDesc, Arc<KernelBox>)> =
             (module.kernels())().into_iter().map(|k| (k.describe(), Arc::new(k))).collect();
         tracing::info!(provider = %provider_name, score, kernels = kernels.len(), signer, "loaded native pack");
@@ -205,7 +225,8 @@ impl NativePack {
         &self.id
     }
 
-    /// The name the library reports (`"cpu-simd"`).
+    /// The pack's name (`"cpu-simd"`): its manifest's, which the library
+    /// must report too.
     pub fn pack_name(&self) -> &str {
         &self.pack_name
     }
@@ -239,6 +260,66 @@ impl NativePack {
     pub fn module(&self) -> PackModuleRef {
         self.module
     }
+}
+
+/// Opens the verified bytes of `pack` as a library (see the module docs):
+/// once per content per process, from a sealed memfd.
+fn load_verified_bytes(pack: &VerifiedPack) -> std::result::Result<PackModuleRef, String> {
+    use sha2::Digest as _;
+    static LOADED: OnceLock<Mutex<HashMap<[u8; 32], PackModuleRef>>> = OnceLock::new();
+    let bytes = pack.artefact_bytes();
+    // Hashed again here (milliseconds): the library is keyed by the bytes
+    // this function loads, whatever the caller claims about them.
+    let sha: [u8; 32] = sha2::Sha256::digest(bytes).into();
+    let mut loaded = LOADED.get_or_init(Mutex::default).lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(m) = loaded.get(&sha) {
+        return Ok(*m);
+    }
+    let path = sealed_copy(bytes, &pack.manifest().name)
+        .map_err(|e| format!("copying the verified library into a sealed memfd: {e}"))?;
+    let module = load_pack(&path).map_err(|e| {
+        if let Some(d) = e.details() {
+            tracing::debug!(pack = %pack.id(), "load details: {d}");
+        }
+        // The error names /proc/self/fd/N; name the pack's file instead.
+        e.to_string().replace(&path.display().to_string(), &pack.artefact_path().display().to_string())
+    })?;
+    loaded.insert(sha, module);
+    Ok(module)
+}
+
+/// Copies `bytes` into a new memfd, seals it (no write, shrink or grow, no
+/// further seals) and returns `/proc/self/fd/N` for `dlopen`.
+///
+/// The descriptor stays open for the life of the process, like the library
+/// mapped from it (libraries are never unloaded): glibc recognises an
+/// already loaded library by its path name, so a number reused by a later
+/// memfd would alias the earlier library.
+#[cfg(target_os = "linux")]
+fn sealed_copy(bytes: &[u8], name: &str) -> std::io::Result<std::path::PathBuf> {
+    use std::io::Write as _;
+    use std::os::fd::IntoRawFd as _;
+
+    use memfd::{FileSeal, MemfdOptions};
+    let mfd = MemfdOptions::default()
+        .allow_sealing(true)
+        .close_on_exec(true)
+        .create(format!("spinfer-pack-{name}"))
+        .map_err(std::io::Error::other)?;
+    let mut file = mfd.as_file();
+    file.write_all(bytes)?;
+    file.flush()?;
+    mfd.add_seals(&[FileSeal::SealShrink, FileSeal::SealGrow, FileSeal::SealWrite, FileSeal::SealSeal])
+        .map_err(std::io::Error::other)?;
+    let fd = mfd.into_file().into_raw_fd();
+    Ok(std::path::PathBuf::from(format!("/proc/self/fd/{fd}")))
+}
+
+/// Without `memfd` there is no file that cannot be swapped between
+/// verification and `dlopen`: native packs are refused.
+#[cfg(not(target_os = "linux"))]
+fn sealed_copy(_bytes: &[u8], _name: &str) -> std::io::Result<std::path::PathBuf> {
+    Err(std::io::Error::other("native packs are loaded from a sealed memfd, which needs Linux"))
 }
 
 impl KernelProvider for NativePack {

@@ -21,8 +21,19 @@
 //!   wasm instance is single-threaded; the engine's thread pool is not used).
 //!   Packs do not block each other.
 //! * Any failure inside the module (trap, timeout, fuel exhausted, memory
-//!   cap, bad status) disables the pack: it stops offering kernels and every
-//!   later call fails fast. The process never crashes because of a pack.
+//!   cap, bad status, a wrong result) disables the pack: it stops offering
+//!   kernels and every later call fails fast. The process never crashes
+//!   because of a pack.
+//! * The module compiled is [`VerifiedPack::artefact_bytes`], the bytes the
+//!   registry hashed: the file is never read again. Before compiling, its
+//!   size is checked against [`WasmLimits::max_module_bytes`] and its
+//!   sections are walked: declared memory minimums and data segments must
+//!   fit [`WasmLimits::max_memory_bytes`] (a module with a 600 MB data
+//!   segment is refused, not compiled).
+//! * Every call's result is spot-checked: one output, chosen anew on each
+//!   call, is recomputed with the engine's scalar reference kernel; a
+//!   disagreement is a [`WasmFault::WrongResult`] (the registry's
+//!   check-once-at-selection cannot see a module that turns wrong later).
 //!
 //! # Module ABI (version [`WASM_ABI_VERSION`])
 //!
@@ -37,7 +48,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
@@ -171,6 +182,59 @@ fn engine(fuel: bool) -> std::result::Result<Engine, String> {
         .clone()
 }
 
+/// Walks the module's sections before it is compiled: every declared
+/// memory's minimum, and the data segments (in total and each active
+/// segment's end), must fit `limits.max_memory_bytes`. Compiling and
+/// instantiating such a module would cost memory the cap is meant to deny
+/// (compiled data segments and memory images are not linear memory, so the
+/// limiter never sees them).
+fn prescan(bytes: &[u8], limits: &WasmLimits) -> std::result::Result<(), String> {
+    use wasmparser::{DataKind, Operator, Parser, Payload};
+    let cap = limits.max_memory_bytes as u64;
+    let over = |what: String| {
+        format!("{what} exceeds the memory limit of {cap} bytes ([wasm] max_memory_mb); refused before compiling")
+    };
+    let bad = |e: wasmparser::BinaryReaderError| format!("not a valid wasm module: {e}");
+    let mut data_total: u64 = 0;
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload.map_err(bad)? {
+            Payload::MemorySection(reader) => {
+                for m in reader {
+                    let m = m.map_err(bad)?;
+                    let page = 1u64 << m.page_size_log2.unwrap_or(16);
+                    let min = m.initial.saturating_mul(page);
+                    if min > cap {
+                        return Err(over(format!("a declared memory minimum of {min} bytes")));
+                    }
+                }
+            }
+            Payload::DataSection(reader) => {
+                for d in reader {
+                    let d = d.map_err(bad)?;
+                    let len = d.data.len() as u64;
+                    data_total = data_total.saturating_add(len);
+                    if data_total > cap {
+                        return Err(over(format!("{data_total} bytes of data segments")));
+                    }
+                    if let DataKind::Active { offset_expr, .. } = d.kind {
+                        let offset = match offset_expr.get_operators_reader().read().map_err(bad)? {
+                            Operator::I32Const { value } => u64::from(value as u32),
+                            Operator::I64Const { value } => value as u64,
+                            _ => 0,
+                        };
+                        let end = offset.saturating_add(len);
+                        if end > cap {
+                            return Err(over(format!("a data segment ending at byte {end}")));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Epoch ticks to allow for `timeout_ms`: the deadline is relative to the
 /// current epoch, which may be about to tick, so one extra tick.
 fn deadline_ticks(timeout_ms: u64) -> u64 {
@@ -216,9 +280,19 @@ impl WasmPack {
             )));
         }
         let path = pack.artefact_path();
-        let bytes = std::fs::read(path).map_err(|e| err(format!("reading {}: {e}", path.display())))?;
+        // The verified bytes, never the path again (it may have been swapped).
+        let bytes = pack.artefact_bytes();
+        if bytes.len() > limits.max_module_bytes {
+            return Err(err(format!(
+                "module {} is {} bytes, more than the limit of {} ([wasm] max_module_mb)",
+                path.display(),
+                bytes.len(),
+                limits.max_module_bytes
+            )));
+        }
+        prescan(bytes, &limits).map_err(|e| err(format!("module {}: {e}", path.display())))?;
         let engine = engine(limits.fuel.is_some()).map_err(&err)?;
-        let module = Module::new(&engine, &bytes).map_err(|e| err(format!("compiling {}: {e}", path.display())))?;
+        let module = Module::new(&engine, bytes).map_err(|e| err(format!("compiling {}: {e}", path.display())))?;
         if let Some(imp) = module.imports().next() {
             return Err(err(format!(
                 "the module imports '{}::{}'; wasm packs may import nothing",
@@ -337,8 +411,14 @@ impl KernelProvider for WasmPack {
             .iter()
             .filter(|k| k.wtype == desc.wtype)
             .map(|k| {
-                Arc::new(WasmKernel { inner: Arc::clone(&self.inner), name: k.name.clone(), desc: *desc, row_bytes })
-                    as Arc<dyn MatmulKernel>
+                Arc::new(WasmKernel {
+                    inner: Arc::clone(&self.inner),
+                    name: k.name.clone(),
+                    desc: *desc,
+                    row_bytes,
+                    calls: AtomicUsize::new(0),
+                    reference: OnceLock::new(),
+                }) as Arc<dyn MatmulKernel>
             })
             .collect()
     }
@@ -350,6 +430,10 @@ struct WasmKernel {
     name: String,
     desc: MatmulDesc,
     row_bytes: usize,
+    /// Calls so far (picks the output each call's spot check recomputes).
+    calls: AtomicUsize,
+    /// The scalar reference kernel for one row of `desc`, built on first use.
+    reference: OnceLock<Option<Mutex<Box<dyn MatmulKernel>>>>,
 }
 
 impl MatmulKernel for WasmKernel {
@@ -386,11 +470,66 @@ impl MatmulKernel for WasmKernel {
                 ),
             });
         }
-        self.inner.call(&self.name, d, w, x, n_tokens, out).map_err(|e| KernelError::Pack {
+        let to_kernel_error = |e: Error| KernelError::Pack {
             pack: self.inner.name.clone(),
             kernel: self.name.clone(),
             detail: e.to_string(),
-        })
+        };
+        self.inner.call(&self.name, d, w, x, n_tokens, out).map_err(to_kernel_error)?;
+        self.spot_check(w, x, n_tokens, out).map_err(to_kernel_error)
+    }
+}
+
+impl WasmKernel {
+    /// Recomputes one output of this call, chosen anew on every call
+    /// (deterministically from a call counter), with the engine's scalar
+    /// reference kernel, and disables the pack when they disagree: one row
+    /// of `cols` multiply-adds, next to the `rows x cols` of the call.
+    fn spot_check(&self, w: &[u8], x: &[f32], n_tokens: usize, out: &[f32]) -> Result<()> {
+        let d = &self.desc;
+        if n_tokens == 0 || d.rows == 0 {
+            return Ok(());
+        }
+        let Some(reference) = self.reference.get_or_init(|| {
+            let one_row = MatmulDesc { rows: 1, ..*d };
+            spinfer_kernels::kernel::candidates(&one_row, &spinfer_kernels::cpu::CpuFeatures::default())
+                .pop()
+                .map(Mutex::new)
+        }) else {
+            return Ok(()); // no reference for this pair: nothing to compare with
+        };
+        let n = self.calls.fetch_add(1, Ordering::Relaxed) as u64;
+        // splitmix64 of the call number: a different (token, row) each call.
+        let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let t = (z % n_tokens as u64) as usize;
+        let r = ((z >> 32) % d.rows as u64) as usize;
+        let mut want = [0.0f32];
+        let row = &w[r * self.row_bytes..(r + 1) * self.row_bytes];
+        let xt = &x[t * d.cols..(t + 1) * d.cols];
+        let k = reference.lock().unwrap_or_else(PoisonError::into_inner);
+        if k.run(&ThreadPool::new(1), row, xt, 1, &mut want, &mut Vec::new()).is_err() {
+            return Ok(());
+        }
+        let (got, want) = (out[t * d.rows + r], want[0]);
+        // The same precise contract on both sides: agreement to rounding
+        // (summation order), relative to the token's output scale where a
+        // dot product cancels to ~0.
+        let token = &out[t * d.rows..(t + 1) * d.rows];
+        let scale = (token.iter().map(|v| v * v).sum::<f32>() / token.len() as f32).sqrt();
+        let tol = 1e-3 * want.abs().max(scale) + 1e-6;
+        let ok = if want.is_finite() { (got - want).abs() <= tol } else { got.is_nan() == want.is_nan() };
+        if ok {
+            return Ok(());
+        }
+        Err(self.inner.fail(
+            &self.name,
+            WasmFault::WrongResult(format!(
+                "on call {n}, output [token {t}, row {r}] is {got}, the reference kernel gives {want}"
+            )),
+        ))
     }
 }
 
@@ -605,7 +744,7 @@ act = "f32"
     }
 
     fn limits(timeout_ms: u64) -> WasmLimits {
-        WasmLimits { max_memory_bytes: 16 << 20, timeout_ms, fuel: None }
+        WasmLimits { max_memory_bytes: 16 << 20, timeout_ms, fuel: None, ..WasmLimits::default() }
     }
 
     #[test]
@@ -681,21 +820,99 @@ act = "f32"
 
     #[test]
     fn weights_are_uploaded_once_per_matrix() {
-        // Copies w[0..4] (the first row's first 4 floats) into out.
-        let body = "(memory.copy (local.get 5) (local.get 0) (i32.const 16)) (i32.const 0)";
-        let (_d, vp) = pack("test-once", 1, &wat_module(1, body));
+        let body = format!("(local $r i32) (local $c i32) (local $acc f32) {MATVEC_TRAPS_ON_BATCH}");
+        let (_d, vp) = pack("test-once", 1, &wat_module(1, &body));
         let p = WasmPack::load(&vp, limits(1000)).unwrap();
         let k = kernel(&p);
         let w1: Vec<u8> = (0..32u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
         let w2: Vec<u8> = (0..32u32).flat_map(|i| (-(i as f32)).to_le_bytes()).collect();
+        // Row r of w1 is 8r..8r+8, x is all ones: 64r + 28.
         for _ in 0..3 {
-            assert_eq!(run(k.as_ref(), &w1).unwrap(), [0.0, 1.0, 2.0, 3.0]);
+            assert_eq!(run(k.as_ref(), &w1).unwrap(), [28.0, 92.0, 156.0, 220.0]);
         }
         assert_eq!(p.weight_uploads(), 1);
-        assert_eq!(run(k.as_ref(), &w2).unwrap(), [0.0, -1.0, -2.0, -3.0]);
-        assert_eq!(run(k.as_ref(), &w1).unwrap(), [0.0, 1.0, 2.0, 3.0]);
+        assert_eq!(run(k.as_ref(), &w2).unwrap(), [-28.0, -92.0, -156.0, -220.0]);
+        assert_eq!(run(k.as_ref(), &w1).unwrap(), [28.0, 92.0, 156.0, 220.0]);
         assert_eq!(p.weight_uploads(), 2);
         assert!(!p.is_disabled());
+    }
+
+    /// A stateful module that is right for its first calls (so it passes
+    /// the registry's check at selection) and wrong afterwards: the spot
+    /// check of every call catches it, the call fails (callers fall back to
+    /// the built-in kernels) and the pack is disabled.
+    #[test]
+    fn a_module_that_turns_wrong_later_is_caught_and_disabled() {
+        let matvec = MATVEC_TRAPS_ON_BATCH.trim_end().strip_suffix("(i32.const 0)").unwrap();
+        let body = format!(
+            "(local $r i32) (local $c i32) (local $acc f32)
+             (i32.store (i32.const 0) (i32.add (i32.load (i32.const 0)) (i32.const 1)))
+             {matvec}
+             (if (i32.gt_u (i32.load (i32.const 0)) (i32.const 5)) (then
+               (f32.store (local.get 5) (f32.const 1000)) (f32.store offset=4 (local.get 5) (f32.const 1000))
+               (f32.store offset=8 (local.get 5) (f32.const 1000)) (f32.store offset=12 (local.get 5) (f32.const 1000))))
+             (i32.const 0)"
+        );
+        let (_d, vp) = pack("test-turns", 1, &wat_module(1, &body));
+        let p = WasmPack::load(&vp, limits(1000)).unwrap();
+        let k = kernel(&p);
+        let w: Vec<u8> = (0..32u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        for call in 1..=5 {
+            assert_eq!(run(k.as_ref(), &w).unwrap(), [28.0, 92.0, 156.0, 220.0], "call {call}");
+        }
+        let e = run(k.as_ref(), &w).unwrap_err().to_string();
+        assert!(e.contains("wrong result") && e.contains("pack disabled"), "{e}");
+        assert!(matches!(p.fault(), Some(WasmFault::WrongResult(_))), "{:?}", p.fault());
+        assert!(p.is_disabled() && p.kernels_for(&DESC).is_empty());
+        // Another pack still loads and computes.
+        let body = format!("(local $r i32) (local $c i32) (local $acc f32) {MATVEC_TRAPS_ON_BATCH}");
+        let (_d2, vp) = pack("test-good", 1, &wat_module(1, &body));
+        let good = WasmPack::load(&vp, limits(1000)).unwrap();
+        assert_eq!(run(kernel(&good).as_ref(), &w).unwrap(), [28.0, 92.0, 156.0, 220.0]);
+    }
+
+    #[test]
+    fn oversized_modules_and_data_segments_are_refused_before_compiling() {
+        // A module bigger than max_module_bytes.
+        let body = format!("(local $r i32) (local $c i32) (local $acc f32) {MATVEC_TRAPS_ON_BATCH}");
+        let wasm = wat_module(1, &body);
+        let (_d, vp) = pack("test-size", 1, &wasm);
+        let small = WasmLimits { max_module_bytes: wasm.len() - 1, ..limits(1000) };
+        let e = WasmPack::load(&vp, small).err().expect("refused").to_string();
+        assert!(e.contains("max_module_mb") && e.contains(&wasm.len().to_string()), "{e}");
+        // 32 MiB of data segment under a 16 MiB memory cap: refused before
+        // compiling (binary built by hand: a memory and one data segment).
+        let leb = |mut v: u64, out: &mut Vec<u8>| loop {
+            let b = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                out.push(b);
+                break;
+            }
+            out.push(b | 0x80);
+        };
+        let n = 32u64 << 20;
+        let mut segment = vec![1u8, 0, 0x41]; // one segment, active in memory 0, i32.const
+        leb(1024, &mut segment);
+        segment.push(0x0b);
+        leb(n, &mut segment);
+        segment.resize(segment.len() + n as usize, 0);
+        let mut with_data = b"\0asm\x01\0\0\0\x05\x03\x01\x00\x01\x0b".to_vec();
+        leb(segment.len() as u64, &mut with_data);
+        with_data.extend_from_slice(&segment);
+        let (_d, vp) = pack("test-data", 1, &with_data);
+        let t = Instant::now();
+        let e = WasmPack::load(&vp, limits(1000)).err().expect("refused").to_string();
+        assert!(e.contains("data segments") && e.contains("memory limit"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(2), "refused without compiling");
+        // A segment placed past the cap.
+        let far = wat::parse_str(r#"(module (memory (export "memory") 1) (data (i32.const 0x7fff0000) "x"))"#).unwrap();
+        let (_d, vp) = pack("test-far", 1, &far);
+        let e = WasmPack::load(&vp, limits(1000)).err().expect("refused").to_string();
+        assert!(e.contains("ending at byte") && e.contains("memory limit"), "{e}");
+        // A good module still loads.
+        let (_d, vp) = pack("test-ok", 1, &wasm);
+        WasmPack::load(&vp, limits(1000)).unwrap();
     }
 
     #[test]

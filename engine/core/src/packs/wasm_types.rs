@@ -13,15 +13,24 @@ pub struct WasmLimits {
     pub max_memory_bytes: usize,
     /// Wall-clock budget of one kernel call (or one weight upload).
     pub timeout_ms: u64,
+    /// Largest module accepted, in bytes (checked before compiling; the
+    /// registry checks it before reading the file).
+    pub max_module_bytes: usize,
     /// Fuel (roughly: wasm instructions) per call; `None` = unmetered.
     /// Metering costs some speed.
     pub fuel: Option<u64>,
 }
 
 impl Default for WasmLimits {
-    /// 4 GiB (all of wasm32's address space), 10 s per call, no fuel.
+    /// 4 GiB (all of wasm32's address space), 10 s per call, 64 MiB
+    /// modules, no fuel.
     fn default() -> Self {
-        Self { max_memory_bytes: usize::try_from(4u64 << 30).unwrap_or(usize::MAX), timeout_ms: 10_000, fuel: None }
+        Self {
+            max_memory_bytes: usize::try_from(4u64 << 30).unwrap_or(usize::MAX),
+            timeout_ms: 10_000,
+            max_module_bytes: 64 << 20,
+            fuel: None,
+        }
     }
 }
 
@@ -38,4 +47,8 @@ pub enum WasmFault {
     Trap(String),
     #[error("returned status {0}")]
     Status(i32),
+    /// A sampled output disagreed with the reference kernel (checked on
+    /// every call: a stateful module can turn wrong after its first check).
+    #[error("computed a wrong result: {0}")]
+    WrongResult(String),
 }
