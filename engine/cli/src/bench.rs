@@ -38,11 +38,17 @@ pub struct BenchArgs {
     pub quiet: bool,
 }
 
+/// Most `--reps` accepted (each is a full pp512 + tg128 run).
+const MAX_REPS: usize = 10_000;
+
 /// (name, prompt tokens, generated tokens)
 const TESTS: [(&str, usize, usize); 3] = [("pp128", 128, 0), ("pp512", 512, 0), ("tg128", 0, 128)];
 
 pub fn run(mut a: BenchArgs) -> Result<()> {
     a.quiet = a.common.quiet;
+    if !(1..=MAX_REPS).contains(&a.reps) {
+        anyhow::bail!("--reps must be between 1 and {MAX_REPS}, got {}", a.reps);
+    }
     if a.vs_dense {
         return vs_dense(&a);
     }

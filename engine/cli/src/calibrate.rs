@@ -68,6 +68,9 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
     if a.common.sparsity.is_some() {
         bail!("calibrate runs the model dense: drop --sparsity");
     }
+    if a.window == 0 {
+        bail!("--window must be at least 1 token");
+    }
     let config = a.common.config(Some(a.window))?;
     if config.model.path == a.out {
         bail!("--out {} is the model file; write the sidecar beside it", a.out.display());
@@ -97,6 +100,10 @@ pub fn run(a: CalibrateArgs) -> Result<()> {
     };
     if !a.rank.is_multiple_of(32) {
         bail!("--rank must be a multiple of 32, got {}", a.rank);
+    }
+    let c = &engine.model.config;
+    if a.rank > c.dim.min(c.ffn_dim) {
+        bail!("--rank {} is larger than the model's hidden size {} (or FFN size {})", a.rank, c.dim, c.ffn_dim);
     }
     let hidden = a.common.quiet || a.common.json;
     let bar = progress(hidden, tokens.len().div_ceil(a.window) as u64, "steps");

@@ -10,6 +10,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use spinfer_engine::config::{Config, PrecisionSetting, SparsitySection, check_cache_policy, check_predictor};
 use spinfer_engine::generate::{GenerateParams, StopReason};
+use spinfer_engine::model::llama::MAX_THREADS;
 use spinfer_engine::model::{ModelOptions, Precision, Session};
 
 use spinfer_engine::sampling::SamplerParams;
@@ -92,6 +93,14 @@ impl CommonArgs {
             (Some(m), _) => c.model.path = m.clone(),
             (None, true) => bail!("give --model or --config"),
             (None, false) => {}
+        }
+        if ctx == Some(0) {
+            bail!("--ctx must be at least 1 (tokens the KV cache holds)");
+        }
+        match self.threads {
+            Some(0) => bail!("--threads must be at least 1"),
+            Some(t) if t > MAX_THREADS => bail!("--threads {t} is more than the {MAX_THREADS} allowed"),
+            _ => {}
         }
         let o = self.options(c.model_options(), ctx);
         c.model.ctx = Some(o.ctx);

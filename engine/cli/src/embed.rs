@@ -8,6 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use spinfer_engine::embed::{Embedder, EmbedderOptions, Embedding, cosine, sts};
+use spinfer_engine::model::llama::MAX_THREADS;
 
 use crate::commands::progress;
 
@@ -46,8 +47,11 @@ impl EmbedModelArgs {
             bail!("--batch-size must be at least 1");
         }
         let mut o = EmbedderOptions { batch_size: self.batch_size, ..EmbedderOptions::default() };
-        if let Some(t) = self.threads {
-            o.threads = t.max(1);
+        match self.threads {
+            Some(0) => bail!("--threads must be at least 1"),
+            Some(t) if t > MAX_THREADS => bail!("--threads {t} is more than the {MAX_THREADS} allowed"),
+            Some(t) => o.threads = t,
+            None => {}
         }
         o.sparsity.clone_from(&self.sparsity);
         Embedder::load(&self.model, o).with_context(|| format!("cannot load embedding model {}", self.model.display()))

@@ -25,6 +25,11 @@ const DEFAULT_ALIGNMENT: u64 = 32;
 /// than one level; the bound keeps a hostile file from blowing the stack).
 const MAX_ARRAY_DEPTH: usize = 8;
 const MAX_DIMS: u32 = 4;
+/// Longest metadata array accepted. The largest real ones (token lists and
+/// merges of 256k-token vocabularies) hold a few hundred thousand entries;
+/// the bound keeps a 1-byte element (32 bytes decoded) from amplifying a
+/// large file into a much larger allocation.
+const MAX_ARRAY_LEN: u64 = 1 << 24;
 
 /// A metadata value. Arrays may nest.
 #[derive(Clone, Debug, PartialEq)]
@@ -208,7 +213,10 @@ impl GgufFile {
 
         // Each tensor info takes at least 8 (name len) + 4 + 4 + 8 bytes.
         r.check_count(n_tensors, 24, "tensor count")?;
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        let mut tensors = Vec::new();
+        tensors
+            .try_reserve_exact(n_tensors as usize)
+            .map_err(|e| Error::format(&path, format!("tensor count {n_tensors} does not fit in memory: {e}")))?;
         let mut index = BTreeMap::new();
         for i in 0..n_tensors {
             let name = r.string(&format!("name of tensor #{i}"))?;
@@ -420,7 +428,16 @@ impl<'a> Reader<'a> {
                 let elem_ty = self.u32(&what)?;
                 let n = self.u64(&what)?;
                 self.check_count(n, min_value_size(elem_ty), &format!("element count of '{key}'"))?;
-                let mut v = Vec::with_capacity(n as usize);
+                if n > MAX_ARRAY_LEN {
+                    return Err(Error::format(
+                        self.path,
+                        format!("metadata '{key}' is an array of {n} elements (at most {MAX_ARRAY_LEN} supported)"),
+                    ));
+                }
+                let mut v = Vec::new();
+                v.try_reserve_exact(n as usize).map_err(|e| {
+                    Error::format(self.path, format!("metadata '{key}': {n} elements do not fit in memory: {e}"))
+                })?;
                 for _ in 0..n {
                     v.push(self.value(elem_ty, key, depth + 1)?);
                 }
@@ -548,6 +565,14 @@ mod tests {
         let mut huge = ok.clone();
         huge[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(msg(&huge).contains("truncated"));
+        // An array longer than any real one is refused, naming the key,
+        // before its elements are decoded (32 bytes each).
+        let n = MAX_ARRAY_LEN + 1;
+        let mut arr = 0u32.to_le_bytes().to_vec();
+        arr.extend_from_slice(&n.to_le_bytes());
+        arr.resize(arr.len() + n as usize, 0);
+        let m = msg(&build(&[("x.big", 9, arr)], &[("w", &[4], 0, 0)], &[0u8; 16]));
+        assert!(m.contains("'x.big'") && m.contains("16777217 elements"), "{m}");
         // Offset past the end.
         let past = build(&[], &[("w", &[4], 0, 1 << 20)], &[0u8; 16]);
         assert!(msg(&past).contains("past the end"));

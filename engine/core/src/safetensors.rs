@@ -338,6 +338,18 @@ impl Loader for SafetensorsModel {
             tied_embeddings: tie || !self.has_tensor("output.weight"),
             qkv_bias: self.has_tensor("blk.0.attn_q.bias"),
         };
+        cfg.check_tensors(self, &self.config_path, &|field| {
+            match field {
+                "block_count" => "num_hidden_layers",
+                "embedding_length" => "hidden_size",
+                "head_count" => "num_attention_heads",
+                "head_count_kv" if c.get("num_key_value_heads").is_some() => "num_key_value_heads",
+                "head_count_kv" => "num_attention_heads",
+                "feed_forward_length" => "intermediate_size",
+                _ => "vocab_size",
+            }
+            .into()
+        })?;
         cfg.validate().map_err(|d| Error::format(&self.config_path, d))?;
         Ok(cfg)
     }
@@ -397,8 +409,18 @@ pub fn open_model(path: &Path) -> Result<Box<dyn Loader>> {
     }
 }
 
+/// Largest `config.json` or index file read (real ones are kilobytes; the
+/// bound keeps a hostile file from being read whole into memory).
+const MAX_JSON_BYTES: u64 = 64 << 20;
+
 fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    use std::io::Read;
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut text = String::new();
+    file.take(MAX_JSON_BYTES + 1).read_to_string(&mut text).map_err(|e| Error::io(path, e))?;
+    if text.len() as u64 > MAX_JSON_BYTES {
+        return Err(Error::format(path, format!("is larger than {} MiB: not a model config", MAX_JSON_BYTES >> 20)));
+    }
     serde_json::from_str(&text).map_err(|e| Error::format(path, format!("invalid json: {e}")))
 }
 
@@ -668,7 +690,14 @@ pub(crate) mod tests {
         check(&|c| c["num_attention_heads"] = json!("2"), &["'num_attention_heads' must be an unsigned integer"]);
         check(&|c| c["rms_norm_eps"] = json!(true), &["'rms_norm_eps' must be a number"]);
         check(&|c| c["model_type"] = json!("gpt_neox"), &["unsupported architecture 'gpt_neox'"]);
-        check(&|c| c["num_key_value_heads"] = json!(3), &["not a multiple"]);
+        // Checked against the tensor it sizes, naming the key.
+        check(
+            &|c| c["num_key_value_heads"] = json!(3),
+            &["'num_key_value_heads' = 3", "blk.0.attn_k.weight has 4 rows"],
+        );
+        check(&|c| c["num_hidden_layers"] = json!(1u64 << 40), &["'num_hidden_layers' = 1099511627776", "1 block"]);
+        check(&|c| c["intermediate_size"] = json!(u64::MAX), &["'intermediate_size'", "blk.0.ffn_gate.weight"]);
+        check(&|c| c["vocab_size"] = json!(11), &["'vocab_size' = 11", "token_embd.weight has 10 rows"]);
         check(
             &|c| {
                 let o = c.as_object_mut().unwrap();

@@ -320,7 +320,24 @@ impl BertModel {
         let embed_norm_w = load_vector(loader, &name("embeddings.LayerNorm.weight"), c.hidden)?;
         let embed_norm_b = load_vector(loader, &name("embeddings.LayerNorm.bias"), c.hidden)?;
 
-        let mut layers = Vec::with_capacity(c.n_layers);
+        // The layer count sizes an allocation: check it against the layers
+        // present first (a config claiming 2^31 layers is refused here).
+        let present: std::collections::BTreeSet<usize> = loader
+            .tensor_names()
+            .iter()
+            .filter_map(|n| n.strip_prefix(prefix)?.strip_prefix("encoder.layer.")?.split_once('.')?.0.parse().ok())
+            .collect();
+        if c.n_layers > present.len() || (0..c.n_layers).any(|l| !present.contains(&l)) {
+            return Err(Error::Metadata {
+                path: loader.path().to_path_buf(),
+                key: "num_hidden_layers".into(),
+                detail: format!("= {} but the checkpoint has tensors for {} layers", c.n_layers, present.len()),
+            });
+        }
+        let mut layers = Vec::new();
+        layers
+            .try_reserve_exact(c.n_layers)
+            .map_err(|e| Error::InvalidArgument(format!("{} layers: {e}", c.n_layers)))?;
         for l in 0..c.n_layers {
             let m = |s: &str| name(&format!("encoder.layer.{l}.{s}"));
             let dense = |s: &str, rows, cols| Dense::load(loader, registry, &m(s), rows, cols);

@@ -1,6 +1,9 @@
 //! Model hyper-parameters, read from GGUF metadata or HF `config.json`.
 
+use std::collections::BTreeSet;
+
 use crate::gguf::GgufFile;
+use crate::loader::Loader;
 use crate::{Error, Result};
 
 /// Supported architectures (all share the Llama block structure).
@@ -24,6 +27,9 @@ pub enum RopeStyle {
     /// qwen2.
     NeoX,
 }
+
+/// Maps a field of [`ModelConfig::check_tensors`] to the key that set it.
+pub(crate) type KeyName<'a> = dyn Fn(&str) -> String + 'a;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -103,8 +109,80 @@ impl ModelConfig {
             tied_embeddings: g.tensor_info("output.weight").is_none(),
             qkv_bias: g.tensor_info("blk.0.attn_q.bias").is_some(),
         };
+        cfg.check_tensors(g, g.path(), &|field| match field {
+            "vocab_size" if g.get(&key("vocab_size")).is_none() => "tokenizer.ggml.tokens".into(),
+            "block_count" | "embedding_length" | "feed_forward_length" | "vocab_size" => key(field),
+            _ => key(&format!("attention.{field}")),
+        })?;
         cfg.validate().map_err(|d| Error::format(g.path(), d))?;
         Ok(cfg)
+    }
+
+    /// Checks every count and size that later becomes an allocation against
+    /// the tensors `loader` actually holds: the layer count against the
+    /// `blk.N.*` blocks present, and the hidden size, head counts, head dim,
+    /// FFN size and vocabulary against the shapes of the token embedding and
+    /// of block 0's projections. `key` names the metadata key (or
+    /// `config.json` field) of a field (`block_count`, `embedding_length`,
+    /// `head_count`, `head_count_kv`, `feed_forward_length`,
+    /// `vocab_size`) for the error, which is reported against `path`.
+    ///
+    /// A file whose metadata claims 2^31 layers is refused here, naming the
+    /// key, before anything is sized from it.
+    pub(crate) fn check_tensors(&self, loader: &dyn Loader, path: &std::path::Path, key: &KeyName) -> Result<()> {
+        let err = |field: &str, detail: String| Error::Metadata { path: path.to_path_buf(), key: key(field), detail };
+        let names = loader.tensor_names();
+        let blocks: BTreeSet<usize> =
+            names.iter().filter_map(|n| n.strip_prefix("blk.")?.split_once('.')?.0.parse::<usize>().ok()).collect();
+        // Every block 0..n_layers must have tensors (checked only once the
+        // count is known to be no larger than the number of blocks present,
+        // so a huge count costs nothing).
+        if self.n_layers > blocks.len() {
+            let have = match blocks.len() {
+                0 => "no block tensors (blk.N.*)".to_string(),
+                1 => "tensors for 1 block".to_string(),
+                n => format!("tensors for {n} blocks"),
+            };
+            return Err(err("block_count", format!("= {} but the file has {have}", self.n_layers)));
+        }
+        if let Some(l) = (0..self.n_layers).find(|l| !blocks.contains(l)) {
+            let detail = format!("= {} but the file has no tensors for block {l} (blk.{l}.*)", self.n_layers);
+            return Err(err("block_count", detail));
+        }
+        let dims = |name: &str| loader.has_tensor(name).then(|| loader.tensor(name).map(|t| t.dims)).transpose();
+        let q_dim = self.n_heads.checked_mul(self.head_dim);
+        let kv_dim = self.n_kv_heads.checked_mul(self.head_dim);
+        if let Some(d) = dims("token_embd.weight")?
+            && d.len() == 2
+        {
+            if d[0] != self.dim {
+                let detail = format!("= {} but token_embd.weight has shape {d:?} (hidden size first)", self.dim);
+                return Err(err("embedding_length", detail));
+            }
+            if d[1] != self.vocab_size {
+                let detail = format!("= {} but token_embd.weight has {} rows (one per token)", self.vocab_size, d[1]);
+                return Err(err("vocab_size", detail));
+            }
+        }
+        // (tensor, field checked against its rows, its value, expected rows)
+        let rows = [
+            ("blk.0.attn_q.weight", "head_count", self.n_heads, q_dim),
+            ("blk.0.attn_k.weight", "head_count_kv", self.n_kv_heads, kv_dim),
+            ("blk.0.ffn_gate.weight", "feed_forward_length", self.ffn_dim, Some(self.ffn_dim)),
+        ];
+        for (tensor, field, value, want) in rows {
+            let Some(d) = dims(tensor)? else { continue };
+            if d.len() != 2 || Some(d[1]) == want {
+                continue;
+            }
+            let detail = if field == "feed_forward_length" {
+                format!("= {value} but {tensor} has {} rows", d[1])
+            } else {
+                format!("= {value} but {tensor} has {} rows, not {value} heads x head dim {}", d[1], self.head_dim)
+            };
+            return Err(err(field, detail));
+        }
+        Ok(())
     }
 
     /// Checks the values are usable together; returns a description of
@@ -122,6 +200,18 @@ impl ModelConfig {
         for (what, v) in nonzero {
             if v == 0 {
                 return Err(format!("{what} is 0"));
+            }
+        }
+        let products = [
+            ("head count x head dim", self.n_heads.checked_mul(self.head_dim)),
+            ("kv head count x head dim", self.n_kv_heads.checked_mul(self.head_dim)),
+            ("vocab size x hidden size", self.vocab_size.checked_mul(self.dim)),
+            ("ffn size x hidden size", self.ffn_dim.checked_mul(self.dim)),
+            ("layer count x hidden size", self.n_layers.checked_mul(self.dim)),
+        ];
+        for (what, v) in products {
+            if v.is_none_or(|v| v > isize::MAX as usize / 4) {
+                return Err(format!("{what} overflows"));
             }
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {

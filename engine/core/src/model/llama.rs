@@ -57,6 +57,69 @@ pub struct ModelOptions {
     pub sparsity: Option<SparsityOptions>,
 }
 
+/// Most worker threads a session may start (`--threads`, `[model] threads`).
+pub const MAX_THREADS: usize = 1024;
+
+impl ModelOptions {
+    /// Checks the context size and thread count against the model and this
+    /// machine before anything is sized from them: a context or thread
+    /// count of 0 or above [`MAX_THREADS`] is refused, a context above the
+    /// one the model was trained for is allowed with a warning (as
+    /// llama.cpp does), and the memory one session needs for it (KV cache,
+    /// attention scores, RoPE table: [`session_bytes`]) must be available
+    /// ([`super::available_memory`]). Errors name the flag and config key.
+    pub fn check(&self, c: &ModelConfig) -> Result<()> {
+        let ctx = self.ctx;
+        if ctx == 0 {
+            return Err(Error::InvalidArgument("context size (--ctx / [model] ctx) must be at least 1".into()));
+        }
+        if self.threads > MAX_THREADS {
+            return Err(Error::InvalidArgument(format!(
+                "{} threads (--threads / [model] threads) is more than the {MAX_THREADS} allowed",
+                self.threads
+            )));
+        }
+        let needed = session_bytes(c, ctx, self.threads.max(1)).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "context size {ctx} (--ctx / [model] ctx): the KV cache size overflows (the model was trained for {} positions)",
+                c.ctx_train
+            ))
+        })?;
+        if let Some(available) = super::available_memory()
+            && needed > available
+        {
+            return Err(Error::InvalidArgument(format!(
+                "context size {ctx} (--ctx / [model] ctx) needs {needed} bytes ({}) for the KV cache, attention \
+                 scores and RoPE table, but only {available} bytes ({}) of memory are available; lower --ctx (the \
+                 model was trained for {} positions)",
+                super::human_bytes(needed),
+                super::human_bytes(available),
+                c.ctx_train
+            )));
+        }
+        if ctx > c.ctx_train {
+            tracing::warn!(
+                "context size {ctx} (--ctx / [model] ctx) exceeds the {} positions the model was trained for: \
+                 output past them may degrade",
+                c.ctx_train
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Bytes a session of `ctx` positions and `threads` threads holds for the
+/// model `c` beyond its activations: the KV cache (`2 x layers x ctx x
+/// kv_dim` f32), the attention scores (`threads x ctx` f32) and the
+/// model's RoPE table (`ctx x head_dim` f32). `None` if it overflows.
+pub fn session_bytes(c: &ModelConfig, ctx: usize, threads: usize) -> Option<u64> {
+    let f32s = |a: usize, b: usize| (a as u64).checked_mul(b as u64)?.checked_mul(4);
+    let kv = f32s(c.n_layers.checked_mul(c.n_kv_heads)?.checked_mul(c.head_dim)?, ctx)?.checked_mul(2)?;
+    let total = kv.checked_add(f32s(threads, ctx)?)?.checked_add(f32s(ctx, c.head_dim)?)?;
+    // One Vec holds a layer-major cache: it must stay under isize::MAX.
+    (total <= isize::MAX as u64).then_some(total)
+}
+
 impl Default for ModelOptions {
     fn default() -> Self {
         Self {
@@ -490,15 +553,17 @@ impl Model {
     /// Binds every weight to a kernel chosen by `registry`.
     pub fn load(loader: &dyn Loader, registry: &KernelRegistry, options: ModelOptions) -> Result<Self> {
         let c = loader.config()?;
-        if options.ctx == 0 {
-            return Err(Error::InvalidArgument("context size must be at least 1".into()));
-        }
+        options.check(&c)?;
         let (dim, q_dim, kv_dim) = (c.dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
         let linear = |name: &str, rows, cols| Linear::load(loader, registry, options.precision, name, rows, cols);
 
         let token_embd = loader.tensor("token_embd.weight")?;
         check_dims(loader, &token_embd, &[dim, c.vocab_size])?;
-        let mut layers = Vec::with_capacity(c.n_layers);
+        // `n_layers` was checked against the blocks present (ModelConfig).
+        let mut layers = Vec::new();
+        layers
+            .try_reserve_exact(c.n_layers)
+            .map_err(|e| Error::InvalidArgument(format!("{} layers: {e}", c.n_layers)))?;
         for l in 0..c.n_layers {
             let p = |s: &str| format!("blk.{l}.{s}.weight");
             layers.push(Layer {
@@ -579,7 +644,7 @@ impl Model {
         if let Some(sp) = &mut sparse {
             sp.axpy = axpy;
         }
-        let rope = RopeTable::new(c.head_dim, c.rope_theta, options.ctx);
+        let rope = RopeTable::new(c.head_dim, c.rope_theta, options.ctx)?;
         Ok(Self { weights: Weights { token_embd, layers, output_norm, output }, config: c, options, sparse, rope })
     }
 

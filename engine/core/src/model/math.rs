@@ -46,10 +46,20 @@ pub struct RopeTable {
 }
 
 impl RopeTable {
-    pub fn new(head_dim: usize, theta: f32, n_pos: usize) -> Self {
+    /// The table for `n_pos` positions; an error (never an abort) when its
+    /// size overflows or the memory cannot be had.
+    pub fn new(head_dim: usize, theta: f32, n_pos: usize) -> crate::Result<Self> {
         let half = head_dim / 2;
-        let mut cos = Vec::with_capacity(n_pos * half);
-        let mut sin = Vec::with_capacity(n_pos * half);
+        let len = n_pos.checked_mul(half).filter(|&n| n <= isize::MAX as usize / 4);
+        let too_big = || {
+            crate::Error::InvalidArgument(format!(
+                "a RoPE table of {n_pos} positions x {half} frequencies does not fit in memory (lower the context size)"
+            ))
+        };
+        let len = len.ok_or_else(too_big)?;
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        cos.try_reserve_exact(len).map_err(|_| too_big())?;
+        sin.try_reserve_exact(len).map_err(|_| too_big())?;
         // Frequencies as HF computes them (f32 inverse frequencies), angles
         // in f64 so large positions keep their precision.
         let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32)).collect();
@@ -60,7 +70,7 @@ impl RopeTable {
                 sin.push(a.sin() as f32);
             }
         }
-        Self { half, cos, sin }
+        Ok(Self { half, cos, sin })
     }
 
     /// Rotates one head vector at position `pos`; `neox` pairs `(i, i+d/2)`,
@@ -95,7 +105,7 @@ mod tests {
 
     #[test]
     fn rope_rotates_pairs_and_keeps_norm() {
-        let t = RopeTable::new(4, 10_000.0, 8);
+        let t = RopeTable::new(4, 10_000.0, 8).unwrap();
         let mut a = [1.0, 2.0, 3.0, 4.0];
         t.apply(&mut a, 0, false);
         assert_eq!(a, [1.0, 2.0, 3.0, 4.0]);

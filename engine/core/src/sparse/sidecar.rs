@@ -351,6 +351,17 @@ impl Sidecar {
             Ok(v)
         };
         let f32s = |name: &str, len: usize| tensor(name, &[len]);
+        let per_layer = 4 + if lowrank.is_some() { 3 } else { 0 } + usize::from(attn_sparsity.is_some());
+        // The layer count sizes an allocation: check it against the tensors
+        // present before anything is sized from it.
+        let expected = model.n_layers.checked_mul(per_layer).filter(|&n| n == st.len());
+        if expected.is_none() {
+            let want = model.n_layers.checked_mul(per_layer).map_or_else(|| "more".to_string(), |n| n.to_string());
+            return Err(err(
+                path,
+                format!("holds {} tensors, expected {want} for {} layers (metadata 'model')", st.len(), model.n_layers),
+            ));
+        }
         let mut layers = Vec::with_capacity(model.n_layers);
         for l in 0..model.n_layers {
             let threshold = f32s(&format!("blk.{l}.ffn_gate.threshold"), 1)?[0];
@@ -387,18 +398,6 @@ impl Sidecar {
                 lowrank,
                 attn_input_threshold,
             });
-        }
-        let per_layer = 4 + if lowrank.is_some() { 3 } else { 0 } + usize::from(attn_sparsity.is_some());
-        if st.len() != per_layer * model.n_layers {
-            return Err(err(
-                path,
-                format!(
-                    "holds {} tensors, expected {} for {} layers",
-                    st.len(),
-                    per_layer * model.n_layers,
-                    model.n_layers
-                ),
-            ));
         }
         Ok(Self { predictor, target_sparsity, model, calibration, layers, lowrank, attn_sparsity })
     }
