@@ -61,7 +61,7 @@ pub fn tune_cmd(a: KernelsArgs) -> Result<()> {
     }
     let n_candidates: usize = descs.iter().map(|d| registry.candidates(d).len()).sum();
     let bar = progress(a.common.quiet || a.common.json, n_candidates as u64, "kernels");
-    let mut history = HistoryStore::open(&history_path)?;
+    let mut history = HistoryStore::open_writer(&history_path)?;
     let session = engine.new_session();
     let results = tune(&registry, &descs, session.pool(), &mut history, &mut |done, total, what| {
         // (kernel, phase) pairs of the distinct operations.

@@ -1,23 +1,28 @@
 //! Benchmark history: every measurement ever taken, per host, kept on disk
-//! in a `ruvector-core` vector database (redb storage + HNSW index).
+//! in a `ruvector-core` vector store (redb).
 //!
 //! Each record's vector is a small scaled feature vector of the operation's
 //! shape ([`shape_features`]) so that shapes never measured can borrow the
 //! result of the nearest measured shape; the record itself is the entry's
-//! metadata (serde_json). All records are also cached in memory on open
-//! (exact lookups scan the cache; histories hold thousands, not millions).
+//! metadata (serde_json). All records are read into memory on open, and
+//! lookups (exact and nearest shape) scan them: histories hold thousands of
+//! records, not millions, and the scan is exact where an HNSW search is
+//! approximate.
 //!
-//! ruvector-core rebuilds its HNSW graph from redb on open, and the
-//! configuration stored in the database overrides the options passed in:
+//! Concurrency: redb locks its file for one process at a time. Readers
+//! (every engine started with a history) load the records and release the
+//! file at once; a writer (`spinfer tune`) holds it while it records. Both
+//! retry with jittered backoff while another process holds it (see
+//! [`HistoryStore`]). The configuration stored in the file must match ours:
 //! [`HistoryStore::open`] checks the stored dimensions.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ruvector_core::VectorDB;
-use ruvector_core::types::{DbOptions, DistanceMetric, HnswConfig, SearchQuery, VectorEntry};
+use ruvector_core::storage::VectorStorage;
+use ruvector_core::types::{DbOptions, DistanceMetric, HnswConfig, VectorEntry};
 use serde::{Deserialize, Serialize};
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
@@ -150,12 +155,30 @@ fn dist2(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum()
 }
 
+/// How long [`HistoryStore::open`] waits for another process to release
+/// the store before it goes on without history.
+pub const READ_WAIT: Duration = Duration::from_secs(5);
+/// How long [`HistoryStore::record`] (a writer: `spinfer tune`) waits for
+/// the store before it fails.
+pub const WRITE_WAIT: Duration = Duration::from_secs(10);
+
 /// Measurement history persisted at one path.
+///
+/// The file (redb) can be held by one process at a time, so readers load
+/// every record and release it at once: any number of processes can start
+/// against one history. A writer takes the store on its first
+/// [`HistoryStore::record`] and holds it until dropped. Both wait for a
+/// store another process holds, with jittered exponential backoff, for at
+/// most [`READ_WAIT`] / [`WRITE_WAIT`].
 pub struct HistoryStore {
-    db: VectorDB,
+    /// The open store, held by a writer only.
+    db: Option<VectorStorage>,
     path: PathBuf,
     /// Every record, ordered by (date, id).
     records: Vec<(String, Record)>,
+    /// False when the store stayed locked by another process past
+    /// [`READ_WAIT`]: this process runs without its records.
+    loaded: bool,
 }
 
 impl std::fmt::Debug for HistoryStore {
@@ -168,38 +191,145 @@ fn db_err(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::io(path, std::io::Error::other(format!("history store: {e}")))
 }
 
-impl HistoryStore {
-    /// Opens (or creates) the history at `path` (a redb file).
-    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref().to_path_buf();
-        let options = DbOptions {
-            dimensions: DIM,
-            distance_metric: DistanceMetric::Euclidean,
-            storage_path: path.to_string_lossy().into_owned(),
-            hnsw_config: Some(HnswConfig { m: 16, ef_construction: 100, ef_search: 64, max_elements: 100_000 }),
-            quantization: None,
-        };
-        let db = VectorDB::new(options).map_err(|e| db_err(&path, e))?;
-        // The stored configuration wins over ours: refuse a foreign database.
-        if db.options().dimensions != DIM {
-            return Err(db_err(&path, format!("holds {}-d vectors, expected {DIM}", db.options().dimensions)));
-        }
-        let mut records = Vec::new();
-        for id in db.keys().map_err(|e| db_err(&path, e))? {
-            let Some(entry) = db.get(&id).map_err(|e| db_err(&path, e))? else { continue };
-            let Some(meta) = entry.metadata else { continue };
-            let obj: serde_json::Map<String, serde_json::Value> = meta.into_iter().collect();
-            match serde_json::from_value::<Record>(serde_json::Value::Object(obj)) {
-                Ok(r) => records.push((id, r)),
-                Err(e) => tracing::warn!("{}: skipping history entry '{id}': {e}", path.display()),
+/// Whether `e` says another process holds the store's file lock.
+fn is_locked(e: &ruvector_core::RuvectorError) -> bool {
+    e.to_string().contains("already open")
+}
+
+/// The options the store is created with (and that an existing store
+/// must match in dimensions).
+fn db_options(path: &Path) -> DbOptions {
+    DbOptions {
+        dimensions: DIM,
+        distance_metric: DistanceMetric::Euclidean,
+        storage_path: path.to_string_lossy().into_owned(),
+        hnsw_config: Some(HnswConfig { m: 16, ef_construction: 100, ef_search: 64, max_elements: 100_000 }),
+        quantization: None,
+    }
+}
+
+/// Opens the store at `path`, retrying while another process holds it
+/// (jittered exponential backoff, 5 ms doubling to 250 ms) for at most
+/// `wait`. `Ok(None)`: still locked after `wait`.
+fn acquire(path: &Path, wait: Duration) -> Result<Option<VectorStorage>> {
+    let start = Instant::now();
+    let mut delay = Duration::from_millis(5);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let mut seed = (u64::from(std::process::id()) << 32) ^ nanos ^ 0x9e37_79b9_7f4a_7c15;
+    loop {
+        match VectorStorage::new(path, DIM) {
+            Ok(db) => {
+                // The stored configuration must be ours: refuse a foreign
+                // database; record ours in a new one.
+                match db.load_config().map_err(|e| db_err(path, e))? {
+                    Some(o) if o.dimensions != DIM => {
+                        return Err(db_err(path, format!("holds {}-d vectors, expected {DIM}", o.dimensions)));
+                    }
+                    Some(_) => {}
+                    None => db.save_config(&db_options(path)).map_err(|e| db_err(path, e))?,
+                }
+                return Ok(Some(db));
             }
+            Err(e) if is_locked(&e) => {
+                let elapsed = start.elapsed();
+                if elapsed >= wait {
+                    return Ok(None);
+                }
+                // xorshift jitter: the delay times 0.5..1.5, so processes
+                // started together do not retry in lockstep.
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let jittered = delay.mul_f64(0.5 + (seed % 1000) as f64 / 1000.0);
+                std::thread::sleep(jittered.min(wait - elapsed));
+                delay = (delay * 2).min(Duration::from_millis(250));
+            }
+            Err(e) => return Err(db_err(path, e)),
         }
-        records.sort_by(|a, b| (a.1.date, &a.0).cmp(&(b.1.date, &b.0)));
-        Ok(Self { db, path, records })
+    }
+}
+
+/// Every record in `db`, ordered by (date, id); entries that do not
+/// deserialise are skipped with a warning.
+fn read_records(db: &VectorStorage, path: &Path) -> Result<Vec<(String, Record)>> {
+    let mut records = Vec::new();
+    for id in db.all_ids().map_err(|e| db_err(path, e))? {
+        let Some(entry) = db.get(&id).map_err(|e| db_err(path, e))? else { continue };
+        let Some(meta) = entry.metadata else { continue };
+        let obj: serde_json::Map<String, serde_json::Value> = meta.into_iter().collect();
+        match serde_json::from_value::<Record>(serde_json::Value::Object(obj)) {
+            Ok(r) => records.push((id, r)),
+            Err(e) => tracing::warn!("{}: skipping history entry '{id}': {e}", path.display()),
+        }
+    }
+    records.sort_by(|a, b| (a.1.date, &a.0).cmp(&(b.1.date, &b.0)));
+    Ok(records)
+}
+
+impl HistoryStore {
+    /// Loads the history at `path` (a redb file, created if missing) and
+    /// releases the file at once, so that any number of processes can read
+    /// one history. While another process holds it (a `spinfer tune`
+    /// writing), waits up to [`READ_WAIT`]; if it is still held, warns once
+    /// and returns an empty store: this process runs without history. Any
+    /// other failure (a foreign or corrupt file) is an error.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_waiting(path, READ_WAIT)
+    }
+
+    /// [`HistoryStore::open`] waiting at most `wait` for the lock.
+    pub fn open_waiting(path: impl AsRef<Path>, wait: Duration) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let Some(db) = acquire(&path, wait)? else {
+            tracing::warn!(
+                "history store {} is held by another process (waited {:.1} s): running without kernel history",
+                path.display(),
+                wait.as_secs_f64()
+            );
+            return Ok(Self { db: None, path, records: Vec::new(), loaded: false });
+        };
+        let records = read_records(&db, &path)?;
+        drop(db);
+        Ok(Self { db: None, path, records, loaded: true })
+    }
+
+    /// Opens the history at `path` for writing: takes the file (waiting up
+    /// to [`WRITE_WAIT`] for another process to release it, else an error
+    /// naming the path) and holds it until dropped.
+    pub fn open_writer(path: impl AsRef<Path>) -> Result<Self> {
+        let mut h = Self { db: None, path: path.as_ref().to_path_buf(), records: Vec::new(), loaded: false };
+        h.take_lock()?;
+        Ok(h)
+    }
+
+    /// Takes the file for writing (if not held yet) and reloads the
+    /// records, which other processes may have added since.
+    fn take_lock(&mut self) -> Result<&VectorStorage> {
+        if self.db.is_none() {
+            let Some(db) = acquire(&self.path, WRITE_WAIT)? else {
+                return Err(db_err(
+                    &self.path,
+                    format!(
+                        "held by another process for more than {} s (another `spinfer tune` writing?); try again",
+                        WRITE_WAIT.as_secs()
+                    ),
+                ));
+            };
+            self.records = read_records(&db, &self.path)?;
+            self.loaded = true;
+            self.db = Some(db);
+        }
+        Ok(self.db.as_ref().expect("just set"))
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// False when the store was held by another process for longer than
+    /// [`READ_WAIT`] and this one runs without its records.
+    pub fn is_loaded(&self) -> bool {
+        self.loaded
     }
 
     pub fn len(&self) -> usize {
@@ -215,7 +345,8 @@ impl HistoryStore {
         self.records.iter().map(|(_, r)| r)
     }
 
-    /// Appends `r` (committed to disk before returning).
+    /// Appends `r` (committed to disk before returning). The first call
+    /// takes the file for writing (see [`HistoryStore::open_writer`]).
     pub fn record(&mut self, r: &Record) -> Result<()> {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
@@ -225,7 +356,8 @@ impl HistoryStore {
         };
         let metadata: HashMap<String, serde_json::Value> = obj.into_iter().collect();
         let entry = VectorEntry { id: Some(id.clone()), vector: record_features(r), metadata: Some(metadata) };
-        self.db.insert(entry).map_err(|e| db_err(&self.path, e))?;
+        let db = self.take_lock()?;
+        db.insert(&entry).map_err(|e| db_err(&self.path, e))?;
         self.records.push((id, r.clone()));
         Ok(())
     }
@@ -236,55 +368,22 @@ impl HistoryStore {
     }
 
     /// Up to `k` records of the same host, op, phase, weight and activation
-    /// type whose shapes are nearest to `desc` (HNSW search), nearest first;
-    /// ties ordered by (rows, cols, date, kernel id).
+    /// type whose shapes are nearest to `desc` (Euclidean distance of the
+    /// [`shape_features`]; an exact scan of the records in memory), nearest
+    /// first; ties ordered by (rows, cols, date, kernel id).
     pub fn nearest(&self, host: &str, desc: &MatmulDesc, phase: Phase, k: usize) -> Vec<Record> {
         let (w, a) = (desc.wtype.name(), desc.act.name());
         // Records of one phase share (nearly) one token count: a constant
         // offset that does not change the ranking.
         let query = shape_features(w, a, desc.rows, desc.cols, BenchOptions::default().tokens(phase, desc.act));
-        let total = self.db.len().unwrap_or(self.records.len());
-        if k == 0 || total == 0 {
-            return Vec::new();
-        }
-        // The store filters metadata after the top-k cut: widen until enough
-        // matching records are found or everything was searched.
-        let mut fetch = (k * 8).max(32);
-        let mut found: Vec<Record> = loop {
-            let q = SearchQuery {
-                vector: query.clone(),
-                k: fetch.min(total),
-                filter: None,
-                ef_search: Some(fetch.max(64)),
-            };
-            let hits = match self.db.search(q) {
-                Ok(h) => h,
-                Err(e) => {
-                    tracing::warn!("{}: history search failed: {e}", self.path.display());
-                    return Vec::new();
-                }
-            };
-            let got: Vec<Record> = hits
-                .into_iter()
-                .filter_map(|h| {
-                    let obj: serde_json::Map<String, serde_json::Value> = h.metadata?.into_iter().collect();
-                    serde_json::from_value::<Record>(serde_json::Value::Object(obj)).ok()
-                })
-                .filter(|r| r.matches(host, desc, phase, false))
-                .collect();
-            if got.len() >= k || fetch >= total {
-                break got;
-            }
-            fetch *= 4;
-        };
         let key = |r: &Record| dist2(&record_features(r), &query);
-        found.sort_by(|x, y| {
-            key(x)
-                .total_cmp(&key(y))
+        let mut found: Vec<(f32, &Record)> =
+            self.records().filter(|r| r.matches(host, desc, phase, false)).map(|r| (key(r), r)).collect();
+        found.sort_by(|(dx, x), (dy, y)| {
+            dx.total_cmp(dy)
                 .then_with(|| (x.rows, x.cols, x.date, &x.kernel_id).cmp(&(y.rows, y.cols, y.date, &y.kernel_id)))
         });
-        found.truncate(k);
-        found
+        found.into_iter().take(k).map(|(_, r)| r.clone()).collect()
     }
 }
 
@@ -451,7 +550,7 @@ mod tests {
             assert_eq!(h.records().find(|r| r.median_ns == Some(*i)), Some(&rec(*i)));
         }
         // Every entry on disk deserialised (open skips entries that do not).
-        assert_eq!(h.db.len().unwrap(), h.len());
+        assert_eq!(h.take_lock().unwrap().len().unwrap(), h.len());
         // New writes work and persist; searches work on the reopened index.
         let before = h.len();
         h.record(&rec(1_000_000)).unwrap();
@@ -460,6 +559,57 @@ mod tests {
         let h = HistoryStore::open(&path).unwrap();
         assert_eq!(h.len(), before + 1);
         assert!(h.records().any(|r| r.median_ns == Some(1_000_000)));
+    }
+
+    /// Environment variable that turns [`writers_wait_for_each_other`] into
+    /// the first writer: its value is the store path.
+    const HOLDER_ENV: &str = "SPINFER_HISTORY_HOLDER";
+
+    /// A writer in another process holds the store (redb's file lock; in
+    /// one process ruvector shares the handle): a second writer waits with
+    /// backoff and records once it is released; a reader that cannot get it
+    /// within its wait gets an empty store marked not loaded.
+    #[test]
+    fn writers_wait_for_each_other() {
+        use std::io::{BufRead, BufReader};
+        use std::process::{Command, Stdio};
+
+        let rec = |i: u64| make_record("h", &desc(64, 64), Phase::Decode, 1, "x/k", Some(i), None, i);
+        if let Ok(path) = std::env::var(HOLDER_ENV) {
+            // Child: take the store, record, say so, hold it 1 s.
+            let mut h = HistoryStore::open_writer(&path).unwrap();
+            h.record(&rec(1)).unwrap();
+            println!("holding");
+            std::thread::sleep(Duration::from_secs(1));
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("history.redb");
+        let module = module_path!().split_once("::").map_or(module_path!(), |(_, m)| m);
+        let name = format!("{module}::writers_wait_for_each_other");
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+            .env(HOLDER_ENV, &path)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        assert!(lines.any(|l| l.unwrap().contains("holding")), "the holder never took the store");
+        let t = Instant::now();
+        // A reader with a short wait gives up: empty, not loaded.
+        let r = HistoryStore::open_waiting(&path, Duration::from_millis(100)).unwrap();
+        assert!(!r.is_loaded() && r.is_empty());
+        // A writer waits for the holder, then sees its record and adds one.
+        let mut w = HistoryStore::open_writer(&path).unwrap();
+        let waited = t.elapsed();
+        assert!(waited >= Duration::from_millis(500), "the writer did not wait: {waited:?}");
+        assert!(w.is_loaded() && w.len() == 1);
+        w.record(&rec(2)).unwrap();
+        drop(w);
+        assert!(child.wait().unwrap().success());
+        let h = HistoryStore::open(&path).unwrap();
+        assert!(h.is_loaded());
+        assert_eq!(h.records().map(|r| r.median_ns.unwrap()).collect::<Vec<_>>(), vec![1, 2]);
     }
 
     #[test]
