@@ -234,7 +234,7 @@ pub struct WasmSection {
 }
 
 /// Upper bound of `[wasm] timeout_ms`: one minute per kernel call.
-pub const MAX_WASM_TIMEOUT_MS: u64 = 60_000;
+pub const MAX_WASM_TIMEOUT_MS: u64 = crate::packs::MAX_WASM_TIMEOUT_MS;
 /// Upper bound of `[wasm] max_memory_mb`: wasm32's 4 GiB.
 pub const MAX_WASM_MEMORY_MB: u64 = 4096;
 /// Upper bound of `[wasm] max_module_mb`.

@@ -18,4 +18,4 @@ mod wasm;
 mod wasm;
 mod wasm_types;
 pub use wasm::WasmPack;
-pub use wasm_types::{WASM_ABI_VERSION, WasmFault, WasmLimits};
+pub use wasm_types::{MAX_WASM_TIMEOUT_MS, WASM_ABI_VERSION, WasmFault, WasmLimits};

@@ -57,7 +57,7 @@ use spinfer_kernels::{GgmlType, KernelError};
 use spinfer_registry::{PackKind, VerifiedPack};
 use wasmtime::{Config, Engine, Instance, Memory, Module, ResourceLimiter, Store, Trap, TypedFunc};
 
-use super::wasm_types::{WASM_ABI_VERSION, WasmFault, WasmLimits};
+use super::wasm_types::{MAX_WASM_TIMEOUT_MS, WASM_ABI_VERSION, WasmFault, WasmLimits};
 use crate::registry::KernelProvider;
 use crate::{Error, Result};
 
@@ -277,6 +277,12 @@ impl WasmPack {
             return Err(err(format!(
                 "pack.toml declares abi_version {}, this host implements wasm abi {WASM_ABI_VERSION}",
                 m.abi_version
+            )));
+        }
+        if !(1..=MAX_WASM_TIMEOUT_MS).contains(&limits.timeout_ms) {
+            return Err(err(format!(
+                "timeout_ms = {} is out of range: it must be between 1 and {MAX_WASM_TIMEOUT_MS} ([wasm] timeout_ms)",
+                limits.timeout_ms
             )));
         }
         let path = pack.artefact_path();
@@ -913,6 +919,16 @@ act = "f32"
         // A good module still loads.
         let (_d, vp) = pack("test-ok", 1, &wasm);
         WasmPack::load(&vp, limits(1000)).unwrap();
+    }
+
+    #[test]
+    fn timeout_above_the_bound_is_refused_at_load() {
+        let (_d, vp) = pack("test-timeout", 1, &wat_module(1, "(i32.const 0)"));
+        for bad in [u64::MAX, MAX_WASM_TIMEOUT_MS + 1, 0] {
+            let e = WasmPack::load(&vp, limits(bad)).err().expect("refused").to_string();
+            assert!(e.contains("timeout_ms") && e.contains("out of range"), "{e}");
+        }
+        WasmPack::load(&vp, limits(MAX_WASM_TIMEOUT_MS)).unwrap();
     }
 
     #[test]

@@ -5,13 +5,18 @@
 /// `abi_version`) must declare the same.
 pub const WASM_ABI_VERSION: u32 = 1;
 
+/// Upper bound of [`WasmLimits::timeout_ms`]: one minute per kernel call
+/// (a larger budget is refused, so a looping module is always stopped).
+pub const MAX_WASM_TIMEOUT_MS: u64 = 60_000;
+
 /// Resource limits for one WASM pack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WasmLimits {
     /// Cap on the module's linear memory (weights are resident there, so
     /// this must cover the weights the pack serves plus I/O buffers).
     pub max_memory_bytes: usize,
-    /// Wall-clock budget of one kernel call (or one weight upload).
+    /// Wall-clock budget of one kernel call (or one weight upload), at
+    /// most [`MAX_WASM_TIMEOUT_MS`].
     pub timeout_ms: u64,
     /// Largest module accepted, in bytes (checked before compiling; the
     /// registry checks it before reading the file).
