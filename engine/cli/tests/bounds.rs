@@ -181,3 +181,31 @@ fn sizing_flags_are_validated() {
     let e = fails(&["calibrate", "-m", m, "--text", t, "-o", o, "--rank", "1048576", "--quiet"]);
     assert_mentions(&e, &["--rank", "1048576"]);
 }
+
+#[test]
+fn huge_bert_layer_count_is_refused_naming_the_key() {
+    let minilm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/all-MiniLM-L6-v2");
+    let minilm = std::env::var_os("SPINFER_EMBED_MODEL").map(PathBuf::from).unwrap_or(minilm);
+    if !minilm.join("model.safetensors").exists() {
+        assert!(std::env::var_os("CI").is_none(), "{} missing in CI", minilm.display());
+        return;
+    }
+    // The model directory with every file linked but config.json, whose
+    // layer count claims 2^31 - 1.
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&minilm).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name() != "config.json" {
+            std::os::unix::fs::symlink(entry.path(), dir.path().join(entry.file_name())).unwrap();
+        }
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(minilm.join("config.json")).unwrap()).unwrap();
+    config["num_hidden_layers"] = serde_json::json!(i32::MAX);
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let e = fails(&["embed", "-m", dir.path().to_str().unwrap(), "hello", "-q"]);
+    assert_mentions(&e, &["num_hidden_layers", "2147483647", "tensors for 6 layers"]);
+    // The good model still embeds.
+    let out = spinfer(&["embed", "-m", minilm.to_str().unwrap(), "hello", "-q"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

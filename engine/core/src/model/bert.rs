@@ -75,6 +75,12 @@ impl BertConfig {
     /// absolute position embeddings are supported; anything else is an
     /// error naming the key, never a silently different function.
     pub fn from_file(path: &Path) -> Result<Self> {
+        // Real configs are a few hundred bytes: refuse a huge file before
+        // reading it whole.
+        let len = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
+        if len > 1 << 20 {
+            return Err(Error::format(path, format!("is {len} bytes: too large for a model config (at most 1 MiB)")));
+        }
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let json: Value = serde_json::from_str(&text).map_err(|e| Error::format(path, format!("invalid json: {e}")))?;
         let key_err = |key: &str, detail: String| Error::Metadata { path: path.to_path_buf(), key: key.into(), detail };
