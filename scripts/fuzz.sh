@@ -12,8 +12,9 @@
 # flags cargo-fuzz passes, minus the nightly-only -Z sanitizer ones), so
 # neither nightly nor cargo-fuzz is needed. Each target runs one at a time,
 # under the limits the project holds its parsers to: no single allocation
-# over 1 GiB (-malloc_limit_mb), 2 GiB resident at most (-rss_limit_mb), no
-# input over 10 s (-timeout). The committed seeds (tests/fuzz/corpus/TARGET)
+# over 1 GiB (the targets' global allocator aborts; libFuzzer's
+# -malloc_limit_mb, also passed, works only under a sanitizer), 2 GiB
+# resident at most (-rss_limit_mb), no input over 10 s (-timeout). The committed seeds (tests/fuzz/corpus/TARGET)
 # are read, never written: new inputs go to tests/fuzz/target/corpus/TARGET
 # and crashes to tests/fuzz/artifacts/TARGET/ (both git-ignored).
 # Exits non-zero if any target crashed, hung, ran out of memory or did not build.

@@ -64,8 +64,8 @@ fuzz_target!(|data: &[u8]| {
             std::fs::write(&rec, record).expect("write");
         }
         if let Some(mut r) = ok("record", InstallRecord::open(&rec)) {
-            ok("check_and_record", r.check_and_record(&pack, false));
-            let _ = r.check_and_record(&pack, true);
+            ok("check_and_record", r.check_and_record(&pack, None));
+            let _ = r.check_and_record(&pack, Some(&pack.manifest().version));
             let _ = InstallRecord::open(&rec);
         }
     }

@@ -91,3 +91,62 @@ pub fn ok<T, E: std::fmt::Display>(what: &str, r: Result<T, E>) -> Option<T> {
         }
     }
 }
+
+/// The largest single allocation a target may make: 1 GiB.
+pub const MAX_ALLOC: usize = 1 << 30;
+
+/// The system allocator, aborting on any single allocation over
+/// [`MAX_ALLOC`] (libFuzzer then reports the input as a crash and saves it).
+/// libFuzzer's own `-malloc_limit_mb` needs a sanitizer's allocator hooks,
+/// which a stable build without sanitizers does not have.
+pub struct LimitAlloc;
+
+impl LimitAlloc {
+    #[cold]
+    fn over(size: usize) -> ! {
+        use std::io::Write as _;
+        // No allocation here: format into a stack buffer.
+        let mut buf = [0u8; 96];
+        let mut w = &mut buf[..];
+        let _ = write!(w, "\n==spinfer-fuzz== allocation of {size} bytes, over the {MAX_ALLOC}-byte limit\n");
+        let left = w.len();
+        let _ = std::io::stderr().write_all(&buf[..buf.len() - left]);
+        std::process::abort()
+    }
+}
+
+// SAFETY: forwards to `System`, whose contract is the same; only adds a
+// size check before each allocation.
+unsafe impl std::alloc::GlobalAlloc for LimitAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if layout.size() > MAX_ALLOC {
+            Self::over(layout.size());
+        }
+        // SAFETY: the caller's layout contract is passed on unchanged.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if layout.size() > MAX_ALLOC {
+            Self::over(layout.size());
+        }
+        // SAFETY: as for `alloc`.
+        unsafe { std::alloc::System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: `ptr` came from `System` with this layout.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        if new_size > MAX_ALLOC {
+            Self::over(new_size);
+        }
+        // SAFETY: as for `dealloc`; `new_size` is the caller's.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: LimitAlloc = LimitAlloc;
