@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -140,11 +140,13 @@ fn swap_in(dir: &Path, file: &str, bytes: &[u8], n: u64) {
 }
 
 /// Runs `body` while a thread keeps swapping `dir/file` between `signed`
-/// and `unsigned`; returns what `body` returns.
+/// and `unsigned` (`body` starts once the swapper has swapped both ways);
+/// returns what `body` returns.
 fn with_swapper<T>(dir: &Path, file: &str, signed: &[u8], unsigned: &[u8], body: impl FnOnce() -> T) -> T {
     let stop = Arc::new(AtomicBool::new(false));
+    let swaps = Arc::new(AtomicU64::new(0));
     let swapper = {
-        let (stop, dir, file) = (Arc::clone(&stop), dir.to_path_buf(), file.to_string());
+        let (stop, swaps, dir, file) = (Arc::clone(&stop), Arc::clone(&swaps), dir.to_path_buf(), file.to_string());
         let (signed, unsigned) = (signed.to_vec(), unsigned.to_vec());
         std::thread::spawn(move || {
             let mut n = 0u64;
@@ -152,19 +154,39 @@ fn with_swapper<T>(dir: &Path, file: &str, signed: &[u8], unsigned: &[u8], body:
                 swap_in(&dir, &file, &unsigned, n);
                 swap_in(&dir, &file, &signed, n + 1);
                 n += 2;
+                swaps.store(n, Ordering::Relaxed);
             }
-            n
         })
     };
+    while swaps.load(Ordering::Relaxed) < 2 {
+        std::thread::yield_now();
+    }
     let out = body();
     stop.store(true, Ordering::Relaxed);
-    let swaps = swapper.join().unwrap();
-    assert!(swaps > 10, "the swapper ran ({swaps} swaps)");
+    swapper.join().unwrap();
     out
 }
 
+/// Tries `attempt` 200 times, and on until both outcomes were seen (at
+/// most 5000 tries), so the test shows the race going both ways on a
+/// machine of any speed; `attempt` returns whether it loaded.
+fn race_rounds(mut attempt: impl FnMut(usize) -> bool) -> (usize, usize) {
+    let (mut loaded, mut refused) = (0, 0);
+    let mut i = 0;
+    while i < 200 || ((loaded == 0 || refused == 0) && i < 5000) {
+        if attempt(i) {
+            loaded += 1;
+        } else {
+            refused += 1;
+        }
+        i += 1;
+    }
+    (loaded, refused)
+}
+
 /// A native pack's artefact swapped for another (valid, but unsigned)
-/// pack library while it is verified and loaded, 200 times: every load
+/// pack library while it is verified and loaded, 200 times (or more, until
+/// both outcomes were seen): every load
 /// either fails cleanly (hash mismatch) or loads the signed library; the
 /// swapped-in library is never mapped, and nothing is ever mapped from the
 /// pack directory (the loader maps the verified bytes from a sealed memfd).
@@ -175,26 +197,26 @@ fn race_a_swapper_never_gets_unsigned_native_code_loaded() {
     let (signed, unsigned) = (lib("cpu_portable"), lib("cpu_simd"));
     let dir = native_pack(root.path(), "cpu-portable", "cpu-portable", "1.0.0", &signed, Some(&k));
     let policy = TrustPolicy::new().with_trusted(k.public_key());
-    let (mut loaded, mut mismatched) = (0, 0);
-    with_swapper(&dir, "libpack.so", &signed, &unsigned, || {
-        for i in 0..200 {
-            match verify_pack(&dir, &policy) {
-                Ok(v) => {
-                    assert_eq!(sha256_hex(v.artefact_bytes()), sha256_hex(&signed), "try {i}: verified other bytes");
-                    match NativePack::load(&v, &host_info()) {
-                        Ok(p) => {
-                            assert_eq!((p.module().name())().as_str(), "cpu-portable", "try {i}: unsigned code ran");
-                            loaded += 1;
-                        }
-                        Err(e) => panic!("try {i}: verified pack failed to load: {e}"),
+    let (loaded, mismatched) = with_swapper(&dir, "libpack.so", &signed, &unsigned, || {
+        race_rounds(|i| match verify_pack(&dir, &policy) {
+            Ok(v) => {
+                assert_eq!(sha256_hex(v.artefact_bytes()), sha256_hex(&signed), "try {i}: verified other bytes");
+                match NativePack::load(&v, &host_info()) {
+                    Ok(p) => {
+                        assert_eq!((p.module().name())().as_str(), "cpu-portable", "try {i}: unsigned code ran");
+                        true
                     }
+                    Err(e) => panic!("try {i}: verified pack failed to load: {e}"),
                 }
-                Err(RegistryError::ArtefactHashMismatch { .. }) => mismatched += 1,
-                Err(e) => panic!("try {i}: unexpected error {e}"),
             }
-        }
+            Err(RegistryError::ArtefactHashMismatch { .. }) => false,
+            Err(e) => panic!("try {i}: unexpected error {e}"),
+        })
     });
-    eprintln!("200 tries: {loaded} loaded the signed library, {mismatched} refused (hash mismatch), 0 unsigned");
+    eprintln!(
+        "{} tries: {loaded} loaded the signed library, {mismatched} refused (hash mismatch), 0 unsigned",
+        loaded + mismatched
+    );
     assert!(loaded > 0 && mismatched > 0, "the race happened both ways: {loaded} loaded, {mismatched} refused");
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     let root_text = root.path().display().to_string();
@@ -233,24 +255,24 @@ fn race_a_swapper_never_gets_an_unsigned_wasm_module_compiled() {
     std::fs::write(dir.join("pack.toml"), manifest("wasm-pack", "1.0.0", "wasm", "k.wasm", &signed)).unwrap();
     sign_pack(&dir, &k).unwrap();
     let policy = TrustPolicy::new().with_trusted(k.public_key());
-    let (mut loaded, mut mismatched) = (0, 0);
-    with_swapper(&dir, "k.wasm", &signed, &unsigned, || {
-        for i in 0..200 {
-            match verify_pack(&dir, &policy) {
-                Ok(v) => match WasmPack::load(&v, WasmLimits::default()) {
-                    Ok(p) => {
-                        assert_eq!(p.kernel_names(), ["k_f32"]);
-                        loaded += 1;
-                    }
-                    // "module implements wasm abi 7": the unsigned module ran.
-                    Err(e) => panic!("try {i}: the verified pack failed to load (unsigned module compiled?): {e}"),
-                },
-                Err(RegistryError::ArtefactHashMismatch { .. }) => mismatched += 1,
-                Err(e) => panic!("try {i}: unexpected error {e}"),
-            }
-        }
+    let (loaded, mismatched) = with_swapper(&dir, "k.wasm", &signed, &unsigned, || {
+        race_rounds(|i| match verify_pack(&dir, &policy) {
+            Ok(v) => match WasmPack::load(&v, WasmLimits::default()) {
+                Ok(p) => {
+                    assert_eq!(p.kernel_names(), ["k_f32"]);
+                    true
+                }
+                // "module implements wasm abi 7": the unsigned module ran.
+                Err(e) => panic!("try {i}: the verified pack failed to load (unsigned module compiled?): {e}"),
+            },
+            Err(RegistryError::ArtefactHashMismatch { .. }) => false,
+            Err(e) => panic!("try {i}: unexpected error {e}"),
+        })
     });
-    eprintln!("200 tries: {loaded} compiled the signed module, {mismatched} refused (hash mismatch), 0 unsigned");
+    eprintln!(
+        "{} tries: {loaded} compiled the signed module, {mismatched} refused (hash mismatch), 0 unsigned",
+        loaded + mismatched
+    );
     assert!(loaded > 0 && mismatched > 0, "the race happened both ways: {loaded} loaded, {mismatched} refused");
     still_usable(&k);
 }
