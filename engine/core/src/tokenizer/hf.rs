@@ -4,6 +4,8 @@ use std::path::Path;
 use std::str::FromStr;
 
 use serde_json::Value as Json;
+use tokenizers::processors::PostProcessorWrapper;
+use tokenizers::processors::template::TemplateProcessing;
 
 use super::{EOG_NAMES, bpe, spm};
 use crate::{Error, Result};
@@ -33,6 +35,9 @@ pub(crate) fn load(path: &Path) -> Result<Loaded> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let json: Json = serde_json::from_str(&text).map_err(|e| tk_err(path, format!("not valid JSON: {e}")))?;
     let mut tk = tokenizers::Tokenizer::from_str(&text).map_err(|e| tk_err(path, e))?;
+    if let Some(pp) = tk.get_post_processor() {
+        check_post_processor(pp).map_err(|e| tk_err(path, format!("post_processor: {e}")))?;
+    }
     tk.with_padding(None);
     tk.with_truncation(None).map_err(|e| tk_err(path, e))?;
 
@@ -115,6 +120,24 @@ pub(crate) fn load(path: &Path) -> Result<Loaded> {
         eog,
         add_bos,
     })
+}
+
+/// Refuses a `TemplateProcessing` (also inside a `Sequence`) whose templates
+/// name a special token it does not define: `tokenizers` checks that only
+/// when a template is built in code, not when one is read from JSON, and
+/// then panics at the first encode (found by the `safetensors` fuzz target).
+fn check_post_processor(pp: &PostProcessorWrapper) -> std::result::Result<(), String> {
+    match pp {
+        PostProcessorWrapper::Template(t) => TemplateProcessing::builder()
+            .single(t.single.clone())
+            .pair(t.get_pair().clone())
+            .special_tokens(t.get_special_tokens().clone())
+            .build()
+            .map(drop)
+            .map_err(|e| e.to_string()),
+        PostProcessorWrapper::Sequence(s) => (0..).map_while(|i| s.get(i)).try_for_each(check_post_processor),
+        _ => Ok(()),
+    }
 }
 
 /// Whether a component (or a `Sequence` of them) has the given `type`.

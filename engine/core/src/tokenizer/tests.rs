@@ -278,3 +278,30 @@ fn tokenizer_is_send_and_sync() {
         }
     });
 }
+
+/// A `TemplateProcessing` post-processor naming a special token it does not
+/// define is refused at load: `tokenizers` would panic at the first encode
+/// (found by the `safetensors` fuzz target, tests/fuzz).
+#[test]
+fn template_with_undefined_special_token_is_refused() {
+    let json = |single: &str| {
+        format!(
+            r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+            "pre_tokenizer":{{"type":"Whitespace"}},
+            "post_processor":{{"type":"Sequence","processors":[{{"type":"TemplateProcessing",
+              "single":[{{"SpecialToken":{{"id":"{single}","type_id":0}}}},{{"Sequence":{{"id":"A","type_id":0}}}}],
+              "pair":[{{"Sequence":{{"id":"A","type_id":0}}}},{{"Sequence":{{"id":"B","type_id":1}}}}],
+              "special_tokens":{{"[CLS]":{{"id":"[CLS]","ids":[0],"tokens":["[CLS]"]}}}}}}]}},
+            "decoder":null,
+            "model":{{"type":"WordLevel","vocab":{{"[CLS]":0,"[UNK]":1,"hi":2}},"unk_token":"[UNK]"}}}}"#
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, json("[CLS]")).unwrap();
+    let t = Tokenizer::from_json_file(&path).expect("a valid template loads");
+    assert_eq!(t.encode("hi", true).unwrap(), vec![0, 2]);
+    std::fs::write(&path, json("[MISSING]")).unwrap();
+    let e = Tokenizer::from_json_file(&path).unwrap_err().to_string();
+    assert!(e.contains("post_processor") && e.contains("[MISSING]"), "{e}");
+}
