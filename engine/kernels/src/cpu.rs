@@ -1,4 +1,17 @@
-//! Run-time CPU feature detection.
+//! Run-time CPU feature detection, with an optional cap.
+//!
+//! Every kernel picks its instruction set from [`CpuFeatures::detect`].
+//! Setting `SPINFER_CPU=scalar` or `SPINFER_CPU=avx2` ([`CPU_CAP_ENV`])
+//! caps what it reports, so a machine with AVX-512 also runs (and the test
+//! suite also checks) the AVX2 and scalar paths that a CPU without
+//! AVX-512, or without AVX2, would take. `avx512` or `native` (or unset)
+//! means whatever the CPU has.
+
+use std::sync::OnceLock;
+
+/// Environment variable capping the instruction sets the kernels use:
+/// `scalar`, `avx2`, `avx512` / `native` (the default).
+pub const CPU_CAP_ENV: &str = "SPINFER_CPU";
 
 /// Instruction-set extensions the kernels can use on this machine.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -10,11 +23,58 @@ pub struct CpuFeatures {
     pub avx512bw: bool,
     pub avx512vl: bool,
     pub avx512vnni: bool,
+    /// Byte permutes (`vpermb`), used by the int8 AXPY.
+    pub avx512vbmi: bool,
+    /// bf16 dot products, used by the packed bf16 GEMM.
+    pub avx512bf16: bool,
+}
+
+/// The highest family of kernels [`CpuFeatures::detect`] may report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IsaCap {
+    /// No SIMD extension: every kernel runs its scalar reference.
+    Scalar,
+    /// AVX2, FMA and F16C at most (no AVX-512).
+    Avx2,
+    /// Everything the CPU has.
+    Native,
+}
+
+impl IsaCap {
+    /// Parses a [`CPU_CAP_ENV`] value.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "scalar" | "none" => Some(Self::Scalar),
+            "avx2" => Some(Self::Avx2),
+            "avx512" | "native" | "" => Some(Self::Native),
+            _ => None,
+        }
+    }
+
+    /// The cap set in the environment; an unknown value is ignored with a
+    /// warning naming the variable.
+    pub fn from_env() -> Self {
+        match std::env::var(CPU_CAP_ENV) {
+            Ok(v) => Self::parse(&v).unwrap_or_else(|| {
+                tracing::warn!("{CPU_CAP_ENV}={v:?} is not one of scalar, avx2, avx512, native: ignored");
+                Self::Native
+            }),
+            Err(_) => Self::Native,
+        }
+    }
 }
 
 impl CpuFeatures {
-    /// Detects the features of the running CPU.
+    /// The features the kernels may use: the running CPU's, capped by
+    /// [`CPU_CAP_ENV`]. Read once per process (later changes to the
+    /// variable are not seen), so the answer is the same for every kernel.
     pub fn detect() -> Self {
+        static DETECTED: OnceLock<CpuFeatures> = OnceLock::new();
+        *DETECTED.get_or_init(|| Self::native().capped(IsaCap::from_env()))
+    }
+
+    /// The running CPU's features, ignoring [`CPU_CAP_ENV`].
+    pub fn native() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
             Self {
@@ -25,12 +85,35 @@ impl CpuFeatures {
                 avx512bw: is_x86_feature_detected!("avx512bw"),
                 avx512vl: is_x86_feature_detected!("avx512vl"),
                 avx512vnni: is_x86_feature_detected!("avx512vnni"),
+                avx512vbmi: is_x86_feature_detected!("avx512vbmi"),
+                avx512bf16: is_x86_feature_detected!("avx512bf16"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
             Self::default()
         }
+    }
+
+    /// These features with everything above `cap` switched off.
+    #[must_use]
+    pub fn capped(self, cap: IsaCap) -> Self {
+        match cap {
+            IsaCap::Native => self,
+            IsaCap::Avx2 => Self { avx2: self.avx2, fma: self.fma, f16c: self.f16c, ..Self::default() },
+            IsaCap::Scalar => Self::default(),
+        }
+    }
+
+    /// AVX2 + FMA: what the f32 vector helpers (`vec.rs`, attention,
+    /// GELU) require.
+    pub fn has_avx2_fma(&self) -> bool {
+        self.avx2 && self.fma
+    }
+
+    /// AVX-512F + FMA: the 512-bit f32 helpers.
+    pub fn has_avx512f_fma(&self) -> bool {
+        self.avx512f && self.fma
     }
 
     /// AVX2 + FMA + F16C: what the AVX2 kernels require.
@@ -43,7 +126,9 @@ impl CpuFeatures {
         self.has_avx2() && self.avx512f && self.avx512bw && self.avx512vl && self.avx512vnni
     }
 
-    /// Short human-readable list, e.g. `"avx2 fma f16c avx512f ..."`.
+    /// Short human-readable list, e.g. `"avx2 fma f16c avx512f ..."`: the
+    /// tuning history's host fingerprint. The extensions added later
+    /// (VBMI, BF16) are left out so existing records keep matching.
     pub fn describe(&self) -> String {
         let mut v = Vec::new();
         for (on, name) in [
@@ -60,5 +145,44 @@ impl CpuFeatures {
             }
         }
         if v.is_empty() { "scalar".to_string() } else { v.join(" ") }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps_parse_and_switch_features_off() {
+        assert_eq!(IsaCap::parse("AVX2"), Some(IsaCap::Avx2));
+        assert_eq!(IsaCap::parse("scalar"), Some(IsaCap::Scalar));
+        assert_eq!(IsaCap::parse("native"), Some(IsaCap::Native));
+        assert_eq!(IsaCap::parse("avx512"), Some(IsaCap::Native));
+        assert_eq!(IsaCap::parse("sse9"), None);
+        let all = CpuFeatures {
+            avx2: true,
+            fma: true,
+            f16c: true,
+            avx512f: true,
+            avx512bw: true,
+            avx512vl: true,
+            avx512vnni: true,
+            avx512vbmi: true,
+            avx512bf16: true,
+        };
+        assert_eq!(all.capped(IsaCap::Native), all);
+        let avx2 = all.capped(IsaCap::Avx2);
+        assert!(avx2.has_avx2() && avx2.has_avx2_fma() && !avx2.has_avx512() && !avx2.has_avx512f_fma());
+        assert!(!avx2.avx512vbmi && !avx2.avx512bf16);
+        assert_eq!(all.capped(IsaCap::Scalar).describe(), "scalar");
+        // A cap never adds what the CPU lacks.
+        assert_eq!(CpuFeatures::default().capped(IsaCap::Native), CpuFeatures::default());
+    }
+
+    #[test]
+    fn detect_follows_the_environment_cap() {
+        let cap = IsaCap::from_env();
+        assert_eq!(CpuFeatures::detect(), CpuFeatures::native().capped(cap));
+        eprintln!("{CPU_CAP_ENV} cap {cap:?}: {}", CpuFeatures::detect().describe());
     }
 }

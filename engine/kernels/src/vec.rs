@@ -77,8 +77,8 @@ pub fn exp_sub_sum_scalar(x: &mut [f32], max: f32) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 fn has_avx2_fma() -> bool {
-    // `is_x86_feature_detected!` caches its answer; this is an atomic load.
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    // Detected once per process (and capped by SPINFER_CPU); an atomic load.
+    crate::cpu::CpuFeatures::detect().has_avx2_fma()
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -620,12 +620,12 @@ fn attention(
 fn softmax_exp(row: &mut [f32], max: f32, scale: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX-512F and FMA (checked just above).
+        if spinfer_kernels::cpu::CpuFeatures::detect().has_avx512f_fma() {
+            // SAFETY: the CPU has AVX-512F and FMA (checked just above, by `CpuFeatures::detect`).
             return unsafe { softmax_exp_avx512(row, max, scale) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+        if spinfer_kernels::cpu::CpuFeatures::detect().has_avx2_fma() {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above, by `CpuFeatures::detect`).
             return unsafe { softmax_exp_avx2(row, max, scale) };
         }
     }
@@ -784,12 +784,12 @@ pub fn gelu(x: f32) -> f32 {
 pub fn gelu_slice(xs: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX-512F and FMA (checked just above).
+        if spinfer_kernels::cpu::CpuFeatures::detect().has_avx512f_fma() {
+            // SAFETY: the CPU has AVX-512F and FMA (checked just above, by `CpuFeatures::detect`).
             return unsafe { gelu_avx512(xs) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+        if spinfer_kernels::cpu::CpuFeatures::detect().has_avx2_fma() {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above, by `CpuFeatures::detect`).
             return unsafe { gelu_avx2(xs) };
         }
     }

@@ -619,8 +619,8 @@ impl Embedder {
 /// `out += Σ_k coef[k] · wt[idx[k], :]` (`wt` is `(_, d)` row-major).
 fn accumulate(wt: &[f32], d: usize, idx: &[u32], coef: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-        // SAFETY: AVX2 and FMA were detected at run time.
+    if spinfer_kernels::cpu::CpuFeatures::detect().has_avx2_fma() {
+        // SAFETY: AVX2 and FMA were detected at run time (`CpuFeatures::detect`).
         return unsafe { accumulate_avx2(wt, d, idx, coef, out) };
     }
     accumulate_generic::<false>(wt, d, idx, coef, out)

@@ -74,9 +74,8 @@ pub fn bf16_to_f32(h: u16) -> f32 {
 pub fn packed_simd_available(ty: PackedType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && (ty == PackedType::F32 || std::arch::is_x86_feature_detected!("avx512bf16"))
+        let f = crate::cpu::CpuFeatures::detect();
+        f.avx512f && f.avx512bw && (ty == PackedType::F32 || f.avx512bf16)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -328,7 +328,8 @@ impl NeuronMajor {
     pub fn axpy_fast_is_int8() -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            crate::cpu::CpuFeatures::detect().has_avx512() && is_x86_feature_detected!("avx512vbmi")
+            let f = crate::cpu::CpuFeatures::detect();
+            f.has_avx512() && f.avx512vbmi
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
