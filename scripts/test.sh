@@ -1,12 +1,57 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: fetch models, check formatting and
-# lints, then run every test in release (model-level tests are too slow in
-# debug builds).
+# lints, run every test in release (model-level tests are too slow in debug
+# builds) without stopping at the first failing test binary, run the kernel
+# tests again on the AVX2 and scalar paths (SPINFER_CPU caps what the
+# kernels may use, so an AVX-512 machine also checks the code a CPU without
+# it runs), then end with one line: test binaries passed and failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-models.sh
-rustup target add wasm32-unknown-unknown
+# Installs the wasm32 target when it is missing.
 kernels-wasm/build.sh target/wasm-packs/spinfer_kernels_wasm.wasm
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
-cargo test --workspace --release
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+failed_runs=()
+
+# run LABEL COMMAND...: runs a cargo test command, keeping its output for the
+# summary; a failure is remembered, not fatal.
+run() {
+    local label=$1
+    shift
+    echo "=== $label: $*" | tee -a "$log"
+    if ! "$@" 2>&1 | tee -a "$log"; then
+        failed_runs+=("$label")
+    fi
+}
+
+run all cargo test --workspace --release --no-fail-fast
+# Every kernel (built-in and the SIMD pack's) against its scalar twin, and
+# the engine's own SIMD helpers, on the paths this CPU would not pick; the
+# SmolLM2 reference test on the AVX2 path as a whole-model check.
+for cap in avx2 scalar; do
+    run "SPINFER_CPU=$cap" env SPINFER_CPU=$cap cargo test --release --no-fail-fast \
+        -p spinfer-kernels -p spinfer-pack-cpu-simd -p spinfer-pack-cpu-portable
+    run "SPINFER_CPU=$cap engine" env SPINFER_CPU=$cap cargo test --release --no-fail-fast -p spinfer-engine --lib
+done
+run "SPINFER_CPU=avx2 smollm2" env SPINFER_CPU=avx2 cargo test --release --no-fail-fast \
+    -p spinfer-tests --test reference_smollm2
+if [ -x scripts/fuzz.sh ]; then
+    run "fuzz smoke" scripts/fuzz.sh --smoke
+fi
+
+# A test binary either ends with "test result: ok", or it failed (a failed
+# test, a crash, a timeout): count headers and successes.
+binaries=$(grep -cE '^ +(Running [^`].*\(.*\)|Doc-tests .*)$' "$log" || true)
+passed=$(grep -cE '^test result: ok\.' "$log" || true)
+failed=$((binaries - passed))
+echo
+for r in "${failed_runs[@]}"; do
+    echo "FAILED: $r"
+done
+grep -E '^ {4}`-p .*`$' "$log" | sed 's/^ */FAILED binary: /' || true
+echo "binaries: $passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ ${#failed_runs[@]} -eq 0 ]

@@ -1,6 +1,7 @@
 //! A memory budget below the model's FFN size: generation works from the
-//! hot/cold FFN bundle, and the peak RSS of the `spinfer` process stays
-//! under budget + non-FFN weights + 50 MB, below the unbudgeted run's.
+//! hot/cold FFN bundle; the peak RSS of the `spinfer` process stays under
+//! budget + non-FFN weights + 80 MB, and at least the cold FFN bytes below
+//! the unbudgeted run's, measured in the same test.
 
 use std::path::Path;
 use std::process::Command;
@@ -54,9 +55,16 @@ fn a_20mb_ffn_budget_holds_in_peak_rss() {
 
     let file = std::fs::metadata(&model).unwrap().len();
     let non_ffn = file - FFN_BYTES;
-    // Budget + non-FFN weights + 50 MB (binary, allocator, KV cache of a
-    // 512 context = 30 × 512 × 192 × 4 × 2 = 23.6 MB at most, activations).
-    let bound = 20_000_000 + non_ffn + 50_000_000;
+    let budget = 20_000_000;
+    // The absolute bound: budget + non-FFN weights + 80 MB for the rest of
+    // the process (binary and libraries, allocator, KV cache of a 512
+    // context = 30 × 512 × 192 × 4 × 2 = 23.6 MB, the low-rank predictor,
+    // activations). That rest measured 27 MB on an Intel Xeon with AMX
+    // here and 52 MB on another Xeon (120.5 MB peak: how much of the
+    // mapped file a touched page brings with it, fault-around and large
+    // page-cache folios, and transparent huge pages differ by kernel and
+    // machine); 80 MB is 1.5× the worst measured.
+    let bound = budget + non_ffn + 80_000_000;
     eprintln!(
         "peak RSS: budget 20 MB {:.1} MB (first run, writing the bundle: {:.1} MB), no budget {:.1} MB; bound {:.1} MB; \
          decode {:.1} vs {:.1} tok/s",
@@ -69,5 +77,15 @@ fn a_20mb_ffn_budget_holds_in_peak_rss() {
     );
     assert!(rss(&v) < bound, "peak RSS {} above {bound}", rss(&v));
     assert!(rss(&first) < bound, "peak RSS {} above {bound} while writing the bundle", rss(&first));
-    assert!(rss(&v) + 20_000_000 < rss(&free), "budgeted {} vs unbudgeted {}", rss(&v), rss(&free));
+    // Against the baseline taken in this test, on this machine (whatever
+    // its page-cache and allocator behaviour): the budget keeps at least
+    // the cold FFN bytes (all FFN bytes minus the budget) out of memory.
+    // Measured: 66 MB saved here against the 29.8 MB asked.
+    assert!(
+        rss(&v) + (FFN_BYTES - budget) < rss(&free),
+        "budgeted {} vs unbudgeted {}: less than the {} cold FFN bytes saved",
+        rss(&v),
+        rss(&free),
+        FFN_BYTES - budget
+    );
 }
