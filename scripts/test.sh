@@ -29,16 +29,21 @@ run() {
 }
 
 run all cargo test --workspace --release --no-fail-fast
-# Every kernel (built-in and the SIMD pack's) against its scalar twin, and
-# the engine's own SIMD helpers, on the paths this CPU would not pick; the
-# SmolLM2 reference test on the AVX2 path as a whole-model check.
-for cap in avx2 scalar; do
-    run "SPINFER_CPU=$cap" env SPINFER_CPU=$cap cargo test --release --no-fail-fast \
-        -p spinfer-kernels -p spinfer-pack-cpu-simd -p spinfer-pack-cpu-portable
-    run "SPINFER_CPU=$cap engine" env SPINFER_CPU=$cap cargo test --release --no-fail-fast -p spinfer-engine --lib
+# Every kernel (built-in and the packs') against its scalar twin, every
+# library's unit tests (the engine's own SIMD helpers among them), on the
+# paths this CPU would not pick; the SmolLM2 reference test on the AVX2
+# path as a whole-model check. `--workspace` with target filters keeps the
+# features of the first run, so nothing is rebuilt.
+kernel_tests=()
+for f in engine/kernels/tests/*.rs plugins/cpu-*/tests/*.rs; do
+    kernel_tests+=(--test "$(basename "$f" .rs)")
 done
-run "SPINFER_CPU=avx2 smollm2" env SPINFER_CPU=avx2 cargo test --release --no-fail-fast \
-    -p spinfer-tests --test reference_smollm2
+for cap in avx2 scalar; do
+    extra=()
+    [ "$cap" = avx2 ] && extra=(--test reference_smollm2)
+    run "SPINFER_CPU=$cap" env SPINFER_CPU=$cap cargo test --workspace --release --no-fail-fast \
+        --lib "${kernel_tests[@]}" "${extra[@]}"
+done
 if [ -x scripts/fuzz.sh ]; then
     run "fuzz smoke" scripts/fuzz.sh --smoke
 fi
@@ -48,6 +53,16 @@ fi
 binaries=$(grep -cE '^ +(Running [^`].*\(.*\)|Doc-tests .*)$' "$log" || true)
 passed=$(grep -cE '^test result: ok\.' "$log" || true)
 failed=$((binaries - passed))
+# Fuzz targets count as test binaries too (scripts/fuzz.sh's last line).
+if fuzz=$(grep -E '^fuzz targets: [0-9]+ passed, [0-9]+ failed$' "$log" | tail -1); then
+    read -r fp ff < <(echo "$fuzz" | sed -E 's/^fuzz targets: ([0-9]+) passed, ([0-9]+) failed$/\1 \2/')
+    passed=$((passed + fp))
+    failed=$((failed + ff))
+fi
+# A run that failed before any test binary ran (a build error) still counts.
+if [ ${#failed_runs[@]} -gt 0 ] && [ "$failed" -eq 0 ]; then
+    failed=${#failed_runs[@]}
+fi
 echo
 for r in "${failed_runs[@]}"; do
     echo "FAILED: $r"

@@ -5,6 +5,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use spinfer_engine::tuning::select::TIE_MARGIN;
+
 mod common;
 
 fn spinfer(args: &[&str]) -> Output {
@@ -134,9 +136,16 @@ fn tune_records_history_that_kernels_then_uses() {
         assert_eq!(op["why"], "measured", "{op}");
         let alts = op["alternatives"].as_array().unwrap();
         assert!(alts.len() >= 2 && alts.iter().all(|a| a["median_ns"].as_u64().is_some()), "{op}");
-        // The chosen kernel is the fastest measured one.
-        let best = alts.iter().min_by_key(|a| a["median_ns"].as_u64().unwrap()).unwrap();
-        assert!(best["kernel"].as_str().unwrap().ends_with(op["kernel"].as_str().unwrap()), "{op}");
+        // The chosen kernel is the fastest measured one, or tied with it:
+        // within the selection's margin (5%), a tie goes to registry order,
+        // since rankings that close flip between runs on a shared machine.
+        let fastest = alts.iter().map(|a| a["median_ns"].as_u64().unwrap()).min().unwrap();
+        let chosen = alts
+            .iter()
+            .find(|a| a["kernel"].as_str().unwrap().ends_with(op["kernel"].as_str().unwrap()))
+            .and_then(|a| a["median_ns"].as_u64())
+            .unwrap_or_else(|| panic!("the chosen kernel is not among the measured alternatives: {op}"));
+        assert!(chosen as f64 <= fastest as f64 * (1.0 + TIE_MARGIN), "{op}");
     }
 }
 
