@@ -55,7 +55,12 @@ fn keygen_sign_verify_inspect_and_tampering() {
     ok(&["pack", "sign", "--key", secret.to_str().unwrap(), p]);
     let out = ok(&["pack", "verify", p, "--trust", pubfile.to_str().unwrap()]);
     assert!(out.contains("demo-pack@1.0.0") && out.contains(public.trim()), "{out}");
-    assert!(ok(&["pack", "inspect", p]).contains("signature valid"));
+    // inspect says whether the signer is trusted, not only that the
+    // signature verifies.
+    let untrusted = ok(&["pack", "inspect", p]);
+    assert!(untrusted.contains("signature valid") && untrusted.contains("NOT trusted"), "{untrusted}");
+    let trusted = ok(&["pack", "inspect", p, "--trust", pubfile.to_str().unwrap()]);
+    assert!(trusted.contains("signature valid") && !trusted.contains("NOT trusted"), "{trusted}");
 
     // Another key is not trusted.
     let other = ok(&["pack", "keygen", "--name", "other", "--dir", keys.to_str().unwrap()]);

@@ -662,7 +662,13 @@ pub fn registry_from_config(c: &Config) -> Result<(KernelRegistry, Vec<PackStatu
         registry.exclude(name);
     }
     if let Some(h) = &c.packs.history {
-        registry.set_history(HistoryStore::open(h)?);
+        // A store another process held too long is not set at all (it
+        // already said so, once): the registry then explains its choices as
+        // having no history, not as measured on an empty one.
+        let store = HistoryStore::open(h)?;
+        if store.is_loaded() {
+            registry.set_history(store);
+        }
     }
     let policy = c.trust_policy()?;
     let host = host_info();
