@@ -131,6 +131,13 @@ impl Embedder {
         if options.batch_size == 0 {
             return Err(Error::InvalidArgument("batch size must be at least 1".into()));
         }
+        if options.threads > crate::model::llama::MAX_THREADS {
+            return Err(Error::InvalidArgument(format!(
+                "{} threads (EmbedderOptions::threads) is more than the {} allowed",
+                options.threads,
+                crate::model::llama::MAX_THREADS
+            )));
+        }
         let meta = std::fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
         if !meta.is_dir() {
             return Err(Error::format(dir, "is not a directory (give the sentence-transformers model directory)"));
@@ -339,7 +346,7 @@ fn read_modules(dir: &Path) -> Result<Modules> {
 
 /// Reads a Pooling module's `config.json`.
 fn read_pooling(path: &Path, hidden: usize) -> Result<Pooling> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::bounded::read_text(path, crate::bounded::MAX_CONFIG_BYTES, "a pooling config")?;
     let json: Value = serde_json::from_str(&text).map_err(|e| Error::format(path, format!("invalid json: {e}")))?;
     let key_err = |key: &str, detail: String| Error::Metadata { path: path.to_path_buf(), key: key.into(), detail };
     let flag = |key: &str| -> Result<bool> {
@@ -373,10 +380,8 @@ fn read_pooling(path: &Path, hidden: usize) -> Result<Pooling> {
 /// `Some((path, json))` if the file exists; an error if it exists but is
 /// not valid JSON.
 fn read_optional_json(path: &Path) -> Result<Option<(PathBuf, Value)>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(path, e)),
+    let Some(text) = crate::bounded::read_text_opt(path, crate::bounded::MAX_CONFIG_BYTES, "a JSON config")? else {
+        return Ok(None);
     };
     let json = serde_json::from_str(&text).map_err(|e| Error::format(path, format!("invalid json: {e}")))?;
     Ok(Some((path.to_path_buf(), json)))
@@ -529,6 +534,14 @@ mod tests {
         assert!((cosine(&[1.0, 0.0], &[1.0, 0.0]) - 1.0).abs() < 1e-7);
         assert!(cosine(&[1.0, 0.0], &[0.0, 1.0]).abs() < 1e-7);
         assert_eq!(cosine(&[0.0, 0.0], &[1.0, 1.0]), 0.0);
+    }
+
+    #[test]
+    fn a_thread_count_past_the_limit_is_refused_before_anything_is_read() {
+        let options = EmbedderOptions { threads: 1 << 30, ..EmbedderOptions::default() };
+        let Err(e) = Embedder::load(Path::new("/nonexistent"), options) else { panic!("loaded") };
+        let e = e.to_string();
+        assert!(e.contains("1073741824 threads") && e.contains("EmbedderOptions::threads"), "{e}");
     }
 
     #[test]

@@ -1,4 +1,5 @@
 //! spinfer's inference engine.
+mod bounded;
 pub mod config;
 pub mod convert;
 pub mod embed;

@@ -409,18 +409,8 @@ pub fn open_model(path: &Path) -> Result<Box<dyn Loader>> {
     }
 }
 
-/// Largest `config.json` or index file read (real ones are kilobytes; the
-/// bound keeps a hostile file from being read whole into memory).
-const MAX_JSON_BYTES: u64 = 64 << 20;
-
 fn read_json(path: &Path) -> Result<Value> {
-    use std::io::Read;
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut text = String::new();
-    file.take(MAX_JSON_BYTES + 1).read_to_string(&mut text).map_err(|e| Error::io(path, e))?;
-    if text.len() as u64 > MAX_JSON_BYTES {
-        return Err(Error::format(path, format!("is larger than {} MiB: not a model config", MAX_JSON_BYTES >> 20)));
-    }
+    let text = crate::bounded::read_text(path, crate::bounded::MAX_CONFIG_BYTES, "a model config")?;
     serde_json::from_str(&text).map_err(|e| Error::format(path, format!("invalid json: {e}")))
 }
 

@@ -32,8 +32,9 @@ fn tk_err(path: &Path, e: impl std::fmt::Display) -> Error {
 }
 
 pub(crate) fn load(path: &Path) -> Result<Loaded> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::bounded::read_text(path, crate::bounded::MAX_TOKENIZER_BYTES, "a tokenizer.json")?;
     let json: Json = serde_json::from_str(&text).map_err(|e| tk_err(path, format!("not valid JSON: {e}")))?;
+    check_bpe_merges(&json["model"]).map_err(|e| tk_err(path, format!("model: {e}")))?;
     let mut tk = tokenizers::Tokenizer::from_str(&text).map_err(|e| tk_err(path, e))?;
     if let Some(pp) = tk.get_post_processor() {
         check_post_processor(pp).map_err(|e| tk_err(path, format!("post_processor: {e}")))?;
@@ -75,7 +76,7 @@ pub(crate) fn load(path: &Path) -> Result<Loaded> {
     // BOS/EOS: tokenizer_config.json, then config.json, then common names.
     let dir = path.parent().unwrap_or(Path::new("."));
     let read = |name: &str| -> Option<Json> {
-        let s = std::fs::read_to_string(dir.join(name)).ok()?;
+        let s = crate::bounded::read_text(&dir.join(name), crate::bounded::MAX_CONFIG_BYTES, "a JSON config").ok()?;
         serde_json::from_str(&s).ok()
     };
     let tcfg = read("tokenizer_config.json");
@@ -138,6 +139,34 @@ fn check_post_processor(pp: &PostProcessorWrapper) -> std::result::Result<(), St
         PostProcessorWrapper::Sequence(s) => (0..).map_while(|i| s.get(i)).try_for_each(check_post_processor),
         _ => Ok(()),
     }
+}
+
+/// Refuses BPE merges whose second token does not start with the model's
+/// `continuing_subword_prefix`: `tokenizers` strips that many bytes from it
+/// unchecked while building the merge table (a subtraction that underflows,
+/// or a cut inside a UTF-8 character; found by the `safetensors` fuzz target).
+/// Checked whatever the model's `type` says: `tokenizers` also reads a model
+/// without a `type` as BPE when it has merges.
+fn check_bpe_merges(model: &Json) -> std::result::Result<(), String> {
+    let Some(prefix) = model.get("continuing_subword_prefix").and_then(Json::as_str).filter(|p| !p.is_empty()) else {
+        return Ok(());
+    };
+    let Some(merges) = model.get("merges").and_then(Json::as_array) else { return Ok(()) };
+    for (i, m) in merges.iter().enumerate() {
+        let second = match m {
+            Json::String(s) => s.split_once(' ').map(|(_, b)| b),
+            Json::Array(a) => a.get(1).and_then(Json::as_str),
+            _ => None,
+        };
+        if let Some(b) = second.filter(|b| !b.starts_with(prefix)) {
+            let b: String = b.chars().take(32).collect();
+            return Err(format!(
+                "merge #{i}: second token '{b}' does not start with continuing_subword_prefix '{}'",
+                prefix.chars().take(32).collect::<String>()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether a component (or a `Sequence` of them) has the given `type`.
