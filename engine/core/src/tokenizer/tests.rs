@@ -305,3 +305,28 @@ fn template_with_undefined_special_token_is_refused() {
     let e = Tokenizer::from_json_file(&path).unwrap_err().to_string();
     assert!(e.contains("post_processor") && e.contains("[MISSING]"), "{e}");
 }
+
+/// BPE merges whose second token lacks the `continuing_subword_prefix` are
+/// refused at load: `tokenizers` would strip the prefix's length from them
+/// unchecked and panic, or cut a UTF-8 character (found by the
+/// `safetensors` fuzz target, tests/fuzz).
+#[test]
+fn bpe_merge_without_subword_prefix_is_refused() {
+    let json = |second: &str| {
+        format!(
+            r###"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+            "pre_tokenizer":null,"post_processor":null,"decoder":null,
+            "model":{{"type":"BPE","continuing_subword_prefix":"##","vocab":{{"a":0,"b":1,"##b":2,"ab":3,"é":4}},
+              "merges":["a {second}"]}}}}"###
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, json("##b")).unwrap();
+    Tokenizer::from_json_file(&path).expect("a prefixed merge loads");
+    for bad in ["b", "é"] {
+        std::fs::write(&path, json(bad)).unwrap();
+        let e = Tokenizer::from_json_file(&path).unwrap_err().to_string();
+        assert!(e.contains("continuing_subword_prefix"), "{e}");
+    }
+}
