@@ -89,10 +89,9 @@ fn oversized_manifest_is_refused_before_parsing_quickly_and_with_bounded_memory(
         assert!(msg.contains("pack.toml") && msg.contains(&MAX_MANIFEST_BYTES.to_string()), "{msg}");
         assert!(msg.len() < 300, "{msg}");
     }
-    let ms = t.elapsed().as_millis();
-    // Refused from fstat's size, before a byte is read: milliseconds. 1 s is a wide margin for a
-    // loaded CI machine.
-    assert!(ms < 1000, "took {ms} ms");
+    // Refused from fstat's size, before a byte is read: the proof is the resident set below, not
+    // the time (tests assert no wall-clock bound; it is reported).
+    eprintln!("three refusals of a 100 MB manifest: {} ms", t.elapsed().as_millis());
     let grown = rss_kb().saturating_sub(before);
     // Peak RSS did not grow by the file's size (100 MB): 16 MB leaves room for allocator noise.
     assert!(grown < 16_000, "peak RSS grew by {grown} kB");
