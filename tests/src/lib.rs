@@ -2,6 +2,8 @@
 //! reference data are.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
 
 use serde::Deserialize;
 
@@ -87,4 +89,38 @@ pub fn top_k(x: &[f32], k: usize) -> Vec<u32> {
     idx.sort_by(|&a, &b| x[b as usize].total_cmp(&x[a as usize]));
     idx.truncate(k);
     idx
+}
+
+/// `target/<profile>`, from the running test executable's path
+/// (`target/<profile>/deps/<test>-<hash>`).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable's path");
+    exe.parent().and_then(Path::parent).expect("test executable inside target/<profile>/deps").to_path_buf()
+}
+
+/// Builds both shipped native pack libraries (cpu-simd, cpu-portable) for
+/// the running test's profile and returns the profile directory holding
+/// them. `cargo test` does not reliably leave an up-to-date cdylib there
+/// (as plugins/cpu-portable/tests/dlopen.rs notes), so this runs `cargo
+/// build`, a no-op when they are fresh; once per test binary.
+pub fn built_pack_libs() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = profile_dir();
+        let profile = match dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "dev".to_string(),
+            Some(name) => name.to_string(),
+            None => panic!("cannot tell the cargo profile from {}", dir.display()),
+        };
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let status = Command::new(cargo)
+            .args(["build", "-p", "spinfer-pack-cpu-simd", "-p", "spinfer-pack-cpu-portable", "--profile", &profile])
+            .arg("--target-dir")
+            .arg(dir.parent().expect("target dir"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("running cargo build");
+        assert!(status.success(), "cargo build of the packs (profile {profile}) failed");
+        dir
+    })
 }

@@ -4,8 +4,7 @@
 //! pack does not run on).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use spinfer_engine::Engine;
 use spinfer_engine::gguf::GgufFile;
@@ -21,41 +20,9 @@ use spinfer_tests::smollm2;
 
 const PROMPT: &str = "The capital of France is";
 
-/// `target/<profile>`, from this test executable's path
-/// (`target/<profile>/deps/<test>-<hash>`).
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).expect("test executable inside target/<profile>/deps").to_path_buf()
-}
-
-/// Builds both pack libraries for this test's profile (as
-/// plugins/cpu-portable/tests/dlopen.rs does: `cargo test` does not
-/// reliably leave an up-to-date cdylib) and returns the profile directory.
-fn built_libs() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = profile_dir();
-        let profile = match dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") => "dev".to_string(),
-            Some(name) => name.to_string(),
-            None => panic!("cannot tell the cargo profile from {}", dir.display()),
-        };
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-        let status = Command::new(cargo)
-            .args(["build", "-p", "spinfer-pack-cpu-simd", "-p", "spinfer-pack-cpu-portable", "--profile", &profile])
-            .arg("--target-dir")
-            .arg(dir.parent().expect("target dir"))
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("running cargo build");
-        assert!(status.success(), "cargo build of the packs (profile {profile}) failed");
-        dir
-    })
-}
-
 /// The built library of pack `crate_stem` (`"cpu_simd"`).
 fn lib(crate_stem: &str) -> PathBuf {
-    let p = built_libs().join(format!("libspinfer_pack_{crate_stem}.so"));
+    let p = spinfer_tests::built_pack_libs().join(format!("libspinfer_pack_{crate_stem}.so"));
     assert!(p.exists(), "{} was not built", p.display());
     p
 }

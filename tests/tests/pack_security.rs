@@ -7,9 +7,8 @@
 //! clear error, and the engine still loading a good pack afterwards.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use spinfer_engine::config::Config;
@@ -17,39 +16,9 @@ use spinfer_engine::engine::{PackStatus, registry_from_config};
 use spinfer_engine::packs::{NativePack, WasmLimits, WasmPack, host_info};
 use spinfer_registry::{KeyPair, RegistryError, TrustPolicy, sha256_hex, sign_pack, verify_pack};
 
-/// `target/<profile>`, from this test executable's path.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).expect("test executable inside target/<profile>/deps").to_path_buf()
-}
-
-/// Builds both pack libraries for this test's profile (as
-/// tests/native_packs.rs does) and returns the profile directory.
-fn built_libs() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = profile_dir();
-        let profile = match dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") => "dev".to_string(),
-            Some(name) => name.to_string(),
-            None => panic!("cannot tell the cargo profile from {}", dir.display()),
-        };
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-        let status = Command::new(cargo)
-            .args(["build", "-p", "spinfer-pack-cpu-simd", "-p", "spinfer-pack-cpu-portable", "--profile", &profile])
-            .arg("--target-dir")
-            .arg(dir.parent().expect("target dir"))
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("running cargo build");
-        assert!(status.success(), "cargo build of the packs (profile {profile}) failed");
-        dir
-    })
-}
-
 /// The bytes of pack library `crate_stem` (`"cpu_simd"`).
 fn lib(crate_stem: &str) -> Vec<u8> {
-    let p = built_libs().join(format!("libspinfer_pack_{crate_stem}.so"));
+    let p = spinfer_tests::built_pack_libs().join(format!("libspinfer_pack_{crate_stem}.so"));
     std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
