@@ -438,8 +438,9 @@ struct WasmKernel {
     row_bytes: usize,
     /// Calls so far (picks the output each call's spot check recomputes).
     calls: AtomicUsize,
-    /// The scalar reference kernel for one row of `desc`, built on first use.
-    reference: OnceLock<Option<Mutex<Box<dyn MatmulKernel>>>>,
+    /// The scalar reference kernel for one row of `desc`, with its
+    /// one-thread pool and scratch, built on first use (not per call).
+    reference: OnceLock<Option<Mutex<SpotReference>>>,
 }
 
 impl MatmulKernel for WasmKernel {
@@ -486,6 +487,13 @@ impl MatmulKernel for WasmKernel {
     }
 }
 
+/// What a [`WasmKernel`]'s spot check reuses from call to call.
+struct SpotReference {
+    kernel: Box<dyn MatmulKernel>,
+    pool: ThreadPool,
+    scratch: Vec<u8>,
+}
+
 impl WasmKernel {
     /// Recomputes one output of this call, chosen anew on every call
     /// (deterministically from a call counter), with the engine's scalar
@@ -500,7 +508,7 @@ impl WasmKernel {
             let one_row = MatmulDesc { rows: 1, ..*d };
             spinfer_kernels::kernel::candidates(&one_row, &spinfer_kernels::cpu::CpuFeatures::default())
                 .pop()
-                .map(Mutex::new)
+                .map(|kernel| Mutex::new(SpotReference { kernel, pool: ThreadPool::new(1), scratch: Vec::new() }))
         }) else {
             return Ok(()); // no reference for this pair: nothing to compare with
         };
@@ -515,8 +523,9 @@ impl WasmKernel {
         let mut want = [0.0f32];
         let row = &w[r * self.row_bytes..(r + 1) * self.row_bytes];
         let xt = &x[t * d.cols..(t + 1) * d.cols];
-        let k = reference.lock().unwrap_or_else(PoisonError::into_inner);
-        if k.run(&ThreadPool::new(1), row, xt, 1, &mut want, &mut Vec::new()).is_err() {
+        let mut guard = reference.lock().unwrap_or_else(PoisonError::into_inner);
+        let SpotReference { kernel, pool, scratch } = &mut *guard;
+        if kernel.run(pool, row, xt, 1, &mut want, scratch).is_err() {
             return Ok(());
         }
         let (got, want) = (out[t * d.rows + r], want[0]);
