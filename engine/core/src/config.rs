@@ -169,24 +169,19 @@ impl<'de> Deserialize<'de> for TrustedKeySetting {
             key: String,
             names: Vec<String>,
         }
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = TrustedKeySetting;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a key \"ed25519:<base64>\" or a table { key = \"ed25519:<base64>\", names = [...] }")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<TrustedKeySetting, E> {
-                Ok(TrustedKeySetting { key: v.to_string(), names: None })
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                map: A,
-            ) -> std::result::Result<TrustedKeySetting, A::Error> {
-                let t = Table::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
-                Ok(TrustedKeySetting { key: t.key, names: Some(t.names) })
-            }
+        #[derive(Deserialize)]
+        #[serde(
+            untagged,
+            expecting = "a key \"ed25519:<base64>\" or a table { key = \"ed25519:<base64>\", names = [...] }"
+        )]
+        enum Raw {
+            Any(String),
+            Named(Table),
         }
-        d.deserialize_any(V)
+        Ok(match Raw::deserialize(d)? {
+            Raw::Any(key) => TrustedKeySetting { key, names: None },
+            Raw::Named(Table { key, names }) => TrustedKeySetting { key, names: Some(names) },
+        })
     }
 }
 
