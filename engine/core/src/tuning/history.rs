@@ -9,12 +9,18 @@
 //! records, not millions, and the scan is exact where an HNSW search is
 //! approximate.
 //!
+//! Records are loaded from the metadata table directly (redb), never
+//! through ruvector's `get`, which decodes the stored vector with no length
+//! limit: a corrupt file must not size an allocation.
+//!
 //! Concurrency: redb locks its file for one process at a time. Readers
 //! (every engine started with a history) load the records and release the
 //! file at once; a writer (`spinfer tune`) holds it while it records. Both
 //! retry with jittered backoff while another process holds it (see
-//! [`HistoryStore`]). The configuration stored in the file must match ours:
-//! [`HistoryStore::open`] checks the stored dimensions.
+//! [`HistoryStore`]); within one process, a reader opened while a writer
+//! holds the same file waits like one in another process. The configuration
+//! stored in the file must match ours: [`HistoryStore::open`] checks the
+//! stored dimensions.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -208,62 +214,148 @@ fn db_options(path: &Path) -> DbOptions {
     }
 }
 
-/// Opens the store at `path`, retrying while another process holds it
-/// (jittered exponential backoff, 5 ms doubling to 250 ms) for at most
-/// `wait`. `Ok(None)`: still locked after `wait`.
-fn acquire(path: &Path, wait: Duration) -> Result<Option<VectorStorage>> {
+/// What one attempt to take the store's file lock gave.
+enum Attempt<T> {
+    Got(T),
+    /// Another process holds the file.
+    Locked,
+}
+
+/// Runs `attempt` until it gets the file, retrying while another process
+/// holds it (jittered exponential backoff, 5 ms doubling to 250 ms) for at
+/// most `wait`. `Ok(None)`: still locked after `wait`.
+fn with_backoff<T>(wait: Duration, mut attempt: impl FnMut() -> Result<Attempt<T>>) -> Result<Option<T>> {
     let start = Instant::now();
     let mut delay = Duration::from_millis(5);
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     let mut seed = (u64::from(std::process::id()) << 32) ^ nanos ^ 0x9e37_79b9_7f4a_7c15;
     loop {
-        match VectorStorage::new(path, DIM) {
-            Ok(db) => {
-                // The stored configuration must be ours: refuse a foreign
-                // database; record ours in a new one.
-                match db.load_config().map_err(|e| db_err(path, e))? {
-                    Some(o) if o.dimensions != DIM => {
-                        return Err(db_err(path, format!("holds {}-d vectors, expected {DIM}", o.dimensions)));
-                    }
-                    Some(_) => {}
-                    None => db.save_config(&db_options(path)).map_err(|e| db_err(path, e))?,
-                }
-                return Ok(Some(db));
-            }
-            Err(e) if is_locked(&e) => {
-                let elapsed = start.elapsed();
-                if elapsed >= wait {
-                    return Ok(None);
-                }
-                // xorshift jitter: the delay times 0.5..1.5, so processes
-                // started together do not retry in lockstep.
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                let jittered = delay.mul_f64(0.5 + (seed % 1000) as f64 / 1000.0);
-                std::thread::sleep(jittered.min(wait - elapsed));
-                delay = (delay * 2).min(Duration::from_millis(250));
-            }
-            Err(e) => return Err(db_err(path, e)),
+        if let Attempt::Got(t) = attempt()? {
+            return Ok(Some(t));
         }
+        let elapsed = start.elapsed();
+        if elapsed >= wait {
+            return Ok(None);
+        }
+        // xorshift jitter: the delay times 0.5..1.5, so processes started
+        // together do not retry in lockstep.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let jittered = delay.mul_f64(0.5 + (seed % 1000) as f64 / 1000.0);
+        std::thread::sleep(jittered.min(wait - elapsed));
+        delay = (delay * 2).min(Duration::from_millis(250));
     }
 }
 
-/// Every record in `db`, ordered by (date, id); entries that do not
-/// deserialise are skipped with a warning.
-fn read_records(db: &VectorStorage, path: &Path) -> Result<Vec<(String, Record)>> {
+/// Takes the store at `path` for writing through ruvector-core (created with
+/// our configuration if new), waiting at most `wait` for another process to
+/// release it. `Ok(None)`: still locked after `wait`.
+fn acquire(path: &Path, wait: Duration) -> Result<Option<VectorStorage>> {
+    with_backoff(wait, || match VectorStorage::new(path, DIM) {
+        Ok(db) => {
+            // The stored configuration must be ours: refuse a foreign
+            // database; record ours in a new one.
+            match db.load_config().map_err(|e| db_err(path, e))? {
+                Some(o) => check_dims(path, o.dimensions)?,
+                None => db.save_config(&db_options(path)).map_err(|e| db_err(path, e))?,
+            }
+            Ok(Attempt::Got(db))
+        }
+        Err(e) if is_locked(&e) => Ok(Attempt::Locked),
+        Err(e) => Err(db_err(path, e)),
+    })
+}
+
+fn check_dims(path: &Path, dimensions: usize) -> Result<()> {
+    if dimensions != DIM {
+        return Err(db_err(path, format!("holds {dimensions}-d vectors, expected {DIM}")));
+    }
+    Ok(())
+}
+
+// The tables ruvector-core 2.4's `VectorStorage` keeps (storage.rs), read
+// directly so that loading a history never decodes a stored vector:
+// ruvector's `get` bincode-decodes it with no length limit, so a corrupt
+// entry could size any allocation. Records need only their metadata; the
+// vector is recomputed from it. `round_trip_across_reopen` (below) pins
+// these names to the ruvector-core version in Cargo.lock.
+const VECTORS_TABLE: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("vectors");
+const METADATA_TABLE: redb::TableDefinition<&str, &str> = redb::TableDefinition::new("metadata");
+const CONFIG_TABLE: redb::TableDefinition<&str, &str> = redb::TableDefinition::new("config");
+const CONFIG_KEY: &str = "__ruvector_db_config__";
+
+/// Longest metadata entry read: a record's JSON is about 300 bytes, and its
+/// host fingerprint (CPU model and feature list) is the only open-ended part.
+const MAX_RECORD_BYTES: usize = 16 * 1024;
+
+/// The records in a store file, read without taking it for writing.
+struct Snapshot {
+    /// Every record, ordered by (date, id).
+    records: Vec<(String, Record)>,
+    /// Entries in the vectors table (one per record ruvector inserted).
+    vectors: u64,
+}
+
+/// Reads every record of the store at `path` (a missing file holds none),
+/// waiting at most `wait` while another process holds the file.
+/// `Ok(None)`: still locked after `wait`. Entries whose metadata is missing,
+/// oversized or not a record are skipped with a warning; a foreign
+/// configuration or an unreadable file is an error.
+fn read_snapshot(path: &Path, wait: Duration) -> Result<Option<Snapshot>> {
+    use redb::{ReadableTable, ReadableTableMetadata, TableError};
+    let err = |e: redb::Error| db_err(path, e);
+    let Some(db) = with_backoff(wait, || match redb::Database::open(path) {
+        Ok(db) => Ok(Attempt::Got(Some(db))),
+        Err(redb::DatabaseError::DatabaseAlreadyOpen) => Ok(Attempt::Locked),
+        Err(redb::DatabaseError::Storage(redb::StorageError::Io(e))) if e.kind() == std::io::ErrorKind::NotFound => {
+            Ok(Attempt::Got(None))
+        }
+        Err(e) => Err(err(e.into())),
+    })?
+    else {
+        return Ok(None);
+    };
+    let Some(db) = db else { return Ok(Some(Snapshot { records: Vec::new(), vectors: 0 })) };
+    let tx = db.begin_read().map_err(|e| err(e.into()))?;
+    // A table ruvector has not created yet holds nothing.
+    let missing = |e: &TableError| matches!(e, TableError::TableDoesNotExist(_));
+    match tx.open_table(CONFIG_TABLE) {
+        Ok(t) => {
+            if let Some(v) = t.get(CONFIG_KEY).map_err(|e| err(e.into()))? {
+                let o: DbOptions = serde_json::from_str(v.value())
+                    .map_err(|e| db_err(path, format!("stored configuration: {e}")))?;
+                check_dims(path, o.dimensions)?;
+            }
+        }
+        Err(e) if missing(&e) => {}
+        Err(e) => return Err(err(e.into())),
+    }
+    let vectors = match tx.open_table(VECTORS_TABLE) {
+        Ok(t) => t.len().map_err(|e| err(e.into()))?,
+        Err(e) if missing(&e) => 0,
+        Err(e) => return Err(err(e.into())),
+    };
     let mut records = Vec::new();
-    for id in db.all_ids().map_err(|e| db_err(path, e))? {
-        let Some(entry) = db.get(&id).map_err(|e| db_err(path, e))? else { continue };
-        let Some(meta) = entry.metadata else { continue };
-        let obj: serde_json::Map<String, serde_json::Value> = meta.into_iter().collect();
-        match serde_json::from_value::<Record>(serde_json::Value::Object(obj)) {
-            Ok(r) => records.push((id, r)),
+    let table = match tx.open_table(METADATA_TABLE) {
+        Ok(t) => t,
+        Err(e) if missing(&e) => return Ok(Some(Snapshot { records, vectors })),
+        Err(e) => return Err(err(e.into())),
+    };
+    for entry in table.iter().map_err(|e| err(e.into()))? {
+        let (id, meta) = entry.map_err(|e| err(e.into()))?;
+        let (id, meta) = (id.value(), meta.value());
+        if meta.len() > MAX_RECORD_BYTES {
+            tracing::warn!("{}: skipping history entry '{id}': {} bytes of metadata", path.display(), meta.len());
+            continue;
+        }
+        match serde_json::from_str::<Record>(meta) {
+            Ok(r) => records.push((id.to_string(), r)),
             Err(e) => tracing::warn!("{}: skipping history entry '{id}': {e}", path.display()),
         }
     }
     records.sort_by(|a, b| (a.1.date, &a.0).cmp(&(b.1.date, &b.0)));
-    Ok(records)
+    Ok(Some(Snapshot { records, vectors }))
 }
 
 impl HistoryStore {
@@ -280,7 +372,7 @@ impl HistoryStore {
     /// [`HistoryStore::open`] waiting at most `wait` for the lock.
     pub fn open_waiting(path: impl AsRef<Path>, wait: Duration) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let Some(db) = acquire(&path, wait)? else {
+        let Some(snapshot) = read_snapshot(&path, wait)? else {
             tracing::warn!(
                 "history store {} is held by another process (waited {:.1} s): running without kernel history",
                 path.display(),
@@ -288,9 +380,7 @@ impl HistoryStore {
             );
             return Ok(Self { db: None, path, records: Vec::new(), loaded: false });
         };
-        let records = read_records(&db, &path)?;
-        drop(db);
-        Ok(Self { db: None, path, records, loaded: true })
+        Ok(Self { db: None, path, records: snapshot.records, loaded: true })
     }
 
     /// Opens the history at `path` for writing: takes the file (waiting up
@@ -305,21 +395,32 @@ impl HistoryStore {
     /// Takes the file for writing (if not held yet) and reloads the
     /// records, which other processes may have added since.
     fn take_lock(&mut self) -> Result<&VectorStorage> {
-        if self.db.is_none() {
-            let Some(db) = acquire(&self.path, WRITE_WAIT)? else {
-                return Err(db_err(
-                    &self.path,
-                    format!(
-                        "held by another process for more than {} s (another `spinfer tune` writing?); try again",
-                        WRITE_WAIT.as_secs()
-                    ),
-                ));
-            };
-            self.records = read_records(&db, &self.path)?;
-            self.loaded = true;
-            self.db = Some(db);
+        let held = |path: &Path| {
+            db_err(
+                path,
+                format!(
+                    "held by another process for more than {} s (another `spinfer tune` writing?); try again",
+                    WRITE_WAIT.as_secs()
+                ),
+            )
+        };
+        let deadline = Instant::now() + WRITE_WAIT;
+        while self.db.is_none() {
+            // The records are read from the file before ruvector takes it
+            // (one process holds a redb file at a time); a writer that got
+            // in between shows as more vectors than were read: read again.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some(snapshot) = read_snapshot(&self.path, left)? else { return Err(held(&self.path)) };
+            let Some(db) = acquire(&self.path, left)? else { return Err(held(&self.path)) };
+            if db.len().map_err(|e| db_err(&self.path, e))? as u64 == snapshot.vectors {
+                self.records = snapshot.records;
+                self.loaded = true;
+                self.db = Some(db);
+            } else if Instant::now() >= deadline {
+                return Err(held(&self.path));
+            }
         }
-        Ok(self.db.as_ref().expect("just set"))
+        Ok(self.db.as_ref().expect("held"))
     }
 
     pub fn path(&self) -> &Path {
@@ -610,6 +711,40 @@ mod tests {
         let h = HistoryStore::open(&path).unwrap();
         assert!(h.is_loaded());
         assert_eq!(h.records().map(|r| r.median_ns.unwrap()).collect::<Vec<_>>(), vec![1, 2]);
+    }
+
+    /// A stored vector whose bincode length prefix claims 2^62 floats (a
+    /// corrupt or hostile file; found by the `history` fuzz target) is never
+    /// decoded: readers and writers load the records from their metadata,
+    /// and a reader of a missing file creates nothing.
+    #[test]
+    fn corrupt_vector_is_never_decoded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("history.redb");
+        let missing = HistoryStore::open(&path).unwrap();
+        assert!(missing.is_loaded() && missing.is_empty() && !path.exists());
+        let rec = |i: u64| make_record("h", &desc(64, 64), Phase::Decode, 1, "x/k", Some(i), None, i);
+        HistoryStore::open_writer(&path).unwrap().record(&rec(1)).unwrap();
+        {
+            let db = redb::Database::open(&path).unwrap();
+            let tx = db.begin_write().unwrap();
+            {
+                // bincode varint: 0xfd, then a little-endian u64.
+                let mut huge = vec![0xfd];
+                huge.extend_from_slice(&(1u64 << 62).to_le_bytes());
+                tx.open_table(VECTORS_TABLE).unwrap().insert("evil", huge.as_slice()).unwrap();
+                let meta = serde_json::to_string(&rec(2)).unwrap();
+                tx.open_table(METADATA_TABLE).unwrap().insert("evil", meta.as_str()).unwrap();
+            }
+            tx.commit().unwrap();
+        }
+        let h = HistoryStore::open(&path).unwrap();
+        assert_eq!(h.records().map(|r| r.median_ns.unwrap()).collect::<Vec<_>>(), vec![1, 2]);
+        let mut w = HistoryStore::open_writer(&path).unwrap();
+        assert_eq!(w.len(), 2);
+        w.record(&rec(3)).unwrap();
+        drop(w);
+        assert_eq!(HistoryStore::open(&path).unwrap().len(), 3);
     }
 
     #[test]
