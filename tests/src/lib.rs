@@ -35,6 +35,23 @@ pub fn smollm2() -> Option<PathBuf> {
     None
 }
 
+/// The Gemma 3 270M Q4_K_M GGUF: `$SPINFER_GEMMA_MODEL` or
+/// `models/gemma-3-270m-Q4_K_M.gguf`. `None` (the test should skip, saying
+/// so) when absent outside CI; a failure in CI, as for [`smollm2`].
+pub fn gemma3() -> Option<PathBuf> {
+    let p = std::env::var_os("SPINFER_GEMMA_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("models/gemma-3-270m-Q4_K_M.gguf"));
+    if p.exists() {
+        return Some(p);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{} is missing in CI: scripts/fetch-models.sh should have fetched it", p.display());
+    }
+    eprintln!("skipping: {} not found (run scripts/fetch-models.sh)", p.display());
+    None
+}
+
 /// The all-MiniLM-L6-v2 sentence-transformers directory:
 /// `$SPINFER_EMBED_MODEL` or `models/all-MiniLM-L6-v2`. `None` (the test
 /// should skip, saying so) when absent outside CI; a failure in CI, as for
@@ -81,6 +98,24 @@ impl RefPrompt {
 pub fn reference() -> Reference {
     let s = std::fs::read_to_string(data("reference/smollm2-135m-instruct.json")).expect("reference json");
     serde_json::from_str(&s).expect("reference json parses")
+}
+
+/// The Gemma 3 270M reference outputs (same prompt fields as SmolLM2's;
+/// `input_ids` start with `<bos>`).
+pub fn gemma3_reference() -> Reference {
+    let s = std::fs::read_to_string(data("reference/gemma3-270m.json")).expect("gemma3 reference json");
+    serde_json::from_str(&s).expect("gemma3 reference json parses")
+}
+
+/// The first 2,048 token ids of WikiText-2's test file (CRLF -> LF), tokenised
+/// whole by the reference tokenizer with its one `<bos>` at the start.
+pub fn gemma3_wikitext_ids_head() -> Vec<u32> {
+    #[derive(Deserialize)]
+    struct Head {
+        ids_bos_first_2048: Vec<u32>,
+    }
+    let s = std::fs::read_to_string(data("reference/gemma3-270m.wikitext_ids_head.json")).expect("wikitext ids json");
+    serde_json::from_str::<Head>(&s).expect("wikitext ids json parses").ids_bos_first_2048
 }
 
 /// Indices of the `k` largest values, best first.
