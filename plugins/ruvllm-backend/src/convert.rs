@@ -87,6 +87,9 @@ pub(crate) fn model_info(name: &str, engine: &Engine) -> ModelInfo {
     let c = &model.config;
     let architecture = match c.arch {
         Arch::Qwen2 => ModelArchitecture::Qwen,
+        // RuvLLM 2.5 names Gemma and Gemma-2; Gemma 3 shares Gemma-2's
+        // local/global attention.
+        Arch::Gemma3 => ModelArchitecture::Gemma2,
         Arch::Llama => match ModelArchitecture::detect_from_model_id(name) {
             Some(ModelArchitecture::Mistral) => ModelArchitecture::Mistral,
             _ => ModelArchitecture::Llama,

@@ -13,9 +13,47 @@ pub enum Arch {
     Llama,
     /// Qwen2: Llama plus biases on the q/k/v projections.
     Qwen2,
+    /// Gemma 3 text models (GGUF `gemma3`): embeddings scaled by √dim,
+    /// QK-norm, norms after attention and FFN as well as before, GeGLU
+    /// (tanh GELU), local sliding-window layers between global ones
+    /// ([`SlidingWindow`]). RMSNorm weights in GGUF already hold Gemma's
+    /// `1 + w`.
+    Gemma3,
 }
 
-pub const SUPPORTED_ARCHS: &str = "llama, mistral, qwen2";
+/// Architectures read from GGUF.
+pub const SUPPORTED_ARCHS: &str = "llama, mistral, qwen2, gemma3";
+/// Architectures read from safetensors checkpoints (HF `config.json`).
+pub const SUPPORTED_HF_ARCHS: &str = "llama, mistral, qwen2";
+
+/// The activation of the gated FFN: `down(act(gate(x)) * up(x))`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnAct {
+    /// `silu` (SwiGLU): Llama, Qwen2.
+    Silu,
+    /// GELU, tanh approximation (GeGLU): Gemma.
+    GeluTanh,
+}
+
+/// Interleaved local attention (Gemma 3): most layers attend to the last
+/// `window` positions only, with their own RoPE base; every `pattern`-th
+/// layer (1-based) is global.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SlidingWindow {
+    /// Positions a local layer's token attends to, itself included.
+    pub window: usize,
+    /// Layer `l` is global when `(l + 1) % pattern == 0`.
+    pub pattern: usize,
+    /// RoPE base of the local layers (global layers use `rope_theta`).
+    pub rope_theta: f32,
+}
+
+impl SlidingWindow {
+    /// Whether layer `l` attends over a sliding window.
+    pub fn is_local(&self, l: usize) -> bool {
+        !(l + 1).is_multiple_of(self.pattern)
+    }
+}
 
 /// How RoPE pairs the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +90,17 @@ pub struct ModelConfig {
     pub tied_embeddings: bool,
     /// Optional q/k/v biases (Qwen2).
     pub qkv_bias: bool,
+    pub ffn_act: FfnAct,
+    /// Local attention layers (Gemma 3); `None`: every layer is global.
+    pub sliding_window: Option<SlidingWindow>,
+}
+
+impl ModelConfig {
+    /// Gemma's extras: embeddings × √dim, per-head RMSNorm of q and k,
+    /// RMSNorm of the attention and FFN outputs before the residual add.
+    pub fn is_gemma(&self) -> bool {
+        self.arch == Arch::Gemma3
+    }
 }
 
 impl ModelConfig {
@@ -61,6 +110,7 @@ impl ModelConfig {
         let arch = match arch_name {
             "llama" | "mistral" => Arch::Llama,
             "qwen2" => Arch::Qwen2,
+            "gemma3" => Arch::Gemma3,
             other => {
                 return Err(Error::UnsupportedArch {
                     path: g.path().to_path_buf(),
@@ -89,9 +139,33 @@ impl ModelConfig {
             Some(_) => usize_key("vocab_size")?,
             None => g.str_array("tokenizer.ggml.tokens")?.map(|t| t.len()).unwrap_or(0),
         };
+        // Scaled RoPE computes another function than the plain one: refuse
+        // it rather than run it wrong.
+        if let Some(kind) = g.get(&key("rope.scaling.type")).and_then(|v| v.as_str())
+            && kind != "none"
+        {
+            return Err(g.meta_err(&key("rope.scaling.type"), &format!("'{kind}' is not supported yet")));
+        }
         let rope_theta = match g.get(&key("rope.freq_base")) {
             Some(_) => g.require_f64(&key("rope.freq_base"))? as f32,
             None => 10_000.0,
+        };
+        // Gemma 3: the window from the metadata; the layer pattern and the
+        // local RoPE base where the file states them, else Gemma 3's (every
+        // 6th layer global, base 10,000; as llama.cpp assumes).
+        let sliding_window = match arch {
+            Arch::Gemma3 => Some(SlidingWindow {
+                window: usize_key("attention.sliding_window")?,
+                pattern: match g.get(&key("attention.sliding_window_pattern")) {
+                    Some(_) => usize_key("attention.sliding_window_pattern")?,
+                    None => 6,
+                },
+                rope_theta: match g.get(&key("rope.local.freq_base")) {
+                    Some(_) => g.require_f64(&key("rope.local.freq_base"))? as f32,
+                    None => 10_000.0,
+                },
+            }),
+            _ => None,
         };
         let cfg = ModelConfig {
             arch,
@@ -103,11 +177,14 @@ impl ModelConfig {
             ffn_dim: usize_key("feed_forward_length")?,
             vocab_size,
             rope_theta,
-            rope_style: if arch == Arch::Qwen2 { RopeStyle::NeoX } else { RopeStyle::Interleaved },
+            // llama.cpp's converter permutes q/k of llama files only.
+            rope_style: if arch == Arch::Llama { RopeStyle::Interleaved } else { RopeStyle::NeoX },
             rms_eps: g.require_f64(&key("attention.layer_norm_rms_epsilon"))? as f32,
             ctx_train: usize_key("context_length")?,
             tied_embeddings: g.tensor_info("output.weight").is_none(),
             qkv_bias: g.tensor_info("blk.0.attn_q.bias").is_some(),
+            ffn_act: if arch == Arch::Gemma3 { FfnAct::GeluTanh } else { FfnAct::Silu },
+            sliding_window,
         };
         cfg.check_tensors(g, g.path(), &|field| match field {
             "vocab_size" if g.get(&key("vocab_size")).is_none() => "tokenizer.ggml.tokens".into(),
@@ -222,6 +299,17 @@ impl ModelConfig {
         }
         if !(self.rms_eps > 0.0 && self.rope_theta > 0.0) {
             return Err(format!("rms epsilon {} and rope theta {} must be positive", self.rms_eps, self.rope_theta));
+        }
+        if let Some(w) = &self.sliding_window {
+            if w.window == 0 || w.pattern == 0 {
+                return Err(format!(
+                    "sliding window {} and its layer pattern {} must be at least 1",
+                    w.window, w.pattern
+                ));
+            }
+            if w.rope_theta.is_nan() || w.rope_theta <= 0.0 {
+                return Err(format!("local rope theta {} must be positive", w.rope_theta));
+            }
         }
         Ok(())
     }

@@ -1,33 +1,39 @@
-//! The Llama-family transformer (Llama, SmolLM, Mistral, Qwen2).
+//! The Llama-family transformer (Llama, SmolLM, Mistral, Qwen2) and Gemma 3,
+//! which adds a few steps to the same block.
 //!
 //! Reads top to bottom: [`Weights`] (every tensor with its shape), the
 //! per-request [`Session`] (KV cache and activation buffers), [`Model::load`]
 //! and [`Model::forward`], one comment per step. Conventions follow HF
-//! `LlamaForCausalLM` and llama.cpp's `llm_build_llama`.
+//! `LlamaForCausalLM` / `Gemma3ForCausalLM` and llama.cpp's `llm_build_llama`
+//! / `llm_build_gemma3`.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use spinfer_kernels::KernelError;
 use spinfer_kernels::dequant::dequantize_row;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::MatmulDesc;
 use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk};
-use spinfer_kernels::split::split_hi_lo;
 
-use super::config::{ModelConfig, RopeStyle};
+use super::config::{FfnAct, ModelConfig, RopeStyle};
 use super::math::{self, RopeTable};
 use super::{add, check_dims, load_vector};
 use crate::loader::Loader;
-use crate::registry::{Choice, KernelRegistry};
+use crate::registry::KernelRegistry;
 use crate::sparse::{self, ModelId, SparseFfn, SparsityOptions, SparsityStats};
-use crate::tensor::{TensorData, TensorView};
+use crate::tensor::TensorView;
 use crate::{Error, Result};
 use spinfer_plugin_api::PredictorSpec;
 
+mod linear;
 mod sentence_ffn;
 mod sparse_attn;
 mod sparse_ffn;
+
+pub use linear::Linear;
+pub(crate) use linear::{Scratch, grow};
+
+/// Most tokens one pass through the layers takes in a model with local
+/// attention: a longer [`Model::forward`] runs in steps of this many, so
+/// a local layer's cache holds `window + UBATCH - 1` positions at most.
+pub const UBATCH: usize = 512;
 
 /// How activations meet quantised weights.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -108,14 +114,28 @@ impl ModelOptions {
     }
 }
 
+/// Positions layer `l`'s KV cache holds in a session of `ctx` positions:
+/// `ctx` for a global layer; for a local (sliding-window) one, the window
+/// plus the positions of one step ([`UBATCH`]) less one, a ring indexed by
+/// position modulo its size.
+pub fn kv_positions(c: &ModelConfig, l: usize, ctx: usize) -> usize {
+    match &c.sliding_window {
+        Some(w) if w.is_local(l) => ctx.min(w.window.saturating_add(UBATCH - 1)),
+        _ => ctx,
+    }
+}
+
 /// Bytes a session of `ctx` positions and `threads` threads holds for the
-/// model `c` beyond its activations: the KV cache (`2 x layers x ctx x
-/// kv_dim` f32), the attention scores (`threads x ctx` f32) and the
-/// model's RoPE table (`ctx x head_dim` f32). `None` if it overflows.
+/// model `c` beyond its activations: the KV cache (`2 x kv_dim` f32 per
+/// position of every layer's [`kv_positions`]), the attention scores
+/// (`threads x ctx` f32) and the model's RoPE tables (`ctx x head_dim` f32
+/// each). `None` if it overflows.
 pub fn session_bytes(c: &ModelConfig, ctx: usize, threads: usize) -> Option<u64> {
     let f32s = |a: usize, b: usize| (a as u64).checked_mul(b as u64)?.checked_mul(4);
-    let kv = f32s(c.n_layers.checked_mul(c.n_kv_heads)?.checked_mul(c.head_dim)?, ctx)?.checked_mul(2)?;
-    let total = kv.checked_add(f32s(threads, ctx)?)?.checked_add(f32s(ctx, c.head_dim)?)?;
+    let positions = (0..c.n_layers).try_fold(0usize, |acc, l| acc.checked_add(kv_positions(c, l, ctx)))?;
+    let kv = f32s(positions, c.n_kv_heads.checked_mul(c.head_dim)?)?.checked_mul(2)?;
+    let tables = if c.sliding_window.is_some() { 2 } else { 1 };
+    let total = kv.checked_add(f32s(threads, ctx)?)?.checked_add(f32s(ctx, c.head_dim)?.checked_mul(tables)?)?;
     // One Vec holds a layer-major cache: it must stay under isize::MAX.
     (total <= isize::MAX as u64).then_some(total)
 }
@@ -131,42 +151,6 @@ impl Default for ModelOptions {
     }
 }
 
-/// A weight matrix bound to the kernel that multiplies by it.
-pub struct Linear {
-    /// Canonical tensor name, for errors and reports.
-    pub name: String,
-    w: TensorData,
-    pub desc: MatmulDesc,
-    kernel: Arc<dyn MatmulKernel>,
-    /// The built-in kernel that takes over if a pack kernel fails.
-    fallback: Option<Arc<dyn MatmulKernel>>,
-    /// Set once the pack kernel has failed: later calls go straight to the
-    /// fallback.
-    failed: AtomicBool,
-    pub provider: String,
-    pub choice: Choice,
-    /// The other candidates and their recorded decode medians (ns).
-    pub alternatives: Vec<(String, Option<u64>)>,
-    bias: Option<Vec<f32>>,
-    /// Feed activations as two 8-bit planes (see [`Precision::Fast`]).
-    two_planes: bool,
-    /// The kernel of the gathered-row products (the sparse gate and up
-    /// projections read their kept rows in place): the gathered-row form
-    /// of `kernel` when its pack offers one, else the built-in kernel
-    /// ([`KernelRegistry::resolve_rows`]).
-    rows_kernel: Option<Arc<dyn MatmulKernel>>,
-    /// Who provides `rows_kernel`.
-    pub rows_provider: String,
-    /// For a pack's `rows_kernel`: the built-in kernel that takes over if
-    /// it fails.
-    rows_fallback: Option<Arc<dyn MatmulKernel>>,
-    /// Set once the pack's gathered-row kernel has failed.
-    rows_failed: AtomicBool,
-}
-
-/// One matmul call: `(x, n tokens, out, kernel scratch)`.
-type RunFn<'a> = dyn Fn(&[f32], usize, &mut [f32], &mut Vec<u8>) -> Result<()> + 'a;
-
 /// A hook called in each dense FFN with the layer, its input (`n × dim`)
 /// and its gate and up projections (`n × ffn_dim` each), before the
 /// activation.
@@ -175,240 +159,6 @@ pub type FfnProbe = Box<dyn FnMut(usize, &[f32], &[f32], &[f32]) + Send>;
 /// A hook called in each layer with the layer and the attention output
 /// (`n × n_heads·head_dim`), the input of the output projection.
 pub type AttnProbe = Box<dyn FnMut(usize, &[f32]) + Send>;
-
-/// Reusable buffers of the matmul calls.
-#[derive(Default)]
-pub(crate) struct Scratch {
-    /// The kernels' quantised activations.
-    bytes: Vec<u8>,
-    /// Two-plane activations `[hi; lo]` (2n, cols).
-    planes: Vec<f32>,
-    /// Their outputs (2n, rows).
-    planes_out: Vec<f32>,
-    /// Rows gathered for a sparse product.
-    gathered: Vec<u8>,
-}
-
-impl Linear {
-    fn load(
-        loader: &dyn Loader,
-        registry: &KernelRegistry,
-        precision: Precision,
-        name: &str,
-        rows: usize,
-        cols: usize,
-    ) -> Result<Self> {
-        let t = loader.tensor(name)?;
-        check_dims(loader, &t, &[cols, rows])?;
-        let act = match precision {
-            Precision::Fast | Precision::Int8 => ActType::fast_for(t.ty),
-            Precision::Precise => ActType::F32,
-        };
-        let two_planes = precision == Precision::Fast && act != ActType::F32;
-        let desc = MatmulDesc { wtype: t.ty, act, rows, cols };
-        let r = registry.resolve(&desc)?;
-        let (rows_provider, rows_kernel) = registry.resolve_rows(&desc, &r).unzip();
-        let rows_fallback = (rows_provider.as_deref().is_some_and(|p| p != crate::registry::BUILTIN))
-            .then(|| crate::registry::builtin_kernel(&desc).ok().map(Arc::from))
-            .flatten();
-        let bias_name = name.replace(".weight", ".bias");
-        let bias = if bias_name != name && loader.has_tensor(&bias_name) {
-            Some(load_vector(loader, &bias_name, rows)?)
-        } else {
-            None
-        };
-        Ok(Self {
-            name: name.to_string(),
-            w: t.data,
-            desc,
-            kernel: r.kernel,
-            fallback: r.fallback,
-            failed: AtomicBool::new(false),
-            provider: r.provider,
-            choice: r.choice,
-            alternatives: r.alternatives,
-            rows_kernel,
-            rows_provider: rows_provider.unwrap_or_default(),
-            rows_fallback,
-            rows_failed: AtomicBool::new(false),
-            bias,
-            two_planes,
-        })
-    }
-
-    /// `out[t, :] = W · x[t, :] (+ b)` for `n` tokens.
-    fn forward(&self, pool: &ThreadPool, x: &[f32], n: usize, out: &mut [f32], scratch: &mut Scratch) -> Result<()> {
-        let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
-            let w = self.w.bytes();
-            let err = |k: &dyn MatmulKernel, source| Error::Kernel { kernel: k.name().to_string(), source };
-            match &self.fallback {
-                Some(fb) if self.failed.load(Ordering::Relaxed) => {
-                    fb.run(pool, w, x, n, out, bytes).map_err(|e| err(&**fb, e))
-                }
-                Some(fb) => self.kernel.run(pool, w, x, n, out, bytes).or_else(|e| {
-                    // A failing pack disables itself; its operations move to
-                    // the built-in kernels for the rest of the process.
-                    tracing::error!(tensor = %self.name, kernel = self.kernel.name(), "{e}; falling back to {}", fb.name());
-                    self.failed.store(true, Ordering::Relaxed);
-                    fb.run(pool, w, x, n, out, bytes).map_err(|e| err(&**fb, e))
-                }),
-                None => self.kernel.run(pool, w, x, n, out, bytes).map_err(|e| err(&*self.kernel, e)),
-            }
-        };
-        let rows = self.desc.rows;
-        self.matmul(&run, rows, x, n, &mut out[..n * rows], scratch)?;
-        if let Some(b) = &self.bias {
-            for row in out[..n * rows].chunks_exact_mut(rows) {
-                for (o, bi) in row.iter_mut().zip(b) {
-                    *o += bi;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The gathered-row product: `out[t, k] = W[idx[k], :] · x[t, :] (+ b)`,
-    /// only the rows `idx` (the sparse gate and up projections). The
-    /// built-in kernel of the same operation reads the rows in place
-    /// (`MatmulKernel::run_rows`), so the numbers equal the dense product's
-    /// rows; a kernel that cannot address single rows gets a compact copy.
-    pub(crate) fn forward_rows(
-        &self,
-        pool: &ThreadPool,
-        x: &[f32],
-        n: usize,
-        idx: &[u32],
-        out: &mut [f32],
-        scratch: &mut Scratch,
-    ) -> Result<()> {
-        let k = idx.len();
-        if k == 0 {
-            return Ok(());
-        }
-        let pack_failed = self.rows_failed.load(Ordering::Relaxed);
-        let kernels = [(!pack_failed).then_some(self.rows_kernel.as_ref()).flatten(), self.rows_fallback.as_ref()];
-        for kernel in kernels.into_iter().flatten() {
-            let w = self.w.bytes();
-            let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
-                kernel
-                    .run_rows(pool, w, idx, x, n, out, bytes)
-                    .map_err(|source| Error::Kernel { kernel: kernel.name().into(), source })
-            };
-            match self.matmul(&run, k, x, n, &mut out[..n * k], scratch) {
-                Ok(()) => {
-                    self.add_row_bias(idx, n, out);
-                    return Ok(());
-                }
-                Err(Error::Kernel { source: KernelError::NotOffered { .. }, .. }) => break,
-                // A pack's kernel failed: the built-in one from now on
-                // (the pack kernel logged why).
-                Err(Error::Kernel { source: KernelError::Pack { .. }, .. }) if self.rows_fallback.is_some() => {
-                    self.rows_failed.store(true, Ordering::Relaxed);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let row_bytes = self.w.bytes().len() / self.desc.rows;
-        let mut rows = std::mem::take(&mut scratch.gathered);
-        spinfer_kernels::sparse::gather_rows(pool, self.w.bytes(), row_bytes, idx, &mut rows)?;
-        let r = self.forward_gathered(pool, x, n, &rows, idx, out, scratch);
-        scratch.gathered = rows;
-        r
-    }
-
-    /// [`Linear::forward_rows`] on rows already gathered: `rows` holds
-    /// `W[idx[k], :]` for each `k`, in this matrix's format (e.g. from the
-    /// FFN bundle under a memory budget; this matrix's own bytes are not
-    /// read).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn forward_gathered(
-        &self,
-        pool: &ThreadPool,
-        x: &[f32],
-        n: usize,
-        rows: &[u8],
-        idx: &[u32],
-        out: &mut [f32],
-        scratch: &mut Scratch,
-    ) -> Result<()> {
-        let k = idx.len();
-        if k == 0 {
-            return Ok(());
-        }
-        let desc = MatmulDesc { rows: k, ..self.desc };
-        let kernel = crate::registry::builtin_kernel(&desc)?;
-        let rows = &rows[..desc.wtype.row_bytes(desc.cols)? * k];
-        let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
-            kernel
-                .run(pool, rows, x, n, out, bytes)
-                .map_err(|source| Error::Kernel { kernel: kernel.name().into(), source })
-        };
-        self.matmul(&run, k, x, n, &mut out[..n * k], scratch)?;
-        self.add_row_bias(idx, n, out);
-        Ok(())
-    }
-
-    /// Adds the bias of rows `idx` to `out` (`n × idx.len()`).
-    fn add_row_bias(&self, idx: &[u32], n: usize, out: &mut [f32]) {
-        if let Some(b) = &self.bias {
-            for row in out[..n * idx.len()].chunks_exact_mut(idx.len()) {
-                for (o, &j) in row.iter_mut().zip(idx) {
-                    *o += b[j as usize];
-                }
-            }
-        }
-    }
-
-    /// Runs `run` on `x` (n tokens) into `out` (n × rows), as two 8-bit
-    /// planes in fast mode.
-    fn matmul(
-        &self,
-        run: &RunFn,
-        rows: usize,
-        x: &[f32],
-        n: usize,
-        out: &mut [f32],
-        scratch: &mut Scratch,
-    ) -> Result<()> {
-        let cols = self.desc.cols;
-        let x = &x[..n * cols];
-        if !self.two_planes {
-            return run(x, n, out, &mut scratch.bytes);
-        }
-        // Rows [hi; lo] as one batch of 2n tokens: the weights are streamed
-        // once, and W·x = W·hi + W·lo.
-        grow(&mut scratch.planes, 2 * n * cols);
-        grow(&mut scratch.planes_out, 2 * n * rows);
-        let (hi, lo) = scratch.planes[..2 * n * cols].split_at_mut(n * cols);
-        split_hi_lo(self.desc.act, x, hi, lo)?;
-        run(&scratch.planes[..2 * n * cols], 2 * n, &mut scratch.planes_out[..2 * n * rows], &mut scratch.bytes)?;
-        let (a, b) = scratch.planes_out[..2 * n * rows].split_at(n * rows);
-        for ((o, &u), &v) in out.iter_mut().zip(a).zip(b) {
-            *o = u + v;
-        }
-        Ok(())
-    }
-
-    pub fn kernel_name(&self) -> &str {
-        self.kernel.name()
-    }
-
-    /// The weight bytes, in the file's format.
-    pub(crate) fn raw_weights(&self) -> &[u8] {
-        self.w.bytes()
-    }
-
-    /// Whether the chosen (pack) kernel failed and the built-in fallback
-    /// now serves this matrix.
-    pub fn fell_back(&self) -> bool {
-        self.failed.load(Ordering::Relaxed)
-    }
-
-    /// Bytes of weights read per token.
-    pub fn weight_bytes(&self) -> usize {
-        self.w.bytes().len()
-    }
-}
 
 /// One transformer block.
 pub struct Layer {
@@ -421,6 +171,11 @@ pub struct Layer {
     pub w_gate: Linear,      // (ffn_dim, dim)
     pub w_up: Linear,        // (ffn_dim, dim)
     pub w_down: Linear,      // (dim, ffn_dim)
+    // Gemma only:
+    pub q_norm: Option<Vec<f32>>,         // (head_dim) RMSNorm of each query head
+    pub k_norm: Option<Vec<f32>>,         // (head_dim) RMSNorm of each key head
+    pub post_attn_norm: Option<Vec<f32>>, // (dim) RMSNorm of the attention output
+    pub post_ffn_norm: Option<Vec<f32>>,  // (dim) RMSNorm of the FFN output
 }
 
 /// All weights, borrowed from the file mapping where the format allows.
@@ -440,6 +195,8 @@ pub struct Model {
     /// The sparse FFN, when running with a sparsity sidecar.
     pub sparse: Option<SparseFfn>,
     rope: RopeTable,
+    /// The local layers' RoPE (their own base), with a sliding window.
+    rope_local: Option<RopeTable>,
 }
 
 /// Per-request state: the KV cache, the position, and reusable activation
@@ -449,9 +206,13 @@ pub struct Session {
     /// Number of tokens already in the cache.
     pos: usize,
     ctx: usize,
+    /// The local layers' window (0: every layer is global).
+    window: usize,
     kv_dim: usize,
-    key_cache: Vec<f32>,   // (layer, ctx, kv_dim)
-    value_cache: Vec<f32>, // (layer, ctx, kv_dim)
+    kv_start: Vec<usize>,  // per layer: its first position slot in the caches
+    kv_len: Vec<usize>,    // per layer: its slots (`kv_positions`); position p in slot p % len
+    key_cache: Vec<f32>,   // (layer slots, kv_dim)
+    value_cache: Vec<f32>, // (layer slots, kv_dim)
     x: Vec<f32>,           // residual stream (n, dim)
     xn: Vec<f32>,          // normalised input of the current step (n, dim)
     q: Vec<f32>,           // (n, n_heads * head_dim)
@@ -462,6 +223,7 @@ pub struct Session {
     gate: Vec<f32>,        // (n, ffn_dim)
     up: Vec<f32>,          // (n, ffn_dim)
     tmp: Vec<f32>,         // projection output before the residual add (n, dim)
+    hidden: Vec<f32>,      // final-normed hidden states of the last forward call (tokens, dim)
     logits: Vec<f32>,      // (rows requested, vocab)
     scratch: Scratch,      // matmul buffers
     sparse: SparseScratch, // sparse FFN buffers and counters
@@ -505,9 +267,24 @@ impl Session {
         self.pos = 0;
     }
 
-    /// Drops cached tokens after `pos` (e.g. to re-run a suffix).
-    pub fn truncate(&mut self, pos: usize) {
+    /// Drops cached tokens after `pos` (e.g. to re-run a suffix). A local
+    /// (sliding-window) layer keeps [`UBATCH`]` - 1` positions beyond its
+    /// window: going back further than that is an error (the positions it
+    /// would need again are overwritten), and the session is unchanged.
+    pub fn truncate(&mut self, pos: usize) -> Result<()> {
+        // Only a ring shorter than the context wraps (and overwrites).
+        let slack = self.kv_len.iter().filter(|&&len| len < self.ctx).map(|&len| len - self.window).min();
+        if let Some(slack) = slack
+            && self.pos.saturating_sub(pos) > slack
+        {
+            return Err(Error::InvalidArgument(format!(
+                "cannot go back {} positions: this model's local attention layers keep {slack} positions beyond \
+                 their window",
+                self.pos - pos
+            )));
+        }
         self.pos = self.pos.min(pos);
+        Ok(())
     }
 
     pub fn pool(&self) -> &ThreadPool {
@@ -554,6 +331,14 @@ impl Model {
     pub fn load(loader: &dyn Loader, registry: &KernelRegistry, options: ModelOptions) -> Result<Self> {
         let c = loader.config()?;
         options.check(&c)?;
+        if options.sparsity.is_some() && c.ffn_act != FfnAct::Silu {
+            return Err(Error::InvalidArgument(format!(
+                "{}: the sparse FFN is not supported for {:?} models yet (its predictors and sidecars assume a \
+                 SwiGLU FFN); run without --sparsity",
+                loader.path().display(),
+                c.arch
+            )));
+        }
         let (dim, q_dim, kv_dim) = (c.dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
         let linear = |name: &str, rows, cols| Linear::load(loader, registry, options.precision, name, rows, cols);
 
@@ -566,6 +351,7 @@ impl Model {
             .map_err(|e| Error::InvalidArgument(format!("{} layers: {e}", c.n_layers)))?;
         for l in 0..c.n_layers {
             let p = |s: &str| format!("blk.{l}.{s}.weight");
+            let gemma_norm = |name: &str, len| c.is_gemma().then(|| load_vector(loader, &p(name), len)).transpose();
             layers.push(Layer {
                 attn_norm: load_vector(loader, &p("attn_norm"), dim)?,
                 wq: linear(&p("attn_q"), q_dim, dim)?,
@@ -576,6 +362,10 @@ impl Model {
                 w_gate: linear(&p("ffn_gate"), c.ffn_dim, dim)?,
                 w_up: linear(&p("ffn_up"), c.ffn_dim, dim)?,
                 w_down: linear(&p("ffn_down"), dim, c.ffn_dim)?,
+                q_norm: gemma_norm("attn_q_norm", c.head_dim)?,
+                k_norm: gemma_norm("attn_k_norm", c.head_dim)?,
+                post_attn_norm: gemma_norm("post_attention_norm", dim)?,
+                post_ffn_norm: gemma_norm("post_ffw_norm", dim)?,
             });
         }
         let output_norm = load_vector(loader, "output_norm.weight", dim)?;
@@ -645,7 +435,9 @@ impl Model {
             sp.axpy = axpy;
         }
         let rope = RopeTable::new(c.head_dim, c.rope_theta, options.ctx)?;
-        Ok(Self { weights: Weights { token_embd, layers, output_norm, output }, config: c, options, sparse, rope })
+        let rope_local = c.sliding_window.map(|w| RopeTable::new(c.head_dim, w.rope_theta, options.ctx)).transpose()?;
+        let weights = Weights { token_embd, layers, output_norm, output };
+        Ok(Self { weights, config: c, options, sparse, rope, rope_local })
     }
 
     /// A fresh session with an empty KV cache of `options.ctx` positions.
@@ -654,15 +446,21 @@ impl Model {
         let kv_dim = c.n_kv_heads * c.head_dim;
         let ctx = self.options.ctx;
         let threads = self.options.threads.max(1);
+        let kv_len: Vec<usize> = (0..c.n_layers).map(|l| kv_positions(c, l, ctx)).collect();
+        let kv_start: Vec<usize> = kv_len.iter().scan(0, |at, &len| Some(std::mem::replace(at, *at + len))).collect();
+        let slots: usize = kv_len.iter().sum();
         // The caches are zero-initialised allocations: the OS maps their
         // pages lazily, so memory is only committed for positions used.
         Session {
             pool: ThreadPool::new(threads),
             pos: 0,
             ctx,
+            window: c.sliding_window.map_or(0, |w| w.window),
             kv_dim,
-            key_cache: vec![0.0; c.n_layers * ctx * kv_dim],
-            value_cache: vec![0.0; c.n_layers * ctx * kv_dim],
+            kv_start,
+            kv_len,
+            key_cache: vec![0.0; slots * kv_dim],
+            value_cache: vec![0.0; slots * kv_dim],
             x: Vec::new(),
             xn: Vec::new(),
             q: Vec::new(),
@@ -673,6 +471,7 @@ impl Model {
             gate: Vec::new(),
             up: Vec::new(),
             tmp: Vec::new(),
+            hidden: Vec::new(),
             logits: Vec::new(),
             scratch: Scratch::default(),
             sparse: SparseScratch {
@@ -691,7 +490,8 @@ impl Model {
 
     /// Runs `tokens` through the model at the session's next positions and
     /// appends them to its KV cache. Afterwards the final-normed hidden
-    /// states of these tokens are ready for [`Model::logits`].
+    /// states of these tokens are ready for [`Model::logits`]. A model with
+    /// local attention takes them in steps of at most [`UBATCH`].
     pub fn forward(&self, s: &mut Session, tokens: &[u32]) -> Result<()> {
         let c = &self.config;
         let n = tokens.len();
@@ -701,6 +501,25 @@ impl Model {
         if s.pos + n > s.ctx {
             return Err(Error::ContextOverflow { needed: s.pos + n, ctx: s.ctx });
         }
+        if let Some(&tok) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(Error::InvalidArgument(format!(
+                "token id {tok} is outside the vocabulary (size {})",
+                c.vocab_size
+            )));
+        }
+        grow(&mut s.hidden, n * c.dim);
+        let step = if c.sliding_window.is_some() { UBATCH } else { n };
+        for (i, part) in tokens.chunks(step).enumerate() {
+            self.forward_step(s, part, i * step)?;
+        }
+        Ok(())
+    }
+
+    /// One pass of `tokens` through the layers; their final-normed hidden
+    /// states go to `s.hidden` from row `row`.
+    fn forward_step(&self, s: &mut Session, tokens: &[u32], row: usize) -> Result<()> {
+        let c = &self.config;
+        let n = tokens.len();
         let (dim, hd, q_dim, kv_dim) = (c.dim, c.head_dim, c.n_heads * c.head_dim, s.kv_dim);
         grow(&mut s.x, n * dim);
         grow(&mut s.xn, n * dim);
@@ -712,19 +531,17 @@ impl Model {
         grow(&mut s.up, n * c.ffn_dim);
         grow(&mut s.tmp, n * dim);
 
-        // Token embeddings into the residual stream.
+        // Token embeddings into the residual stream (Gemma: times √dim).
         let embd = &self.weights.token_embd;
         let row_bytes = embd.ty.row_bytes(dim)?;
         for (t, &tok) in tokens.iter().enumerate() {
             let id = tok as usize;
-            if id >= c.vocab_size {
-                return Err(Error::InvalidArgument(format!(
-                    "token id {tok} is outside the vocabulary (size {})",
-                    c.vocab_size
-                )));
-            }
             let src = &embd.data.bytes()[id * row_bytes..(id + 1) * row_bytes];
             dequantize_row(embd.ty, src, &mut s.x[t * dim..(t + 1) * dim])?;
+        }
+        if c.is_gemma() {
+            let scale = (dim as f32).sqrt();
+            s.x[..n * dim].iter_mut().for_each(|v| *v *= scale);
         }
 
         let neox = c.rope_style == RopeStyle::NeoX;
@@ -735,32 +552,45 @@ impl Model {
             layer.wq.forward(&s.pool, &s.xn, n, &mut s.q, &mut s.scratch)?;
             layer.wk.forward(&s.pool, &s.xn, n, &mut s.k, &mut s.scratch)?;
             layer.wv.forward(&s.pool, &s.xn, n, &mut s.v, &mut s.scratch)?;
-            // RoPE on q and k at their absolute positions.
+            // QK-norm (Gemma): RMSNorm of every query and key head.
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                s.q[..n * q_dim].chunks_exact_mut(hd).for_each(|h| math::rms_norm_in_place(h, qn, c.rms_eps));
+                s.k[..n * kv_dim].chunks_exact_mut(hd).for_each(|h| math::rms_norm_in_place(h, kn, c.rms_eps));
+            }
+            // RoPE on q and k at their absolute positions (a local layer
+            // with its own base).
+            let local = c.sliding_window.is_some_and(|w| w.is_local(l));
+            let rope = if local { self.rope_local.as_ref().unwrap_or(&self.rope) } else { &self.rope };
             for t in 0..n {
                 let p = s.pos + t;
                 for h in s.q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
-                    self.rope.apply(h, p, neox);
+                    rope.apply(h, p, neox);
                 }
                 for h in s.k[t * kv_dim..(t + 1) * kv_dim].chunks_exact_mut(hd) {
-                    self.rope.apply(h, p, neox);
+                    rope.apply(h, p, neox);
                 }
             }
-            // Append k and v to this layer's cache.
-            let base = (l * s.ctx + s.pos) * kv_dim;
-            s.key_cache[base..base + n * kv_dim].copy_from_slice(&s.k[..n * kv_dim]);
-            s.value_cache[base..base + n * kv_dim].copy_from_slice(&s.v[..n * kv_dim]);
+            // Append k and v to this layer's cache (position p in slot
+            // p mod its length: a ring for a local layer).
+            for t in 0..n {
+                let slot = (s.kv_start[l] + (s.pos + t) % s.kv_len[l]) * kv_dim;
+                s.key_cache[slot..slot + kv_dim].copy_from_slice(&s.k[t * kv_dim..(t + 1) * kv_dim]);
+                s.value_cache[slot..slot + kv_dim].copy_from_slice(&s.v[t * kv_dim..(t + 1) * kv_dim]);
+            }
             // Causal multi-head attention over the cache (GQA: each kv head
-            // serves n_heads / n_kv_heads query heads).
-            self.attention(s, l, n);
-            // Output projection (input-sparse with attention thresholds)
-            // and residual.
+            // serves n_heads / n_kv_heads query heads), a local layer over
+            // its window only.
+            self.attention(s, l, n, local);
+            // Output projection (input-sparse with attention thresholds),
+            // its RMSNorm (Gemma), and residual.
             self.attn_output(s, l, n)?;
-            add(&mut s.x[..n * dim], &s.tmp[..n * dim]);
+            self.post_norm(s, layer.post_attn_norm.as_deref(), n);
 
             // FFN RMSNorm.
             math::rms_norm_rows(&s.x, &layer.ffn_norm, c.rms_eps, &mut s.xn, n);
-            // SwiGLU FFN: down(silu(gate(x)) * up(x)), and residual; sparse
-            // when a sidecar is loaded (only the neurons kept per token).
+            // Gated FFN: down(act(gate(x)) * up(x)) with SiLU (SwiGLU) or
+            // tanh-GELU (GeGLU); sparse when a sidecar is loaded (only the
+            // neurons kept per token).
             if let Some(sp) = &self.sparse {
                 self.sparse_ffn(s, l, n, sp)?;
             } else {
@@ -769,16 +599,34 @@ impl Model {
                 if let Some(probe) = s.ffn_probe.as_mut() {
                     probe(l, &s.xn[..n * dim], &s.gate[..n * c.ffn_dim], &s.up[..n * c.ffn_dim]);
                 }
-                math::swiglu(&mut s.gate[..n * c.ffn_dim], &s.up[..n * c.ffn_dim]);
+                match c.ffn_act {
+                    FfnAct::Silu => math::swiglu(&mut s.gate[..n * c.ffn_dim], &s.up[..n * c.ffn_dim]),
+                    FfnAct::GeluTanh => math::geglu(&mut s.gate[..n * c.ffn_dim], &s.up[..n * c.ffn_dim]),
+                }
                 layer.w_down.forward(&s.pool, &s.gate, n, &mut s.tmp, &mut s.scratch)?;
             }
-            add(&mut s.x[..n * dim], &s.tmp[..n * dim]);
+            // Its RMSNorm (Gemma), and residual.
+            self.post_norm(s, layer.post_ffn_norm.as_deref(), n);
         }
 
         // Final RMSNorm; logits are computed on request.
-        math::rms_norm_rows(&s.x, &self.weights.output_norm, c.rms_eps, &mut s.xn, n);
+        let out = &mut s.hidden[row * dim..(row + n) * dim];
+        math::rms_norm_rows(&s.x, &self.weights.output_norm, c.rms_eps, out, n);
         s.pos += n;
         Ok(())
+    }
+
+    /// Adds the block's output `s.tmp` to the residual stream, through the
+    /// RMSNorm `norm` first when there is one (Gemma's post-norms).
+    fn post_norm(&self, s: &mut Session, norm: Option<&[f32]>, n: usize) {
+        let dim = self.config.dim;
+        match norm {
+            Some(w) => {
+                math::rms_norm_rows(&s.tmp, w, self.config.rms_eps, &mut s.xn, n);
+                add(&mut s.x[..n * dim], &s.xn[..n * dim]);
+            }
+            None => add(&mut s.x[..n * dim], &s.tmp[..n * dim]),
+        }
     }
 
     /// Logits of tokens `rows` (indices into the last `forward` call's
@@ -787,7 +635,7 @@ impl Model {
         let (dim, vocab) = (self.config.dim, self.config.vocab_size);
         let n = rows.len();
         grow(&mut s.logits, n * vocab);
-        let x = &s.xn[rows.start * dim..rows.end * dim];
+        let x = &s.hidden[rows.start * dim..rows.end * dim];
         self.weights.output.forward(&s.pool, x, n, &mut s.logits, &mut s.scratch)?;
         Ok(&s.logits[..n * vocab])
     }
@@ -798,14 +646,18 @@ impl Model {
         self.logits(s, tokens.len() - 1..tokens.len())
     }
 
-    /// Attention for the `n` newest tokens of layer `l`, into `s.att`.
-    fn attention(&self, s: &mut Session, l: usize, n: usize) {
+    /// Attention for the `n` newest tokens of layer `l`, into `s.att`; a
+    /// `local` layer attends to the last `window` positions only.
+    fn attention(&self, s: &mut Session, l: usize, n: usize, local: bool) {
         let c = &self.config;
-        let (hd, n_heads, kv_dim, ctx, pos0) = (c.head_dim, c.n_heads, s.kv_dim, s.ctx, s.pos);
+        let (hd, n_heads, kv_dim, pos0) = (c.head_dim, c.n_heads, s.kv_dim, s.pos);
+        let (ctx, slots) = (s.ctx, s.kv_len[l]);
+        let window = if local { s.window } else { usize::MAX };
         let group = n_heads / c.n_kv_heads;
         let scale = 1.0 / (hd as f32).sqrt();
-        let keys = &s.key_cache[l * ctx * kv_dim..(l + 1) * ctx * kv_dim];
-        let values = &s.value_cache[l * ctx * kv_dim..(l + 1) * ctx * kv_dim];
+        let base = s.kv_start[l] * kv_dim;
+        let keys = &s.key_cache[base..base + slots * kv_dim];
+        let values = &s.value_cache[base..base + slots * kv_dim];
         let q = &s.q[..n * n_heads * hd];
         let att = SyncPtr::new(s.att.as_mut_ptr());
         let scores = SyncPtr::new(s.scores.as_mut_ptr());
@@ -821,16 +673,20 @@ impl Model {
                 let (t, h) = (item / n_heads, item % n_heads);
                 let qv = &q[(t * n_heads + h) * hd..(t * n_heads + h + 1) * hd];
                 let kv_off = (h / group) * hd;
-                let len = pos0 + t + 1;
+                // Positions first..=p, position j in slot j mod slots.
+                let p = pos0 + t;
+                let first = (p + 1).saturating_sub(window);
+                let len = p + 1 - first;
+                let at = |j: usize| ((first + j) % slots) * kv_dim + kv_off;
                 for (j, sj) in sc[..len].iter_mut().enumerate() {
-                    *sj = math::dot(qv, &keys[j * kv_dim + kv_off..j * kv_dim + kv_off + hd]) * scale;
+                    *sj = math::dot(qv, &keys[at(j)..at(j) + hd]) * scale;
                 }
                 math::softmax(&mut sc[..len]);
                 // SAFETY: see above; this (t, h) slice belongs to this item.
                 let out = unsafe { std::slice::from_raw_parts_mut(att.get().add((t * n_heads + h) * hd), hd) };
                 out.fill(0.0);
-                for (j, &p) in sc[..len].iter().enumerate() {
-                    math::axpy(p, &values[j * kv_dim + kv_off..j * kv_dim + kv_off + hd], out);
+                for (j, &w) in sc[..len].iter().enumerate() {
+                    math::axpy(w, &values[at(j)..at(j) + hd], out);
                 }
             }
         });
@@ -865,12 +721,6 @@ impl Model {
     /// buffer).
     pub fn hidden_states<'s>(&self, s: &'s Session, rows: std::ops::Range<usize>) -> &'s [f32] {
         let dim = self.config.dim;
-        &s.xn[rows.start * dim..rows.end * dim]
-    }
-}
-
-fn grow(v: &mut Vec<f32>, n: usize) {
-    if v.len() < n {
-        v.resize(n, 0.0);
+        &s.hidden[rows.start * dim..rows.end * dim]
     }
 }

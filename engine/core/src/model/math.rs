@@ -20,6 +20,14 @@ pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], n: usize) 
     }
 }
 
+/// [`rms_norm`] of `x` in place.
+pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let scale = 1.0 / (dot(x, x) / x.len() as f32 + eps).sqrt();
+    for (xi, &wi) in x.iter_mut().zip(w) {
+        *xi = *xi * scale * wi;
+    }
+}
+
 pub use spinfer_kernels::vec::{axpy, dot, softmax};
 
 /// `silu(x) = x · sigmoid(x)`, in place (the same expression as
@@ -34,6 +42,16 @@ pub fn silu(x: &mut [f32]) {
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// `gate = gelu(gate) * up` (GeGLU) with PyTorch's tanh approximation
+/// `gelu(x) = x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`, in place.
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh()) * u;
     }
 }
 

@@ -5,7 +5,7 @@ pub mod config;
 pub mod llama;
 pub mod math;
 
-pub use config::{Arch, ModelConfig, RopeStyle};
+pub use config::{Arch, FfnAct, ModelConfig, RopeStyle, SlidingWindow};
 pub use llama::{Model, ModelOptions, Precision, Session};
 
 use spinfer_kernels::dequant::dequantize_row;

@@ -116,6 +116,12 @@ pub fn calibrate(
     if model.sparse.is_some() {
         return Err(Error::InvalidArgument("calibrate a model loaded dense (without --sparsity)".into()));
     }
+    if c.ffn_act != crate::model::FfnAct::Silu {
+        return Err(Error::InvalidArgument(format!(
+            "the sparse FFN's calibration is not supported for {:?} models yet (it measures SwiGLU activations)",
+            c.arch
+        )));
+    }
     if !(0.0..1.0).contains(&opts.target_sparsity) {
         return Err(Error::InvalidArgument(format!("target sparsity must be in [0, 1), got {}", opts.target_sparsity)));
     }

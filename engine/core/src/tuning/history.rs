@@ -323,8 +323,8 @@ fn read_snapshot(path: &Path, wait: Duration) -> Result<Option<Snapshot>> {
     match tx.open_table(CONFIG_TABLE) {
         Ok(t) => {
             if let Some(v) = t.get(CONFIG_KEY).map_err(|e| err(e.into()))? {
-                let o: DbOptions = serde_json::from_str(v.value())
-                    .map_err(|e| db_err(path, format!("stored configuration: {e}")))?;
+                let o: DbOptions =
+                    serde_json::from_str(v.value()).map_err(|e| db_err(path, format!("stored configuration: {e}")))?;
                 check_dims(path, o.dimensions)?;
             }
         }
