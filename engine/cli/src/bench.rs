@@ -118,15 +118,21 @@ fn warm_up(engine: &Engine, session: &mut Session, tokens: &[u32]) -> Result<()>
     Ok(())
 }
 
-/// `--vs-dense`: tg128 on the sparse and the dense model, alternating.
+/// `--vs-dense`: tg128 on the sparse and the dense model (sparse FFN,
+/// sparse head or both against neither), alternating.
 fn vs_dense(a: &BenchArgs) -> Result<()> {
     const TG: usize = 128;
     let config = a.common.config(Some(1024))?;
-    if config.sparsity.is_none() {
-        bail!("--vs-dense compares a sparse run with the dense one: give --sparsity (or [sparsity] in --config)");
+    let sparse_head = config.head.as_ref().is_some_and(|h| h.mode == spinfer_engine::config::HeadMode::Sparse);
+    if config.sparsity.is_none() && !sparse_head {
+        bail!(
+            "--vs-dense compares a sparse run with the dense one: give --sparsity or --head-index (or [sparsity] / \
+             [head] in --config)"
+        );
     }
     let mut dense_config = config.clone();
     dense_config.sparsity = None;
+    dense_config.head = None;
     let sparse = load_config(&a.common, &config)?;
     let quiet = CommonArgs { quiet: true, ..a.common.clone() };
     let dense = load_config(&quiet, &dense_config)?;
@@ -204,7 +210,8 @@ fn decode(engine: &Engine, s: &mut Session, n: usize) -> Result<f64> {
     let mut tok = 1 % vocab;
     let t = Instant::now();
     for i in 0..n {
-        let logits = engine.model.forward_last(s, &[tok])?;
+        engine.model.forward(s, &[tok])?;
+        let logits = engine.model.next_token_logits(s)?;
         // Feed back the argmax so every step depends on the previous one.
         tok = argmax(logits).unwrap_or((i as u32) % vocab);
     }

@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use spinfer_engine::config::{Config, PrecisionSetting, SparsitySection, check_cache_policy, check_predictor};
+use spinfer_engine::config::{
+    Config, HeadMode, HeadSection, PrecisionSetting, SparsitySection, check_cache_policy, check_predictor,
+};
 use spinfer_engine::generate::{GenerateParams, StopReason};
 use spinfer_engine::model::llama::MAX_THREADS;
 use spinfer_engine::model::{ModelOptions, Precision, Session};
@@ -56,12 +58,30 @@ pub struct CommonArgs {
     /// pack's policy).
     #[arg(long, requires = "ffn_budget_mb")]
     pub cache_policy: Option<String>,
+    /// Output head for next-token logits: dense (every vocabulary row) or
+    /// sparse (only the rows of the best clusters of --head-index; default
+    /// when --head-index is given). Perplexity and logits stay dense.
+    #[arg(long, value_enum)]
+    pub head: Option<HeadArg>,
+    /// Head index written by `spinfer calibrate-head` (for --head sparse).
+    #[arg(long)]
+    pub head_index: Option<PathBuf>,
+    /// Clusters whose rows get exact logits per token with the sparse head
+    /// (default 256).
+    #[arg(long)]
+    pub head_probes: Option<usize>,
     /// Print only the result on stdout.
     #[arg(short, long)]
     pub quiet: bool,
     /// Print one JSON object with the result and statistics.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HeadArg {
+    Dense,
+    Sparse,
 }
 
 impl CommonArgs {
@@ -121,6 +141,22 @@ impl CommonArgs {
         if let Some(p) = &self.cache_policy {
             check_cache_policy(p)
                 .map_err(|e| anyhow::anyhow!("--{}", e.replacen("cache policy", "cache-policy", 1)))?;
+        }
+        if self.head.is_some() || self.head_index.is_some() || self.head_probes.is_some() {
+            let old = c.head.take().unwrap_or_default();
+            let mode = match self.head {
+                Some(HeadArg::Dense) => HeadMode::Dense,
+                Some(HeadArg::Sparse) => HeadMode::Sparse,
+                None => old.mode,
+            };
+            let index = self.head_index.clone().or(old.index);
+            if mode == HeadMode::Sparse && index.is_none() {
+                bail!("--head sparse needs --head-index FILE (written by `spinfer calibrate-head`)");
+            }
+            if self.head_probes == Some(0) {
+                bail!("--head-probes must be at least 1");
+            }
+            c.head = Some(HeadSection { mode, index, probes: self.head_probes.or(old.probes) });
         }
         if let Some(file) = &self.sparsity {
             let old = c.sparsity.take().unwrap_or_default();

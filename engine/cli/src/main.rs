@@ -8,6 +8,7 @@ mod bench;
 mod calibrate;
 mod commands;
 mod embed;
+mod head;
 mod kernels;
 mod pack;
 mod paired;
@@ -43,6 +44,10 @@ enum Command {
     Tune(kernels::KernelsArgs),
     /// Fit a sparsity sidecar (per-layer thresholds, neuron frequencies) on real text.
     Calibrate(calibrate::CalibrateArgs),
+    /// Cluster the output head's rows into a head index (for --head sparse).
+    CalibrateHead(head::CalibrateHeadArgs),
+    /// Agreement of the sparse head with the dense one per probe count, on real text.
+    HeadEval(head::HeadEvalArgs),
     /// Sentence embeddings of texts or of a file's lines (JSON lines or .npy).
     Embed(embed::EmbedArgs),
     /// Spearman correlation of embedding cosine similarity with STS-B gold scores.
@@ -59,6 +64,8 @@ fn main() -> ExitCode {
         Command::Bench(a) => a.quiet,
         Command::Kernels(a) | Command::Tune(a) => a.common.quiet,
         Command::Calibrate(a) => a.common.quiet,
+        Command::CalibrateHead(a) => a.common.quiet,
+        Command::HeadEval(a) => a.common.quiet,
         Command::Embed(a) => a.common.quiet,
         Command::EvalSts(a) => a.common.quiet || a.json,
         Command::CalibrateEmbed(a) => a.common.quiet,
@@ -75,6 +82,8 @@ fn main() -> ExitCode {
         Command::Kernels(a) => kernels::kernels(a),
         Command::Tune(a) => kernels::tune_cmd(a),
         Command::Calibrate(a) => calibrate::run(a),
+        Command::CalibrateHead(a) => head::calibrate_head(a),
+        Command::HeadEval(a) => head::head_eval(a),
         Command::Embed(a) => embed::embed(a),
         Command::EvalSts(a) => embed::eval_sts(a),
         Command::CalibrateEmbed(a) => embed::calibrate_embed(a),

@@ -26,7 +26,39 @@ pub struct Config {
     pub wasm: WasmSection,
     /// Sparse FFN; absent: dense.
     pub sparsity: Option<SparsitySection>,
+    /// The output head; absent: dense.
+    pub head: Option<HeadSection>,
 }
+
+/// Which output head computes the next-token logits.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum HeadMode {
+    /// Every vocabulary row (exact).
+    Dense,
+    /// Only the rows of the best clusters of a head index
+    /// (`spinfer calibrate-head`); see `spinfer_engine::head`.
+    #[default]
+    Sparse,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HeadSection {
+    /// `"sparse"` (the default when the section is present) or `"dense"`.
+    #[serde(default)]
+    pub mode: HeadMode,
+    /// The head index written by `spinfer calibrate-head` (needed for
+    /// `sparse`). Relative paths are resolved against the config file's
+    /// directory.
+    pub index: Option<PathBuf>,
+    /// Clusters whose rows get exact logits per token (default
+    /// [`DEFAULT_HEAD_PROBES`]).
+    pub probes: Option<usize>,
+}
+
+/// Clusters probed per token when `head.probes` is not set.
+pub const DEFAULT_HEAD_PROBES: usize = 256;
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -284,6 +316,9 @@ impl Config {
         if let Some(sp) = c.sparsity.as_mut() {
             abs(&mut sp.file);
         }
+        if let Some(p) = c.head.as_mut().and_then(|h| h.index.as_mut()) {
+            abs(p);
+        }
         Ok(c)
     }
 
@@ -321,6 +356,14 @@ impl Config {
             }
             if sp.dense_above.is_some_and(|d| !(0.0..=1.0).contains(&d)) {
                 return Err("sparsity.dense_above must be between 0 and 1".into());
+            }
+        }
+        if let Some(h) = &self.head {
+            if h.mode == HeadMode::Sparse && h.index.is_none() {
+                return Err("head.mode = \"sparse\" needs head.index (written by `spinfer calibrate-head`)".into());
+            }
+            if h.probes == Some(0) {
+                return Err("head.probes must be at least 1".into());
             }
         }
         let w = &self.wasm;

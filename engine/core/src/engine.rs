@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use spinfer_registry::{InstallRecord, PackKind, VerifiedPack, VerifyLimits, discover, verify_pack_with};
 
+use crate::head::HeadIndex;
 use crate::config::Config;
 use crate::generate::{self, GenerateParams, StopReason, Timings};
 use crate::gguf::GgufFile;
@@ -134,7 +135,17 @@ impl Engine {
     /// reported, never fatal).
     pub fn from_config(config: &Config) -> Result<(Self, Vec<PackStatus>)> {
         let (registry, packs) = registry_from_config(config)?;
-        let engine = Self::load_with(&config.model.path, config.model_options(), &registry)?;
+        let mut engine = Self::load_with(&config.model.path, config.model_options(), &registry)?;
+        if let Some(h) = &config.head
+            && h.mode == crate::config::HeadMode::Sparse
+        {
+            let path = h.index.as_deref().ok_or_else(|| {
+                Error::InvalidArgument("head.mode = \"sparse\" needs head.index (spinfer calibrate-head)".into())
+            })?;
+            let index = HeadIndex::load(path, &HeadIndex::model_of(&engine.model))?;
+            let probes = h.probes.unwrap_or(crate::config::DEFAULT_HEAD_PROBES);
+            engine.model.set_sparse_head(Some(index), probes, &registry)?;
+        }
         Ok((engine, packs))
     }
 

@@ -104,7 +104,8 @@ pub fn generate(
 
     // Prefill: the whole prompt as one batch.
     let t = Instant::now();
-    let mut logits = model.forward_last(session, &prompt_ids)?.to_vec();
+    model.forward(session, &prompt_ids)?;
+    let mut logits = model.next_token_logits(session)?.to_vec();
     timings.prefill = t.elapsed();
 
     let mut history = prompt_ids.clone();
@@ -136,7 +137,8 @@ pub fn generate(
             break;
         }
         let ts = Instant::now();
-        logits.copy_from_slice(model.forward_last(session, &[next])?);
+        model.forward(session, &[next])?;
+        logits.copy_from_slice(model.next_token_logits(session)?);
         timings.decode += ts.elapsed();
     }
     if stop_reason != StopReason::StopString && stop_reason != StopReason::Cancelled {

@@ -7,6 +7,7 @@ pub mod engine;
 mod error;
 pub mod generate;
 pub mod gguf;
+pub mod head;
 pub mod inspect;
 pub mod loader;
 pub mod model;

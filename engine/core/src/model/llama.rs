@@ -15,6 +15,7 @@ use spinfer_kernels::pool::{ThreadPool, chunk};
 use super::config::{FfnAct, ModelConfig, RopeStyle};
 use super::math::{self, RopeTable};
 use super::{add, check_dims, load_vector};
+use crate::head::{HeadIndex, HeadScratch, HeadStats, SparseHead};
 use crate::loader::Loader;
 use crate::registry::KernelRegistry;
 use crate::sparse::{self, ModelId, SparseFfn, SparsityOptions, SparsityStats};
@@ -197,6 +198,8 @@ pub struct Model {
     rope: RopeTable,
     /// The local layers' RoPE (their own base), with a sliding window.
     rope_local: Option<RopeTable>,
+    /// The sparse output head for next-token logits ([`Model::set_sparse_head`]).
+    pub head: Option<SparseHead>,
 }
 
 /// Per-request state: the KV cache, the position, and reusable activation
@@ -224,8 +227,10 @@ pub struct Session {
     up: Vec<f32>,          // (n, ffn_dim)
     tmp: Vec<f32>,         // projection output before the residual add (n, dim)
     hidden: Vec<f32>,      // final-normed hidden states of the last forward call (tokens, dim)
+    last_tokens: usize,    // tokens of the last forward call
     logits: Vec<f32>,      // (rows requested, vocab)
     scratch: Scratch,      // matmul buffers
+    head: HeadScratch,     // sparse head buffers and counters
     sparse: SparseScratch, // sparse FFN buffers and counters
     /// Called in each dense FFN with `(layer, input, gate, up)`
     /// (calibration collects its statistics here).
@@ -304,6 +309,11 @@ impl Session {
     /// (`generate --stats`); never changes the output.
     pub fn set_measure_recall(&mut self, on: bool) {
         self.sparse.measure_truth = on;
+    }
+
+    /// What the sparse output head did in this session.
+    pub fn head_stats(&self) -> &HeadStats {
+        &self.head.stats
     }
 
     /// Resets the sparse FFN counters.
@@ -437,7 +447,7 @@ impl Model {
         let rope = RopeTable::new(c.head_dim, c.rope_theta, options.ctx)?;
         let rope_local = c.sliding_window.map(|w| RopeTable::new(c.head_dim, w.rope_theta, options.ctx)).transpose()?;
         let weights = Weights { token_embd, layers, output_norm, output };
-        Ok(Self { weights, config: c, options, sparse, rope, rope_local })
+        Ok(Self { weights, config: c, options, sparse, rope, rope_local, head: None })
     }
 
     /// A fresh session with an empty KV cache of `options.ctx` positions.
@@ -472,8 +482,10 @@ impl Model {
             up: Vec::new(),
             tmp: Vec::new(),
             hidden: Vec::new(),
+            last_tokens: 0,
             logits: Vec::new(),
             scratch: Scratch::default(),
+            head: HeadScratch::default(),
             sparse: SparseScratch {
                 stats: SparsityStats {
                     ffn_dim: c.ffn_dim,
@@ -508,6 +520,7 @@ impl Model {
             )));
         }
         grow(&mut s.hidden, n * c.dim);
+        s.last_tokens = n;
         let step = if c.sliding_window.is_some() { UBATCH } else { n };
         for (i, part) in tokens.chunks(step).enumerate() {
             self.forward_step(s, part, i * step)?;
@@ -640,6 +653,34 @@ impl Model {
         Ok(&s.logits[..n * vocab])
     }
 
+    /// The logits for choosing the next token: those of the last token of
+    /// the last [`Model::forward`] call, from the sparse head when one is
+    /// set (exact for its probed rows, see [`crate::head`]), else the
+    /// dense head's. [`Model::logits`] is always dense.
+    pub fn next_token_logits<'s>(&self, s: &'s mut Session) -> Result<&'s [f32]> {
+        let Some(head) = &self.head else {
+            let last = s.last_tokens - 1;
+            return self.logits(s, last..last + 1);
+        };
+        let (dim, vocab) = (self.config.dim, self.config.vocab_size);
+        grow(&mut s.logits, vocab);
+        let x = &s.hidden[(s.last_tokens - 1) * dim..s.last_tokens * dim];
+        head.logits(&self.weights.output, &s.pool, x, &mut s.logits[..vocab], &mut s.head, &mut s.scratch)?;
+        Ok(&s.logits[..vocab])
+    }
+
+    /// Uses `index` as the sparse output head for next-token logits, with
+    /// `probes` clusters per token (`None`: back to the dense head).
+    pub fn set_sparse_head(
+        &mut self,
+        index: Option<HeadIndex>,
+        probes: usize,
+        registry: &KernelRegistry,
+    ) -> Result<()> {
+        self.head = index.map(|i| SparseHead::new(self, i, probes, registry, self.options.precision)).transpose()?;
+        Ok(())
+    }
+
     /// Runs `tokens` and returns the logits of the last one.
     pub fn forward_last<'s>(&self, s: &'s mut Session, tokens: &[u32]) -> Result<&'s [f32]> {
         self.forward(s, tokens)?;
@@ -699,6 +740,7 @@ impl Model {
             .iter()
             .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
             .chain(std::iter::once(&self.weights.output))
+            .chain(self.head.as_ref().map(|h| &h.centroids))
     }
 
     /// One entry per distinct operation (first use order): the kernel

@@ -77,6 +77,26 @@ impl Linear {
     ) -> Result<Self> {
         let t = loader.tensor(name)?;
         check_dims(loader, &t, &[cols, rows])?;
+        let mut linear = Self::from_tensor(registry, precision, name, t.ty, t.data, rows, cols)?;
+        let bias_name = name.replace(".weight", ".bias");
+        if bias_name != name && loader.has_tensor(&bias_name) {
+            linear.bias = Some(load_vector(loader, &bias_name, rows)?);
+        }
+        Ok(linear)
+    }
+
+    /// A matrix of `rows × cols` weights of type `ty` (no bias), bound to
+    /// the kernel `registry` picks for it.
+    pub(crate) fn from_tensor(
+        registry: &KernelRegistry,
+        precision: Precision,
+        name: &str,
+        ty: spinfer_kernels::GgmlType,
+        data: TensorData,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self> {
+        let t = crate::tensor::TensorView { name: name.to_string(), ty, dims: vec![cols, rows], data };
         let act = match precision {
             Precision::Fast | Precision::Int8 => ActType::fast_for(t.ty),
             Precision::Precise => ActType::F32,
@@ -88,12 +108,6 @@ impl Linear {
         let rows_fallback = (rows_provider.as_deref().is_some_and(|p| p != crate::registry::BUILTIN))
             .then(|| crate::registry::builtin_kernel(&desc).ok().map(Arc::from))
             .flatten();
-        let bias_name = name.replace(".weight", ".bias");
-        let bias = if bias_name != name && loader.has_tensor(&bias_name) {
-            Some(load_vector(loader, &bias_name, rows)?)
-        } else {
-            None
-        };
         Ok(Self {
             name: name.to_string(),
             w: t.data,
@@ -108,7 +122,7 @@ impl Linear {
             rows_provider: rows_provider.unwrap_or_default(),
             rows_fallback,
             rows_failed: AtomicBool::new(false),
-            bias,
+            bias: None,
             two_planes,
         })
     }

@@ -1,0 +1,296 @@
+//! The sparse output head: the vocabulary rows as balanced clusters, the
+//! clusters scored per token by their mean row, exact logits only for the
+//! rows of the best `probes` clusters.
+//!
+//! Offline ([`HeadIndex::build`], `spinfer calibrate-head`): balanced
+//! spherical k-means over the head's rows ([`kmeans`]); the index file
+//! ([`file`]) holds each cluster's rows and its mean row, and names the
+//! head it was built from (by sha256).
+//!
+//! Per token ([`crate::model::Model::next_token_logits`]): score the cluster
+//! means (a `clusters × dim` Q8_0 matrix through the kernel registry),
+//! take the best `probes` clusters, compute their rows' exact logits with
+//! the head's gathered-row kernel (reading those rows in place in the
+//! model file), and hand the sampler a full logit vector in which every
+//! other row carries its cluster's score, the mean of its rows' logits.
+//!
+//! The distribution sampled is therefore: the dense softmax over all rows,
+//! with each unprobed row's logit replaced by its cluster's mean logit
+//! (approximated in Q8_0). Every token keeps a non-zero probability where
+//! the dense rule gives one, and temperature, top-k, top-p, min-p and the
+//! repetition penalty apply to this vector as to the dense one. Greedy
+//! decoding picks the best exact logit of the probed rows: an unprobed
+//! row's stand-in (its cluster's mean) never exceeds the best probed
+//! cluster's score.
+
+pub mod eval;
+mod file;
+mod kmeans;
+
+pub use file::HeadModel;
+
+use bytemuck::Zeroable;
+use sha2::{Digest, Sha256};
+use spinfer_kernels::GgmlType;
+use spinfer_kernels::blocks::BlockQ8_0;
+use spinfer_kernels::quantize::quantize_row_q8_0_ref;
+use spinfer_kernels::dequant::dequantize_row;
+use spinfer_kernels::pool::ThreadPool;
+
+use crate::model::llama::{Linear, Scratch, grow};
+use crate::model::{Model, Precision};
+use crate::registry::KernelRegistry;
+use crate::tensor::TensorData;
+use crate::{Error, Result};
+
+/// The clustered vocabulary of one model's output head.
+pub struct HeadIndex {
+    pub model: HeadModel,
+    /// Cluster `c` holds `members[offsets[c]..offsets[c + 1]]`.
+    offsets: Vec<u32>, // (clusters + 1)
+    members: Vec<u32>, // (vocab) ascending within each cluster
+    means: Vec<f32>,   // (clusters, dim) each cluster's mean row
+    /// Rows computed exactly for every token whatever the probes: the
+    /// calibration text's most frequent tokens, ascending.
+    hot: Vec<u32>,
+    iters: usize,
+    seed: u64,
+}
+
+/// How [`HeadIndex::build`] clusters.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadBuildOptions {
+    /// Rows per cluster (the last clusters may hold one fewer).
+    pub cluster_rows: usize,
+    /// k-means rounds.
+    pub iters: usize,
+    pub seed: u64,
+}
+
+impl Default for HeadBuildOptions {
+    fn default() -> Self {
+        Self { cluster_rows: 64, iters: 6, seed: 0x5eed }
+    }
+}
+
+impl HeadIndex {
+    pub fn clusters(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// The rows computed for every token.
+    pub fn hot(&self) -> &[u32] {
+        &self.hot
+    }
+
+    /// The rows of cluster `c`.
+    pub fn members(&self, c: usize) -> &[u32] {
+        &self.members[self.offsets[c] as usize..self.offsets[c + 1] as usize]
+    }
+
+    /// Which head `model` has: its shape, tensor and the sha256 of its bytes.
+    pub fn model_of(model: &Model) -> HeadModel {
+        let out = &model.weights.output;
+        let digest = Sha256::digest(out.raw_weights());
+        HeadModel {
+            arch: format!("{:?}", model.config.arch).to_lowercase(),
+            vocab_size: model.config.vocab_size,
+            dim: model.config.dim,
+            tensor: out.name.clone(),
+            tensor_type: out.desc.wtype.name().to_string(),
+            sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
+        }
+    }
+
+    /// Clusters `model`'s head rows; `hot` (token ids) are computed for
+    /// every token. `progress(done, total)` per round.
+    pub fn build(
+        model: &Model,
+        pool: &ThreadPool,
+        o: &HeadBuildOptions,
+        hot: &[u32],
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        let (vocab, dim) = (model.config.vocab_size, model.config.dim);
+        let mut hot = hot.to_vec();
+        hot.sort_unstable();
+        hot.dedup();
+        if let Some(&t) = hot.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::InvalidArgument(format!("hot token {t} is outside the vocabulary ({vocab})")));
+        }
+        if o.cluster_rows == 0 || o.cluster_rows > vocab {
+            return Err(Error::InvalidArgument(format!(
+                "rows per cluster must be in 1..={vocab}, got {}",
+                o.cluster_rows
+            )));
+        }
+        let k = vocab.div_ceil(o.cluster_rows);
+        let rows = dequantized_rows(model)?;
+        let mut unit = rows.clone();
+        kmeans::normalize_rows(&mut unit, dim);
+        let assign = kmeans::balanced_kmeans(pool, &unit, dim, k, o.iters, o.seed, progress)?;
+        drop(unit);
+        // Members grouped by cluster (a counting sort keeps rows ascending).
+        let mut offsets = vec![0u32; k + 1];
+        assign.iter().for_each(|&c| offsets[c as usize + 1] += 1);
+        // Empty clusters are dropped (balanced k-means leaves none in practice).
+        let mut keep: Vec<usize> = (0..k).filter(|&c| offsets[c + 1] > 0).collect();
+        let mut remap = vec![u32::MAX; k];
+        keep.iter().enumerate().for_each(|(i, &c)| remap[c] = i as u32);
+        let k2 = keep.len();
+        let mut offsets = vec![0u32; k2 + 1];
+        assign.iter().for_each(|&c| offsets[remap[c as usize] as usize + 1] += 1);
+        for c in 0..k2 {
+            offsets[c + 1] += offsets[c];
+        }
+        let mut next = offsets.clone();
+        let mut members = vec![0u32; vocab];
+        let mut means = vec![0f32; k2 * dim];
+        for (r, &c) in assign.iter().enumerate() {
+            let c = remap[c as usize] as usize;
+            members[next[c] as usize] = r as u32;
+            next[c] += 1;
+            means[c * dim..][..dim].iter_mut().zip(&rows[r * dim..][..dim]).for_each(|(m, x)| *m += x);
+        }
+        for c in 0..k2 {
+            let n = (offsets[c + 1] - offsets[c]) as f32;
+            means[c * dim..][..dim].iter_mut().for_each(|m| *m /= n);
+        }
+        keep.clear();
+        Ok(Self { model: Self::model_of(model), offsets, members, means, hot, iters: o.iters, seed: o.seed })
+    }
+}
+
+/// Every row of `model`'s head as f32 (`vocab × dim`).
+fn dequantized_rows(model: &Model) -> Result<Vec<f32>> {
+    let out = &model.weights.output;
+    let (vocab, dim) = (model.config.vocab_size, model.config.dim);
+    let row_bytes = out.desc.wtype.row_bytes(dim)?;
+    let mut rows = Vec::new();
+    rows.try_reserve_exact(vocab * dim)
+        .map_err(|e| Error::InvalidArgument(format!("{vocab} x {dim} head rows in f32: {e}")))?;
+    rows.resize(vocab * dim, 0.0);
+    for (r, dst) in rows.chunks_exact_mut(dim).enumerate() {
+        dequantize_row(out.desc.wtype, &out.raw_weights()[r * row_bytes..][..row_bytes], dst)?;
+    }
+    Ok(rows)
+}
+
+/// A [`HeadIndex`] bound to kernels for one model: what
+/// [`Model::next_token_logits`] runs.
+pub struct SparseHead {
+    pub index: HeadIndex,
+    /// The cluster means as a Q8_0 matrix (clusters × dim).
+    pub centroids: Linear,
+    /// Clusters whose rows get exact logits, per token.
+    pub probes: usize,
+}
+
+impl SparseHead {
+    /// Binds `index` (checked against `model`'s head by the caller that
+    /// loaded it) with `probes` clusters per token.
+    pub fn new(
+        model: &Model,
+        index: HeadIndex,
+        probes: usize,
+        registry: &KernelRegistry,
+        precision: Precision,
+    ) -> Result<Self> {
+        let (k, dim) = (index.clusters(), model.config.dim);
+        if probes == 0 || probes > k {
+            return Err(Error::InvalidArgument(format!("head probes must be in 1..={k} (its clusters), got {probes}")));
+        }
+        if index.model != HeadIndex::model_of(model) {
+            return Err(Error::InvalidArgument("the head index was built for another model".into()));
+        }
+        if !dim.is_multiple_of(32) {
+            return Err(Error::InvalidArgument(format!("the sparse head needs a hidden size divisible by 32, not {dim}")));
+        }
+        let mut blocks = vec![BlockQ8_0::zeroed(); k * dim / 32];
+        quantize_row_q8_0_ref(&index.means, &mut blocks)?;
+        let q = bytemuck::cast_slice::<BlockQ8_0, u8>(&blocks).to_vec();
+        let centroids =
+            Linear::from_tensor(registry, precision, "head.centroids", GgmlType::Q8_0, TensorData::owned(q), k, dim)?;
+        Ok(Self { index, centroids, probes })
+    }
+
+    /// Fraction of the vocabulary's rows read per token at `probes`, on
+    /// average over clusters.
+    pub fn row_fraction(&self) -> f64 {
+        self.probes as f64 / self.index.clusters() as f64
+    }
+}
+
+/// A session's buffers and counters for the sparse head.
+#[derive(Default)]
+pub struct HeadScratch {
+    scores: Vec<f32>,
+    order: Vec<u32>,
+
+    rows: Vec<u32>,
+    exact: Vec<f32>,
+    pub stats: HeadStats,
+}
+
+/// What the sparse head did in a session.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HeadStats {
+    /// Tokens whose logits came from the sparse head.
+    pub tokens: u64,
+    /// Head rows computed exactly, summed over those tokens.
+    pub rows: u64,
+    /// Head bytes read (rows plus cluster means), summed.
+    pub bytes: u64,
+}
+
+impl SparseHead {
+    /// The next-token logits of hidden state `x` (`dim`) into `logits`
+    /// (`vocab`): exact for the rows of the best `probes` clusters, each
+    /// other row its cluster's score (see the module docs).
+    pub(crate) fn logits(
+        &self,
+        output: &Linear,
+        pool: &ThreadPool,
+        x: &[f32],
+        logits: &mut [f32],
+        hs: &mut HeadScratch,
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        let k = self.index.clusters();
+        grow(&mut hs.scores, k);
+        self.centroids.forward(pool, x, 1, &mut hs.scores, scratch)?;
+        let scores = &hs.scores[..k];
+        // The best `probes` clusters.
+        hs.order.clear();
+        hs.order.extend(0..k as u32);
+        let by_score = |a: &u32, b: &u32| scores[*b as usize].total_cmp(&scores[*a as usize]).then(a.cmp(b));
+        if self.probes < k {
+            hs.order.select_nth_unstable_by(self.probes - 1, by_score);
+        }
+        hs.rows.clear();
+        hs.rows.extend_from_slice(&self.index.hot);
+        for &c in &hs.order[..self.probes] {
+            hs.rows.extend_from_slice(self.index.members(c as usize));
+        }
+        hs.rows.sort_unstable();
+        hs.rows.dedup();
+        // Their exact logits, rows read in place.
+        let n = hs.rows.len();
+        grow(&mut hs.exact, n);
+        output.forward_rows(pool, x, 1, &hs.rows, &mut hs.exact[..n], scratch)?;
+        // Every row its cluster's score, then the exact ones.
+        for (c, &s) in scores.iter().enumerate() {
+            for &r in self.index.members(c) {
+                logits[r as usize] = s;
+            }
+        }
+        for (&r, &v) in hs.rows.iter().zip(&hs.exact[..n]) {
+            logits[r as usize] = v;
+        }
+        let row_bytes = output.weight_bytes() / self.index.model.vocab_size;
+        hs.stats.tokens += 1;
+        hs.stats.rows += n as u64;
+        hs.stats.bytes += (n * row_bytes + self.centroids.weight_bytes()) as u64;
+        Ok(())
+    }
+}
