@@ -67,7 +67,7 @@ pub struct CommonArgs {
     #[arg(long)]
     pub head_index: Option<PathBuf>,
     /// Clusters whose rows get exact logits per token with the sparse head
-    /// (default 256).
+    /// (default: an eighth of the index's clusters).
     #[arg(long)]
     pub head_probes: Option<usize>,
     /// Print only the result on stdout.

@@ -97,14 +97,7 @@ fn frequent_tokens(engine: &spinfer_engine::Engine, path: &PathBuf, offset: usiz
     }
     let text = String::from_utf8_lossy(&bytes[offset..]).replace("\r\n", "\n");
     let tokens = engine.tokenizer.encode(&text, false)?;
-    let mut counts = vec![0u64; engine.model.config.vocab_size];
-    for &t in &tokens {
-        counts[t as usize] += 1;
-    }
-    let mut ids: Vec<u32> = (0..counts.len() as u32).filter(|&t| counts[t as usize] > 0).collect();
-    ids.sort_by(|&a, &b| counts[b as usize].cmp(&counts[a as usize]).then(a.cmp(&b)));
-    ids.truncate(n);
-    Ok(ids)
+    Ok(spinfer_engine::head::frequent_tokens(&tokens, engine.model.config.vocab_size, n))
 }
 
 #[derive(Args)]

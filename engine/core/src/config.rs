@@ -52,13 +52,10 @@ pub struct HeadSection {
     /// `sparse`). Relative paths are resolved against the config file's
     /// directory.
     pub index: Option<PathBuf>,
-    /// Clusters whose rows get exact logits per token (default
-    /// [`DEFAULT_HEAD_PROBES`]).
+    /// Clusters whose rows get exact logits per token (default: an eighth
+    /// of the index's clusters).
     pub probes: Option<usize>,
 }
-
-/// Clusters probed per token when `head.probes` is not set.
-pub const DEFAULT_HEAD_PROBES: usize = 256;
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]

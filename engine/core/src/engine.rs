@@ -41,10 +41,10 @@ use std::time::{Duration, Instant};
 
 use spinfer_registry::{InstallRecord, PackKind, VerifiedPack, VerifyLimits, discover, verify_pack_with};
 
-use crate::head::HeadIndex;
 use crate::config::Config;
 use crate::generate::{self, GenerateParams, StopReason, Timings};
 use crate::gguf::GgufFile;
+use crate::head::HeadIndex;
 use crate::loader::Loader;
 use crate::model::bert::l2_normalize;
 use crate::model::{Model, ModelOptions, Session};
@@ -143,7 +143,7 @@ impl Engine {
                 Error::InvalidArgument("head.mode = \"sparse\" needs head.index (spinfer calibrate-head)".into())
             })?;
             let index = HeadIndex::load(path, &HeadIndex::model_of(&engine.model))?;
-            let probes = h.probes.unwrap_or(crate::config::DEFAULT_HEAD_PROBES);
+            let probes = h.probes.unwrap_or(index.clusters().div_ceil(8));
             engine.model.set_sparse_head(Some(index), probes, &registry)?;
         }
         Ok((engine, packs))

@@ -61,7 +61,8 @@ impl HeadIndex {
             seed: self.seed,
         };
         let json = serde_json::to_vec(&header).map_err(|e| Error::format(path, e.to_string()))?;
-        let mut out = Vec::with_capacity(12 + json.len() + 4 * (self.offsets.len() + self.members.len() + self.means.len()));
+        let mut out =
+            Vec::with_capacity(12 + json.len() + 4 * (self.offsets.len() + self.members.len() + self.means.len()));
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&(json.len() as u32).to_le_bytes());
         out.extend_from_slice(&json);
@@ -124,7 +125,8 @@ impl HeadIndex {
         }
         let mut body = vec![0u8; (want - 12 - hlen as u64) as usize];
         f.read_exact(&mut body).map_err(|e| Error::io(path, e))?;
-        let words = |b: &[u8]| -> Vec<u32> { b.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect() };
+        let words =
+            |b: &[u8]| -> Vec<u32> { b.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect() };
         let (o, rest) = body.split_at(4 * (k + 1));
         let (m, rest) = rest.split_at(4 * v);
         let (means, hot) = rest.split_at(4 * k * d);

@@ -33,9 +33,9 @@ use bytemuck::Zeroable;
 use sha2::{Digest, Sha256};
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::blocks::BlockQ8_0;
-use spinfer_kernels::quantize::quantize_row_q8_0_ref;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::pool::ThreadPool;
+use spinfer_kernels::quantize::quantize_row_q8_0_ref;
 
 use crate::model::llama::{Linear, Scratch, grow};
 use crate::model::{Model, Precision};
@@ -161,6 +161,19 @@ impl HeadIndex {
     }
 }
 
+/// The `n` most frequent of `tokens` (ties to the lower id): the hot rows
+/// of [`HeadIndex::build`], from calibration text.
+pub fn frequent_tokens(tokens: &[u32], vocab: usize, n: usize) -> Vec<u32> {
+    let mut counts = vec![0u64; vocab];
+    for &t in tokens.iter().filter(|&&t| (t as usize) < vocab) {
+        counts[t as usize] += 1;
+    }
+    let mut ids: Vec<u32> = (0..vocab as u32).filter(|&t| counts[t as usize] > 0).collect();
+    ids.sort_by(|&a, &b| counts[b as usize].cmp(&counts[a as usize]).then(a.cmp(&b)));
+    ids.truncate(n);
+    ids
+}
+
 /// Every row of `model`'s head as f32 (`vocab × dim`).
 fn dequantized_rows(model: &Model) -> Result<Vec<f32>> {
     let out = &model.weights.output;
@@ -204,7 +217,9 @@ impl SparseHead {
             return Err(Error::InvalidArgument("the head index was built for another model".into()));
         }
         if !dim.is_multiple_of(32) {
-            return Err(Error::InvalidArgument(format!("the sparse head needs a hidden size divisible by 32, not {dim}")));
+            return Err(Error::InvalidArgument(format!(
+                "the sparse head needs a hidden size divisible by 32, not {dim}"
+            )));
         }
         let mut blocks = vec![BlockQ8_0::zeroed(); k * dim / 32];
         quantize_row_q8_0_ref(&index.means, &mut blocks)?;
