@@ -544,6 +544,24 @@ mod tests {
     }
 
     #[test]
+    fn head_section() {
+        let base = "[model]\npath = \"m.gguf\"\n";
+        let c = parse(&format!("{base}[head]\nindex = \"h.spinfer-head\"\nprobes = 512\n")).unwrap();
+        let h = c.head.unwrap();
+        assert_eq!((h.mode, h.probes), (HeadMode::Sparse, Some(512)));
+        assert_eq!(parse(&format!("{base}[head]\nmode = \"dense\"\n")).unwrap().head.unwrap().mode, HeadMode::Dense);
+        for (bad, says) in [
+            ("[head]\nmode = \"sparse\"\n", "needs head.index"),
+            ("[head]\nindex = \"h\"\nprobes = 0\n", "head.probes"),
+            ("[head]\nindex = \"h\"\nclusters = 3\n", "unknown field"),
+            ("[head]\nmode = \"fast\"\n", "unknown variant"),
+        ] {
+            let e = parse(&format!("{base}{bad}")).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
     fn sparsity_budget_and_cache_policy() {
         let parse = |t: &str| Config::parse(t, Path::new("spinfer.toml"));
         let base = "[model]\npath = \"m.gguf\"\n[sparsity]\nfile = \"s.spinfer\"\npredictor = \"low-rank\"\n";

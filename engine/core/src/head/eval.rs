@@ -153,6 +153,7 @@ fn tv_distance(a: &[(u32, f32)], b: &[(u32, f32)], dense: &mut [f32]) -> f32 {
 /// Runs windows of `ctx` tokens of `tokens` (at most `windows`) as the
 /// perplexity protocol does and measures `head` at each probe count in
 /// `probes` on every scored position. `progress(done, total)`.
+#[allow(clippy::too_many_arguments, reason = "a measurement run: model, head, session, text and its settings")]
 pub fn evaluate(
     model: &Model,
     head: &SparseHead,
