@@ -193,6 +193,8 @@ fn dequantized_rows(model: &Model) -> Result<Vec<f32>> {
 /// [`Model::next_token_logits`] runs.
 pub struct SparseHead {
     pub index: HeadIndex,
+    /// The cluster of each row (vocab).
+    cluster_of: Vec<u32>,
     /// The cluster means as a Q8_0 matrix (clusters × dim).
     pub centroids: Linear,
     /// Clusters whose rows get exact logits, per token.
@@ -226,7 +228,11 @@ impl SparseHead {
         let q = bytemuck::cast_slice::<BlockQ8_0, u8>(&blocks).to_vec();
         let centroids =
             Linear::from_tensor(registry, precision, "head.centroids", GgmlType::Q8_0, TensorData::owned(q), k, dim)?;
-        Ok(Self { index, centroids, probes })
+        let mut cluster_of = vec![0u32; index.model.vocab_size];
+        for c in 0..k {
+            index.members(c).iter().for_each(|&r| cluster_of[r as usize] = c as u32);
+        }
+        Ok(Self { index, cluster_of, centroids, probes })
     }
 
     /// Fraction of the vocabulary's rows read per token at `probes`, on
@@ -241,6 +247,8 @@ impl SparseHead {
 pub struct HeadScratch {
     scores: Vec<f32>,
     order: Vec<u32>,
+    /// One bit per row: computed exactly for this token.
+    bits: Vec<u64>,
 
     rows: Vec<u32>,
     exact: Vec<f32>,
@@ -282,22 +290,31 @@ impl SparseHead {
         if self.probes < k {
             hs.order.select_nth_unstable_by(self.probes - 1, by_score);
         }
-        hs.rows.clear();
-        hs.rows.extend_from_slice(&self.index.hot);
+        // The hot rows and the probed clusters' rows, ascending and once
+        // each (a bitmap over the vocabulary, read word by word).
+        let vocab = self.cluster_of.len();
+        hs.bits.clear();
+        hs.bits.resize(vocab.div_ceil(64), 0);
+        let mut set = |r: u32| hs.bits[r as usize / 64] |= 1 << (r % 64);
+        self.index.hot.iter().for_each(|&r| set(r));
         for &c in &hs.order[..self.probes] {
-            hs.rows.extend_from_slice(self.index.members(c as usize));
+            self.index.members(c as usize).iter().for_each(|&r| set(r));
         }
-        hs.rows.sort_unstable();
-        hs.rows.dedup();
+        hs.rows.clear();
+        for (w, &word) in hs.bits.iter().enumerate() {
+            let mut b = word;
+            while b != 0 {
+                hs.rows.push((w * 64) as u32 + b.trailing_zeros());
+                b &= b - 1;
+            }
+        }
         // Their exact logits, rows read in place.
         let n = hs.rows.len();
         grow(&mut hs.exact, n);
         output.forward_rows(pool, x, 1, &hs.rows, &mut hs.exact[..n], scratch)?;
         // Every row its cluster's score, then the exact ones.
-        for (c, &s) in scores.iter().enumerate() {
-            for &r in self.index.members(c) {
-                logits[r as usize] = s;
-            }
+        for (l, &c) in logits.iter_mut().zip(&self.cluster_of) {
+            *l = scores[c as usize];
         }
         for (&r, &v) in hs.rows.iter().zip(&hs.exact[..n]) {
             logits[r as usize] = v;
