@@ -113,7 +113,8 @@ fn bench_tokens(engine: &Engine) -> Vec<u32> {
 
 /// Pages in the weights and starts the pool's threads.
 fn warm_up(engine: &Engine, session: &mut Session, tokens: &[u32]) -> Result<()> {
-    engine.model.forward_last(session, &tokens[..32])?;
+    engine.model.forward(session, &tokens[..32])?;
+    engine.model.next_token_logits(session)?;
     session.reset();
     Ok(())
 }
@@ -200,7 +201,9 @@ fn median(v: &mut [f64]) -> f64 {
 fn prefill(engine: &Engine, s: &mut Session, tokens: &[u32]) -> Result<f64> {
     s.reset();
     let t = Instant::now();
-    engine.model.forward_last(s, tokens)?;
+    // As generation does: the next token's logits from the configured head.
+    engine.model.forward(s, tokens)?;
+    engine.model.next_token_logits(s)?;
     Ok(tokens.len() as f64 / t.elapsed().as_secs_f64())
 }
 

@@ -53,6 +53,12 @@ impl HeadIndex {
     /// Writes the index to `path` (through a temporary file renamed into
     /// place, so a reader never sees half a file).
     pub fn save(&self, path: &Path) -> Result<()> {
+        if self.means.len() != self.clusters() * self.model.dim {
+            return Err(Error::InvalidArgument(format!(
+                "{}: this head index has given its means to a SparseHead; save the index HeadIndex::build returned",
+                path.display()
+            )));
+        }
         let header = HeadHeader {
             model: self.model.clone(),
             clusters: self.clusters(),

@@ -88,10 +88,22 @@ impl HeadIndex {
         &self.members[self.offsets[c] as usize..self.offsets[c + 1] as usize]
     }
 
-    /// Which head `model` has: its shape, tensor and the sha256 of its bytes.
+    /// Which head `model` has: its shape, tensor and the sha256 of its
+    /// bytes. Reading them all for the hash would leave the whole head in
+    /// the resident set, which a sparse head exists to avoid: a mapped
+    /// head's pages are released as they are hashed (re-read when touched).
     pub fn model_of(model: &Model) -> HeadModel {
         let out = &model.weights.output;
-        let digest = Sha256::digest(out.raw_weights());
+        // Hashed in slices of 8 MiB, each released after (the peak
+        // resident set grows by one slice, not the whole head).
+        let mut hasher = Sha256::new();
+        for part in out.raw_weights().chunks(8 << 20) {
+            hasher.update(part);
+            if out.w.is_mapped() {
+                crate::sparse::bundle::release_pages(part);
+            }
+        }
+        let digest = hasher.finalize();
         HeadModel {
             arch: format!("{:?}", model.config.arch).to_lowercase(),
             vocab_size: model.config.vocab_size,
@@ -215,8 +227,24 @@ impl SparseHead {
         if probes == 0 || probes > k {
             return Err(Error::InvalidArgument(format!("head probes must be in 1..={k} (its clusters), got {probes}")));
         }
-        if index.model != HeadIndex::model_of(model) {
-            return Err(Error::InvalidArgument("the head index was built for another model".into()));
+        // The sha256 was checked when the index was read (HeadIndex::load)
+        // or built from this model; the shape is checked again here.
+        let m = &index.model;
+        let out = &model.weights.output;
+        if (m.vocab_size, m.dim, m.tensor.as_str(), m.tensor_type.as_str())
+            != (model.config.vocab_size, dim, out.name.as_str(), out.desc.wtype.name())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "the head index was built for a {} x {} {} head ({}), not this model's {} x {} {} ({})",
+                m.vocab_size,
+                m.dim,
+                m.tensor_type,
+                m.tensor,
+                model.config.vocab_size,
+                dim,
+                out.desc.wtype.name(),
+                out.name
+            )));
         }
         if !dim.is_multiple_of(32) {
             return Err(Error::InvalidArgument(format!(
@@ -228,6 +256,9 @@ impl SparseHead {
         let q = bytemuck::cast_slice::<BlockQ8_0, u8>(&blocks).to_vec();
         let centroids =
             Linear::from_tensor(registry, precision, "head.centroids", GgmlType::Q8_0, TensorData::owned(q), k, dim)?;
+        // The f32 means are not needed once quantised (10 MB for Gemma 3).
+        let mut index = index;
+        index.means = Vec::new();
         let mut cluster_of = vec![0u32; index.model.vocab_size];
         for c in 0..k {
             index.members(c).iter().for_each(|&r| cluster_of[r as usize] = c as u32);

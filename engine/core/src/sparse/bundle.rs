@@ -170,7 +170,7 @@ fn order_of(freq: &[f32]) -> Vec<u32> {
 
 /// Drops this process's pages of `bytes` (a read-only file mapping): they
 /// leave the resident set and are re-read from the file if touched again.
-fn release_pages(bytes: &[u8]) {
+pub(crate) fn release_pages(bytes: &[u8]) {
     #[cfg(target_os = "linux")]
     {
         unsafe extern "C" {
