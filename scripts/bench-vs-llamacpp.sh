@@ -4,7 +4,8 @@
 # Usage:
 #   scripts/bench-vs-llamacpp.sh [options] [MODEL] [LLAMA_BENCH]
 #
-#   MODEL        GGUF file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf)
+#   MODEL        GGUF file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf;
+#                e.g. models/gemma-3-270m-Q4_K_M.gguf)
 #   LLAMA_BENCH  llama-bench binary (default: ${LLAMA_BENCH:-/opt/llamacpp/build/bin/llama-bench})
 #
 # Options:
@@ -14,6 +15,8 @@
 #   --raw FILE        also write every per-rep measurement to FILE (JSON lines)
 #   --no-membw        skip the memory-bandwidth probe
 #   --sparsity FILE   run spinfer with this sparsity sidecar (spinfer bench --sparsity FILE)
+#   --spinfer BIN     use this spinfer binary and skip the cargo build (e.g. one
+#                     built from a clean checkout while target/ is in use)
 #   -h, --help        this help
 #
 # For each thread count and each rep, spinfer and llama-bench are run
@@ -28,10 +31,17 @@
 #   llama-bench -m M -t T -p 128,512 -n 128 -r 1 -o json
 #       prints a JSON array of records with n_prompt, n_gen, avg_ts.
 #
-# The "implied decode bandwidth" is tg128 tok/s x model FILE SIZE, i.e. it
-# assumes every token streams the whole weight file once (an estimate: it
-# ignores KV-cache traffic and counts file metadata / tokenizer bytes). It is
+# The "implied decode bandwidth" is tg128 tok/s x bytes of weights read per
+# decoded token: spinfer's own count (`bytes_per_token` in its JSON: every
+# matmul's weights, the output head included, one embedding row) when it
+# reports one, else the model FILE SIZE (which also counts a separate input
+# embedding table, metadata and tokenizer). KV-cache traffic is ignored. It is
 # printed next to scripts/membw.c's measured streaming-read bandwidth.
+#
+# Peak RSS: spinfer's own report (peak_rss_bytes); llama-bench's is measured
+# with /usr/bin/time -f %M when that exists (its whole process, all tests).
+# Works for any GGUF both engines load (SmolLM2, Gemma 3, ...): pass the model
+# path; nothing in here is specific to one architecture.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
@@ -43,6 +53,7 @@ THREADS="1 2"
 RAW_OUT=""
 DO_MEMBW=1
 SPARSITY=""
+SPINFER_BIN="${SPINFER:-}"
 POS=()
 
 while [[ $# -gt 0 ]]; do
@@ -57,6 +68,8 @@ while [[ $# -gt 0 ]]; do
     --no-membw) DO_MEMBW=0; shift ;;
     --sparsity) SPARSITY="${2:?--sparsity needs a file}"; shift 2 ;;
     --sparsity=*) SPARSITY="${1#*=}"; shift ;;
+    --spinfer) SPINFER_BIN="${2:?--spinfer needs a binary}"; shift 2 ;;
+    --spinfer=*) SPINFER_BIN="${1#*=}"; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; POS+=("$@"); break ;;
     -*) echo "error: unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -82,6 +95,12 @@ if [[ -n "$SPARSITY" ]]; then
 fi
 [[ -n "$LB" && -x "$LB" ]] || { echo "error: llama-bench not found/executable: ${POS[1]:-${LLAMA_BENCH:-/opt/llamacpp/build/bin/llama-bench}}" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "error: python3 is required" >&2; exit 1; }
+if [[ -n "$SPINFER_BIN" ]]; then
+  SPINFER_BIN="$(abspath "$SPINFER_BIN")"
+  [[ -x "$SPINFER_BIN" ]] || { echo "error: spinfer binary not found/executable: $SPINFER_BIN" >&2; exit 1; }
+fi
+TIMEV=()
+[[ -x /usr/bin/time ]] && TIMEV=(/usr/bin/time -f "maxrss_kib=%M")
 
 cd "$ROOT"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/bench-vs-llamacpp.XXXXXX")"
@@ -89,8 +108,8 @@ trap 'rm -rf "$WORK"' EXIT
 RAW="$WORK/raw.jsonl"
 : > "$RAW"
 
-SPINFER="$ROOT/target/release/spinfer"
-if [[ $LLAMA_ONLY -eq 0 ]]; then
+SPINFER="${SPINFER_BIN:-$ROOT/target/release/spinfer}"
+if [[ $LLAMA_ONLY -eq 0 && -z "$SPINFER_BIN" ]]; then
   echo ">> cargo build --release -p spinfer-cli" >&2
   cargo build --release -p spinfer-cli >&2
   [[ -x "$SPINFER" ]] || { echo "error: $SPINFER was not built" >&2; exit 1; }
@@ -124,21 +143,24 @@ if missing:
     sys.exit(f"spinfer bench JSON lacks {missing}: {obj}")
 rec = {"tool": "spinfer", "threads": t, "rep": r,
        "pp128": float(obj["pp128"]), "pp512": float(obj["pp512"]), "tg128": float(obj["tg128"]),
-       "peak_rss_bytes": obj.get("peak_rss_bytes")}
+       "peak_rss_bytes": obj.get("peak_rss_bytes"), "bytes_per_token": obj.get("bytes_per_token")}
 print(json.dumps(rec))
 PY
 }
 
 run_llama() { # threads rep
   local t=$1 r=$2 out="$WORK/llama.t$1.r$2.json" err="$WORK/llama.t$1.r$2.err"
-  if ! "$LB" -m "$MODEL" -t "$t" -p 128,512 -n 128 -r 1 -o json >"$out" 2>"$err"; then
+  if ! "${TIMEV[@]}" "$LB" -m "$MODEL" -t "$t" -p 128,512 -n 128 -r 1 -o json >"$out" 2>"$err"; then
     echo "error: llama-bench failed (threads=$t rep=$r):" >&2; tail -n 20 "$err" >&2; exit 1
   fi
-  python3 - "$out" "$t" "$r" >>"$RAW" <<'PY'
-import json, sys
-path, t, r = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+  python3 - "$out" "$t" "$r" "$err" >>"$RAW" <<'PY'
+import json, re, sys
+path, t, r, errpath = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 recs = json.load(open(path))
 rec = {"tool": "llama.cpp", "threads": t, "rep": r}
+m = re.findall(r"maxrss_kib=(\d+)", open(errpath, errors="replace").read())
+if m:
+    rec["peak_rss_bytes"] = int(m[-1]) * 1024
 for x in recs:
     key = None
     if x["n_gen"] == 0 and x["n_prompt"] in (128, 512):
@@ -215,15 +237,15 @@ for t in threads:
 print()
 print("ratio = spinfer / llama.cpp (> 1: spinfer faster)")
 
-if llama_only != "1":
-    print()
+print()
+for tool in (["llama.cpp"] if llama_only == "1" else ["spinfer", "llama.cpp"]):
     for t in threads:
         v = [r["peak_rss_bytes"] for r in recs
-             if r["tool"] == "spinfer" and r["threads"] == t and r.get("peak_rss_bytes") is not None]
+             if r["tool"] == tool and r["threads"] == t and r.get("peak_rss_bytes") is not None]
         if v:
-            print(f"spinfer peak RSS (threads={t}): {max(v) / 2**20:.1f} MiB (max over reps)")
+            print(f"{tool} peak RSS (threads={t}): {max(v) / 2**20:.1f} MiB (max over reps)")
         else:
-            print(f"spinfer peak RSS (threads={t}): not reported")
+            print(f"{tool} peak RSS (threads={t}): not reported")
 
 membw = {}
 if os.path.exists(membw_path):
@@ -232,16 +254,22 @@ if os.path.exists(membw_path):
         if m:
             membw[int(m.group(1))] = (float(m.group(2)), float(m.group(3)))
 
+bpt = next((r["bytes_per_token"] for r in recs if r.get("bytes_per_token")), None)
 print()
-print("Decode memory bandwidth, ESTIMATE: bytes/token = model file size "
-      f"({model_bytes / 1e6:.1f} MB), i.e. whole weight file streamed once per token (KV cache ignored)")
+if bpt:
+    print("Decode memory bandwidth, ESTIMATE: bytes/token = weights read per decoded token as spinfer "
+          f"reports it ({bpt / 1e6:.1f} MB; file {model_bytes / 1e6:.1f} MB; KV cache ignored)")
+else:
+    bpt = model_bytes
+    print("Decode memory bandwidth, ESTIMATE: bytes/token = model file size "
+          f"({model_bytes / 1e6:.1f} MB), i.e. whole weight file streamed once per token (KV cache ignored)")
 print()
 print("| threads | spinfer tg128 implied GB/s | llama.cpp tg128 implied GB/s | membw probe best GB/s (median) |")
 print("|---:|---:|---:|---:|")
 for t in threads:
     s, l = med("spinfer", t, "tg128"), med("llama.cpp", t, "tg128")
-    sbw = s * model_bytes / 1e9 if s else None
-    lbw = l * model_bytes / 1e9 if l else None
+    sbw = s * bpt / 1e9 if s else None
+    lbw = l * bpt / 1e9 if l else None
     mb = membw.get(t)
     mbs = f"{mb[0]:.2f} ({mb[1]:.2f})" if mb else "—"
     print(f"| {t} | {fmt(sbw, 2)} | {fmt(lbw, 2)} | {mbs} |")
