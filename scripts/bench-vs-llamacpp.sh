@@ -15,6 +15,8 @@
 #   --raw FILE        also write every per-rep measurement to FILE (JSON lines)
 #   --no-membw        skip the memory-bandwidth probe
 #   --sparsity FILE   run spinfer with this sparsity sidecar (spinfer bench --sparsity FILE)
+#   --head-index FILE run spinfer with the sparse output head of this index
+#                     (spinfer calibrate-head); --head-probes N its probes
 #   --spinfer BIN     use this spinfer binary and skip the cargo build (e.g. one
 #                     built from a clean checkout while target/ is in use)
 #   -h, --help        this help
@@ -53,6 +55,8 @@ THREADS="1 2"
 RAW_OUT=""
 DO_MEMBW=1
 SPARSITY=""
+HEAD_INDEX=""
+HEAD_PROBES=""
 SPINFER_BIN="${SPINFER:-}"
 POS=()
 
@@ -68,6 +72,8 @@ while [[ $# -gt 0 ]]; do
     --no-membw) DO_MEMBW=0; shift ;;
     --sparsity) SPARSITY="${2:?--sparsity needs a file}"; shift 2 ;;
     --sparsity=*) SPARSITY="${1#*=}"; shift ;;
+    --head-index) HEAD_INDEX="${2:?--head-index needs a file}"; shift 2 ;;
+    --head-probes) HEAD_PROBES="${2:?--head-probes needs a value}"; shift 2 ;;
     --spinfer) SPINFER_BIN="${2:?--spinfer needs a binary}"; shift 2 ;;
     --spinfer=*) SPINFER_BIN="${1#*=}"; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -92,6 +98,12 @@ if [[ -n "$SPARSITY" ]]; then
   SPARSITY="$(abspath "$SPARSITY")"
   [[ -f "$SPARSITY" ]] || { echo "error: sparsity sidecar not found: $SPARSITY" >&2; exit 1; }
   SPINFER_EXTRA=(--sparsity "$SPARSITY")
+fi
+if [[ -n "$HEAD_INDEX" ]]; then
+  HEAD_INDEX="$(abspath "$HEAD_INDEX")"
+  [[ -f "$HEAD_INDEX" ]] || { echo "error: head index not found: $HEAD_INDEX" >&2; exit 1; }
+  SPINFER_EXTRA+=(--head-index "$HEAD_INDEX")
+  [[ -n "$HEAD_PROBES" ]] && SPINFER_EXTRA+=(--head-probes "$HEAD_PROBES")
 fi
 [[ -n "$LB" && -x "$LB" ]] || { echo "error: llama-bench not found/executable: ${POS[1]:-${LLAMA_BENCH:-/opt/llamacpp/build/bin/llama-bench}}" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "error: python3 is required" >&2; exit 1; }

@@ -83,7 +83,11 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         }
         obj.insert("peak_rss_bytes".into(), serde_json::json!(rss));
         obj.insert("threads".into(), serde_json::json!(engine.model.options.threads));
-        obj.insert("bytes_per_token".into(), serde_json::json!(engine.model.bytes_per_token()));
+        obj.insert("bytes_per_token".into(), serde_json::json!(bytes_per_token(&engine, &session)));
+        if let Some(h) = head_bytes(&engine, &session) {
+            obj.insert("head_bytes_per_token".into(), serde_json::json!(h));
+            obj.insert("dense_head_bytes".into(), serde_json::json!(engine.model.weights.output.weight_bytes()));
+        }
         println!("{}", serde_json::Value::Object(obj));
     } else {
         let m = &engine.model;
@@ -101,8 +105,36 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         if let Some(rss) = rss {
             println!("peak RSS: {:.1} MiB", rss as f64 / (1 << 20) as f64);
         }
+        if let Some(h) = head_bytes(&engine, &session) {
+            println!(
+                "sparse head: {:.1} MB read per token (dense head {:.1} MB)",
+                h as f64 / 1e6,
+                engine.model.weights.output.weight_bytes() as f64 / 1e6
+            );
+        }
     }
     Ok(())
+}
+
+/// Head bytes the sparse head read per token, on average over the
+/// session (`None` with the dense head).
+fn head_bytes(engine: &Engine, session: &Session) -> Option<u64> {
+    let h = session.head_stats();
+    (engine.model.head.is_some() && h.tokens > 0).then(|| h.bytes / h.tokens)
+}
+
+/// Weights read per decoded token: every matmul's, the dense head's
+/// replaced by what the sparse head read on average.
+fn bytes_per_token(engine: &Engine, session: &Session) -> u64 {
+    let m = &engine.model;
+    let all = m.bytes_per_token() as u64;
+    match head_bytes(engine, session) {
+        Some(h) => {
+            let centroids = m.head.as_ref().map_or(0, |hd| hd.centroids.weight_bytes() as u64);
+            all - m.weights.output.weight_bytes() as u64 - centroids + h
+        }
+        None => all,
+    }
 }
 
 /// Pseudo-random token ids, as llama-bench uses.
