@@ -117,3 +117,40 @@ fn head_index_round_trips_and_bad_ones_are_refused() {
     let err = HeadIndex::load(&path, &want).err().unwrap().to_string();
     assert!(err.contains("listed twice"), "{err}");
 }
+
+/// The cluster-ordered copy of the head gives the same logits as reading
+/// the rows in place; a copy that is not the one the index names is
+/// refused.
+#[test]
+fn cluster_ordered_rows_give_the_in_place_logits() {
+    let Some(m) = smollm2() else { return };
+    let mut e = engine(&m);
+    let mut built = index(&e, 16, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("smol.spinfer-head");
+    built.write_rows(&e.model, &path).unwrap();
+    built.save(&path).unwrap();
+    let want = HeadIndex::model_of(&e.model);
+    let ids = e.tokenizer.encode("The capital of France is", false).unwrap();
+    let mut logits = Vec::new();
+    for with_rows in [false, true] {
+        let loaded = HeadIndex::load(&path, &want).unwrap();
+        assert!(loaded.has_rows());
+        let idx = if with_rows { loaded } else { index(&e, 16, 2) };
+        e.model.set_sparse_head(Some(idx), 500, &KernelRegistry::builtin()).unwrap();
+        assert_eq!(e.model.head.as_ref().unwrap().rows.is_some(), with_rows);
+        let mut s = e.new_session();
+        e.model.forward(&mut s, &ids).unwrap();
+        logits.push(e.model.next_token_logits(&mut s).unwrap().to_vec());
+    }
+    assert_eq!(logits[0], logits[1]);
+    // A copy changed after the index was written.
+    let rows = spinfer_engine::head::rows_path(&path);
+    let mut b = std::fs::read(&rows).unwrap();
+    b[1000] ^= 1;
+    std::fs::write(&rows, &b).unwrap();
+    let err = HeadIndex::load(&path, &want).err().unwrap().to_string();
+    assert!(err.contains("sha256") && err.contains(".rows"), "{err}");
+    std::fs::remove_file(&rows).unwrap();
+    assert!(HeadIndex::load(&path, &want).is_err());
+}

@@ -36,6 +36,11 @@ pub struct CalibrateHeadArgs {
     /// split, whose start is used for evaluation).
     #[arg(long, default_value_t = 0)]
     pub offset: usize,
+    /// Do not write the head's rows re-ordered by cluster beside the index
+    /// (`<out>.rows`, as large as the head): probed clusters are then read
+    /// row by row in place in the model file.
+    #[arg(long)]
+    pub no_rows: bool,
     /// Output head index (never the model file).
     #[arg(short, long)]
     pub out: PathBuf,
@@ -61,9 +66,12 @@ pub fn calibrate_head(a: CalibrateHeadArgs) -> Result<()> {
     let bar = progress(a.common.quiet || a.common.json, a.iters as u64, "k-means rounds");
     let session = engine.new_session();
     let t = std::time::Instant::now();
-    let index =
+    let mut index =
         HeadIndex::build(&engine.model, session.pool(), &o, &hot, &mut |done, _| bar.set_position(done as u64))?;
     bar.finish_and_clear();
+    if !a.no_rows {
+        index.write_rows(&engine.model, &a.out)?;
+    }
     index.save(&a.out)?;
     let secs = t.elapsed().as_secs_f64();
     if a.common.json {

@@ -44,6 +44,10 @@ struct HeadHeader {
     clusters: usize,
     /// Rows computed for every token.
     hot: usize,
+    /// sha256 of the cluster-ordered copy of the head beside the index
+    /// (`<index>.rows`), if one was written.
+    #[serde(default)]
+    rows_sha256: Option<String>,
     /// Clustering rounds and seed (informational).
     iters: usize,
     seed: u64,
@@ -63,6 +67,7 @@ impl HeadIndex {
             model: self.model.clone(),
             clusters: self.clusters(),
             hot: self.hot.len(),
+            rows_sha256: self.rows_sha256.clone(),
             iters: self.iters,
             seed: self.seed,
         };
@@ -156,6 +161,26 @@ impl HeadIndex {
         if let Some(i) = means.iter().position(|x| !x.is_finite()) {
             return Err(bad(format!("cluster mean {} holds a non-finite value", i / d)));
         }
-        Ok(Self { model: h.model, offsets, members, means, hot, iters: h.iters, seed: h.seed })
+        let row_bytes = spinfer_kernels::GgmlType::ALL
+            .into_iter()
+            .find(|t| t.name() == model.tensor_type)
+            .ok_or_else(|| bad(format!("unknown head type {}", model.tensor_type)))?
+            .row_bytes(d)
+            .map_err(|e| bad(e.to_string()))?;
+        let rows = match &h.rows_sha256 {
+            Some(sha) => Some(super::rows::open(&super::rows_path(path), v, row_bytes, sha)?),
+            None => None,
+        };
+        Ok(Self {
+            model: h.model,
+            offsets,
+            members,
+            means,
+            hot,
+            rows,
+            rows_sha256: h.rows_sha256,
+            iters: h.iters,
+            seed: h.seed,
+        })
     }
 }

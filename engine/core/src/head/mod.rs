@@ -26,6 +26,9 @@
 pub mod eval;
 mod file;
 mod kmeans;
+mod rows;
+
+pub use rows::rows_path;
 
 pub use file::HeadModel;
 
@@ -53,6 +56,10 @@ pub struct HeadIndex {
     /// Rows computed exactly for every token whatever the probes: the
     /// calibration text's most frequent tokens, ascending.
     hot: Vec<u32>,
+    /// The head's rows in member order (`rows.rs`), when written, and
+    /// their sha256.
+    rows: Option<TensorData>,
+    rows_sha256: Option<String>,
     iters: usize,
     seed: u64,
 }
@@ -169,7 +176,32 @@ impl HeadIndex {
             means[c * dim..][..dim].iter_mut().for_each(|m| *m /= n);
         }
         keep.clear();
-        Ok(Self { model: Self::model_of(model), offsets, members, means, hot, iters: o.iters, seed: o.seed })
+        let model_id = Self::model_of(model);
+        Ok(Self {
+            model: model_id,
+            offsets,
+            members,
+            means,
+            hot,
+            rows: None,
+            rows_sha256: None,
+            iters: o.iters,
+            seed: o.seed,
+        })
+    }
+
+    /// Writes `model`'s head rows re-ordered by cluster beside the index
+    /// that will be saved at `index_path` ([`rows_path`]); [`HeadIndex::save`]
+    /// then names them and [`HeadIndex::load`] maps them, so each probed
+    /// cluster is one contiguous read.
+    pub fn write_rows(&mut self, model: &Model, index_path: &std::path::Path) -> Result<()> {
+        self.rows_sha256 = Some(rows::write(model, self, &rows_path(index_path))?);
+        Ok(())
+    }
+
+    /// Whether the cluster-ordered copy of the head is loaded.
+    pub fn has_rows(&self) -> bool {
+        self.rows.is_some()
     }
 }
 
@@ -205,6 +237,8 @@ fn dequantized_rows(model: &Model) -> Result<Vec<f32>> {
 /// [`Model::next_token_logits`] runs.
 pub struct SparseHead {
     pub index: HeadIndex,
+    /// The cluster-ordered copy of the head, when the index has one.
+    pub rows: Option<Linear>,
     /// The cluster of each row (vocab).
     cluster_of: Vec<u32>,
     /// The cluster means as a Q8_0 matrix (clusters × dim).
@@ -263,7 +297,19 @@ impl SparseHead {
         for c in 0..k {
             index.members(c).iter().for_each(|&r| cluster_of[r as usize] = c as u32);
         }
-        Ok(Self { index, cluster_of, centroids, probes })
+        let rows = match index.rows.take() {
+            Some(data) => Some(Linear::from_tensor(
+                registry,
+                precision,
+                "head.rows",
+                out.desc.wtype,
+                data,
+                model.config.vocab_size,
+                dim,
+            )?),
+            None => None,
+        };
+        Ok(Self { index, rows, cluster_of, centroids, probes })
     }
 
     /// Fraction of the vocabulary's rows read per token at `probes`, on
@@ -283,6 +329,7 @@ pub struct HeadScratch {
 
     rows: Vec<u32>,
     exact: Vec<f32>,
+    hot_exact: Vec<f32>,
     pub stats: HeadStats,
 }
 
@@ -298,6 +345,48 @@ pub struct HeadStats {
 }
 
 impl SparseHead {
+    /// [`SparseHead::logits`] with the cluster-ordered copy: each probed
+    /// cluster one contiguous range of it, the hot rows read in place.
+    #[allow(clippy::too_many_arguments, reason = "the buffers of one call")]
+    fn logits_from_copy(
+        &self,
+        copy: &Linear,
+        output: &Linear,
+        pool: &ThreadPool,
+        x: &[f32],
+        logits: &mut [f32],
+        hs: &mut HeadScratch,
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        let k = self.index.clusters();
+        let probed = &mut hs.order[..self.probes];
+        probed.sort_unstable();
+        hs.rows.clear();
+        for &c in probed.iter() {
+            hs.rows.extend(self.index.offsets[c as usize]..self.index.offsets[c as usize + 1]);
+        }
+        let (n, hot) = (hs.rows.len(), &self.index.hot);
+        grow(&mut hs.exact, n);
+        grow(&mut hs.hot_exact, hot.len());
+        copy.forward_rows(pool, x, 1, &hs.rows, &mut hs.exact[..n], scratch)?;
+        output.forward_rows(pool, x, 1, hot, &mut hs.hot_exact[..hot.len()], scratch)?;
+        let scores = &hs.scores[..k];
+        for (l, &c) in logits.iter_mut().zip(&self.cluster_of) {
+            *l = scores[c as usize];
+        }
+        for (&p, &v) in hs.rows.iter().zip(&hs.exact[..n]) {
+            logits[self.index.members[p as usize] as usize] = v;
+        }
+        for (&r, &v) in hot.iter().zip(&hs.hot_exact[..hot.len()]) {
+            logits[r as usize] = v;
+        }
+        let row_bytes = output.weight_bytes() / self.index.model.vocab_size;
+        hs.stats.tokens += 1;
+        hs.stats.rows += (n + hot.len()) as u64;
+        hs.stats.bytes += ((n + hot.len()) * row_bytes + self.centroids.weight_bytes()) as u64;
+        Ok(())
+    }
+
     /// The next-token logits of hidden state `x` (`dim`) into `logits`
     /// (`vocab`): exact for the rows of the best `probes` clusters, each
     /// other row its cluster's score (see the module docs).
@@ -320,6 +409,9 @@ impl SparseHead {
         let by_score = |a: &u32, b: &u32| scores[*b as usize].total_cmp(&scores[*a as usize]).then(a.cmp(b));
         if self.probes < k {
             hs.order.select_nth_unstable_by(self.probes - 1, by_score);
+        }
+        if let Some(copy) = &self.rows {
+            return self.logits_from_copy(copy, output, pool, x, logits, hs, scratch);
         }
         // The hot rows and the probed clusters' rows, ascending and once
         // each (a bitmap over the vocabulary, read word by word).
