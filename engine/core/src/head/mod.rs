@@ -241,6 +241,10 @@ pub struct SparseHead {
     pub rows: Option<Linear>,
     /// The cluster of each row (vocab).
     cluster_of: Vec<u32>,
+    /// With the copy: each row's position in it (vocab), and the hot rows'
+    /// positions, ascending.
+    position_of: Vec<u32>,
+    hot_positions: Vec<u32>,
     /// The cluster means as a Q8_0 matrix (clusters × dim).
     pub centroids: Linear,
     /// Clusters whose rows get exact logits, per token.
@@ -309,7 +313,23 @@ impl SparseHead {
             )?),
             None => None,
         };
-        Ok(Self { index, rows, cluster_of, centroids, probes })
+        let (mut position_of, mut hot_positions) = (Vec::new(), Vec::new());
+        if rows.is_some() {
+            position_of = vec![0u32; index.model.vocab_size];
+            index.members.iter().enumerate().for_each(|(p, &r)| position_of[r as usize] = p as u32);
+            hot_positions = index.hot.iter().map(|&r| position_of[r as usize]).collect();
+            hot_positions.sort_unstable();
+        }
+        Ok(Self { index, rows, cluster_of, position_of, hot_positions, centroids, probes })
+    }
+
+    /// Row `token` of the head in the cluster-ordered copy (`None` without
+    /// one): the same bytes as the model's row.
+    pub(crate) fn row_bytes(&self, token: u32) -> Option<&[u8]> {
+        let copy = self.rows.as_ref()?;
+        let p = *self.position_of.get(token as usize)? as usize;
+        let n = copy.weight_bytes() / self.position_of.len();
+        Some(&copy.raw_weights()[p * n..(p + 1) * n])
     }
 
     /// Fraction of the vocabulary's rows read per token at `probes`, on
@@ -365,11 +385,13 @@ impl SparseHead {
         for &c in probed.iter() {
             hs.rows.extend(self.index.offsets[c as usize]..self.index.offsets[c as usize + 1]);
         }
-        let (n, hot) = (hs.rows.len(), &self.index.hot);
+        // The hot rows too come from the copy: the model file's head pages
+        // are never touched.
+        let (n, hot) = (hs.rows.len(), &self.hot_positions);
         grow(&mut hs.exact, n);
         grow(&mut hs.hot_exact, hot.len());
         copy.forward_rows(pool, x, 1, &hs.rows, &mut hs.exact[..n], scratch)?;
-        output.forward_rows(pool, x, 1, hot, &mut hs.hot_exact[..hot.len()], scratch)?;
+        copy.forward_rows(pool, x, 1, hot, &mut hs.hot_exact[..hot.len()], scratch)?;
         let scores = &hs.scores[..k];
         for (l, &c) in logits.iter_mut().zip(&self.cluster_of) {
             *l = scores[c as usize];
@@ -377,8 +399,8 @@ impl SparseHead {
         for (&p, &v) in hs.rows.iter().zip(&hs.exact[..n]) {
             logits[self.index.members[p as usize] as usize] = v;
         }
-        for (&r, &v) in hot.iter().zip(&hs.hot_exact[..hot.len()]) {
-            logits[r as usize] = v;
+        for (&p, &v) in hot.iter().zip(&hs.hot_exact[..hot.len()]) {
+            logits[self.index.members[p as usize] as usize] = v;
         }
         let row_bytes = output.weight_bytes() / self.index.model.vocab_size;
         hs.stats.tokens += 1;

@@ -547,9 +547,15 @@ impl Model {
         // Token embeddings into the residual stream (Gemma: times √dim).
         let embd = &self.weights.token_embd;
         let row_bytes = embd.ty.row_bytes(dim)?;
+        // With a tied head re-ordered by the sparse head, its copy serves
+        // the rows too, so the model file's head pages stay untouched.
+        let copy = self.head.as_ref().filter(|_| c.tied_embeddings);
         for (t, &tok) in tokens.iter().enumerate() {
             let id = tok as usize;
-            let src = &embd.data.bytes()[id * row_bytes..(id + 1) * row_bytes];
+            let src = match copy.and_then(|h| h.row_bytes(tok)) {
+                Some(row) => row,
+                None => &embd.data.bytes()[id * row_bytes..(id + 1) * row_bytes],
+            };
             dequantize_row(embd.ty, src, &mut s.x[t * dim..(t + 1) * dim])?;
         }
         if c.is_gemma() {
