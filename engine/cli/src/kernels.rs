@@ -117,6 +117,24 @@ fn print_choices(engine: &Engine, json: bool) {
             }
         }
     }
+    if let Some(h) = &engine.model.head {
+        let c = &h.centroids;
+        println!(
+            "sparse head cluster scores ({}x{} means): {} ({})",
+            c.desc.rows,
+            c.desc.cols,
+            c.kernel_name(),
+            c.provider
+        );
+        let rows = h.rows.as_ref().unwrap_or(&engine.model.weights.output);
+        println!(
+            "sparse head rows ({} of {} clusters, {}): gathered rows by {}",
+            h.probes,
+            h.index.clusters(),
+            if h.rows.is_some() { "cluster-ordered copy" } else { "in place" },
+            rows.rows_provider
+        );
+    }
     if let Some(sp) = &engine.model.sparse {
         let providers = |it: &mut dyn Iterator<Item = &ColumnAxpy>| {
             let mut p: Vec<&str> = it.map(ColumnAxpy::provider).collect();

@@ -216,3 +216,24 @@ fn bad_sampling_arguments() {
     let e = fails(&["generate", "-m", model.to_str().unwrap(), "-p", "x", "--top-p", "0", "--quiet"]);
     assert_mentions(&e, &["top-p"]);
 }
+
+#[test]
+fn bad_head_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Gguf::tiny_llama().write(dir.path(), "m.gguf");
+    let m = model.to_str().unwrap();
+    let e = fails(&["generate", "-m", m, "-p", "x", "--head", "sparse", "--quiet"]);
+    assert_mentions(&e, &["--head sparse", "--head-index"]);
+    let junk = dir.path().join("junk.spinfer-head");
+    std::fs::write(&junk, b"not a head index at all").unwrap();
+    let e = fails(&["generate", "-m", m, "-p", "x", "--head-index", junk.to_str().unwrap(), "--head-probes", "0"]);
+    assert_mentions(&e, &["--head-probes"]);
+    // Index files are read once the model has loaded.
+    let Some(model) = common::smollm2() else { return };
+    let m = model.to_str().unwrap();
+    let missing = dir.path().join("none.spinfer-head");
+    let e = fails(&["generate", "-m", m, "-p", "x", "--head-index", missing.to_str().unwrap(), "--quiet"]);
+    assert_mentions(&e, &["none.spinfer-head"]);
+    let e = fails(&["generate", "-m", m, "-p", "x", "--head-index", junk.to_str().unwrap(), "--quiet"]);
+    assert_mentions(&e, &["junk.spinfer-head", "bad magic"]);
+}
