@@ -349,6 +349,8 @@ pub struct HeadScratch {
 
     rows: Vec<u32>,
     exact: Vec<f32>,
+    /// Hot rows outside the probed clusters (positions in the copy).
+    hot: Vec<u32>,
     hot_exact: Vec<f32>,
     pub stats: HeadStats,
 }
@@ -382,12 +384,21 @@ impl SparseHead {
         let probed = &mut hs.order[..self.probes];
         probed.sort_unstable();
         hs.rows.clear();
+        hs.bits.clear();
+        hs.bits.resize(k.div_ceil(64), 0);
         for &c in probed.iter() {
             hs.rows.extend(self.index.offsets[c as usize]..self.index.offsets[c as usize + 1]);
+            hs.bits[c as usize / 64] |= 1 << (c % 64);
         }
-        // The hot rows too come from the copy: the model file's head pages
-        // are never touched.
-        let (n, hot) = (hs.rows.len(), &self.hot_positions);
+        // The hot rows outside the probed clusters, from the copy too (the
+        // model file's head pages are never touched).
+        let probed_has = |p: u32| {
+            let c = self.cluster_of[self.index.members[p as usize] as usize] as usize;
+            hs.bits[c / 64] & (1 << (c % 64)) != 0
+        };
+        hs.hot.clear();
+        hs.hot.extend(self.hot_positions.iter().copied().filter(|&p| !probed_has(p)));
+        let (n, hot) = (hs.rows.len(), &hs.hot);
         grow(&mut hs.exact, n);
         grow(&mut hs.hot_exact, hot.len());
         copy.forward_rows(pool, x, 1, &hs.rows, &mut hs.exact[..n], scratch)?;
