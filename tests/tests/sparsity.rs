@@ -544,3 +544,42 @@ fn pack_predictors_and_cache_policies_plug_in() {
     let e = err(Engine::load_with(&model, options(Some(so)), &registry));
     assert!(e.contains("low-rank"), "{e}");
 }
+
+/// The sparse FFN (input-magnitude, 30%) and the sparse output head act on
+/// different matrices and compose: with both, generation gives the sparse
+/// FFN's greedy continuations, and both count their work.
+#[test]
+fn sparse_ffn_and_sparse_head_compose() {
+    use spinfer_engine::generate::{GenerateParams, generate};
+    use spinfer_engine::head::{HeadBuildOptions, HeadIndex, frequent_tokens};
+    use spinfer_engine::registry::KernelRegistry;
+    use spinfer_engine::sampling::SamplerParams;
+
+    let Some(model) = smollm2() else { return };
+    let dense = Engine::load(&model, options(None)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.spinfer");
+    calibrated(&model, &dense, 0.3, PredictorKind::InputMagnitude).write(&path).unwrap();
+    let mut so = SparsityOptions::new(&path);
+    so.predictor = Some(PredictorKind::InputMagnitude);
+    let mut e = Engine::load(&model, options(Some(so))).unwrap();
+    let prompts = ["The capital of France is", "Once upon a time, there was a little"];
+    let run = |e: &Engine, p: &str| {
+        let params = GenerateParams { max_tokens: 16, sampler: SamplerParams::greedy(), stop: vec![], add_bos: None };
+        let mut s = e.new_session();
+        let g =
+            generate(&e.model, &e.tokenizer, &mut s, p, &params, &mut |_| std::ops::ControlFlow::Continue(())).unwrap();
+        (g.tokens, s.sparsity_stats().mean_active_fraction(), s.head_stats().tokens)
+    };
+    let ffn_only: Vec<_> = prompts.iter().map(|p| run(&e, p)).collect();
+    let hot = frequent_tokens(&calibration_tokens(&e, 20_000), e.model.config.vocab_size, 4096);
+    let o = HeadBuildOptions { cluster_rows: 16, ..HeadBuildOptions::default() };
+    let index = HeadIndex::build(&e.model, e.new_session().pool(), &o, &hot, &mut |_, _| {}).unwrap();
+    e.model.set_sparse_head(Some(index), 1152, &KernelRegistry::builtin()).unwrap();
+    for (p, (tokens, _, _)) in prompts.iter().zip(&ffn_only) {
+        let (both, kept, head_tokens) = run(&e, p);
+        assert_eq!(&both, tokens, "{p:?}");
+        assert!((0.5..0.85).contains(&kept), "{p:?}: kept {kept}");
+        assert_eq!(head_tokens, 16, "{p:?}: one sparse-head call per generated token");
+    }
+}
