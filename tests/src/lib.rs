@@ -22,9 +22,13 @@ pub fn data(rel: &str) -> PathBuf {
 /// when absent outside CI; in CI (`CI` set) a missing model is a failure,
 /// so a broken download can never turn the suite green.
 pub fn smollm2() -> Option<PathBuf> {
-    let p = std::env::var_os("SPINFER_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
+    model_file("SPINFER_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// `$env` or `<workspace>/default` if that file exists; else `None` with a
+/// message outside CI, a panic in CI.
+fn model_file(env: &str, default: &str) -> Option<PathBuf> {
+    let p = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| workspace().join(default));
     if p.exists() {
         return Some(p);
     }
@@ -39,17 +43,7 @@ pub fn smollm2() -> Option<PathBuf> {
 /// `models/gemma-3-270m-Q4_K_M.gguf`. `None` (the test should skip, saying
 /// so) when absent outside CI; a failure in CI, as for [`smollm2`].
 pub fn gemma3() -> Option<PathBuf> {
-    let p = std::env::var_os("SPINFER_GEMMA_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("models/gemma-3-270m-Q4_K_M.gguf"));
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("{} is missing in CI: scripts/fetch-models.sh should have fetched it", p.display());
-    }
-    eprintln!("skipping: {} not found (run scripts/fetch-models.sh)", p.display());
-    None
+    model_file("SPINFER_GEMMA_MODEL", "models/gemma-3-270m-Q4_K_M.gguf")
 }
 
 /// The all-MiniLM-L6-v2 sentence-transformers directory:

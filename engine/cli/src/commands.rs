@@ -2,7 +2,7 @@
 
 use std::io::Write;
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -474,13 +474,18 @@ pub enum BosRule {
     EachWindow,
 }
 
+/// A UTF-8 text file with CRLF read as LF (an error naming the file and
+/// the first bad byte otherwise).
+pub fn read_text(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!("{} is not valid UTF-8 (byte {})", path.display(), e.utf8_error().valid_up_to())
+    })?;
+    Ok(text.replace("\r\n", "\n"))
+}
+
 pub fn perplexity(a: PerplexityArgs) -> Result<()> {
-    let bytes = std::fs::read(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?;
-    let text = String::from_utf8(bytes)
-        .map_err(|e| {
-            anyhow::anyhow!("{} is not valid UTF-8 (byte {})", a.file.display(), e.utf8_error().valid_up_to())
-        })?
-        .replace("\r\n", "\n");
+    let text = read_text(&a.file)?;
     let prefix = match a.bos {
         BosRule::EachWindow => {
             if a.prompt_tokens > 0 {

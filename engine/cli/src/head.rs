@@ -131,9 +131,7 @@ pub fn head_eval(a: HeadEvalArgs) -> Result<()> {
     if a.common.head_index.is_none() {
         bail!("head-eval measures a head index: give --head-index FILE");
     }
-    let text = std::fs::read_to_string(&a.file)
-        .with_context(|| format!("cannot read {} as UTF-8 text", a.file.display()))?
-        .replace("\r\n", "\n");
+    let text = crate::commands::read_text(&a.file)?;
     let mut common = a.common.clone();
     common.head_probes = Some(1);
     let engine = load(&common, Some(a.ctx))?;

@@ -136,8 +136,9 @@ impl HeadIndex {
         }
         let mut body = vec![0u8; (want - 12 - hlen as u64) as usize];
         f.read_exact(&mut body).map_err(|e| Error::io(path, e))?;
-        let words =
-            |b: &[u8]| -> Vec<u32> { b.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect() };
+        let words = |b: &[u8]| -> Vec<u32> {
+            b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        };
         let (o, rest) = body.split_at(4 * (k + 1));
         let (m, rest) = rest.split_at(4 * v);
         let (means, hot) = rest.split_at(4 * k * d);

@@ -368,7 +368,8 @@ pub struct HeadStats {
 
 impl SparseHead {
     /// [`SparseHead::logits`] with the cluster-ordered copy: each probed
-    /// cluster one contiguous range of it, the hot rows read in place.
+    /// cluster one contiguous range of it, the hot rows outside them at
+    /// their positions in it.
     #[allow(clippy::too_many_arguments, reason = "the buffers of one call")]
     fn logits_from_copy(
         &self,
@@ -403,21 +404,33 @@ impl SparseHead {
         grow(&mut hs.hot_exact, hot.len());
         copy.forward_rows(pool, x, 1, &hs.rows, &mut hs.exact[..n], scratch)?;
         copy.forward_rows(pool, x, 1, hot, &mut hs.hot_exact[..hot.len()], scratch)?;
-        let scores = &hs.scores[..k];
+        let exact = hs.rows.iter().zip(&hs.exact[..n]).chain(hot.iter().zip(&hs.hot_exact[..hot.len()]));
+        let exact = exact.map(|(&p, &v)| (self.index.members[p as usize], v));
+        self.assemble(output, logits, &hs.scores[..k], exact, n + hot.len(), &mut hs.stats);
+        Ok(())
+    }
+
+    /// Every row its cluster's score, then the `n` exact `(row, logit)`
+    /// pairs over them; counts the token's work in `stats`.
+    fn assemble(
+        &self,
+        output: &Linear,
+        logits: &mut [f32],
+        scores: &[f32],
+        exact: impl Iterator<Item = (u32, f32)>,
+        n: usize,
+        stats: &mut HeadStats,
+    ) {
         for (l, &c) in logits.iter_mut().zip(&self.cluster_of) {
             *l = scores[c as usize];
         }
-        for (&p, &v) in hs.rows.iter().zip(&hs.exact[..n]) {
-            logits[self.index.members[p as usize] as usize] = v;
-        }
-        for (&p, &v) in hot.iter().zip(&hs.hot_exact[..hot.len()]) {
-            logits[self.index.members[p as usize] as usize] = v;
+        for (r, v) in exact {
+            logits[r as usize] = v;
         }
         let row_bytes = output.weight_bytes() / self.index.model.vocab_size;
-        hs.stats.tokens += 1;
-        hs.stats.rows += (n + hot.len()) as u64;
-        hs.stats.bytes += ((n + hot.len()) * row_bytes + self.centroids.weight_bytes()) as u64;
-        Ok(())
+        stats.tokens += 1;
+        stats.rows += n as u64;
+        stats.bytes += (n * row_bytes + self.centroids.weight_bytes()) as u64;
     }
 
     /// The next-token logits of hidden state `x` (`dim`) into `logits`
@@ -468,17 +481,8 @@ impl SparseHead {
         let n = hs.rows.len();
         grow(&mut hs.exact, n);
         output.forward_rows(pool, x, 1, &hs.rows, &mut hs.exact[..n], scratch)?;
-        // Every row its cluster's score, then the exact ones.
-        for (l, &c) in logits.iter_mut().zip(&self.cluster_of) {
-            *l = scores[c as usize];
-        }
-        for (&r, &v) in hs.rows.iter().zip(&hs.exact[..n]) {
-            logits[r as usize] = v;
-        }
-        let row_bytes = output.weight_bytes() / self.index.model.vocab_size;
-        hs.stats.tokens += 1;
-        hs.stats.rows += n as u64;
-        hs.stats.bytes += (n * row_bytes + self.centroids.weight_bytes()) as u64;
+        let exact = hs.rows.iter().copied().zip(hs.exact[..n].iter().copied());
+        self.assemble(output, logits, &hs.scores[..k], exact, n, &mut hs.stats);
         Ok(())
     }
 }
