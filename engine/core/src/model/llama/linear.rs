@@ -218,7 +218,7 @@ impl Linear {
     /// `W[idx[k], :]` for each `k`, in this matrix's format (e.g. from the
     /// FFN bundle under a memory budget; this matrix's own bytes are not
     /// read).
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, reason = "a matmul call: pool, input, rows and their indices, output, scratch")]
     pub(crate) fn forward_gathered(
         &self,
         pool: &ThreadPool,
