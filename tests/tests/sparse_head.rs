@@ -10,25 +10,35 @@ use std::path::Path;
 
 use spinfer_engine::Engine;
 use spinfer_engine::generate::{GenerateParams, generate};
-use spinfer_engine::head::{HeadBuildOptions, HeadIndex, frequent_tokens};
+use spinfer_engine::head::{HeadBuildOptions, HeadCalibration, HeadIndex};
 use spinfer_engine::model::{ModelOptions, Precision};
 use spinfer_engine::registry::KernelRegistry;
 use spinfer_engine::sampling::SamplerParams;
 use spinfer_tests::{Reference, data, gemma3, gemma3_reference, reference, smollm2};
 
 fn engine(path: &Path) -> Engine {
-    Engine::load(path, ModelOptions { precision: Precision::Fast, ctx: 256, threads: 2, sparsity: None }).unwrap()
+    Engine::load(path, ModelOptions { precision: Precision::Fast, ctx: 512, threads: 2, sparsity: None }).unwrap()
 }
 
-/// An index of `e`'s head: clusters of `cluster_rows`, the 4,096 most
-/// frequent tokens of WikiText-2's test split from byte 300,000 on (the
-/// reference prompts and perplexity windows lie before it) as hot rows.
-fn index(e: &Engine, cluster_rows: usize, iters: usize) -> HeadIndex {
-    let text = std::fs::read_to_string(data("wikitext-2-raw/wiki.test.raw")).unwrap().replace("\r\n", "\n");
-    let calib = &text[text.char_indices().find(|&(i, _)| i >= 300_000).unwrap().0..];
-    let hot = frequent_tokens(&e.tokenizer.encode(calib, false).unwrap(), e.model.config.vocab_size, 4096);
+/// An index of `e`'s head from WikiText-2's test split from byte 300,000
+/// on (the reference prompts and perplexity windows lie before it): its
+/// `hot` most frequent tokens as hot rows, the others in clusters of
+/// `cluster_rows` in the metric of its first `positions` positions. With
+/// 16,384 positions and 6 rounds, what `spinfer calibrate-head --text
+/// wiki.test.raw --offset 300000` builds.
+fn index(e: &Engine, (cluster_rows, hot, positions, iters): (usize, usize, usize, usize)) -> HeadIndex {
+    let bytes = std::fs::read(data("wikitext-2-raw/wiki.test.raw")).unwrap();
+    let calib = String::from_utf8_lossy(&bytes[300_000..]).replace("\r\n", "\n");
+    let tokens = e.tokenizer.encode(&calib, false).unwrap();
+    let mut s = e.new_session();
+    let calib = HeadCalibration::from_tokens(&e.model, &mut s, &tokens, hot, positions).unwrap();
     let o = HeadBuildOptions { cluster_rows, iters, ..HeadBuildOptions::default() };
-    HeadIndex::build(&e.model, e.new_session().pool(), &o, &hot, &mut |_, _| {}).unwrap()
+    HeadIndex::build(&e.model, s.pool(), &o, &calib, &mut |_, _| {}).unwrap()
+}
+
+/// A quickly built index (its quality is not what the test is about).
+fn small_index(e: &Engine) -> HeadIndex {
+    index(e, (16, 2048, 1024, 2))
 }
 
 fn greedy(e: &Engine, prompt: &str, n: usize, add_bos: bool) -> Vec<u32> {
@@ -41,10 +51,15 @@ fn greedy(e: &Engine, prompt: &str, n: usize, add_bos: bool) -> Vec<u32> {
 /// Greedy continuations with the sparse head equal the dense head's, and
 /// the logits it hands the sampler are exact where computed, below the
 /// best computed one elsewhere, and finite everywhere.
-fn sparse_head_keeps_greedy(model: &Path, r: &Reference, add_bos: bool, cluster_rows: usize, probes: usize) {
+fn sparse_head_keeps_greedy(
+    model: &Path,
+    r: &Reference,
+    add_bos: bool,
+    (cluster_rows, hot, probes): (usize, usize, usize),
+) {
     let mut e = engine(model);
     let dense: Vec<Vec<u32>> = r.prompts.iter().map(|p| greedy(&e, &p.text, p.greedy_ids.len(), add_bos)).collect();
-    let idx = index(&e, cluster_rows, 6);
+    let idx = index(&e, (cluster_rows, hot, 16384, 6));
     e.model.set_sparse_head(Some(idx), probes, &KernelRegistry::builtin()).unwrap();
     for (p, want) in r.prompts.iter().zip(&dense) {
         assert_eq!(&greedy(&e, &p.text, p.greedy_ids.len(), add_bos), want, "{:?}", p.text);
@@ -66,20 +81,20 @@ fn sparse_head_keeps_greedy(model: &Path, r: &Reference, add_bos: bool, cluster_
 #[test]
 fn smollm2_sparse_head_keeps_greedy() {
     let Some(m) = smollm2() else { return };
-    sparse_head_keeps_greedy(&m, &reference(), false, 16, 1152);
+    sparse_head_keeps_greedy(&m, &reference(), false, (16, 2048, 644));
 }
 
 #[test]
 fn gemma3_sparse_head_keeps_greedy() {
     let Some(m) = gemma3() else { return };
-    sparse_head_keeps_greedy(&m, &gemma3_reference(), true, 64, 512);
+    sparse_head_keeps_greedy(&m, &gemma3_reference(), true, (64, 4096, 252));
 }
 
 #[test]
 fn head_index_round_trips_and_bad_ones_are_refused() {
     let Some(m) = smollm2() else { return };
     let e = engine(&m);
-    let idx = index(&e, 64, 2);
+    let idx = small_index(&e);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("smol.spinfer-head");
     idx.save(&path).unwrap();
@@ -98,6 +113,7 @@ fn head_index_round_trips_and_bad_ones_are_refused() {
     let bytes = std::fs::read(&path).unwrap();
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("bad magic", [b"NOTAHEAD".as_slice(), &bytes[8..]].concat()),
+        ("the first format", [b"SPHEAD01".as_slice(), &bytes[8..]].concat()),
         ("truncated", bytes[..bytes.len() - 7].to_vec()),
         ("empty", Vec::new()),
         ("huge header", [&bytes[..8], &u32::MAX.to_le_bytes()[..], &bytes[12..]].concat()),
@@ -107,6 +123,9 @@ fn head_index_round_trips_and_bad_ones_are_refused() {
         let err = HeadIndex::load(&path, &want).err().unwrap_or_else(|| panic!("{what}: accepted"));
         assert!(err.to_string().contains("smol.spinfer-head"), "{what}: {err}");
     }
+    std::fs::write(&path, [b"SPHEAD01".as_slice(), &bytes[8..]].concat()).unwrap();
+    let err = HeadIndex::load(&path, &want).err().unwrap().to_string();
+    assert!(err.contains("earlier spinfer") && err.contains("calibrate-head"), "{err}");
     // A member listed twice (the second cluster's first row repeats the first's).
     let hlen = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
     let members = 12 + hlen + 4 * (idx.clusters() + 1);
@@ -125,7 +144,7 @@ fn head_index_round_trips_and_bad_ones_are_refused() {
 fn cluster_ordered_rows_give_the_in_place_logits() {
     let Some(m) = smollm2() else { return };
     let mut e = engine(&m);
-    let mut built = index(&e, 16, 2);
+    let mut built = small_index(&e);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("smol.spinfer-head");
     built.write_rows(&e.model, &path).unwrap();
@@ -136,7 +155,7 @@ fn cluster_ordered_rows_give_the_in_place_logits() {
     for with_rows in [false, true] {
         let loaded = HeadIndex::load(&path, &want).unwrap();
         assert!(loaded.has_rows());
-        let idx = if with_rows { loaded } else { index(&e, 16, 2) };
+        let idx = if with_rows { loaded } else { small_index(&e) };
         e.model.set_sparse_head(Some(idx), 500, &KernelRegistry::builtin()).unwrap();
         assert_eq!(e.model.head.as_ref().unwrap().rows.is_some(), with_rows);
         let mut s = e.new_session();

@@ -551,7 +551,7 @@ fn pack_predictors_and_cache_policies_plug_in() {
 #[test]
 fn sparse_ffn_and_sparse_head_compose() {
     use spinfer_engine::generate::{GenerateParams, generate};
-    use spinfer_engine::head::{HeadBuildOptions, HeadIndex, frequent_tokens};
+    use spinfer_engine::head::{HeadBuildOptions, HeadCalibration, HeadIndex};
     use spinfer_engine::registry::KernelRegistry;
     use spinfer_engine::sampling::SamplerParams;
 
@@ -572,10 +572,11 @@ fn sparse_ffn_and_sparse_head_compose() {
         (g.tokens, s.sparsity_stats().mean_active_fraction(), s.head_stats().tokens)
     };
     let ffn_only: Vec<_> = prompts.iter().map(|p| run(&e, p)).collect();
-    let hot = frequent_tokens(&calibration_tokens(&e, 20_000), e.model.config.vocab_size, 4096);
+    let mut s = e.new_session();
+    let calib = HeadCalibration::from_tokens(&e.model, &mut s, &calibration_tokens(&e, 20_000), 2048, 16384).unwrap();
     let o = HeadBuildOptions { cluster_rows: 16, ..HeadBuildOptions::default() };
-    let index = HeadIndex::build(&e.model, e.new_session().pool(), &o, &hot, &mut |_, _| {}).unwrap();
-    e.model.set_sparse_head(Some(index), 1152, &KernelRegistry::builtin()).unwrap();
+    let index = HeadIndex::build(&e.model, s.pool(), &o, &calib, &mut |_, _| {}).unwrap();
+    e.model.set_sparse_head(Some(index), 644, &KernelRegistry::builtin()).unwrap();
     for (p, (tokens, _, _)) in prompts.iter().zip(&ffn_only) {
         let (both, kept, head_tokens) = run(&e, p);
         assert_eq!(&both, tokens, "{p:?}");

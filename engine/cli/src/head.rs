@@ -6,8 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use spinfer_engine::head::eval::evaluate;
-use spinfer_engine::head::{HeadBuildOptions, HeadIndex};
+use spinfer_engine::head::eval::{HeadQuality, evaluate};
+use spinfer_engine::head::{HeadBuildOptions, HeadCalibration, HeadIndex};
+use spinfer_engine::registry::KernelRegistry;
 
 use crate::commands::{CommonArgs, load, progress};
 
@@ -26,12 +27,17 @@ pub struct CalibrateHeadArgs {
     pub seed: u64,
     /// Rows computed for every token: this many of the most frequent tokens
     /// of --text (0: none).
-    #[arg(long, default_value_t = 0, requires = "text")]
+    #[arg(long, default_value_t = 4096)]
     pub hot: usize,
-    /// Calibration text for --hot (UTF-8; CRLF read as LF). Keep it
-    /// disjoint from evaluation text (see --offset).
+    /// Calibration text (UTF-8; CRLF read as LF): its most frequent tokens
+    /// are the hot rows, and its hidden states give the metric the other
+    /// rows are clustered in. Keep it disjoint from evaluation text (see
+    /// --offset).
     #[arg(long)]
-    pub text: Option<PathBuf>,
+    pub text: PathBuf,
+    /// Positions of --text run through the model for the metric.
+    #[arg(long, default_value_t = 16384)]
+    pub positions: usize,
     /// Start reading --text at this byte (e.g. 800000 for WikiText-2's test
     /// split, whose start is used for evaluation).
     #[arg(long, default_value_t = 0)]
@@ -41,6 +47,18 @@ pub struct CalibrateHeadArgs {
     /// row by row in place in the model file.
     #[arg(long)]
     pub no_rows: bool,
+    /// Clusters probed per token by default (stored in the index;
+    /// `--head-probes` overrides it at run time). Without it the count is
+    /// measured: the smallest of a grid of counts whose greedy choice equals
+    /// the dense head's at >= 99.5% of the held-out positions of --text
+    /// (the 4 windows after --positions) with mean sampling distance
+    /// within --target-tv.
+    #[arg(long)]
+    pub probes: Option<usize>,
+    /// Mean total-variation distance (temperature 1, top-p 0.95) the
+    /// measured default probe count must reach on held-out text.
+    #[arg(long, default_value_t = 0.006)]
+    pub target_tv: f64,
     /// Output head index (never the model file).
     #[arg(short, long)]
     pub out: PathBuf,
@@ -50,35 +68,61 @@ pub fn calibrate_head(a: CalibrateHeadArgs) -> Result<()> {
     if a.common.head.is_some() || a.common.head_index.is_some() {
         bail!("calibrate-head builds a head index from the dense model: drop --head and --head-index");
     }
-    let config = a.common.config(Some(1))?;
+    // Windows of 512 tokens of --text give the metric's hidden states.
+    let config = a.common.config(Some(512))?;
     if config.model.path == a.out {
         bail!("--out {} is the model file; write the head index beside it", a.out.display());
     }
     if a.iters == 0 || a.iters > 100 {
         bail!("--iters must be in 1..=100, got {}", a.iters);
     }
-    let engine = crate::commands::load_config(&a.common, &config)?;
-    let hot = match &a.text {
-        Some(path) if a.hot > 0 => frequent_tokens(&engine, path, a.offset, a.hot)?,
-        _ => Vec::new(),
-    };
+    if a.positions == 0 || a.positions > 1 << 20 {
+        bail!("--positions must be in 1..=1048576, got {}", a.positions);
+    }
+    if !(a.target_tv > 0.0 && a.target_tv < 1.0) {
+        bail!("--target-tv must be in (0, 1), got {}", a.target_tv);
+    }
+    let mut engine = crate::commands::load_config(&a.common, &config)?;
+    let t = std::time::Instant::now();
+    let tokens = calibration_tokens(&engine, &a.text, a.offset)?;
+    let mut session = engine.new_session();
+    let calib = HeadCalibration::from_tokens(&engine.model, &mut session, &tokens, a.hot, a.positions)?;
     let o = HeadBuildOptions { cluster_rows: a.cluster_rows, iters: a.iters, seed: a.seed };
     let bar = progress(a.common.quiet || a.common.json, a.iters as u64, "k-means rounds");
-    let session = engine.new_session();
-    let t = std::time::Instant::now();
     let mut index =
-        HeadIndex::build(&engine.model, session.pool(), &o, &hot, &mut |done, _| bar.set_position(done as u64))?;
+        HeadIndex::build(&engine.model, session.pool(), &o, &calib, &mut |done, _| bar.set_position(done as u64))?;
     bar.finish_and_clear();
     if !a.no_rows {
         index.write_rows(&engine.model, &a.out)?;
     }
+    index.save(&a.out)?;
+    let chosen = match a.probes {
+        Some(p) => {
+            index.set_default_probes(p)?;
+            None
+        }
+        None => {
+            let q = choose_probes(
+                &mut engine,
+                &a.out,
+                &tokens[a.positions.min(tokens.len())..],
+                a.target_tv,
+                a.common.quiet || a.common.json,
+            )?;
+            index.set_default_probes(q.probes)?;
+            Some(q)
+        }
+    };
     index.save(&a.out)?;
     let secs = t.elapsed().as_secs_f64();
     if a.common.json {
         println!(
             "{}",
             serde_json::json!({"out": a.out, "clusters": index.clusters(), "cluster_rows": a.cluster_rows,
-                "iters": a.iters, "seconds": secs, "head": index.model})
+                "iters": a.iters, "hot": index.hot().len(), "metric_positions": calib.moment.positions,
+                "probes": index.default_probes(), "held_out": chosen.as_ref().map(|q| serde_json::json!({
+                    "positions": q.tv.len(), "argmax_agreement": q.agreement(), "tv_mean": q.mean_tv()})),
+                "seconds": secs, "head": index.model})
         );
     } else {
         if !a.common.quiet {
@@ -90,22 +134,77 @@ pub fn calibrate_head(a: CalibrateHeadArgs) -> Result<()> {
                 index.model.vocab_size,
                 index.model.tensor_type
             );
+            match &chosen {
+                Some(q) => eprintln!(
+                    "default probes {} ({:.1}% of rows): greedy agreement {:.2}%, mean TV {:.4} on {} held-out positions",
+                    q.probes,
+                    100.0 * q.row_fraction,
+                    100.0 * q.agreement(),
+                    q.mean_tv(),
+                    q.tv.len()
+                ),
+                None => eprintln!("default probes {}", index.default_probes()),
+            }
         }
         println!("{}", a.out.display());
     }
     Ok(())
 }
 
-/// The `n` most frequent tokens of `path` from byte `offset` (ties to the
-/// lower id).
-fn frequent_tokens(engine: &spinfer_engine::Engine, path: &PathBuf, offset: usize, n: usize) -> Result<Vec<u32>> {
+/// Held-out windows measured to choose the default probe count.
+const CHECK_WINDOWS: usize = 4;
+
+/// The smallest of a grid of probe counts (multiples of clusters / 32) for
+/// the index at `path` whose greedy agreement with the dense head is at
+/// least 99.5% and mean sampling distance at most `target_tv`, measured on
+/// `held_out` (the largest count if none does, with a warning).
+fn choose_probes(
+    engine: &mut spinfer_engine::Engine,
+    path: &std::path::Path,
+    held_out: &[u32],
+    target_tv: f64,
+    quiet: bool,
+) -> Result<HeadQuality> {
+    let ctx = 512;
+    let windows = (held_out.len() / ctx).min(CHECK_WINDOWS);
+    if windows == 0 {
+        bail!("--text has no {ctx} tokens past --positions to measure the default probes on: give --probes N");
+    }
+    let index = HeadIndex::load(path, &HeadIndex::model_of(&engine.model))?;
+    let k = index.clusters();
+    let mut grid: Vec<usize> = (1..=16).map(|j| (k * j).div_ceil(32)).chain([k]).collect();
+    grid.dedup();
+    engine.model.set_sparse_head(Some(index), 1, &KernelRegistry::builtin())?;
+    let bar = progress(quiet, windows as u64, "measuring probes");
+    let mut session = engine.new_session();
+    let head = engine.model.head.as_ref().expect("just set");
+    let q = evaluate(&engine.model, head, &mut session, held_out, ctx, windows, &grid, &mut |d, _| {
+        bar.set_position(d as u64)
+    })?;
+    bar.finish_and_clear();
+    engine.model.set_sparse_head(None, 1, &KernelRegistry::builtin())?;
+    let fits = |q: &HeadQuality| q.agreement() >= 0.995 && q.mean_tv() <= target_tv;
+    match q.iter().find(|q| fits(q)) {
+        Some(q) => Ok(q.clone()),
+        None => {
+            tracing::warn!("no probe count reached the target on held-out text; the default probes every cluster");
+            Ok(q.last().expect("a grid of at least one count").clone())
+        }
+    }
+}
+
+/// The tokens of `path` from byte `offset`.
+fn calibration_tokens(engine: &spinfer_engine::Engine, path: &PathBuf, offset: usize) -> Result<Vec<u32>> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     if offset >= bytes.len() {
         bail!("--offset {offset} is past the end of {} ({} bytes)", path.display(), bytes.len());
     }
     let text = String::from_utf8_lossy(&bytes[offset..]).replace("\r\n", "\n");
     let tokens = engine.tokenizer.encode(&text, false)?;
-    Ok(spinfer_engine::head::frequent_tokens(&tokens, engine.model.config.vocab_size, n))
+    if tokens.is_empty() {
+        bail!("{} holds no text past --offset {offset}", path.display());
+    }
+    Ok(tokens)
 }
 
 #[derive(Args)]

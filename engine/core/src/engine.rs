@@ -143,7 +143,7 @@ impl Engine {
                 Error::InvalidArgument("head.mode = \"sparse\" needs head.index (spinfer calibrate-head)".into())
             })?;
             let index = HeadIndex::load(path, &HeadIndex::model_of(&engine.model))?;
-            let probes = h.probes.unwrap_or(index.clusters().div_ceil(8));
+            let probes = h.probes.unwrap_or(index.default_probes());
             engine.model.set_sparse_head(Some(index), probes, &registry)?;
         }
         Ok((engine, packs))

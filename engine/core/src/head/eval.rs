@@ -8,7 +8,8 @@
 //! Both heads are evaluated on the same hidden states: the dense logits
 //! are computed once per position, the sparse head's exact rows are those
 //! same logits (its gathered-row kernel computes the dense product's
-//! rows), and its stand-ins are the cluster scores from its Q8_0 means.
+//! rows), and its ranking and stand-ins come from the cluster scores of
+//! its Q8_0 means, as at decode.
 
 use super::SparseHead;
 use crate::model::llama::Scratch;
@@ -57,6 +58,8 @@ struct Buffers {
     order: Vec<u32>,
     /// Per row: 1 + the position that last computed it exactly.
     mark: Vec<u64>,
+    /// Stand-ins held below the best exact logit, with their values.
+    held: Vec<(u32, f32)>,
     position: u64,
 }
 
@@ -66,13 +69,15 @@ fn measure(logits: &[f32], scores: &[f32], q: &mut [HeadQuality], max_p: usize, 
     let (vocab, k) = (logits.len(), scores.len());
     let best = (0..vocab).max_by(|&x, &y| logits[x].total_cmp(&logits[y]).then(y.cmp(&x))).unwrap_or(0);
     top_p_distribution(logits, &mut b.dense_p);
+    let key = |c: u32| head.rank_key(c as usize, scores[c as usize]);
     b.order.clear();
     b.order.extend(0..k as u32);
-    b.order.sort_unstable_by(|x, y| scores[*y as usize].total_cmp(&scores[*x as usize]).then(x.cmp(y)));
+    b.order.sort_unstable_by(|&x, &y| key(y).total_cmp(&key(x)).then(x.cmp(&y)));
     // Probed prefix by prefix: the running best exact row, and the sparse
     // logit vector (stand-ins, then the exact rows).
     for (c, &s) in scores.iter().enumerate() {
-        head.index.members(c).iter().for_each(|&r| b.sparse[r as usize] = s);
+        let v = head.stand_in(c, s);
+        head.index.members(c).iter().for_each(|&r| b.sparse[r as usize] = v);
     }
     b.position += 1;
     let (mut top, mut rows) = ((f32::NEG_INFINITY, 0u32), 0usize);
@@ -81,10 +86,8 @@ fn measure(logits: &[f32], scores: &[f32], q: &mut [HeadQuality], max_p: usize, 
     let exact = |r: u32, b: &mut Buffers, top: &mut (f32, u32), rows: &mut usize| {
         let l = logits[r as usize];
         b.sparse[r as usize] = l;
-        if b.mark[r as usize] != b.position {
-            b.mark[r as usize] = b.position;
-            *rows += 1;
-        }
+        b.mark[r as usize] = b.position;
+        *rows += 1;
         if l > top.0 || (l == top.0 && r < top.1) {
             *top = (l, r);
         }
@@ -100,8 +103,19 @@ fn measure(logits: &[f32], scores: &[f32], q: &mut [HeadQuality], max_p: usize, 
         for qp in q.iter_mut().filter(|qp| qp.probes == i + 1) {
             qp.argmax_agree += usize::from(top.1 as usize == best);
             qp.row_fraction += rows as f64 / vocab as f64;
+            // Stand-ins held below the best exact logit, as the head does
+            // (and put back for the next probe count).
+            let ceiling = top.0.next_down();
+            b.held.clear();
+            for r in 0..vocab {
+                if b.mark[r] != b.position && b.sparse[r] > ceiling {
+                    b.held.push((r as u32, b.sparse[r]));
+                    b.sparse[r] = ceiling;
+                }
+            }
             top_p_distribution(&b.sparse, &mut b.sparse_p);
             qp.tv.push(tv_distance(&b.dense_p, &b.sparse_p, &mut b.acc));
+            b.held.iter().for_each(|&(r, v)| b.sparse[r as usize] = v);
         }
     }
 }
@@ -183,6 +197,7 @@ pub fn evaluate(
         sparse_p: Vec::new(),
         order: Vec::with_capacity(k),
         mark: vec![0; vocab],
+        held: Vec::new(),
         position: 0,
     };
     for w in 0..windows {

@@ -2,15 +2,17 @@
 //! calibrate-head` and read at load:
 //!
 //! ```text
-//! magic "SPHEAD01" | u32 header length (≤ 64 KiB) | header (JSON, HeadHeader)
+//! magic "SPHEAD02" | u32 header length (≤ 64 KiB) | header (JSON, HeadHeader)
 //! | offsets: (clusters + 1) × u32 | members: vocab × u32 | means: clusters × dim × f32
-//! | hot: hot × u32
+//! | spread: clusters × f32
 //! ```
 //!
-//! All little-endian. Cluster `c` holds the vocabulary rows
-//! `members[offsets[c]..offsets[c + 1]]` (ascending); `means` holds each
-//! cluster's mean row. Every size is checked against the header, and the
-//! header against the model, before anything is allocated from it.
+//! All little-endian. `members[..offsets[0]]` are the hot rows and cluster
+//! `c` holds the vocabulary rows `members[offsets[c]..offsets[c + 1]]`
+//! (each ascending); `means` holds each cluster's mean row and `spread`
+//! the expected variance of its logits around the mean's. Every size is
+//! checked against the header, and the header against the model, before
+//! anything is allocated from it.
 
 use std::io::Read;
 use std::path::Path;
@@ -20,7 +22,9 @@ use serde::{Deserialize, Serialize};
 use super::HeadIndex;
 use crate::{Error, Result};
 
-const MAGIC: &[u8; 8] = b"SPHEAD01";
+const MAGIC: &[u8; 8] = b"SPHEAD02";
+/// The format before hot rows were left out of the clusters.
+const MAGIC_V1: &[u8; 8] = b"SPHEAD01";
 const MAX_HEADER: usize = 64 * 1024;
 
 /// The model a head index was built for.
@@ -42,8 +46,13 @@ pub struct HeadModel {
 struct HeadHeader {
     model: HeadModel,
     clusters: usize,
-    /// Rows computed for every token.
+    /// Rows computed for every token (the first members).
     hot: usize,
+    /// Calibration positions the clustering metric was measured on
+    /// (informational).
+    metric_positions: usize,
+    /// Clusters probed per token unless the operator says otherwise.
+    probes: usize,
     /// sha256 of the cluster-ordered copy of the head beside the index
     /// (`<index>.rows`), if one was written.
     #[serde(default)]
@@ -66,21 +75,24 @@ impl HeadIndex {
         let header = HeadHeader {
             model: self.model.clone(),
             clusters: self.clusters(),
-            hot: self.hot.len(),
+            hot: self.hot().len(),
+            metric_positions: self.metric_positions,
+            probes: self.default_probes,
             rows_sha256: self.rows_sha256.clone(),
             iters: self.iters,
             seed: self.seed,
         };
         let json = serde_json::to_vec(&header).map_err(|e| Error::format(path, e.to_string()))?;
-        let mut out =
-            Vec::with_capacity(12 + json.len() + 4 * (self.offsets.len() + self.members.len() + self.means.len()));
+        let mut out = Vec::with_capacity(
+            12 + json.len() + 4 * (self.offsets.len() + self.members.len() + self.means.len() + self.spread.len()),
+        );
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&(json.len() as u32).to_le_bytes());
         out.extend_from_slice(&json);
         self.offsets.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
         self.members.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
         self.means.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
-        self.hot.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+        self.spread.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
         let tmp = path.with_extension("partial");
         std::fs::write(&tmp, &out).map_err(|e| Error::io(&tmp, e))?;
         std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
@@ -94,6 +106,9 @@ impl HeadIndex {
         let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
         let mut fixed = [0u8; 12];
         f.read_exact(&mut fixed).map_err(|_| bad("shorter than its 12-byte preamble".into()))?;
+        if &fixed[..8] == MAGIC_V1 {
+            return Err(bad("written by an earlier spinfer (format SPHEAD01): rebuild it with calibrate-head".into()));
+        }
         if &fixed[..8] != MAGIC {
             return Err(bad("not a spinfer head index (bad magic)".into()));
         }
@@ -126,11 +141,14 @@ impl HeadIndex {
         if k == 0 || k > v {
             return Err(bad(format!("{k} clusters for a vocabulary of {v}")));
         }
+        if h.probes == 0 || h.probes > k {
+            return Err(bad(format!("{} default probes for {k} clusters", h.probes)));
+        }
         if h.hot > v {
             return Err(bad(format!("{} hot rows for a vocabulary of {v}", h.hot)));
         }
         // The model's sizes were checked at its load; k, hot ≤ vocab.
-        let want = 12 + hlen as u64 + 4 * ((k as u64 + 1) + v as u64 + k as u64 * d as u64 + h.hot as u64);
+        let want = 12 + hlen as u64 + 4 * ((k as u64 + 1) + v as u64 + k as u64 * d as u64 + k as u64);
         if len != want {
             return Err(bad(format!("{len} bytes, expected {want} for {k} clusters")));
         }
@@ -141,16 +159,16 @@ impl HeadIndex {
         };
         let (o, rest) = body.split_at(4 * (k + 1));
         let (m, rest) = rest.split_at(4 * v);
-        let (means, hot) = rest.split_at(4 * k * d);
+        let (means, spread) = rest.split_at(4 * k * d);
         let offsets = words(o);
         let members = words(m);
         let means: Vec<f32> = words(means).into_iter().map(f32::from_bits).collect();
-        let hot = words(hot);
-        if hot.windows(2).any(|w| w[0] >= w[1]) || hot.last().is_some_and(|&t| t as usize >= v) {
-            return Err(bad("hot rows are not strictly ascending vocabulary rows".into()));
-        }
-        if offsets[0] != 0 || offsets[k] as usize != v || offsets.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(bad("cluster offsets are not strictly increasing from 0 to the vocabulary size".into()));
+        let spread: Vec<f32> = words(spread).into_iter().map(f32::from_bits).collect();
+        if offsets[0] as usize != h.hot || offsets[k] as usize != v || offsets.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(bad(format!(
+                "cluster offsets are not strictly increasing from the {} hot rows to the vocabulary size",
+                h.hot
+            )));
         }
         let mut seen = vec![false; v];
         for &r in &members {
@@ -161,6 +179,9 @@ impl HeadIndex {
         }
         if let Some(i) = means.iter().position(|x| !x.is_finite()) {
             return Err(bad(format!("cluster mean {} holds a non-finite value", i / d)));
+        }
+        if let Some(c) = spread.iter().position(|x| !(x.is_finite() && *x >= 0.0)) {
+            return Err(bad(format!("cluster {c}'s spread {} is not a finite non-negative number", spread[c])));
         }
         let row_bytes = spinfer_kernels::GgmlType::ALL
             .into_iter()
@@ -177,7 +198,9 @@ impl HeadIndex {
             offsets,
             members,
             means,
-            hot,
+            spread,
+            metric_positions: h.metric_positions,
+            default_probes: h.probes,
             rows,
             rows_sha256: h.rows_sha256,
             iters: h.iters,

@@ -22,14 +22,18 @@ const CANDIDATES: usize = 8;
 /// Rows scored per GEMM call (bounds the score buffer to `BATCH × k`).
 const BATCH: usize = 2048;
 
-/// Scales each `d`-wide row of `v` to unit length (zero rows stay zero).
-pub(crate) fn normalize_rows(v: &mut [f32], d: usize) {
-    for r in v.chunks_exact_mut(d) {
-        let n = r.iter().map(|x| x * x).sum::<f32>().sqrt();
-        if n > 0.0 {
-            r.iter_mut().for_each(|x| *x /= n);
-        }
-    }
+/// Scales each `d`-wide row of `v` to unit length (zero rows stay zero);
+/// returns their lengths.
+pub(crate) fn normalize_rows(v: &mut [f32], d: usize) -> Vec<f32> {
+    v.chunks_exact_mut(d)
+        .map(|r| {
+            let n = r.iter().map(|x| x * x).sum::<f32>().sqrt();
+            if n > 0.0 {
+                r.iter_mut().for_each(|x| *x /= n);
+            }
+            n
+        })
+        .collect()
 }
 
 /// The f32 × f32 GEMM kernel for `k` centroids of width `d`.
@@ -39,7 +43,7 @@ fn gemm(k: usize, d: usize) -> Result<Box<dyn MatmulKernel>> {
 
 /// Calls `each(row, scores)` with the affinities of every row of `rows`
 /// (`n × d`) to the `k` centroids (`k × d`), batch by batch.
-fn score_all(
+pub(crate) fn score_all(
     pool: &ThreadPool,
     rows: &[f32],
     centroids: &[f32],
