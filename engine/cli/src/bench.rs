@@ -19,7 +19,7 @@ use clap::Args;
 use spinfer_engine::Engine;
 use spinfer_engine::model::Session;
 
-use crate::commands::{CommonArgs, load_config, progress};
+use crate::commands::{CommonArgs, load_config, peak_rss_bytes, progress};
 use crate::paired::Paired;
 
 #[derive(Args)]
@@ -255,12 +255,4 @@ fn decode(engine: &Engine, s: &mut Session, n: usize) -> Result<f64> {
 
 fn argmax(x: &[f32]) -> Option<u32> {
     x.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32)
-}
-
-/// Peak resident set size of this process (Linux `VmHWM`).
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }

@@ -278,7 +278,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
             "tokens": g.tokens,
             "prompt_tokens": g.prompt_tokens,
             "stop_reason": format!("{:?}", g.stop_reason),
-            "peak_rss_bytes": crate::bench::peak_rss_bytes(),
+            "peak_rss_bytes": peak_rss_bytes(),
             "prefill_tokens_per_second": g.prefill_tokens_per_second(),
             "decode_tokens_per_second": g.decode_tokens_per_second(),
             "timings_ms": {
@@ -621,4 +621,12 @@ pub fn progress(hidden: bool, len: u64, unit: &str) -> ProgressBar {
             .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
     bar
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
