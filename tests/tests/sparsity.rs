@@ -39,6 +39,16 @@ fn calibrated(model: &Path, e: &Engine, target: f32, predictor: PredictorKind) -
     calibrated_with_attn(model, e, target, predictor, 0.0)
 }
 
+/// Options running `model` sparse with `predictor`: a sidecar calibrated
+/// at `target` from the dense model, written to `path`.
+fn sparse_options(model: &Path, target: f32, predictor: PredictorKind, path: &Path) -> SparsityOptions {
+    let dense = Engine::load(model, options(None)).unwrap();
+    calibrated(model, &dense, target, predictor).write(path).unwrap();
+    let mut so = SparsityOptions::new(path);
+    so.predictor = Some(predictor);
+    so
+}
+
 fn calibrated_with_attn(model: &Path, e: &Engine, target: f32, predictor: PredictorKind, attn: f32) -> Sidecar {
     let g = GgufFile::open(model).unwrap();
     let rank = if predictor == PredictorKind::LowRank { 32 } else { 0 };
@@ -327,13 +337,8 @@ fn low_rank_predictor_recalls_its_target_and_runs() {
 #[test]
 fn a_memory_budget_gives_the_unbudgeted_logits() {
     let Some(model) = smollm2() else { return };
-    let dense = Engine::load(&model, options(None)).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("lr.spinfer");
-    calibrated(&model, &dense, 0.5, PredictorKind::LowRank).write(&path).unwrap();
-    drop(dense);
-    let mut so = SparsityOptions::new(&path);
-    so.predictor = Some(PredictorKind::LowRank);
+    let mut so = sparse_options(&model, 0.5, PredictorKind::LowRank, &dir.path().join("lr.spinfer"));
     let free = Engine::load(&model, options(Some(so.clone()))).unwrap();
     so.ffn_budget_bytes = Some(12_000_000);
     let budgeted = Engine::load(&model, options(Some(so.clone()))).unwrap();
@@ -556,12 +561,8 @@ fn sparse_ffn_and_sparse_head_compose() {
     use spinfer_engine::sampling::SamplerParams;
 
     let Some(model) = smollm2() else { return };
-    let dense = Engine::load(&model, options(None)).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("s.spinfer");
-    calibrated(&model, &dense, 0.3, PredictorKind::InputMagnitude).write(&path).unwrap();
-    let mut so = SparsityOptions::new(&path);
-    so.predictor = Some(PredictorKind::InputMagnitude);
+    let so = sparse_options(&model, 0.3, PredictorKind::InputMagnitude, &dir.path().join("s.spinfer"));
     let mut e = Engine::load(&model, options(Some(so))).unwrap();
     let prompts = ["The capital of France is", "Once upon a time, there was a little"];
     let run = |e: &Engine, p: &str| {

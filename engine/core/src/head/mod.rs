@@ -212,36 +212,23 @@ impl HeadIndex {
         let lengths = kmeans::normalize_rows(&mut mapped, dim);
         let assign = kmeans::balanced_kmeans(pool, &mapped, dim, k, o.iters, o.seed, progress)?;
         mapped.chunks_exact_mut(dim).zip(&lengths).for_each(|(r, &n)| r.iter_mut().for_each(|x| *x *= n));
-        // Clusters in order of first use, empty ones dropped (balanced
-        // k-means leaves none in practice); members by a counting sort,
-        // which keeps them ascending.
-        let mut remap = vec![u32::MAX; k];
-        let mut k2 = 0u32;
-        for &c in &assign {
-            if remap[c as usize] == u32::MAX {
-                remap[c as usize] = k2;
-                k2 += 1;
-            }
-        }
-        let k2 = k2 as usize;
-        let mut offsets = vec![0u32; k2 + 1];
-        assign.iter().for_each(|&c| offsets[remap[c as usize] as usize + 1] += 1);
-        offsets[0] = hot.len() as u32;
-        for c in 0..k2 {
-            offsets[c + 1] += offsets[c];
-        }
+        // Each cluster's positions in `rest` (ascending, so its members are
+        // too); empty clusters dropped (balanced k-means leaves none in
+        // practice).
+        let mut at: Vec<Vec<usize>> = vec![Vec::new(); k];
+        assign.iter().enumerate().for_each(|(i, &c)| at[c as usize].push(i));
+        at.retain(|a| !a.is_empty());
+        let k2 = at.len();
+        let mut offsets = Vec::with_capacity(k2 + 1);
+        offsets.push(hot.len() as u32);
         let mut members = hot;
-        members.resize(vocab, 0);
-        let mut at: Vec<Vec<usize>> = vec![Vec::new(); k2]; // positions in `rest`
-        for (i, &c) in assign.iter().enumerate() {
-            at[remap[c as usize] as usize].push(i);
+        for a in &at {
+            members.extend(a.iter().map(|&i| rest[i]));
+            offsets.push(members.len() as u32);
         }
         let (mut means, mut spread) = (vec![0f32; k2 * dim], vec![0f32; k2]);
         for (c, at) in at.iter().enumerate() {
             let row = |i: usize| &rows[rest[i] as usize * dim..][..dim];
-            for (slot, &i) in members[offsets[c] as usize..].iter_mut().zip(at) {
-                *slot = rest[i];
-            }
             let mean = &mut means[c * dim..][..dim];
             at.iter().for_each(|&i| mean.iter_mut().zip(row(i)).for_each(|(m, x)| *m += x));
             mean.iter_mut().for_each(|m| *m /= at.len() as f32);

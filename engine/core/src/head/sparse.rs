@@ -140,7 +140,8 @@ pub struct HeadScratch {
     /// Per cluster: its rank key, then its stand-in.
     keys: Vec<f32>,
     order: Vec<u32>,
-    /// One bit per row (or per cluster): computed exactly for this token.
+    /// Without the copy, one bit per vocabulary row: computed exactly for
+    /// this token.
     bits: Vec<u64>,
     rows: Vec<u32>,
     exact: Vec<f32>,
@@ -221,8 +222,8 @@ impl SparseHead {
         grow(&mut hs.exact, n);
         source.forward_rows(pool, x, 1, &hs.rows, &mut hs.exact[..n], scratch)?;
         // Stand-ins for every row, held below the best exact logit (one
-        // per cluster, and a placeholder for the hot rows), then the exact
-        // logits over them.
+        // per cluster, plus one slot the hot rows point at, since they are
+        // all written exactly below), then the exact logits over them.
         let best = hs.exact[..n].iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let ceiling = best.next_down();
         let stand = &mut hs.keys;
