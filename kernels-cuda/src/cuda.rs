@@ -1,13 +1,27 @@
-//! Built with feature `cuda`: the probe on `cudarc`'s driver API, loaded at
-//! run time (`dynamic-loading`).
+//! Built with feature `cuda`: the probe and the backend on `cudarc`'s driver
+//! API and NVRTC, both loaded at run time (`dynamic-loading`).
 
-use std::panic::catch_unwind;
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
 
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::driver::{result, sys};
+use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
+use sha2::{Digest, Sha256};
 
-use crate::{CudaUnavailable, DeviceInfo};
+use crate::format::kernel_source;
+use crate::{Axpy, CudaError, CudaUnavailable, DeviceInfo, Gemv, Result, WeightFormat, kernel_cache_dir};
 
-pub(crate) fn probe() -> Result<DeviceInfo, CudaUnavailable> {
+/// What device buffers may hold.
+pub trait ElemBound: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Unpin {}
+impl ElemBound for u8 {}
+impl ElemBound for i32 {}
+impl ElemBound for f32 {}
+
+pub(crate) type Buf<T> = CudaSlice<T>;
+
+pub(crate) fn probe() -> std::result::Result<DeviceInfo, CudaUnavailable> {
     // SAFETY: `is_culib_present` only tries to dlopen the driver library by
     // its usual names and drops the handle; opening libcuda runs the
     // driver's own initialisers, which is what any CUDA use does. It must
@@ -27,32 +41,36 @@ pub(crate) fn probe() -> Result<DeviceInfo, CudaUnavailable> {
     })
 }
 
-fn driver_err(call: &'static str) -> impl Fn(result::DriverError) -> CudaUnavailable {
+fn unavailable(call: &'static str) -> impl Fn(result::DriverError) -> CudaUnavailable {
     move |e| CudaUnavailable::Driver { call, detail: format!("{e:?}") }
 }
 
+fn driver(call: &'static str) -> impl Fn(result::DriverError) -> CudaError {
+    move |e| CudaError::Driver { call, detail: format!("{e:?}") }
+}
+
 /// Device 0's attributes, without creating a context.
-fn query() -> Result<DeviceInfo, CudaUnavailable> {
+fn query() -> std::result::Result<DeviceInfo, CudaUnavailable> {
     result::init().map_err(|e| match e.0 {
         sys::CUresult::CUDA_ERROR_NO_DEVICE => CudaUnavailable::NoDevice,
-        _ => driver_err("cuInit")(e),
+        _ => unavailable("cuInit")(e),
     })?;
-    let count = result::device::get_count().map_err(driver_err("cuDeviceGetCount"))?;
+    let count = result::device::get_count().map_err(unavailable("cuDeviceGetCount"))?;
     if count <= 0 {
         return Err(CudaUnavailable::NoDevice);
     }
     let mut driver_version = 0;
     // SAFETY: `cuDriverGetVersion` writes one int through the pointer, which
     // points to a live local.
-    unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result().map_err(driver_err("cuDriverGetVersion"))?;
-    let dev = result::device::get(0).map_err(driver_err("cuDeviceGet"))?;
-    let name = result::device::get_name(dev).map_err(driver_err("cuDeviceGetName"))?;
+    unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result().map_err(unavailable("cuDriverGetVersion"))?;
+    let dev = result::device::get(0).map_err(unavailable("cuDeviceGet"))?;
+    let name = result::device::get_name(dev).map_err(unavailable("cuDeviceGetName"))?;
     // SAFETY: `dev` is a device handle the driver just returned for ordinal 0.
-    let total_memory = unsafe { result::device::total_mem(dev) }.map_err(driver_err("cuDeviceTotalMem"))?;
+    let total_memory = unsafe { result::device::total_mem(dev) }.map_err(unavailable("cuDeviceTotalMem"))?;
     let attr = |a| {
         // SAFETY: as above, `dev` is a valid device handle; the attribute is
         // one of the driver's enum values.
-        unsafe { result::device::get_attribute(dev, a) }.map_err(driver_err("cuDeviceGetAttribute"))
+        unsafe { result::device::get_attribute(dev, a) }.map_err(unavailable("cuDeviceGetAttribute"))
     };
     let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
     let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
@@ -64,4 +82,243 @@ fn query() -> Result<DeviceInfo, CudaUnavailable> {
         compute_capability: (major, minor),
         driver_version,
     })
+}
+
+// === NVRTC ===
+
+/// NVRTC's version, or `NoNvrtc` when the library cannot be opened.
+fn nvrtc_version() -> Result<(i32, i32)> {
+    // SAFETY: as for the driver: only dlopens libnvrtc by its usual names.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(CudaError::NoNvrtc);
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: `nvrtcVersion` writes two ints through pointers to live locals.
+    let r = catch_unwind(AssertUnwindSafe(|| unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }));
+    match r {
+        Ok(cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS) => Ok((major, minor)),
+        _ => Err(CudaError::NoNvrtc),
+    }
+}
+
+/// PTX of one format's kernels for `arch` (`compute_XY`), from the disk
+/// cache when a verified entry exists, else compiled by NVRTC.
+pub(crate) fn compile_ptx(format: WeightFormat, arch: &str) -> Result<String> {
+    let (major, minor) = nvrtc_version()?;
+    let src = kernel_source(format);
+    let key = hex(&Sha256::digest(format!("{src}\0{arch}\0nvrtc {major}.{minor}")));
+    let path = kernel_cache_dir().map(|d| d.join(format!("{}-{arch}-{}.ptx", format.name(), &key[..16])));
+    if let Some(ptx) = path.as_deref().and_then(read_cached) {
+        tracing::debug!(%format, arch, "cuda kernels from the cache");
+        return Ok(ptx);
+    }
+    let t0 = std::time::Instant::now();
+    let opts = CompileOptions { options: vec![format!("--gpu-architecture={arch}")], ..Default::default() };
+    let ptx = catch_unwind(AssertUnwindSafe(|| compile_ptx_with_opts(&src, opts)))
+        .map_err(|_| CudaError::NoNvrtc)?
+        .map_err(|e| compile_error(format, arch, e))?
+        .to_src();
+    tracing::info!(%format, arch, ms = t0.elapsed().as_millis(), "nvrtc compiled the cuda kernels");
+    if let Some(p) = &path {
+        write_cached(p, &ptx);
+    }
+    Ok(ptx)
+}
+
+fn compile_error(format: WeightFormat, arch: &str, e: CompileError) -> CudaError {
+    let log = match e {
+        CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+        other => format!("{other:?}"),
+    };
+    CudaError::Compile { format: format.name(), arch: arch.to_string(), log }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A cache entry is `// sha256 <hex>\n` then the PTX; an entry whose digest
+/// does not match (torn write, tampering) is ignored and rewritten.
+fn read_cached(path: &std::path::Path) -> Option<String> {
+    const MAX: u64 = 64 << 20;
+    if std::fs::metadata(path).ok()?.len() > MAX {
+        return None;
+    }
+    let text = std::fs::read_to_string(path).ok()?;
+    let (head, ptx) = text.split_once('\n')?;
+    (head.strip_prefix("// sha256 ")? == hex(&Sha256::digest(ptx))).then(|| ptx.to_string())
+}
+
+fn write_cached(path: &std::path::Path, ptx: &str) {
+    let write = || -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, format!("// sha256 {}\n{ptx}", hex(&Sha256::digest(ptx))))?;
+        std::fs::rename(&tmp, path)
+    };
+    if let Err(e) = write() {
+        tracing::warn!(path = %path.display(), error = %e, "could not cache the compiled cuda kernels");
+    }
+}
+
+// === The backend ===
+
+pub(crate) struct Backend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: String,
+    modules: Mutex<HashMap<WeightFormat, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+    scratch: Mutex<Option<CudaSlice<f32>>>,
+}
+
+/// Warps per GEMV block and outputs per warp (`GEMV_WARPS`, `GEMV_R` in gemv.cu).
+const GEMV_ROWS_PER_BLOCK: usize = 4 * 2;
+
+fn int(v: usize, what: &'static str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| CudaError::Shape { op: "launch", detail: format!("{what} {v} exceeds i32") })
+}
+
+impl Backend {
+    pub(crate) fn new(info: &DeviceInfo) -> Result<Self> {
+        let ctx = catch_unwind(|| CudaContext::new(0))
+            .map_err(|_| CudaUnavailable::Driver { call: "cuCtxCreate", detail: "panicked".into() })?
+            .map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        let stream = ctx.default_stream();
+        let (major, minor) = info.compute_capability;
+        Ok(Self {
+            ctx,
+            stream,
+            arch: format!("compute_{major}{minor}"),
+            modules: Mutex::default(),
+            functions: Mutex::default(),
+            scratch: Mutex::default(),
+        })
+    }
+
+    fn function(&self, format: WeightFormat, name: &str) -> Result<CudaFunction> {
+        let mut fns = self.functions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = fns.get(name) {
+            return Ok(f.clone());
+        }
+        let module = {
+            let mut mods = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+            match mods.get(&format) {
+                Some(m) => m.clone(),
+                None => {
+                    let ptx = compile_ptx(format, &self.arch)?;
+                    let m = self.ctx.load_module(Ptx::from_src(ptx)).map_err(driver("cuModuleLoadData"))?;
+                    mods.insert(format, m.clone());
+                    m
+                }
+            }
+        };
+        let f = module.load_function(name).map_err(driver("cuModuleGetFunction"))?;
+        fns.insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+
+    pub(crate) fn upload<T: crate::Elem>(&self, data: &[T]) -> Result<Buf<T>> {
+        if data.is_empty() {
+            return self.alloc(0);
+        }
+        self.stream.clone_htod(data).map_err(driver("cuMemcpyHtoD"))
+    }
+
+    pub(crate) fn alloc<T: crate::Elem>(&self, len: usize) -> Result<Buf<T>> {
+        self.stream.alloc_zeros(len.max(1)).map_err(driver("cuMemAlloc"))
+    }
+
+    pub(crate) fn download<T: crate::Elem>(&self, buf: &Buf<T>, len: usize) -> Result<Vec<T>> {
+        let mut v = self.stream.clone_dtoh(buf).map_err(driver("cuMemcpyDtoH"))?;
+        v.truncate(len);
+        Ok(v)
+    }
+
+    pub(crate) fn copy<T: crate::Elem>(&self, src: &Buf<T>, dst: &mut Buf<T>) -> Result<()> {
+        self.stream.memcpy_dtod(src, dst).map_err(driver("cuMemcpyDtoD"))
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+
+    pub(crate) fn gemv(&self, g: &Gemv<'_>, y: &mut Buf<f32>) -> Result<()> {
+        let f = self.function(g.format, &g.kernel)?;
+        let (row_bytes, cols, n_out) = (g.row_bytes as i64, int(g.cols, "cols")?, int(g.n_out, "outputs")?);
+        let x = g.x.slice(g.x_byte_offset..);
+        let mut yv = y.slice_mut(g.y_offset..);
+        let null = 0u64;
+        let cfg = LaunchConfig {
+            grid_dim: (int(g.n_out.div_ceil(GEMV_ROWS_PER_BLOCK), "blocks")? as u32, 1, 1),
+            block_dim: (32 * 4, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(g.w).arg(&row_bytes).arg(&cols).arg(&x).arg(&cols);
+        match g.rows {
+            Some(r) => b.arg(r),
+            None => b.arg(&null),
+        };
+        b.arg(&n_out).arg(&mut yv).arg(&n_out);
+        // SAFETY: the argument list matches the kernel's signature in
+        // gemv.cu (w, row_bytes, cols, x, x_stride, rows, n_out, y,
+        // y_stride). The caller checked the shapes: `w` holds the matrix,
+        // every row index is below its row count, `x` holds the batch's
+        // tokens of `cols` values from the offset and `y` the batch's
+        // outputs from its offset.
+        unsafe { b.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
+        Ok(())
+    }
+
+    pub(crate) fn axpy_rows(&self, a: &Axpy<'_>, y: &mut Buf<f32>) -> Result<()> {
+        let f = self.function(a.format, &a.kernel)?;
+        let sum = self.function(a.format, "sum_splits")?;
+        let items = a.cols / 32;
+        let threads = items.next_multiple_of(32).min(128);
+        let splits = a.n_rows.div_ceil(32).clamp(1, 128);
+        let part_len = splits * a.batch * a.cols;
+        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        if scratch.as_ref().is_none_or(|s| s.len() < part_len) {
+            *scratch = Some(self.alloc::<f32>(part_len)?);
+        }
+        let part = scratch.as_mut().expect("allocated above");
+        let (row_bytes, cols, n_rows) = (a.row_bytes as i64, int(a.cols, "cols")?, int(a.n_rows, "rows")?);
+        let a_stride = int(a.a_stride, "a_stride")?;
+        let av = a.a.slice(a.a_offset..);
+        let cfg = LaunchConfig {
+            grid_dim: (items.div_ceil(threads) as u32, splits as u32, 1),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(a.w).arg(&row_bytes).arg(&cols).arg(&av).arg(&a_stride).arg(a.rows).arg(&n_rows).arg(&mut *part);
+        // SAFETY: arguments match axpy_rows_* in gemv.cu (w, row_bytes,
+        // cols, a, a_stride, rows, n_rows, part); the caller checked that
+        // `a` holds the batch's activations from the offset, the indices
+        // are below the matrix's rows, and `part` was sized above for
+        // splits x batch x cols.
+        unsafe { b.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
+        let (n, s) = (int(a.batch * a.cols, "outputs")?, splits as i32);
+        let mut yv = y.slice_mut(a.y_offset..);
+        let cfg = LaunchConfig { grid_dim: ((n as u32).div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(&sum);
+        b.arg(&*part).arg(&s).arg(&n).arg(&mut yv);
+        // SAFETY: matches sum_splits(part, splits, n, y); `part` holds
+        // splits x n values written by the launch above (same stream), `y`
+        // at least n from the offset (checked by the caller).
+        unsafe { b.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
+        Ok(())
+    }
+
+    pub(crate) fn time_ms(&self, run: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.stream.record_event(flags).map_err(driver("cuEventRecord"))?;
+        run()?;
+        let end = self.stream.record_event(flags).map_err(driver("cuEventRecord"))?;
+        end.synchronize().map_err(driver("cuEventSynchronize"))?;
+        Ok(f64::from(start.elapsed_ms(&end).map_err(driver("cuEventElapsedTime"))?))
+    }
 }

@@ -1,8 +1,59 @@
-//! Built without feature `cuda`: every probe answers "not compiled"
-//! (the shape of candle's `cuda_backend` dummy module).
+//! Built without feature `cuda`: every probe answers "not compiled" and no
+//! backend can be made (the shape of candle's `cuda_backend` dummy module).
+//! The types exist so that code using the backend builds either way; they
+//! are uninhabited, so none of their methods can run.
 
-use crate::{CudaUnavailable, DeviceInfo};
+use std::convert::Infallible;
+use std::marker::PhantomData;
 
-pub(crate) fn probe() -> Result<DeviceInfo, CudaUnavailable> {
-    Err(CudaUnavailable::NotCompiled { feature: "cuda" })
+use crate::{Axpy, CudaError, CudaUnavailable, DeviceInfo, Gemv, Result, WeightFormat};
+
+/// What device buffers may hold (no bound without CUDA).
+pub trait ElemBound {}
+impl ElemBound for u8 {}
+impl ElemBound for i32 {}
+impl ElemBound for f32 {}
+
+const NOT_COMPILED: CudaUnavailable = CudaUnavailable::NotCompiled { feature: "cuda" };
+
+pub(crate) fn probe() -> std::result::Result<DeviceInfo, CudaUnavailable> {
+    Err(NOT_COMPILED)
+}
+
+pub(crate) fn compile_ptx(_: WeightFormat, _: &str) -> Result<String> {
+    Err(CudaError::Unavailable(NOT_COMPILED))
+}
+
+pub(crate) struct Buf<T>(Infallible, PhantomData<T>);
+
+pub(crate) struct Backend(Infallible);
+
+impl Backend {
+    pub(crate) fn new(_: &DeviceInfo) -> Result<Self> {
+        Err(CudaError::Unavailable(NOT_COMPILED))
+    }
+    pub(crate) fn upload<T>(&self, _: &[T]) -> Result<Buf<T>> {
+        match self.0 {}
+    }
+    pub(crate) fn alloc<T>(&self, _: usize) -> Result<Buf<T>> {
+        match self.0 {}
+    }
+    pub(crate) fn download<T>(&self, _: &Buf<T>, _: usize) -> Result<Vec<T>> {
+        match self.0 {}
+    }
+    pub(crate) fn copy<T>(&self, _: &Buf<T>, _: &mut Buf<T>) -> Result<()> {
+        match self.0 {}
+    }
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        match self.0 {}
+    }
+    pub(crate) fn gemv(&self, _: &Gemv<'_>, _: &mut Buf<f32>) -> Result<()> {
+        match self.0 {}
+    }
+    pub(crate) fn axpy_rows(&self, _: &Axpy<'_>, _: &mut Buf<f32>) -> Result<()> {
+        match self.0 {}
+    }
+    pub(crate) fn time_ms(&self, _: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        match self.0 {}
+    }
 }

@@ -1,0 +1,140 @@
+// Quantised GEMV and small-batch GEMM on GGUF blocks, dense or on gathered
+// rows, and the gathered-row AXPY that serves the sparse down projection.
+//
+// gemv: y[b][i] = dot(W[row(i)], x[b]) for b < B tokens, where row(i) is
+//   i (dense) or rows[i] (gathered: the sparse gate/up, the sparse output
+//   head's row ranges expanded to indices). One warp computes R = 2 outputs;
+//   its lanes stride over the row's 32-weight items, dequantise each item
+//   once into registers and use it for all B tokens. Consecutive lanes read
+//   consecutive items, so a warp's loads cover contiguous bytes of the row.
+//
+// axpy_rows: part[split][b][h] = sum over kept k in this split of
+//   a[b][k] * Wt[rows[k]][h], where Wt is the down projection repacked
+//   neuron-major (one row per FFN neuron). Thread t of a block owns item t
+//   (32 outputs) of the hidden vector; blockIdx.y splits the kept neurons.
+//   A second kernel, sum_splits, adds the splits in a fixed order, so the
+//   result does not depend on scheduling.
+
+#define GEMV_WARPS 4
+#define GEMV_R 2
+
+template <typename F, typename A, int B>
+__device__ __forceinline__ void gemv_impl(const u8* __restrict__ w, i64 row_bytes, int cols,
+                                          const typename A::T* __restrict__ x, int x_stride,
+                                          const int* __restrict__ rows, int n_out,
+                                          float* __restrict__ y, int y_stride) {
+    const int lane = threadIdx.x & 31;
+    const int first = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_R;
+    if (first >= n_out) return;
+    const u8* row_ptr[GEMV_R];
+    float rs[GEMV_R];
+#pragma unroll
+    for (int r = 0; r < GEMV_R; ++r) {
+        const int i = min(first + r, n_out - 1);  // a missing second row repeats the first; not stored
+        const i64 ri = rows ? (i64)rows[i] : (i64)i;
+        row_ptr[r] = w + ri * row_bytes;
+        rs[r] = F::row_scale(row_ptr[r], cols);
+    }
+    float acc[GEMV_R][B];
+#pragma unroll
+    for (int r = 0; r < GEMV_R; ++r)
+#pragma unroll
+        for (int b = 0; b < B; ++b) acc[r][b] = 0.0f;
+
+    const int items = cols >> 5;
+    for (int it = lane; it < items; it += 32) {
+        const int blk = it / F::ITEMS, sub = it % F::ITEMS;
+#pragma unroll
+        for (int r = 0; r < GEMV_R; ++r) {
+            float wv[32];
+            F::dequant(row_ptr[r] + (i64)blk * F::BLOCK_BYTES, sub, rs[r], wv);
+#pragma unroll
+            for (int b = 0; b < B; ++b) {
+                const typename A::T* xb = x + (i64)b * x_stride + 32 * it;
+                float s = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 32; ++k) s = fmaf(wv[k], A::get(xb, k), s);
+                acc[r][b] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_R; ++r) {
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+            const float v = warp_sum(acc[r][b]);
+            if (lane == 0 && first + r < n_out) y[(i64)b * y_stride + first + r] = v;
+        }
+    }
+}
+
+template <typename F, int B>
+__device__ __forceinline__ void axpy_rows_impl(const u8* __restrict__ w, i64 row_bytes, int cols,
+                                               const float* __restrict__ a, int a_stride,
+                                               const int* __restrict__ rows, int n_rows,
+                                               float* __restrict__ part) {
+    const int it = blockIdx.x * blockDim.x + threadIdx.x;
+    const int items = cols >> 5;
+    const int per = (n_rows + gridDim.y - 1) / gridDim.y;
+    const int k0 = blockIdx.y * per, k1 = min(n_rows, k0 + per);
+    float acc[B][32];
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+#pragma unroll
+        for (int k = 0; k < 32; ++k) acc[b][k] = 0.0f;
+    if (it < items) {
+        const int blk = it / F::ITEMS, sub = it % F::ITEMS;
+        for (int k = k0; k < k1; ++k) {
+            const u8* row = w + (i64)rows[k] * row_bytes;
+            float wv[32];
+            F::dequant(row + (i64)blk * F::BLOCK_BYTES, sub, F::row_scale(row, cols), wv);
+#pragma unroll
+            for (int b = 0; b < B; ++b) {
+                const float ab = a[(i64)b * a_stride + k];
+#pragma unroll
+                for (int j = 0; j < 32; ++j) acc[b][j] = fmaf(ab, wv[j], acc[b][j]);
+            }
+        }
+        float* out = part + (i64)blockIdx.y * B * cols + 32 * it;
+#pragma unroll
+        for (int b = 0; b < B; ++b)
+#pragma unroll
+            for (int j = 0; j < 32; ++j) out[(i64)b * cols + j] = acc[b][j];
+    }
+}
+
+// y[i] = sum over s < splits of part[s][i], i < n (n = B * cols).
+extern "C" __global__ void sum_splits(const float* __restrict__ part, int splits, int n,
+                                      float* __restrict__ y) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float s = 0.0f;
+    for (int k = 0; k < splits; ++k) s += part[(i64)k * n + i];
+    y[i] = s;
+}
+
+#define GEMV(FN, F, A, B)                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)                              \
+        gemv_##FN##_##A##_b##B(const u8* w, i64 row_bytes, int cols, const A::T* x,             \
+                               int x_stride, const int* rows, int n_out, float* y,             \
+                               int y_stride) {                                                 \
+        gemv_impl<F, A, B>(w, row_bytes, cols, x, x_stride, rows, n_out, y, y_stride);           \
+    }
+
+#define GEMV_ACTS(FN, F, B) GEMV(FN, F, ActF32, B) GEMV(FN, F, ActF16, B) GEMV(FN, F, ActBF16, B)
+#define GEMV_BATCHES(FN, F) \
+    GEMV_ACTS(FN, F, 1) GEMV_ACTS(FN, F, 2) GEMV_ACTS(FN, F, 4) GEMV_ACTS(FN, F, 8)
+
+#define AXPY(FN, F, B)                                                                          \
+    extern "C" __global__ void axpy_rows_##FN##_b##B(const u8* w, i64 row_bytes, int cols,     \
+                                                     const float* a, int a_stride,             \
+                                                     const int* rows, int n_rows,               \
+                                                     float* part) {                            \
+        axpy_rows_impl<F, B>(w, row_bytes, cols, a, a_stride, rows, n_rows, part);               \
+    }
+#define AXPY_BATCHES(FN, F) AXPY(FN, F, 1) AXPY(FN, F, 2) AXPY(FN, F, 4)
+
+#define FORMAT(FN, F) GEMV_BATCHES(FN, F) AXPY_BATCHES(FN, F)
+
+// The Rust side appends one `FORMAT(name, FmtStruct)` line per compiled
+// module (src/format.rs, kernel_source): one module per weight format.
