@@ -1,50 +1,120 @@
 #!/usr/bin/env bash
-# Runs the CUDA checks and kernel benchmarks on a GPU machine that has the
-# NVIDIA driver and a CUDA toolkit (for libnvrtc) but no Rust toolchain.
+# The CUDA checks and benchmarks, on a GPU machine that has the NVIDIA
+# driver and a CUDA toolkit (nvcc, libnvrtc) but no Rust toolchain and no
+# network: binaries are built here, model and llama.cpp source carried over.
 #
-# Build here, with the binaries copied into a folder:
-#   scripts/cuda-device.sh --build .gpu/bin
-# then, on the GPU machine, from the repository root:
-#   scripts/cuda-device.sh --run .gpu/bin OUTDIR
+#   scripts/cuda-device.sh --build BIN_DIR        # here: the test and bench binaries
+#   scripts/cuda-device.sh --stage FILE...        # there: keep carried files in /tmp/spinfer-stage
+#   scripts/cuda-device.sh --llama SRC.tar.xz     # there: build llama.cpp (CUDA) in the background
+#   scripts/cuda-device.sh --run BIN_DIR OUT_DIR  # there: tests, benchmarks, llama.cpp side by side
+#
+# --run assembles the SmolLM2 GGUF from staged parts (smollm2.part*) when
+# they are there and checks its sha256 before using it.
 set -euo pipefail
+
+STAGE=/tmp/spinfer-stage
+SMOL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+LLAMA=/tmp/llama
+
+nvrtc_env() {
+    # libnvrtc from the toolkit, under the unversioned name cudarc tries first.
+    local nvrtc
+    nvrtc=$(ls /usr/local/cuda/lib64/libnvrtc.so.* 2>/dev/null | grep -v builtins | head -1 || true)
+    [ -n "$nvrtc" ] || nvrtc=$(find / -name 'libnvrtc.so.*' -not -name '*builtins*' 2>/dev/null | head -1)
+    echo "libnvrtc: $nvrtc"
+    mkdir -p /tmp/spinfer-nvrtc && ln -sf "$nvrtc" /tmp/spinfer-nvrtc/libnvrtc.so
+    export LD_LIBRARY_PATH="/tmp/spinfer-nvrtc:$(dirname "$nvrtc"):${LD_LIBRARY_PATH:-}"
+}
 
 case "${1:-}" in
 --build)
     bin=${2:?folder}
     mkdir -p "$bin"
-    cargo build --release -p spinfer-kernels-cuda --features cuda --tests --examples --message-format=json |
+    cargo build --release -p spinfer-kernels-cuda -p spinfer-gpu --features spinfer-kernels-cuda/cuda,spinfer-gpu/cuda \
+        --tests --examples --message-format=json |
         python3 -c '
 import json, shutil, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and "spinfer-kernels-cuda" in m["package_id"]:
-        name = m["target"]["name"] if m["target"]["kind"][0] != "lib" else "unit"
+    pkg = m.get("package_id", "")
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and ("kernels-cuda" in pkg or "engine/gpu" in pkg):
+        kind = m["target"]["kind"][0]
+        name = m["target"]["name"] if kind != "lib" else "unit-" + m["target"]["name"]
         shutil.copy(m["executable"], sys.argv[1] + "/" + name)
         print(name)
 ' "$bin"
+    strip "$bin"/* 2>/dev/null || true
+    ;;
+--stage)
+    shift
+    mkdir -p "$STAGE"
+    for f in "$@"; do cp "$f" "$STAGE/"; done
+    ls -la "$STAGE"
+    ;;
+--llama)
+    src=${2:?source tarball}
+    rm -rf "$LLAMA" && mkdir -p "$LLAMA" && tar xJf "$src" -C "$LLAMA"
+    cd "$LLAMA/llama.cpp"
+    # A new session: the build outlives this command (until the machine goes back).
+    setsid nohup bash -c '
+        cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
+            -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+            -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF > ../configure.log 2>&1 &&
+        cmake --build build -j 16 --target llama-bench > ../build.log 2>&1
+        echo $? > ../build.rc' > /dev/null 2>&1 < /dev/null &
+    echo "llama.cpp build started in $LLAMA"
     ;;
 --run)
     bin=${2:?folder} out=${3:?output folder}
     mkdir -p "$out"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/device.txt"
-    # libnvrtc from the toolkit, under the unversioned name cudarc tries first.
-    nvrtc=$(ls /usr/local/cuda/lib64/libnvrtc.so.* 2>/dev/null | grep -v builtins | head -1 || true)
-    [ -n "$nvrtc" ] || nvrtc=$(find / -name 'libnvrtc.so.*' -not -name '*builtins*' 2>/dev/null | head -1)
-    echo "libnvrtc: $nvrtc" | tee -a "$out/device.txt"
-    mkdir -p /tmp/spinfer-nvrtc && ln -sf "$nvrtc" /tmp/spinfer-nvrtc/libnvrtc.so
-    export LD_LIBRARY_PATH="/tmp/spinfer-nvrtc:$(dirname "$nvrtc"):${LD_LIBRARY_PATH:-}"
+    nvrtc_env | tee -a "$out/device.txt"
     export SPINFER_EXPECT_GPU=1 SPINFER_EXPECT_NVRTC=1 SPINFER_CUDA_CACHE=/tmp/spinfer-cuda-cache RUST_BACKTRACE=1
+    # The end-to-end tests find tests/data through the path they were built in.
+    [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+    model=""
+    if ls "$STAGE"/smollm2.part* > /dev/null 2>&1; then
+        cat "$STAGE"/smollm2.part* > "$STAGE/smollm2.gguf"
+        if echo "$SMOL_SHA  $STAGE/smollm2.gguf" | sha256sum --check --status; then
+            model="$STAGE/smollm2.gguf"
+            export SPINFER_MODEL="$model"
+        else
+            echo "error: the assembled SmolLM2 does not have sha256 $SMOL_SHA" | tee -a "$out/device.txt"
+        fi
+    fi
     status=0
-    for t in unit probe kernels; do
-        echo "== $t"
-        "$bin/$t" --test-threads 1 --nocapture 2>&1 | tee "$out/test-$t.txt" || status=1
+    for t in "$bin"/unit-* "$bin"/probe "$bin"/kernels "$bin"/ops; do
+        [ -x "$t" ] || continue
+        echo "== $(basename "$t")"
+        "$t" --test-threads 1 --nocapture 2>&1 | tee "$out/test-$(basename "$t").txt" | grep -E "^test |test result|panicked|skipped" || status=1
     done
     echo "== cuda_bench"
-    "$bin/cuda_bench" --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" || status=1
+    "$bin/cuda_bench" --json "$out/bench.json" > "$out/bench.txt" 2>&1 || status=1
+    cat "$out/bench.txt"
+    if [ -n "$model" ]; then
+        echo "== smollm2 (gpu model)"
+        "$bin/smollm2" --test-threads 1 --nocapture 2>&1 | tee "$out/test-smollm2.txt" | grep -vE "^\s*$" || status=1
+        # Side by side with llama.cpp (CUDA), interleaved: spinfer, llama, spinfer, llama.
+        if [ -d "$LLAMA" ]; then
+            # Wait for the background build, at most LLAMA_WAIT seconds.
+            for _ in $(seq 1 $(( ${LLAMA_WAIT:-300} / 5 ))); do [ -f "$LLAMA/build.rc" ] && break; sleep 5; done
+            echo "llama.cpp build: rc $(cat "$LLAMA/build.rc" 2>/dev/null || echo 'not finished')"
+            tail -3 "$LLAMA/build.log" 2>/dev/null || true
+        fi
+        lb="$LLAMA/llama.cpp/build/bin/llama-bench"
+        for round in 1 2; do
+            echo "== round $round: spinfer"
+            "$bin/gpu_bench" "$model" --reps 5 | tee -a "$out/side-by-side.txt"
+            if [ -x "$lb" ]; then
+                echo "== round $round: llama.cpp"
+                "$lb" -m "$model" -ngl 99 -p 512 -n 128 -r 5 2>&1 | tee -a "$out/side-by-side.txt" | grep -E "model|---|pp|tg"
+            fi
+        done
+    fi
     exit $status
     ;;
 *)
-    echo "usage: $0 --build BIN_DIR | --run BIN_DIR OUT_DIR" >&2
+    echo "usage: $0 --build BIN_DIR | --stage FILE... | --llama SRC.tar.xz | --run BIN_DIR OUT_DIR" >&2
     exit 2
     ;;
 esac

@@ -5,13 +5,13 @@ use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use cudarc::driver::{result, sys};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
 use sha2::{Digest, Sha256};
 
-use crate::format::kernel_source;
-use crate::{Axpy, CudaError, CudaUnavailable, DeviceInfo, Gemv, Result, WeightFormat, kernel_cache_dir};
+use crate::backend::{Grid, KArg, Module};
+use crate::{CudaError, CudaUnavailable, DeviceInfo, Result, kernel_cache_dir};
 
 /// What device buffers may hold.
 pub trait ElemBound: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Unpin {}
@@ -101,36 +101,36 @@ fn nvrtc_version() -> Result<(i32, i32)> {
     }
 }
 
-/// PTX of one format's kernels for `arch` (`compute_XY`), from the disk
-/// cache when a verified entry exists, else compiled by NVRTC.
-pub(crate) fn compile_ptx(format: WeightFormat, arch: &str) -> Result<String> {
+/// PTX of one module for `arch` (`compute_XY`), from the disk cache when a
+/// verified entry exists, else compiled by NVRTC.
+pub(crate) fn compile_ptx(module: Module, arch: &str) -> Result<String> {
     let (major, minor) = nvrtc_version()?;
-    let src = kernel_source(format);
+    let src = module.source();
     let key = hex(&Sha256::digest(format!("{src}\0{arch}\0nvrtc {major}.{minor}")));
-    let path = kernel_cache_dir().map(|d| d.join(format!("{}-{arch}-{}.ptx", format.name(), &key[..16])));
+    let path = kernel_cache_dir().map(|d| d.join(format!("{}-{arch}-{}.ptx", module.name(), &key[..16])));
     if let Some(ptx) = path.as_deref().and_then(read_cached) {
-        tracing::debug!(%format, arch, "cuda kernels from the cache");
+        tracing::debug!(module = module.name(), arch, "cuda kernels from the cache");
         return Ok(ptx);
     }
     let t0 = std::time::Instant::now();
     let opts = CompileOptions { options: vec![format!("--gpu-architecture={arch}")], ..Default::default() };
     let ptx = catch_unwind(AssertUnwindSafe(|| compile_ptx_with_opts(&src, opts)))
         .map_err(|_| CudaError::NoNvrtc)?
-        .map_err(|e| compile_error(format, arch, e))?
+        .map_err(|e| compile_error(module, arch, e))?
         .to_src();
-    tracing::info!(%format, arch, ms = t0.elapsed().as_millis(), "nvrtc compiled the cuda kernels");
+    tracing::info!(module = module.name(), arch, ms = t0.elapsed().as_millis(), "nvrtc compiled the cuda kernels");
     if let Some(p) = &path {
         write_cached(p, &ptx);
     }
     Ok(ptx)
 }
 
-fn compile_error(format: WeightFormat, arch: &str, e: CompileError) -> CudaError {
+fn compile_error(module: Module, arch: &str, e: CompileError) -> CudaError {
     let log = match e {
         CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
         other => format!("{other:?}"),
     };
-    CudaError::Compile { format: format.name(), arch: arch.to_string(), log }
+    CudaError::Compile { module: module.name(), arch: arch.to_string(), log }
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -169,16 +169,8 @@ pub(crate) struct Backend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     arch: String,
-    modules: Mutex<HashMap<WeightFormat, Arc<CudaModule>>>,
+    modules: Mutex<HashMap<Module, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
-    scratch: Mutex<Option<CudaSlice<f32>>>,
-}
-
-/// Warps per GEMV block and outputs per warp (`GEMV_WARPS`, `GEMV_R` in gemv.cu).
-const GEMV_ROWS_PER_BLOCK: usize = 4 * 2;
-
-fn int(v: usize, what: &'static str) -> Result<i32> {
-    i32::try_from(v).map_err(|_| CudaError::Shape { op: "launch", detail: format!("{what} {v} exceeds i32") })
 }
 
 impl Backend {
@@ -194,28 +186,27 @@ impl Backend {
             arch: format!("compute_{major}{minor}"),
             modules: Mutex::default(),
             functions: Mutex::default(),
-            scratch: Mutex::default(),
         })
     }
 
-    fn function(&self, format: WeightFormat, name: &str) -> Result<CudaFunction> {
+    fn function(&self, module: Module, name: &str) -> Result<CudaFunction> {
         let mut fns = self.functions.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = fns.get(name) {
             return Ok(f.clone());
         }
-        let module = {
+        let m = {
             let mut mods = self.modules.lock().unwrap_or_else(|p| p.into_inner());
-            match mods.get(&format) {
+            match mods.get(&module) {
                 Some(m) => m.clone(),
                 None => {
-                    let ptx = compile_ptx(format, &self.arch)?;
+                    let ptx = compile_ptx(module, &self.arch)?;
                     let m = self.ctx.load_module(Ptx::from_src(ptx)).map_err(driver("cuModuleLoadData"))?;
-                    mods.insert(format, m.clone());
+                    mods.insert(module, m.clone());
                     m
                 }
             }
         };
-        let f = module.load_function(name).map_err(driver("cuModuleGetFunction"))?;
+        let f = m.load_function(name).map_err(driver("cuModuleGetFunction"))?;
         fns.insert(name.to_string(), f.clone());
         Ok(f)
     }
@@ -237,6 +228,20 @@ impl Backend {
         Ok(v)
     }
 
+    pub(crate) fn download_range<T: crate::Elem>(&self, buf: &Buf<T>, offset: usize, len: usize) -> Result<Vec<T>> {
+        let mut v = vec![T::default(); len];
+        if len > 0 {
+            let view = buf.slice(offset..offset + len);
+            self.stream.memcpy_dtoh(&view, &mut v).map_err(driver("cuMemcpyDtoH"))?;
+        }
+        Ok(v)
+    }
+
+    pub(crate) fn write<T: crate::Elem>(&self, dst: &mut Buf<T>, offset: usize, src: &[T]) -> Result<()> {
+        let mut view = dst.slice_mut(offset..offset + src.len());
+        self.stream.memcpy_htod(src, &mut view).map_err(driver("cuMemcpyHtoD"))
+    }
+
     pub(crate) fn copy<T: crate::Elem>(&self, src: &Buf<T>, dst: &mut Buf<T>) -> Result<()> {
         self.stream.memcpy_dtod(src, dst).map_err(driver("cuMemcpyDtoD"))
     }
@@ -245,70 +250,37 @@ impl Backend {
         self.stream.synchronize().map_err(driver("cuStreamSynchronize"))
     }
 
-    pub(crate) fn gemv(&self, g: &Gemv<'_>, y: &mut Buf<f32>) -> Result<()> {
-        let f = self.function(g.format, &g.kernel)?;
-        let (row_bytes, cols, n_out) = (g.row_bytes as i64, int(g.cols, "cols")?, int(g.n_out, "outputs")?);
-        let x = g.x.slice(g.x_byte_offset..);
-        let mut yv = y.slice_mut(g.y_offset..);
-        let null = 0u64;
-        let cfg = LaunchConfig {
-            grid_dim: (int(g.n_out.div_ceil(GEMV_ROWS_PER_BLOCK), "blocks")? as u32, 1, 1),
-            block_dim: (32 * 4, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(g.w).arg(&row_bytes).arg(&cols).arg(&x).arg(&cols);
-        match g.rows {
-            Some(r) => b.arg(r),
-            None => b.arg(&null),
-        };
-        b.arg(&n_out).arg(&mut yv).arg(&n_out);
-        // SAFETY: the argument list matches the kernel's signature in
-        // gemv.cu (w, row_bytes, cols, x, x_stride, rows, n_out, y,
-        // y_stride). The caller checked the shapes: `w` holds the matrix,
-        // every row index is below its row count, `x` holds the batch's
-        // tokens of `cols` values from the offset and `y` the batch's
-        // outputs from its offset.
-        unsafe { b.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
-        Ok(())
+    /// The buffer's device address. All work goes to the one stream, in
+    /// issue order, so the read/write events cudarc records for other
+    /// streams are not needed (the guard is dropped at once).
+    pub(crate) fn ptr<T: crate::Elem>(&self, buf: &Buf<T>) -> u64 {
+        buf.device_ptr(&self.stream).0
     }
 
-    pub(crate) fn axpy_rows(&self, a: &Axpy<'_>, y: &mut Buf<f32>) -> Result<()> {
-        let f = self.function(a.format, &a.kernel)?;
-        let sum = self.function(a.format, "sum_splits")?;
-        let items = a.cols / 32;
-        let threads = items.next_multiple_of(32).min(128);
-        let splits = a.n_rows.div_ceil(32).clamp(1, 128);
-        let part_len = splits * a.batch * a.cols;
-        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        if scratch.as_ref().is_none_or(|s| s.len() < part_len) {
-            *scratch = Some(self.alloc::<f32>(part_len)?);
-        }
-        let part = scratch.as_mut().expect("allocated above");
-        let (row_bytes, cols, n_rows) = (a.row_bytes as i64, int(a.cols, "cols")?, int(a.n_rows, "rows")?);
-        let a_stride = int(a.a_stride, "a_stride")?;
-        let av = a.a.slice(a.a_offset..);
+    /// Launches `name` from `module` with `args`.
+    ///
+    /// # Safety
+    ///
+    /// `args` must match the kernel's parameter list, and every pointer
+    /// must address device memory that is live and large enough for what
+    /// the kernel reads and writes with these arguments.
+    pub(crate) unsafe fn launch(&self, module: Module, name: &str, grid: Grid, args: &[KArg]) -> Result<()> {
+        let f = self.function(module, name)?;
         let cfg = LaunchConfig {
-            grid_dim: (items.div_ceil(threads) as u32, splits as u32, 1),
-            block_dim: (threads as u32, 1, 1),
-            shared_mem_bytes: 0,
+            grid_dim: (grid.blocks.0, grid.blocks.1, 1),
+            block_dim: (grid.threads, 1, 1),
+            shared_mem_bytes: grid.smem,
         };
         let mut b = self.stream.launch_builder(&f);
-        b.arg(a.w).arg(&row_bytes).arg(&cols).arg(&av).arg(&a_stride).arg(a.rows).arg(&n_rows).arg(&mut *part);
-        // SAFETY: arguments match axpy_rows_* in gemv.cu (w, row_bytes,
-        // cols, a, a_stride, rows, n_rows, part); the caller checked that
-        // `a` holds the batch's activations from the offset, the indices
-        // are below the matrix's rows, and `part` was sized above for
-        // splits x batch x cols.
-        unsafe { b.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
-        let (n, s) = (int(a.batch * a.cols, "outputs")?, splits as i32);
-        let mut yv = y.slice_mut(a.y_offset..);
-        let cfg = LaunchConfig { grid_dim: ((n as u32).div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mut b = self.stream.launch_builder(&sum);
-        b.arg(&*part).arg(&s).arg(&n).arg(&mut yv);
-        // SAFETY: matches sum_splits(part, splits, n, y); `part` holds
-        // splits x n values written by the launch above (same stream), `y`
-        // at least n from the offset (checked by the caller).
+        for a in args {
+            match a {
+                KArg::I32(v) => b.arg(v),
+                KArg::I64(v) => b.arg(v),
+                KArg::F32(v) => b.arg(v),
+                KArg::Ptr(v) => b.arg(v),
+            };
+        }
+        // SAFETY: the caller guarantees the argument list and the memory.
         unsafe { b.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
         Ok(())
     }

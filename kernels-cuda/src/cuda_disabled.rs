@@ -6,7 +6,8 @@
 use std::convert::Infallible;
 use std::marker::PhantomData;
 
-use crate::{Axpy, CudaError, CudaUnavailable, DeviceInfo, Gemv, Result, WeightFormat};
+use crate::backend::{Grid, KArg, Module};
+use crate::{CudaError, CudaUnavailable, DeviceInfo, Result};
 
 /// What device buffers may hold (no bound without CUDA).
 pub trait ElemBound {}
@@ -20,7 +21,7 @@ pub(crate) fn probe() -> std::result::Result<DeviceInfo, CudaUnavailable> {
     Err(NOT_COMPILED)
 }
 
-pub(crate) fn compile_ptx(_: WeightFormat, _: &str) -> Result<String> {
+pub(crate) fn compile_ptx(_: Module, _: &str) -> Result<String> {
     Err(CudaError::Unavailable(NOT_COMPILED))
 }
 
@@ -41,16 +42,25 @@ impl Backend {
     pub(crate) fn download<T>(&self, _: &Buf<T>, _: usize) -> Result<Vec<T>> {
         match self.0 {}
     }
+    pub(crate) fn download_range<T>(&self, _: &Buf<T>, _: usize, _: usize) -> Result<Vec<T>> {
+        match self.0 {}
+    }
+    pub(crate) fn write<T>(&self, _: &mut Buf<T>, _: usize, _: &[T]) -> Result<()> {
+        match self.0 {}
+    }
     pub(crate) fn copy<T>(&self, _: &Buf<T>, _: &mut Buf<T>) -> Result<()> {
         match self.0 {}
     }
     pub(crate) fn synchronize(&self) -> Result<()> {
         match self.0 {}
     }
-    pub(crate) fn gemv(&self, _: &Gemv<'_>, _: &mut Buf<f32>) -> Result<()> {
+    pub(crate) fn ptr<T>(&self, _: &Buf<T>) -> u64 {
         match self.0 {}
     }
-    pub(crate) fn axpy_rows(&self, _: &Axpy<'_>, _: &mut Buf<f32>) -> Result<()> {
+    /// # Safety
+    ///
+    /// Never callable: the backend is uninhabited.
+    pub(crate) unsafe fn launch(&self, _: Module, _: &str, _: Grid, _: &[KArg]) -> Result<()> {
         match self.0 {}
     }
     pub(crate) fn time_ms(&self, _: &mut dyn FnMut() -> Result<()>) -> Result<f64> {

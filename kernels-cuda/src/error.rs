@@ -30,8 +30,8 @@ pub enum CudaError {
     )]
     NoNvrtc,
     /// NVRTC rejected a kernel source: the log names the line.
-    #[error("nvrtc could not compile the {format} kernels for {arch}: {log}")]
-    Compile { format: &'static str, arch: String, log: String },
+    #[error("nvrtc could not compile the {module} kernels for {arch}: {log}")]
+    Compile { module: &'static str, arch: String, log: String },
     /// A driver call failed (allocation, copy, module load, launch).
     #[error("cuda driver error in {call}: {detail}")]
     Driver { call: &'static str, detail: String },

@@ -173,6 +173,11 @@ pub fn kernel_source(format: WeightFormat) -> String {
     )
 }
 
+/// The CUDA source of the format-independent steps (`ops.cu`).
+pub fn ops_source() -> String {
+    format!("{}\n{}\n", include_str!("cu/common.cuh"), include_str!("cu/ops.cu"))
+}
+
 /// Name of the GEMV kernel for a format, activation type and batch.
 pub(crate) fn gemv_kernel(format: WeightFormat, act: ActType, batch: usize) -> String {
     format!("gemv_{}_{}_b{batch}", format.name(), act.cuda_struct())

@@ -43,3 +43,6 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+
+// +infinity (NVRTC has no <math.h> macros).
+#define SP_INF __int_as_float(0x7f800000)

@@ -6,7 +6,8 @@
 //   head's row ranges expanded to indices). One warp computes R = 2 outputs;
 //   its lanes stride over the row's 32-weight items, dequantise each item
 //   once into registers and use it for all B tokens. Consecutive lanes read
-//   consecutive items, so a warp's loads cover contiguous bytes of the row.
+//   consecutive items, so a warp's loads cover contiguous bytes of the row;
+//   x comes from shared memory (see GEMV_PAD).
 //
 // axpy_rows: part[split][b][h] = sum over kept k in this split of
 //   a[b][k] * Wt[rows[k]][h], where Wt is the down projection repacked
@@ -15,17 +16,26 @@
 //   A second kernel, sum_splits, adds the splits in a fixed order, so the
 //   result does not depend on scheduling.
 
-#define GEMV_WARPS 4
+#define GEMV_WARPS 8
 #define GEMV_R 2
+// x is staged in shared memory 1024 columns (32 items, one per lane) at a
+// time, as f32, each item's 32 values padded to 36 floats: lane l then reads
+// its item with float4 loads at 36 l + k, which fall in distinct banks for
+// every 8 lanes (a conflict-free LDS.128), instead of 32 lanes each reading
+// their own 128-byte line of x from L1.
+#define GEMV_CHUNK 1024
+#define GEMV_PAD 36
 
 template <typename F, typename A, int B>
 __device__ __forceinline__ void gemv_impl(const u8* __restrict__ w, i64 row_bytes, int cols,
                                           const typename A::T* __restrict__ x, int x_stride,
                                           const int* __restrict__ rows, int n_out,
                                           float* __restrict__ y, int y_stride) {
+    __shared__ __align__(16) float xs[B][32 * GEMV_PAD];
     const int lane = threadIdx.x & 31;
     const int first = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_R;
-    if (first >= n_out) return;
+    // A warp past the last output still stages x and meets the barriers.
+    const bool active = first < n_out;
     const u8* row_ptr[GEMV_R];
     float rs[GEMV_R];
 #pragma unroll
@@ -33,7 +43,7 @@ __device__ __forceinline__ void gemv_impl(const u8* __restrict__ w, i64 row_byte
         const int i = min(first + r, n_out - 1);  // a missing second row repeats the first; not stored
         const i64 ri = rows ? (i64)rows[i] : (i64)i;
         row_ptr[r] = w + ri * row_bytes;
-        rs[r] = F::row_scale(row_ptr[r], cols);
+        rs[r] = active ? F::row_scale(row_ptr[r], cols) : 0.0f;
     }
     float acc[GEMV_R][B];
 #pragma unroll
@@ -42,7 +52,18 @@ __device__ __forceinline__ void gemv_impl(const u8* __restrict__ w, i64 row_byte
         for (int b = 0; b < B; ++b) acc[r][b] = 0.0f;
 
     const int items = cols >> 5;
-    for (int it = lane; it < items; it += 32) {
+    for (int base = 0; base < items; base += 32) {
+        // Stage columns [32 base, 32 base + n) of every token.
+        const int n = min(GEMV_CHUNK, cols - 32 * base);
+        __syncthreads();
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+            const typename A::T* xb = x + (i64)b * x_stride + 32 * base;
+            for (int c = threadIdx.x; c < n; c += 32 * GEMV_WARPS) xs[b][(c >> 5) * GEMV_PAD + (c & 31)] = A::get(xb, c);
+        }
+        __syncthreads();
+        const int it = base + lane;
+        if (!active || it >= items) continue;
         const int blk = it / F::ITEMS, sub = it % F::ITEMS;
 #pragma unroll
         for (int r = 0; r < GEMV_R; ++r) {
@@ -50,14 +71,21 @@ __device__ __forceinline__ void gemv_impl(const u8* __restrict__ w, i64 row_byte
             F::dequant(row_ptr[r] + (i64)blk * F::BLOCK_BYTES, sub, rs[r], wv);
 #pragma unroll
             for (int b = 0; b < B; ++b) {
-                const typename A::T* xb = x + (i64)b * x_stride + 32 * it;
+                const float4* xv = (const float4*)&xs[b][lane * GEMV_PAD];
                 float s = 0.0f;
 #pragma unroll
-                for (int k = 0; k < 32; ++k) s = fmaf(wv[k], A::get(xb, k), s);
+                for (int k = 0; k < 8; ++k) {
+                    const float4 v = xv[k];
+                    s = fmaf(wv[4 * k], v.x, s);
+                    s = fmaf(wv[4 * k + 1], v.y, s);
+                    s = fmaf(wv[4 * k + 2], v.z, s);
+                    s = fmaf(wv[4 * k + 3], v.w, s);
+                }
                 acc[r][b] += s;
             }
         }
     }
+    if (!active) return;
 #pragma unroll
     for (int r = 0; r < GEMV_R; ++r) {
 #pragma unroll
@@ -103,6 +131,24 @@ __device__ __forceinline__ void axpy_rows_impl(const u8* __restrict__ w, i64 row
     }
 }
 
+// out[t][..] = s * W[ids[t]][..] for t < n (embedding lookup): one thread
+// per 32-weight item.
+template <typename F>
+__device__ __forceinline__ void rows_impl(const u8* __restrict__ w, i64 row_bytes, int cols,
+                                          const int* __restrict__ ids, int n, float s,
+                                          float* __restrict__ out) {
+    const int items = cols >> 5;
+    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (i64)n * items) return;
+    const int t = (int)(idx / items), it = (int)(idx % items);
+    const u8* row = w + (i64)ids[t] * row_bytes;
+    float wv[32];
+    F::dequant(row + (i64)(it / F::ITEMS) * F::BLOCK_BYTES, it % F::ITEMS, F::row_scale(row, cols), wv);
+    float* o = out + (i64)t * cols + 32 * it;
+#pragma unroll
+    for (int k = 0; k < 32; ++k) o[k] = wv[k] * s;
+}
+
 // y[i] = sum over s < splits of part[s][i], i < n (n = B * cols).
 extern "C" __global__ void sum_splits(const float* __restrict__ part, int splits, int n,
                                       float* __restrict__ y) {
@@ -134,7 +180,13 @@ extern "C" __global__ void sum_splits(const float* __restrict__ part, int splits
     }
 #define AXPY_BATCHES(FN, F) AXPY(FN, F, 1) AXPY(FN, F, 2) AXPY(FN, F, 4)
 
-#define FORMAT(FN, F) GEMV_BATCHES(FN, F) AXPY_BATCHES(FN, F)
+#define ROWS(FN, F)                                                                             \
+    extern "C" __global__ void dequant_rows_##FN(const u8* w, i64 row_bytes, int cols,           \
+                                                 const int* ids, int n, float s, float* out) {    \
+        rows_impl<F>(w, row_bytes, cols, ids, n, s, out);                                         \
+    }
+
+#define FORMAT(FN, F) GEMV_BATCHES(FN, F) AXPY_BATCHES(FN, F) ROWS(FN, F)
 
 // The Rust side appends one `FORMAT(name, FmtStruct)` line per compiled
 // module (src/format.rs, kernel_source): one module per weight format.

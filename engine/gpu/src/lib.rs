@@ -1,0 +1,37 @@
+//! The whole forward pass on a CUDA GPU ("full offload"): every weight
+//! uploaded once in its GGUF block format, the KV cache and activations on
+//! the device, one kernel per step (see `spinfer-kernels-cuda`). Logits
+//! come back to the host for sampling.
+//!
+//! [`GpuModel::load`] reads any [`spinfer_engine::loader::Loader`] (GGUF or
+//! safetensors) with the CPU engine's [`spinfer_engine::model::ModelConfig`];
+//! [`GpuModel::forward`] runs tokens at a [`GpuSession`]'s next positions
+//! and [`GpuModel::logits`] returns rows of logits, as the CPU `Model`
+//! does, so the two can be compared token for token.
+//!
+//! Built without feature `cuda`, loading answers that CUDA is not compiled
+//! in (`spinfer_kernels_cuda::CudaUnavailable::NotCompiled`).
+
+mod model;
+
+pub use model::{GpuModel, GpuSession, UBATCH};
+
+/// What can go wrong running a model on the GPU.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// The device, the compiler or a kernel failed (or CUDA is unavailable).
+    #[error(transparent)]
+    Cuda(#[from] spinfer_kernels_cuda::CudaError),
+    /// Reading the model (file, metadata, tensors).
+    #[error(transparent)]
+    Engine(#[from] spinfer_engine::Error),
+    /// A tensor in a format the CUDA kernels do not read.
+    #[error("{tensor}: type {ty} has no CUDA kernel yet (supported: {supported})")]
+    UnsupportedType { tensor: String, ty: String, supported: String },
+    /// Bad arguments (tokens, positions).
+    #[error("{0}")]
+    InvalidArgument(String),
+}
+
+/// The crate's result type.
+pub type Result<T> = std::result::Result<T, GpuError>;

@@ -1,0 +1,409 @@
+//! [`CudaBackend`]: uploads, the quantised products and timing. The other
+//! transformer steps are in `ops.rs`.
+
+use std::sync::Mutex;
+
+use crate::buffers::{DeviceActs, DeviceBuf, DeviceMatrix, DeviceRows, Elem, Slice, SliceMut};
+use crate::format::{axpy_kernel, batch_for, gemv_kernel};
+use crate::{AXPY_BATCHES, ActType, CudaError, DeviceInfo, GEMV_BATCHES, Result, WeightFormat, imp, probe};
+
+/// A kernel argument, as the kernel's parameter list declares it.
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code, reason = "read only by the cuda backend"))]
+pub(crate) enum KArg {
+    I32(i32),
+    I64(i64),
+    F32(f32),
+    /// A device address (0 for a null pointer).
+    Ptr(u64),
+}
+
+/// Which compiled module a kernel lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Module {
+    /// One weight format's products (`gemv.cu` + `FORMAT(...)`).
+    Format(WeightFormat),
+    /// The format-independent steps (`ops.cu`).
+    Ops,
+}
+
+impl Module {
+    /// The module's name in reports and cache files.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Module::Format(f) => f.name(),
+            Module::Ops => "ops",
+        }
+    }
+
+    /// Its CUDA source.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code, reason = "compiled only by the cuda backend"))]
+    pub(crate) fn source(self) -> String {
+        match self {
+            Module::Format(f) => crate::format::kernel_source(f),
+            Module::Ops => crate::format::ops_source(),
+        }
+    }
+}
+
+/// Grid, block and dynamic shared memory of a launch.
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code, reason = "read only by the cuda backend"))]
+pub(crate) struct Grid {
+    pub blocks: (u32, u32),
+    pub threads: u32,
+    pub smem: u32,
+}
+
+pub(crate) fn shape_err(op: &'static str, detail: String) -> CudaError {
+    CudaError::Shape { op, detail }
+}
+
+/// A count as a kernel's `int`, or an error naming it.
+pub(crate) fn int(v: usize, what: &'static str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| shape_err("launch", format!("{what} {v} exceeds i32")))
+}
+
+/// Warps per GEMV block and outputs per warp (`GEMV_WARPS`, `GEMV_R` in gemv.cu).
+const GEMV_WARPS: u32 = 8;
+const GEMV_ROWS_PER_BLOCK: usize = GEMV_WARPS as usize * 2;
+
+/// One CUDA device: its context, stream and the kernels compiled so far.
+/// All work goes to one stream, so it runs in the order it is issued.
+pub struct CudaBackend {
+    pub(crate) inner: imp::Backend,
+    info: DeviceInfo,
+    /// Partial sums of the gathered-row AXPY (grown on demand).
+    scratch: Mutex<Option<DeviceBuf<f32>>>,
+}
+
+impl CudaBackend {
+    /// Opens device 0.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Unavailable`] naming why when there is no usable device.
+    pub fn new() -> Result<Self> {
+        let info = probe()?;
+        let inner = imp::Backend::new(&info)?;
+        Ok(Self { inner, info, scratch: Mutex::default() })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Copies `data` to the device.
+    ///
+    /// # Errors
+    ///
+    /// Driver errors (out of memory).
+    pub fn upload<T: Elem>(&self, data: &[T]) -> Result<DeviceBuf<T>> {
+        Ok(DeviceBuf { inner: self.inner.upload(data)?, len: data.len() })
+    }
+
+    /// A zeroed buffer of `len` elements.
+    ///
+    /// # Errors
+    ///
+    /// Driver errors (out of memory).
+    pub fn alloc<T: Elem>(&self, len: usize) -> Result<DeviceBuf<T>> {
+        Ok(DeviceBuf { inner: self.inner.alloc(len)?, len })
+    }
+
+    /// Copies a buffer back to the host.
+    ///
+    /// # Errors
+    ///
+    /// Driver errors, including a kernel fault reported at this sync point.
+    pub fn download<T: Elem>(&self, buf: &DeviceBuf<T>) -> Result<Vec<T>> {
+        self.inner.download(&buf.inner, buf.len)
+    }
+
+    /// Copies a slice back to the host.
+    ///
+    /// # Errors
+    ///
+    /// As [`CudaBackend::download`].
+    pub fn download_slice<T: Elem>(&self, s: Slice<'_, T>) -> Result<Vec<T>> {
+        self.inner.download_range(&s.buf.inner, s.offset, s.len)
+    }
+
+    /// Copies `src` into `dst` on the device.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Shape`] when the lengths differ; driver errors.
+    pub fn copy<T: Elem>(&self, src: &DeviceBuf<T>, dst: &mut DeviceBuf<T>) -> Result<()> {
+        if src.len != dst.len {
+            return Err(shape_err("copy", format!("{} elements into {}", src.len, dst.len)));
+        }
+        self.inner.copy(&src.inner, &mut dst.inner)
+    }
+
+    /// Copies host values into a slice of a device buffer.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Shape`] when the lengths differ; driver errors.
+    pub fn write<T: Elem>(&self, dst: SliceMut<'_, T>, src: &[T]) -> Result<()> {
+        if dst.len != src.len() {
+            return Err(shape_err("write", format!("{} values into {}", src.len(), dst.len)));
+        }
+        self.inner.write(&mut dst.buf.inner, dst.offset, src)
+    }
+
+    /// Waits for the device and reports any fault of the work queued so far.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner.synchronize()
+    }
+
+    /// Milliseconds per call of `f`, timed with device events over `iters`
+    /// calls after `warmup` untimed ones.
+    ///
+    /// # Errors
+    ///
+    /// `f`'s first error, or the driver's.
+    pub fn time_ms(&self, warmup: usize, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+        for _ in 0..warmup {
+            f()?;
+        }
+        let total = self.inner.time_ms(&mut || {
+            for _ in 0..iters {
+                f()?;
+            }
+            Ok(())
+        })?;
+        Ok(total / iters.max(1) as f64)
+    }
+
+    /// Uploads a weight matrix of `rows` rows of `cols` weights in `format`.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Shape`] when `bytes` is not exactly that matrix.
+    pub fn upload_matrix(&self, format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Result<DeviceMatrix> {
+        let row_bytes = format.row_bytes(cols)?;
+        let want = rows.checked_mul(row_bytes).ok_or_else(|| shape_err("upload_matrix", format!("{rows} rows overflow")))?;
+        if rows == 0 || bytes.len() != want || i32::try_from(rows).is_err() || i32::try_from(cols).is_err() {
+            return Err(shape_err(
+                "upload_matrix",
+                format!("a {format} matrix of {rows} x {cols} is {want} bytes (and at most 2^31 rows), got {}", bytes.len()),
+            ));
+        }
+        Ok(DeviceMatrix { buf: self.upload(bytes)?, format, rows, cols, row_bytes })
+    }
+
+    /// Uploads `tokens` activation vectors of `len` values, rounded to `act`.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Shape`] when `values` is not `tokens * len` long.
+    pub fn upload_acts(&self, act: ActType, tokens: usize, len: usize, values: &[f32]) -> Result<DeviceActs> {
+        if tokens == 0 || tokens.checked_mul(len) != Some(values.len()) || i32::try_from(len).is_err() {
+            return Err(shape_err("upload_acts", format!("{tokens} x {len} activations, got {} values", values.len())));
+        }
+        let bytes: Vec<u8> = match act {
+            ActType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ActType::F16 => values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
+            ActType::BF16 => values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect(),
+        };
+        Ok(DeviceActs { buf: self.upload(&bytes)?, act, tokens, len })
+    }
+
+    /// Uploads row indices, each checked to be below `bound`.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Shape`] naming the first index out of range.
+    pub fn upload_rows(&self, rows: &[u32], bound: usize) -> Result<DeviceRows> {
+        let mut buf = self.alloc::<i32>(rows.len())?;
+        self.write_rows_into(&mut buf, rows, bound)?;
+        Ok(DeviceRows { buf, bound })
+    }
+
+    /// Replaces the indices of `dst` (same count) with `rows`, each checked
+    /// below its bound: per-token indices without an allocation.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Shape`] naming the first index out of range.
+    pub fn write_rows(&self, dst: &mut DeviceRows, rows: &[u32]) -> Result<()> {
+        let bound = dst.bound;
+        self.write_rows_into(&mut dst.buf, rows, bound)
+    }
+
+    fn write_rows_into(&self, dst: &mut DeviceBuf<i32>, rows: &[u32], bound: usize) -> Result<()> {
+        if let Some((i, r)) = rows.iter().enumerate().find(|(_, r)| **r as usize >= bound || i32::try_from(**r).is_err()) {
+            return Err(shape_err("upload_rows", format!("index {i} is row {r}, not below {bound}")));
+        }
+        let idx: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
+        if idx.is_empty() {
+            return Ok(());
+        }
+        self.write(dst.at_mut(0, idx.len()).ok_or_else(|| shape_err("write_rows", format!("{} indices", idx.len())))?, &idx)
+    }
+
+    /// The device address of element `offset` of `buf`.
+    pub(crate) fn ptr<T: Elem>(&self, buf: &DeviceBuf<T>, offset: usize) -> u64 {
+        self.inner.ptr(&buf.inner) + (offset * size_of::<T>()) as u64
+    }
+
+    /// `y[t][i] = W[row(i)] · x[t]` for every token `t`: `row(i) = i` when
+    /// `rows` is `None` (dense; `y` holds `tokens * rows`), else
+    /// `rows[i]` (gathered; `y` holds `tokens * rows.len()`).
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Shape`] on mismatched lengths; driver and compile errors.
+    pub fn gemv(&self, w: &DeviceMatrix, x: &DeviceActs, rows: Option<&DeviceRows>, y: &mut DeviceBuf<f32>) -> Result<()> {
+        if x.len != w.cols {
+            return Err(shape_err("gemv", format!("{} x {} weights, activations of {}", w.rows, w.cols, x.len)));
+        }
+        let x_ptr = self.ptr(&x.buf, 0);
+        let y = y.all_mut();
+        self.gemv_ptrs(w, x.act, x_ptr, x.tokens, rows, y)
+    }
+
+    /// [`CudaBackend::gemv`] on f32 activations already on the device:
+    /// `x` holds `tokens` rows of `cols`, `y` `tokens` rows of outputs.
+    ///
+    /// # Errors
+    ///
+    /// As [`CudaBackend::gemv`].
+    pub fn gemv_f32(
+        &self,
+        w: &DeviceMatrix,
+        x: Slice<'_, f32>,
+        tokens: usize,
+        rows: Option<&DeviceRows>,
+        y: SliceMut<'_, f32>,
+    ) -> Result<()> {
+        if tokens == 0 || x.len != tokens * w.cols {
+            return Err(shape_err("gemv", format!("{tokens} tokens of {} activations in {} values", w.cols, x.len)));
+        }
+        let x_ptr = self.ptr(x.buf, x.offset);
+        self.gemv_ptrs(w, ActType::F32, x_ptr, tokens, rows, y)
+    }
+
+    fn gemv_ptrs(
+        &self,
+        w: &DeviceMatrix,
+        act: ActType,
+        x_ptr: u64,
+        tokens: usize,
+        rows: Option<&DeviceRows>,
+        y: SliceMut<'_, f32>,
+    ) -> Result<()> {
+        let n_out = match rows {
+            None => w.rows,
+            Some(r) if r.bound <= w.rows => r.len(),
+            Some(r) => return Err(shape_err("gemv", format!("row indices up to {} for a matrix of {} rows", r.bound, w.rows))),
+        };
+        if y.len < tokens * n_out {
+            return Err(shape_err("gemv", format!("{tokens} tokens x {n_out} outputs into {} values", y.len)));
+        }
+        if n_out == 0 {
+            return Ok(());
+        }
+        let (row_bytes, cols, n) = (KArg::I64(w.row_bytes as i64), int(w.cols, "cols")?, int(n_out, "outputs")?);
+        let rows_ptr = rows.map_or(0, |r| self.ptr(&r.buf, 0));
+        let (w_ptr, y_base) = (self.ptr(&w.buf, 0), self.ptr(y.buf, y.offset));
+        let grid = Grid { blocks: (int(n_out.div_ceil(GEMV_ROWS_PER_BLOCK), "blocks")? as u32, 1), threads: 32 * GEMV_WARPS, smem: 0 };
+        let mut t = 0;
+        while t < tokens {
+            let b = batch_for(tokens - t, &GEMV_BATCHES);
+            let args = [
+                KArg::Ptr(w_ptr),
+                row_bytes,
+                KArg::I32(cols),
+                KArg::Ptr(x_ptr + (t * w.cols * act.size()) as u64),
+                KArg::I32(cols),
+                KArg::Ptr(rows_ptr),
+                KArg::I32(n),
+                KArg::Ptr(y_base + (t * n_out * 4) as u64),
+                KArg::I32(n),
+            ];
+            // SAFETY: the arguments follow gemv_* in gemv.cu (w, row_bytes,
+            // cols, x, x_stride, rows, n_out, y, y_stride); the shapes were
+            // checked above: every row index is below the matrix's rows,
+            // x holds this batch's tokens of `cols` values and y their
+            // `n_out` outputs.
+            unsafe { self.inner.launch(Module::Format(w.format), &gemv_kernel(w.format, act, b), grid, &args)? };
+            t += b;
+        }
+        Ok(())
+    }
+
+    /// The sparse down projection on a neuron-major copy `wt` (one row per
+    /// FFN neuron): `y[t] = Σ_k a[t][k] · wt[rows[k]]` for `tokens` tokens,
+    /// where `a` holds `tokens × rows.len()` values (the kept neurons'
+    /// activations, in `rows` order) and `y` `tokens × cols`.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Shape`] on mismatched lengths; driver and compile errors.
+    pub fn axpy_rows(
+        &self,
+        wt: &DeviceMatrix,
+        a: &DeviceBuf<f32>,
+        tokens: usize,
+        rows: &DeviceRows,
+        y: &mut DeviceBuf<f32>,
+    ) -> Result<()> {
+        let k = rows.len();
+        if rows.bound > wt.rows || tokens == 0 || a.len != tokens * k || y.len < tokens * wt.cols {
+            return Err(shape_err(
+                "axpy_rows",
+                format!(
+                    "{} x {} weights, indices below {}, {tokens} tokens of {k} activations in {} values, output of {}",
+                    wt.rows, wt.cols, rows.bound, a.len, y.len
+                ),
+            ));
+        }
+        let items = wt.cols / 32;
+        let threads = items.next_multiple_of(32).min(128);
+        let splits = k.div_ceil(32).clamp(1, 128);
+        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let part_len = splits * AXPY_BATCHES[AXPY_BATCHES.len() - 1] * wt.cols;
+        if scratch.as_ref().is_none_or(|s| s.len < part_len) {
+            *scratch = Some(self.alloc::<f32>(part_len)?);
+        }
+        let part = self.ptr(scratch.as_ref().expect("allocated above"), 0);
+        let (cols, n_rows) = (int(wt.cols, "cols")?, int(k, "rows")?);
+        let mut t = 0;
+        while t < tokens {
+            let b = batch_for(tokens - t, &AXPY_BATCHES);
+            let args = [
+                KArg::Ptr(self.ptr(&wt.buf, 0)),
+                KArg::I64(wt.row_bytes as i64),
+                KArg::I32(cols),
+                KArg::Ptr(self.ptr(a, t * k)),
+                KArg::I32(n_rows),
+                KArg::Ptr(self.ptr(&rows.buf, 0)),
+                KArg::I32(n_rows),
+                KArg::Ptr(part),
+            ];
+            let grid = Grid { blocks: (items.div_ceil(threads) as u32, splits as u32), threads: threads as u32, smem: 0 };
+            // SAFETY: arguments follow axpy_rows_* in gemv.cu (w,
+            // row_bytes, cols, a, a_stride, rows, n_rows, part); `a` holds
+            // this batch's activations, the indices are below the matrix's
+            // rows, and `part` holds splits x batch x cols floats.
+            unsafe { self.inner.launch(Module::Format(wt.format), &axpy_kernel(wt.format, b), grid, &args)? };
+            let n = int(b * wt.cols, "outputs")?;
+            let args = [KArg::Ptr(part), KArg::I32(splits as i32), KArg::I32(n), KArg::Ptr(self.ptr(y, t * wt.cols))];
+            let grid = Grid { blocks: ((n as u32).div_ceil(256), 1), threads: 256, smem: 0 };
+            // SAFETY: follows sum_splits(part, splits, n, y): `part` holds
+            // splits x n values written by the launch above (same stream),
+            // `y` at least n from this batch's offset (checked above).
+            unsafe { self.inner.launch(Module::Format(wt.format), "sum_splits", grid, &args)? };
+            t += b;
+        }
+        Ok(())
+    }
+}
