@@ -88,9 +88,11 @@ for line in sys.stdin:
         echo "== $(basename "$t")"
         "$t" --test-threads 1 --nocapture 2>&1 | tee "$out/test-$(basename "$t").txt" | grep -E "^test |test result|panicked|skipped" || status=1
     done
-    echo "== cuda_bench"
-    "$bin/cuda_bench" --json "$out/bench.json" > "$out/bench.txt" 2>&1 || status=1
-    cat "$out/bench.txt"
+    if [ -z "${SKIP_KERNEL_BENCH:-}" ]; then
+        echo "== cuda_bench"
+        "$bin/cuda_bench" --json "$out/bench.json" > "$out/bench.txt" 2>&1 || status=1
+        cat "$out/bench.txt"
+    fi
     if [ -n "$model" ]; then
         echo "== smollm2 (gpu model)"
         "$bin/smollm2" --test-threads 1 --nocapture 2>&1 | tee "$out/test-smollm2.txt" | grep -vE "^\s*$" || status=1
@@ -105,6 +107,11 @@ for line in sys.stdin:
         for round in 1 2; do
             echo "== round $round: spinfer"
             "$bin/gpu_bench" "$model" --reps 5 | tee -a "$out/side-by-side.txt"
+            # An earlier build of the same bench, for a same-machine ratio.
+            if [ -x "$bin/gpu_bench_baseline" ]; then
+                echo "== round $round: spinfer baseline build"
+                "$bin/gpu_bench_baseline" "$model" --reps 5 | tee -a "$out/side-by-side.txt"
+            fi
             if [ -x "$lb" ]; then
                 echo "== round $round: llama.cpp"
                 "$lb" -m "$model" -ngl 99 -p 512 -n 128 -r 5 2>&1 | tee -a "$out/side-by-side.txt" | grep -E "model|---|pp|tg"

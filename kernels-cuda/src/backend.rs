@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 
 use crate::buffers::{DeviceActs, DeviceBuf, DeviceMatrix, DeviceRows, Elem, Slice, SliceMut};
-use crate::format::{axpy_kernel, batch_for, gemv_kernel};
+use crate::format::{axpy_kernel, batch_for, gemm_kernel, gemv_kernel};
 use crate::{AXPY_BATCHES, ActType, CudaError, DeviceInfo, GEMV_BATCHES, Result, WeightFormat, imp, probe};
 
 /// A kernel argument, as the kernel's parameter list declares it.
@@ -67,6 +67,14 @@ pub(crate) fn int(v: usize, what: &'static str) -> Result<i32> {
 /// Warps per GEMV block and outputs per warp (`GEMV_WARPS`, `GEMV_R` in gemv.cu).
 const GEMV_WARPS: u32 = 8;
 const GEMV_ROWS_PER_BLOCK: usize = GEMV_WARPS as usize * 2;
+/// Outputs and tokens per GEMM tile (`GEMM_T` in gemv.cu).
+const GEMM_TILE: usize = 64;
+
+/// Launches captured once and replayed with one call (a decode step):
+/// see [`CudaBackend::begin_capture`].
+pub struct DeviceGraph {
+    inner: imp::Graph,
+}
 
 /// One CUDA device: its context, stream and the kernels compiled so far.
 /// All work goes to one stream, so it runs in the order it is issued.
@@ -161,6 +169,37 @@ impl CudaBackend {
     /// The driver's error.
     pub fn synchronize(&self) -> Result<()> {
         self.inner.synchronize()
+    }
+
+    /// Starts recording the launches issued from now on (on this thread)
+    /// instead of running them, until [`CudaBackend::end_capture`]. Nothing
+    /// that waits for the device (downloads, writes, synchronisation) may
+    /// be issued in between.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    pub fn begin_capture(&self) -> Result<()> {
+        self.inner.begin_capture()
+    }
+
+    /// Ends a capture and instantiates what was recorded.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error (for instance, an operation that may not be
+    /// captured was issued during the capture).
+    pub fn end_capture(&self) -> Result<DeviceGraph> {
+        Ok(DeviceGraph { inner: self.inner.end_capture()? })
+    }
+
+    /// Runs a captured graph (asynchronously, in stream order).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    pub fn launch_graph(&self, g: &DeviceGraph) -> Result<()> {
+        self.inner.launch_graph(&g.inner)
     }
 
     /// Milliseconds per call of `f`, timed with device events over `iters`
@@ -314,6 +353,32 @@ impl CudaBackend {
         let (row_bytes, cols, n) = (KArg::I64(w.row_bytes as i64), int(w.cols, "cols")?, int(n_out, "outputs")?);
         let rows_ptr = rows.map_or(0, |r| self.ptr(&r.buf, 0));
         let (w_ptr, y_base) = (self.ptr(&w.buf, 0), self.ptr(y.buf, y.offset));
+        if tokens > GEMV_BATCHES[GEMV_BATCHES.len() - 1] {
+            // Many tokens (prefill): one tiled launch reads each weight
+            // once per 64 tokens.
+            let grid = Grid {
+                blocks: (int(n_out.div_ceil(GEMM_TILE), "blocks")? as u32, int(tokens.div_ceil(GEMM_TILE), "blocks")? as u32),
+                threads: 256,
+                smem: 0,
+            };
+            let args = [
+                KArg::Ptr(w_ptr),
+                row_bytes,
+                KArg::I32(cols),
+                KArg::Ptr(x_ptr),
+                KArg::I32(cols),
+                KArg::I32(int(tokens, "tokens")?),
+                KArg::Ptr(rows_ptr),
+                KArg::I32(n),
+                KArg::Ptr(y_base),
+                KArg::I32(n),
+            ];
+            // SAFETY: the arguments follow gemm_* in gemv.cu (w, row_bytes,
+            // cols, x, x_stride, n_tok, rows, n_out, y, y_stride); shapes
+            // checked above as for the GEMV; the kernel guards the tiles'
+            // edges.
+            return unsafe { self.inner.launch(Module::Format(w.format), &gemm_kernel(w.format, act), grid, &args) };
+        }
         let grid = Grid { blocks: (int(n_out.div_ceil(GEMV_ROWS_PER_BLOCK), "blocks")? as u32, 1), threads: 32 * GEMV_WARPS, smem: 0 };
         let mut t = 0;
         while t < tokens {

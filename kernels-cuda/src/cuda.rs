@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
 use cudarc::driver::{result, sys};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
 use sha2::{Digest, Sha256};
@@ -20,6 +22,7 @@ impl ElemBound for i32 {}
 impl ElemBound for f32 {}
 
 pub(crate) type Buf<T> = CudaSlice<T>;
+pub(crate) type Graph = CudaGraph;
 
 pub(crate) fn probe() -> std::result::Result<DeviceInfo, CudaUnavailable> {
     // SAFETY: `is_culib_present` only tries to dlopen the driver library by
@@ -178,7 +181,12 @@ impl Backend {
         let ctx = catch_unwind(|| CudaContext::new(0))
             .map_err(|_| CudaUnavailable::Driver { call: "cuCtxCreate", detail: "panicked".into() })?
             .map_err(driver("cuDevicePrimaryCtxRetain"))?;
-        let stream = ctx.default_stream();
+        // All work goes to one stream of our own, in issue order: cudarc's
+        // per-buffer events (for ordering across streams) are not needed.
+        // SAFETY: nothing here uses a second stream (see above).
+        unsafe { ctx.disable_event_tracking() };
+        // Not the legacy default stream: graphs cannot be captured on it.
+        let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
         let (major, minor) = info.compute_capability;
         Ok(Self {
             ctx,
@@ -283,6 +291,23 @@ impl Backend {
         // SAFETY: the caller guarantees the argument list and the memory.
         unsafe { b.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
         Ok(())
+    }
+
+    pub(crate) fn begin_capture(&self) -> Result<()> {
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver("cuStreamBeginCapture"))
+    }
+
+    pub(crate) fn end_capture(&self) -> Result<Graph> {
+        self.stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(driver("cuStreamEndCapture"))?
+            .ok_or_else(|| CudaError::Driver { call: "cuStreamEndCapture", detail: "nothing was captured".into() })
+    }
+
+    pub(crate) fn launch_graph(&self, g: &Graph) -> Result<()> {
+        g.launch().map_err(driver("cuGraphLaunch"))
     }
 
     pub(crate) fn time_ms(&self, run: &mut dyn FnMut() -> Result<()>) -> Result<f64> {

@@ -29,6 +29,8 @@ pub(crate) struct Buf<T>(Infallible, PhantomData<T>);
 
 pub(crate) struct Backend(Infallible);
 
+pub(crate) struct Graph(Infallible);
+
 impl Backend {
     pub(crate) fn new(_: &DeviceInfo) -> Result<Self> {
         Err(CudaError::Unavailable(NOT_COMPILED))
@@ -61,6 +63,15 @@ impl Backend {
     ///
     /// Never callable: the backend is uninhabited.
     pub(crate) unsafe fn launch(&self, _: Module, _: &str, _: Grid, _: &[KArg]) -> Result<()> {
+        match self.0 {}
+    }
+    pub(crate) fn begin_capture(&self) -> Result<()> {
+        match self.0 {}
+    }
+    pub(crate) fn end_capture(&self) -> Result<Graph> {
+        match self.0 {}
+    }
+    pub(crate) fn launch_graph(&self, _: &Graph) -> Result<()> {
         match self.0 {}
     }
     pub(crate) fn time_ms(&self, _: &mut dyn FnMut() -> Result<()>) -> Result<f64> {

@@ -183,6 +183,11 @@ pub(crate) fn gemv_kernel(format: WeightFormat, act: ActType, batch: usize) -> S
     format!("gemv_{}_{}_b{batch}", format.name(), act.cuda_struct())
 }
 
+/// Name of the many-token (tiled) kernel for a format and activation type.
+pub(crate) fn gemm_kernel(format: WeightFormat, act: ActType) -> String {
+    format!("gemm_{}_{}", format.name(), act.cuda_struct())
+}
+
 /// Name of the gathered-row AXPY kernel for a format and batch.
 pub(crate) fn axpy_kernel(format: WeightFormat, batch: usize) -> String {
     format!("axpy_rows_{}_b{batch}", format.name())

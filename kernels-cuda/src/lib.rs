@@ -39,10 +39,10 @@ use cuda as imp;
 use cuda_disabled as imp;
 
 pub use error::{CudaError, CudaUnavailable, Result};
-pub use backend::CudaBackend;
+pub use backend::{CudaBackend, DeviceGraph};
 pub use buffers::{DeviceActs, DeviceBuf, DeviceMatrix, DeviceRows, Elem, Slice, SliceMut};
 pub use format::{AXPY_BATCHES, ActType, GEMV_BATCHES, WeightFormat, kernel_source, ops_source};
-pub use ops::{AttentionShape, MAX_ATTENTION_POSITIONS, RopePairs};
+pub use ops::{AttentionShape, KvCache, MAX_ATTENTION_POSITIONS, Position, QkvRows, RopePairs, RopeShape};
 pub use synthetic::{synthetic_acts, synthetic_matrix};
 
 /// Score of a usable CUDA device (above every CPU provider; ggml likewise

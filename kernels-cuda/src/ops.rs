@@ -1,9 +1,12 @@
 //! The transformer steps besides the products, on f32 activations already
-//! on the device (`src/cu/ops.cu`): RMSNorm, RoPE, attention over a KV
+//! on the device (`src/cu/ops.cu`): RMSNorm (alone or fused with the
+//! residual add), RoPE fused with the KV-cache append, attention over the
 //! cache, the gated activations, residual adds and the embedding lookup.
+//! Positions can come from device memory ([`Position::Device`]) so that a
+//! decode step captured as a graph replays at any position.
 
 use crate::backend::{Grid, KArg, Module, int, shape_err};
-use crate::buffers::{DeviceMatrix, DeviceRows, Slice, SliceMut};
+use crate::buffers::{DeviceBuf, DeviceMatrix, DeviceRows, Slice, SliceMut};
 use crate::{CudaBackend, Result};
 
 /// Most positions one attention launch covers: its scores live in shared
@@ -12,6 +15,77 @@ pub const MAX_ATTENTION_POSITIONS: usize = 11_776;
 
 fn elementwise(n: usize) -> Result<Grid> {
     Ok(Grid { blocks: (int(n.div_ceil(256), "elements")? as u32, 1), threads: 256, smem: 0 })
+}
+
+/// Where the first new token's position comes from.
+#[derive(Clone, Copy)]
+pub enum Position<'a> {
+    /// A value known when the kernel is launched.
+    Value(usize),
+    /// Read by the kernel from `buf[0]` (so a captured graph replays at
+    /// any position). The writer keeps `buf[0] + tokens <= bound + tokens`,
+    /// i.e. `buf[0] <= bound`: buffers and shared memory are sized for
+    /// `bound`.
+    Device { buf: &'a DeviceBuf<i32>, bound: usize },
+}
+
+impl Position<'_> {
+    fn bound(&self) -> usize {
+        match *self {
+            Position::Value(p) => p,
+            Position::Device { bound, .. } => bound,
+        }
+    }
+
+    fn value(&self) -> usize {
+        match *self {
+            Position::Value(p) => p,
+            Position::Device { .. } => 0,
+        }
+    }
+
+    fn device_ptr(&self, be: &CudaBackend) -> u64 {
+        match *self {
+            Position::Value(_) => 0,
+            Position::Device { buf, .. } => be.ptr(buf, 0),
+        }
+    }
+}
+
+impl std::fmt::Debug for Position<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Position::Value(p) => write!(f, "{p}"),
+            Position::Device { bound, .. } => write!(f, "device (<= {bound})"),
+        }
+    }
+}
+
+/// The projected q, k and v rows a [`CudaBackend::rope_append`] reads:
+/// each a slice and its row stride.
+#[derive(Clone, Copy)]
+pub struct QkvRows<'a> {
+    pub q: (Slice<'a, f32>, usize),
+    pub k: (Slice<'a, f32>, usize),
+    pub v: (Slice<'a, f32>, usize),
+}
+
+/// One layer's KV cache: rows of kv_heads × head_dim, row p = position p.
+pub struct KvCache<'a> {
+    pub keys: SliceMut<'a, f32>,
+    pub values: SliceMut<'a, f32>,
+}
+
+/// The shape of a [`CudaBackend::rope_append`].
+#[derive(Clone, Copy, Debug)]
+pub struct RopeShape<'a> {
+    pub tokens: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub pos: Position<'a>,
+    pub theta: f32,
+    pub pairs: RopePairs,
 }
 
 /// How RoPE pairs a head's values.
@@ -23,14 +97,14 @@ pub enum RopePairs {
     Halves,
 }
 
-/// One attention launch: `n` new tokens at positions `pos0..pos0 + n`.
+/// One attention launch: `tokens` new tokens from position `pos`.
 #[derive(Clone, Copy, Debug)]
-pub struct AttentionShape {
+pub struct AttentionShape<'a> {
     pub tokens: usize,
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
-    pub pos0: usize,
+    pub pos: Position<'a>,
     /// Positions a token attends to, itself included (0: all).
     pub window: usize,
     pub scale: f32,
@@ -82,45 +156,62 @@ impl CudaBackend {
         unsafe { self.inner.launch(Module::Ops, "rms_norm", grid, &args) }
     }
 
-    /// RoPE in place on `tokens` rows of `heads` heads of `head_dim` values
-    /// (rows `stride` apart), token `t` at position `pos0 + t`.
+    /// The step after the Q/K/V projections, for `r.tokens` tokens: RoPE
+    /// on the queries (`q`, rows `q_stride` apart) into `q_out` (rows of
+    /// heads × head_dim), RoPE on the keys (`k`, rows `k_stride` apart)
+    /// into the key cache at their positions, and the values (`v`, rows
+    /// `v_stride` apart) copied into the value cache.
     ///
     /// # Errors
     ///
-    /// [`crate::CudaError::Shape`] when the rows do not fit in `x`.
-    #[allow(clippy::too_many_arguments, reason = "the shape of the rotated rows; each is a plain count")]
-    pub fn rope(
-        &self,
-        x: SliceMut<'_, f32>,
-        tokens: usize,
-        heads: usize,
-        head_dim: usize,
-        stride: usize,
-        pos0: usize,
-        theta: f32,
-        pairs: RopePairs,
-    ) -> Result<()> {
-        let need = tokens.saturating_sub(1) * stride + heads * head_dim;
-        if head_dim % 2 != 0 || stride < heads * head_dim || x.len < need {
-            return Err(shape_err("rope", format!("{tokens} x {heads} heads of {head_dim} (stride {stride}) in {} values", x.len)));
+    /// [`crate::CudaError::Shape`] when a row or a cache position falls
+    /// outside its buffer.
+    pub fn rope_append(&self, src: QkvRows<'_>, r: RopeShape<'_>, q_out: SliceMut<'_, f32>, cache: KvCache<'_>) -> Result<()> {
+        let (hd, n) = (r.head_dim, r.tokens);
+        let (q_dim, kv_dim) = (r.heads * hd, r.kv_heads * hd);
+        let rows_fit = |s: &Slice<'_, f32>, stride: usize, width: usize| stride >= width && s.len >= (n - 1) * stride + width;
+        if n == 0 || hd % 2 != 0 || r.heads == 0 || r.kv_heads == 0 {
+            return Err(shape_err("rope_append", format!("{r:?}")));
         }
-        let pairs_total = tokens * heads * head_dim / 2;
-        if pairs_total == 0 {
-            return Ok(());
+        let end = r.pos.bound() + n;
+        if !rows_fit(&src.q.0, src.q.1, q_dim)
+            || !rows_fit(&src.k.0, src.k.1, kv_dim)
+            || !rows_fit(&src.v.0, src.v.1, kv_dim)
+            || q_out.len < n * q_dim
+            || cache.keys.len < end * kv_dim
+            || cache.values.len < end * kv_dim
+        {
+            return Err(shape_err(
+                "rope_append",
+                format!("{r:?}: q/k/v of {}/{}/{}, q_out {}, caches {}/{}", src.q.0.len, src.k.0.len, src.v.0.len, q_out.len, cache.keys.len, cache.values.len),
+            ));
         }
+        let total = n * (r.heads + r.kv_heads) * hd / 2;
         let args = [
-            KArg::Ptr(self.ptr_mut(&x)),
-            KArg::I32(int(tokens, "tokens")?),
-            KArg::I32(int(heads, "heads")?),
-            KArg::I32(int(head_dim, "head_dim")?),
-            KArg::I64(stride as i64),
-            KArg::I32(int(pos0, "position")?),
-            KArg::F32(theta),
-            KArg::I32(i32::from(pairs == RopePairs::Halves)),
+            KArg::Ptr(self.ptr_of(&src.q.0)),
+            KArg::I64(src.q.1 as i64),
+            KArg::Ptr(self.ptr_of(&src.k.0)),
+            KArg::I64(src.k.1 as i64),
+            KArg::Ptr(self.ptr_of(&src.v.0)),
+            KArg::I64(src.v.1 as i64),
+            KArg::Ptr(self.ptr_mut(&q_out)),
+            KArg::Ptr(self.ptr_mut(&cache.keys)),
+            KArg::Ptr(self.ptr_mut(&cache.values)),
+            KArg::I32(int(n, "tokens")?),
+            KArg::I32(int(r.heads, "heads")?),
+            KArg::I32(int(r.kv_heads, "kv_heads")?),
+            KArg::I32(int(hd, "head_dim")?),
+            KArg::I32(int(r.pos.value(), "position")?),
+            KArg::Ptr(r.pos.device_ptr(self)),
+            KArg::F32(r.theta),
+            KArg::I32(i32::from(r.pairs == RopePairs::Halves)),
         ];
-        // SAFETY: follows rope(x, n, heads, hd, stride, pos0, theta, neox);
-        // every (token, head, pair) it touches lies within `x` (checked).
-        unsafe { self.inner.launch(Module::Ops, "rope", elementwise(pairs_total)?, &args) }
+        // SAFETY: follows rope_append(q, qs, k, ks, v, vs, q_out, kc, vc,
+        // n, heads, kv_heads, hd, pos0, dpos, theta, neox); every row read
+        // lies in its slice and every cache row written is below the
+        // position bound (checked; a device position is kept below it by
+        // its writer, see `Position::Device`).
+        unsafe { self.inner.launch(Module::Ops, "rope_append", elementwise(total)?, &args) }
     }
 
     /// Causal attention of `a.tokens` queries (`q`: tokens × heads ×
@@ -136,10 +227,10 @@ impl CudaBackend {
         q: Slice<'_, f32>,
         keys: Slice<'_, f32>,
         values: Slice<'_, f32>,
-        a: AttentionShape,
+        a: AttentionShape<'_>,
         out: SliceMut<'_, f32>,
     ) -> Result<()> {
-        let (q_dim, kv_dim, end) = (a.heads * a.head_dim, a.kv_heads * a.head_dim, a.pos0 + a.tokens);
+        let (q_dim, kv_dim, end) = (a.heads * a.head_dim, a.kv_heads * a.head_dim, a.pos.bound() + a.tokens);
         if a.kv_heads == 0
             || !a.heads.is_multiple_of(a.kv_heads)
             || q.len < a.tokens * q_dim
@@ -165,44 +256,59 @@ impl CudaBackend {
             KArg::I32(int(a.heads, "heads")?),
             KArg::I32(int(a.kv_heads, "kv_heads")?),
             KArg::I32(int(a.head_dim, "head_dim")?),
-            KArg::I32(int(a.pos0, "position")?),
+            KArg::I32(int(a.pos.value(), "position")?),
+            KArg::Ptr(a.pos.device_ptr(self)),
             KArg::I32(int(a.window, "window")?),
             KArg::F32(a.scale),
         ];
         let grid = Grid { blocks: (int(a.tokens * a.heads, "blocks")? as u32, 1), threads: 128, smem };
         // SAFETY: follows attention(q, kc, vc, out, heads, kv_heads, hd,
-        // pos0, window, scale); q/out hold tokens x heads x hd, the caches
-        // pos0 + tokens rows (checked); the shared memory holds the query,
-        // the reductions and every position's score.
+        // pos0, dpos, window, scale); q/out hold tokens x heads x hd, the
+        // caches bound + tokens rows (checked); the shared memory holds the
+        // query, the reductions and the scores of bound + tokens positions.
         unsafe { self.inner.launch(Module::Ops, "attention", grid, &args) }
     }
 
-    fn gated(&self, kernel: &str, gate: SliceMut<'_, f32>, up: Slice<'_, f32>) -> Result<()> {
-        if gate.len != up.len {
-            return Err(shape_err("gated activation", format!("gate of {} and up of {}", gate.len, up.len)));
+    fn gated(&self, kernel: &str, gate: (Slice<'_, f32>, usize), up: (Slice<'_, f32>, usize), f: usize, tokens: usize, out: SliceMut<'_, f32>) -> Result<()> {
+        let fits = |s: &Slice<'_, f32>, stride: usize| stride >= f && s.len >= tokens.saturating_sub(1) * stride + f;
+        if tokens == 0 || f == 0 || !fits(&gate.0, gate.1) || !fits(&up.0, up.1) || out.len < tokens * f {
+            return Err(shape_err(
+                "gated activation",
+                format!("{tokens} x {f} from gate {} (stride {}) and up {} (stride {}) into {}", gate.0.len, gate.1, up.0.len, up.1, out.len),
+            ));
         }
-        let n = int(gate.len, "elements")?;
-        let args = [KArg::Ptr(self.ptr_mut(&gate)), KArg::Ptr(self.ptr_of(&up)), KArg::I32(n)];
-        // SAFETY: follows swiglu/geglu/add(x, y, n): both hold n values.
-        unsafe { self.inner.launch(Module::Ops, kernel, elementwise(gate.len)?, &args) }
+        let args = [
+            KArg::Ptr(self.ptr_of(&gate.0)),
+            KArg::I64(gate.1 as i64),
+            KArg::Ptr(self.ptr_of(&up.0)),
+            KArg::I64(up.1 as i64),
+            KArg::Ptr(self.ptr_mut(&out)),
+            KArg::I32(int(f, "width")?),
+            KArg::I32(int(tokens, "tokens")?),
+        ];
+        // SAFETY: follows swiglu/geglu(gate, gs, up, us, out, f, n): every
+        // row read lies in its slice, out holds n x f (checked).
+        unsafe { self.inner.launch(Module::Ops, kernel, elementwise(tokens * f)?, &args) }
     }
 
-    /// `gate = silu(gate) * up`.
+    /// `out = silu(gate) * up` for `tokens` rows of `f` values (gate and up
+    /// given with their row strides: the two halves of a stacked
+    /// projection, or two buffers).
     ///
     /// # Errors
     ///
-    /// [`crate::CudaError::Shape`] on different lengths.
-    pub fn swiglu(&self, gate: SliceMut<'_, f32>, up: Slice<'_, f32>) -> Result<()> {
-        self.gated("swiglu", gate, up)
+    /// [`crate::CudaError::Shape`] when a row falls outside its slice.
+    pub fn swiglu(&self, gate: (Slice<'_, f32>, usize), up: (Slice<'_, f32>, usize), f: usize, tokens: usize, out: SliceMut<'_, f32>) -> Result<()> {
+        self.gated("swiglu", gate, up, f, tokens, out)
     }
 
-    /// `gate = gelu_tanh(gate) * up`.
+    /// `out = gelu_tanh(gate) * up`, as [`CudaBackend::swiglu`].
     ///
     /// # Errors
     ///
-    /// [`crate::CudaError::Shape`] on different lengths.
-    pub fn geglu(&self, gate: SliceMut<'_, f32>, up: Slice<'_, f32>) -> Result<()> {
-        self.gated("geglu", gate, up)
+    /// [`crate::CudaError::Shape`] when a row falls outside its slice.
+    pub fn geglu(&self, gate: (Slice<'_, f32>, usize), up: (Slice<'_, f32>, usize), f: usize, tokens: usize, out: SliceMut<'_, f32>) -> Result<()> {
+        self.gated("geglu", gate, up, f, tokens, out)
     }
 
     /// `x += y`.
@@ -211,18 +317,48 @@ impl CudaBackend {
     ///
     /// [`crate::CudaError::Shape`] on different lengths.
     pub fn add(&self, x: SliceMut<'_, f32>, y: Slice<'_, f32>) -> Result<()> {
-        self.gated("add", x, y)
+        if x.len != y.len {
+            return Err(shape_err("add", format!("{} values plus {}", x.len, y.len)));
+        }
+        let n = int(x.len, "elements")?;
+        let args = [KArg::Ptr(self.ptr_mut(&x)), KArg::Ptr(self.ptr_of(&y)), KArg::I32(n)];
+        // SAFETY: follows add(x, y, n): both hold n values.
+        unsafe { self.inner.launch(Module::Ops, "add", elementwise(x.len)?, &args) }
     }
 
-    /// `out[t] = s · W[ids[t]]` (the embedding lookup), `out` holding
-    /// `ids.len()` rows of `cols`.
+    /// `x += y`, then `out = x / rms(x) * w` per row of `w.len()` (the
+    /// residual add and the next RMSNorm in one kernel).
+    ///
+    /// # Errors
+    ///
+    /// [`crate::CudaError::Shape`] unless all three hold the same whole rows.
+    pub fn add_rms_norm(&self, x: SliceMut<'_, f32>, y: Slice<'_, f32>, w: Slice<'_, f32>, eps: f32, out: SliceMut<'_, f32>) -> Result<()> {
+        if w.len == 0 || x.len != y.len || x.len != out.len || !x.len.is_multiple_of(w.len) {
+            return Err(shape_err("add_rms_norm", format!("{} + {} into {} in rows of {}", x.len, y.len, out.len, w.len)));
+        }
+        let rows = x.len / w.len;
+        let args = [
+            KArg::Ptr(self.ptr_mut(&x)),
+            KArg::Ptr(self.ptr_of(&y)),
+            KArg::Ptr(self.ptr_of(&w)),
+            KArg::F32(eps),
+            KArg::I32(int(w.len, "dim")?),
+            KArg::Ptr(self.ptr_mut(&out)),
+        ];
+        let grid = Grid { blocks: (int(rows, "rows")? as u32, 1), threads: 256, smem: 0 };
+        // SAFETY: follows add_rms_norm(x, y, w, eps, dim, out): x, y and
+        // out hold `rows` rows of `dim`, w holds `dim` (checked).
+        unsafe { self.inner.launch(Module::Ops, "add_rms_norm", grid, &args) }
+    }
+
+    /// `out[t] = s · W[ids[t]]` for the first `n` indices (the embedding
+    /// lookup), `out` holding `n` rows of `cols`.
     ///
     /// # Errors
     ///
     /// [`crate::CudaError::Shape`] on mismatched lengths or indices.
-    pub fn embed_rows(&self, w: &DeviceMatrix, ids: &DeviceRows, s: f32, out: SliceMut<'_, f32>) -> Result<()> {
-        let n = ids.len();
-        if ids.bound > w.rows || out.len != n * w.cols {
+    pub fn embed_rows(&self, w: &DeviceMatrix, ids: &DeviceRows, n: usize, s: f32, out: SliceMut<'_, f32>) -> Result<()> {
+        if ids.bound > w.rows || n > ids.len() || out.len != n * w.cols {
             return Err(shape_err("embed_rows", format!("{n} rows of {} (indices below {}) into {}", w.cols, ids.bound, out.len)));
         }
         if n == 0 {

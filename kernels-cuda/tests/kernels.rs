@@ -94,7 +94,8 @@ fn dense_and_gathered_gemv_match_the_cpu_reference() {
             let idx: Vec<u32> = picked.iter().map(|&r| r as u32).collect();
             let drows = be.upload_rows(&idx, rows).unwrap();
             for act in ActType::ALL {
-                for tokens in [1, 3, 11] {
+                // 11 and 70 tokens take the tiled kernel (70: two token tiles).
+                for tokens in [1, 3, 8, 11, 70] {
                     let x = synthetic_acts(tokens * cols, tokens as u64 * 31 + cols as u64);
                     let xr: Vec<f32> = x.iter().map(|&v| act.round(v)).collect();
                     let dx = be.upload_acts(act, tokens, cols, &x).unwrap();

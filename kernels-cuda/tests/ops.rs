@@ -7,7 +7,10 @@ use std::sync::OnceLock;
 
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::dequant::dequantize_row;
-use spinfer_kernels_cuda::{AttentionShape, CudaBackend, RopePairs, WeightFormat, synthetic_acts, synthetic_matrix};
+use spinfer_kernels_cuda::{
+    AttentionShape, CudaBackend, KvCache, Position, QkvRows, RopePairs, RopeShape, WeightFormat, synthetic_acts,
+    synthetic_matrix,
+};
 
 fn backend() -> Option<&'static CudaBackend> {
     static B: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
@@ -49,30 +52,64 @@ fn rms_norm_rows_and_in_place() {
     assert_close("rms_norm in place", &be.download(&inplace).unwrap(), &want, 1e-5);
 }
 
+/// RoPE of one head vector at position p, in f64.
+fn rope_ref(x: &[f32], p: usize, theta: f32, pairs: RopePairs) -> Vec<f64> {
+    let hd = x.len();
+    let mut out: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+    for i in 0..hd / 2 {
+        let inv = 1.0 / theta.powf((2 * i) as f32 / hd as f32);
+        let a = p as f64 * f64::from(inv);
+        let (j0, j1) = if pairs == RopePairs::Halves { (i, i + hd / 2) } else { (2 * i, 2 * i + 1) };
+        let (x0, x1) = (out[j0], out[j1]);
+        out[j0] = x0 * a.cos() - x1 * a.sin();
+        out[j1] = x0 * a.sin() + x1 * a.cos();
+    }
+    out
+}
+
+/// q rotated into q_out, k rotated into the cache rows of its positions,
+/// v copied; from a stacked QKV row (strides), both pairings, the position
+/// given as a value and read from the device.
 #[test]
-fn rope_rotates_both_pairings() {
+fn rope_append_rotates_q_and_k_and_fills_the_cache() {
     let Some(be) = backend() else { return };
-    let (tokens, heads, hd, pos0, theta) = (3, 4, 64, 37, 10000.0f32);
-    let stride = heads * hd + 8; // rows with a gap, as k inside a wider row
-    let x = synthetic_acts(tokens * stride, 3);
+    let (tokens, heads, kv_heads, hd, pos0, theta) = (3, 4, 2, 64, 37, 10000.0f32);
+    let (q_dim, kv_dim) = (heads * hd, kv_heads * hd);
+    let w = q_dim + 2 * kv_dim;
+    let qkv = synthetic_acts(tokens * w, 3);
+    let ctx = 48;
     for pairs in [RopePairs::Adjacent, RopePairs::Halves] {
-        let mut want: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
-        for t in 0..tokens {
-            for h in 0..heads {
-                let base = t * stride + h * hd;
-                for i in 0..hd / 2 {
-                    let inv = 1.0 / theta.powf((2 * i) as f32 / hd as f32);
-                    let a = (pos0 + t) as f64 * f64::from(inv);
-                    let (j0, j1) = if pairs == RopePairs::Halves { (i, i + hd / 2) } else { (2 * i, 2 * i + 1) };
-                    let (x0, x1) = (want[base + j0], want[base + j1]);
-                    want[base + j0] = x0 * a.cos() - x1 * a.sin();
-                    want[base + j1] = x0 * a.sin() + x1 * a.cos();
+        for on_device in [false, true] {
+            let mut want_q = Vec::new();
+            let mut want_k = vec![0f64; ctx * kv_dim];
+            let mut want_v = vec![0f64; ctx * kv_dim];
+            for t in 0..tokens {
+                let row = &qkv[t * w..(t + 1) * w];
+                for h in 0..heads {
+                    want_q.extend(rope_ref(&row[h * hd..(h + 1) * hd], pos0 + t, theta, pairs));
+                }
+                for h in 0..kv_heads {
+                    let k = rope_ref(&row[q_dim + h * hd..q_dim + (h + 1) * hd], pos0 + t, theta, pairs);
+                    let at = (pos0 + t) * kv_dim + h * hd;
+                    want_k[at..at + hd].copy_from_slice(&k);
+                    for d in 0..hd {
+                        want_v[at + d] = f64::from(row[q_dim + kv_dim + h * hd + d]);
+                    }
                 }
             }
+            let src_buf = be.upload(&qkv).unwrap();
+            let (mut q_out, mut kc, mut vc) = (be.alloc(tokens * q_dim).unwrap(), be.alloc(ctx * kv_dim).unwrap(), be.alloc(ctx * kv_dim).unwrap());
+            let dpos = be.upload(&[pos0 as i32]).unwrap();
+            let pos = if on_device { Position::Device { buf: &dpos, bound: ctx - tokens } } else { Position::Value(pos0) };
+            let at = |off: usize, width: usize| src_buf.at(off, (tokens - 1) * w + width).unwrap();
+            let src = QkvRows { q: (at(0, q_dim), w), k: (at(q_dim, kv_dim), w), v: (at(q_dim + kv_dim, kv_dim), w) };
+            let shape = RopeShape { tokens, heads, kv_heads, head_dim: hd, pos, theta, pairs };
+            be.rope_append(src, shape, q_out.all_mut(), KvCache { keys: kc.all_mut(), values: vc.all_mut() }).unwrap();
+            let what = format!("{pairs:?} device position {on_device}");
+            assert_close(&format!("q {what}"), &be.download(&q_out).unwrap(), &want_q, 1e-5);
+            assert_close(&format!("k {what}"), &be.download(&kc).unwrap(), &want_k, 1e-5);
+            assert_close(&format!("v {what}"), &be.download(&vc).unwrap(), &want_v, 0.0);
         }
-        let mut dx = be.upload(&x).unwrap();
-        be.rope(dx.all_mut(), tokens, heads, hd, stride, pos0, theta, pairs).unwrap();
-        assert_close(&format!("rope {pairs:?}"), &be.download(&dx).unwrap(), &want, 1e-5);
     }
 }
 
@@ -112,35 +149,62 @@ fn attention_is_causal_grouped_and_windowed() {
         }
         let (dq, dk, dv) = (be.upload(&q).unwrap(), be.upload(&k).unwrap(), be.upload(&v).unwrap());
         let mut out = be.upload(&vec![f32::NAN; tokens * q_dim]).unwrap();
-        let shape = AttentionShape { tokens, heads, kv_heads, head_dim: hd, pos0, window, scale };
+        let shape = AttentionShape { tokens, heads, kv_heads, head_dim: hd, pos: Position::Value(pos0), window, scale };
         be.attention(dq.all(), dk.all(), dv.all(), shape, out.all_mut()).unwrap();
         assert_close(&format!("attention window {window}"), &be.download(&out).unwrap(), &want, 1e-5);
+        // The same, the position read from the device inside a captured
+        // graph, replayed.
+        let mut dpos = be.upload(&[0i32]).unwrap();
+        let mut out2 = be.upload(&vec![f32::NAN; tokens * q_dim]).unwrap();
+        let shape = AttentionShape { pos: Position::Device { buf: &dpos, bound: pos0 }, ..shape };
+        be.begin_capture().unwrap();
+        be.attention(dq.all(), dk.all(), dv.all(), shape, out2.all_mut()).unwrap();
+        let graph = be.end_capture().unwrap();
+        be.write(dpos.all_mut(), &[pos0 as i32]).unwrap();
+        be.launch_graph(&graph).unwrap();
+        assert_close(&format!("graph attention window {window}"), &be.download(&out2).unwrap(), &want, 1e-5);
     }
 }
 
 #[test]
-fn gated_activations_and_add() {
+fn gated_activations_add_and_fused_norm() {
     let Some(be) = backend() else { return };
-    let n = 3000;
-    let (g, u) = (synthetic_acts(n, 7), synthetic_acts(n, 8));
-    let gd: Vec<f64> = g.iter().map(|&x| f64::from(x) * 4.0).collect();
-    let g4: Vec<f32> = g.iter().map(|&x| x * 4.0).collect();
-    let silu: Vec<f64> = gd.iter().zip(&u).map(|(&x, &y)| x / (1.0 + (-x).exp()) * f64::from(y)).collect();
-    let gelu: Vec<f64> = gd
-        .iter()
-        .zip(&u)
-        .map(|(&x, &y)| 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()) * f64::from(y))
-        .collect();
-    let du = be.upload(&u).unwrap();
-    let mut dg = be.upload(&g4).unwrap();
-    be.swiglu(dg.all_mut(), du.all()).unwrap();
-    assert_close("swiglu", &be.download(&dg).unwrap(), &silu, 1e-5);
-    let mut dg = be.upload(&g4).unwrap();
-    be.geglu(dg.all_mut(), du.all()).unwrap();
-    assert_close("geglu", &be.download(&dg).unwrap(), &gelu, 1e-5);
-    let mut dx = be.upload(&g).unwrap();
-    be.add(dx.all_mut(), du.all()).unwrap();
-    let sum: Vec<f64> = g.iter().zip(&u).map(|(&a, &b)| f64::from(a) + f64::from(b)).collect();
+    let (tokens, f) = (3, 1000);
+    // gate and up as the two halves of stacked rows of 2f.
+    let gu = synthetic_acts(tokens * 2 * f, 7);
+    let gu4: Vec<f32> = gu.iter().map(|&x| x * 4.0).collect();
+    let (mut silu, mut gelu) = (Vec::new(), Vec::new());
+    for t in 0..tokens {
+        for j in 0..f {
+            let (x, u) = (f64::from(gu4[t * 2 * f + j]), f64::from(gu4[t * 2 * f + f + j]));
+            silu.push(x / (1.0 + (-x).exp()) * u);
+            gelu.push(0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()) * u);
+        }
+    }
+    let d = be.upload(&gu4).unwrap();
+    let gate = (d.at(0, (tokens - 1) * 2 * f + f).unwrap(), 2 * f);
+    let up = (d.at(f, (tokens - 1) * 2 * f + f).unwrap(), 2 * f);
+    let mut out = be.upload(&vec![f32::NAN; tokens * f]).unwrap();
+    be.swiglu(gate, up, f, tokens, out.all_mut()).unwrap();
+    assert_close("swiglu", &be.download(&out).unwrap(), &silu, 1e-5);
+    be.geglu(gate, up, f, tokens, out.all_mut()).unwrap();
+    assert_close("geglu", &be.download(&out).unwrap(), &gelu, 1e-5);
+
+    let (dim, n) = (576, 4);
+    let (x, y, w) = (synthetic_acts(n * dim, 8), synthetic_acts(n * dim, 9), synthetic_acts(dim, 10));
+    let sum: Vec<f64> = x.iter().zip(&y).map(|(&a, &b)| f64::from(a) + f64::from(b)).collect();
+    let mut normed = Vec::new();
+    for r in sum.chunks_exact(dim) {
+        let s = 1.0 / (r.iter().map(|v| v * v).sum::<f64>() / dim as f64 + 1e-6).sqrt();
+        normed.extend(r.iter().zip(&w).map(|(&v, &g)| v * s * f64::from(g)));
+    }
+    let (mut dx, dy, dw) = (be.upload(&x).unwrap(), be.upload(&y).unwrap(), be.upload(&w).unwrap());
+    let mut dout = be.upload(&vec![f32::NAN; n * dim]).unwrap();
+    be.add_rms_norm(dx.all_mut(), dy.all(), dw.all(), 1e-6, dout.all_mut()).unwrap();
+    assert_close("add_rms_norm sum", &be.download(&dx).unwrap(), &sum, 1e-6);
+    assert_close("add_rms_norm norm", &be.download(&dout).unwrap(), &normed, 1e-5);
+    let mut dx = be.upload(&x).unwrap();
+    be.add(dx.all_mut(), dy.all()).unwrap();
     assert_close("add", &be.download(&dx).unwrap(), &sum, 1e-6);
 }
 
@@ -161,7 +225,7 @@ fn embedding_rows_are_dequantised_and_scaled() {
         let m = be.upload_matrix(f, rows, cols, &bytes).unwrap();
         let di = be.upload_rows(&ids, rows).unwrap();
         let mut out = be.upload(&vec![f32::NAN; ids.len() * cols]).unwrap();
-        be.embed_rows(&m, &di, 1.5, out.all_mut()).unwrap();
+        be.embed_rows(&m, &di, ids.len(), 1.5, out.all_mut()).unwrap();
         assert_close(&format!("embed {f}"), &be.download(&out).unwrap(), &want, 1e-6);
         assert!(be.upload_rows(&[50], rows).is_err());
     }

@@ -1,7 +1,8 @@
 //! Prefill and decode speed of a model fully on the GPU, as llama-bench
 //! measures them: pp512 (one forward of 512 tokens from an empty cache) and
 //! tg128 (128 single-token forwards, each with its logits copied to the
-//! host), median of `--reps` runs after a warm-up.
+//! host), median of `--reps` runs after a warm-up. Decode is measured with
+//! the captured graph (the default) and with every kernel launched.
 //!
 //! `cargo run --release -p spinfer-gpu --features cuda --example gpu_bench --
 //! MODEL.gguf [--reps 5] [--json]`
@@ -26,7 +27,19 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let vocab = m.config.vocab_size as u32;
     let prompt: Vec<u32> = (0..512u32).map(|i| (i * 7919 + 13) % vocab).collect();
     let mut s = m.new_session()?;
-    let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    let mut plain = m.new_session()?;
+    plain.set_graphs(false);
+    let (mut pp, mut tg, mut tg_plain) = (Vec::new(), Vec::new(), Vec::new());
+    let decode = |s: &mut spinfer_gpu::GpuSession| -> Result<f64, Box<dyn std::error::Error>> {
+        s.reset();
+        let t0 = Instant::now();
+        let mut tok = 1u32;
+        for _ in 0..128 {
+            let logits = m.forward_last(s, &[tok])?;
+            tok = logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32);
+        }
+        Ok(128.0 / t0.elapsed().as_secs_f64())
+    };
     for rep in 0..=reps {
         // pp512
         s.reset();
@@ -34,29 +47,27 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let t0 = Instant::now();
         m.forward(&mut s, &prompt)?;
         m.backend().synchronize()?;
-        let pp_s = t0.elapsed().as_secs_f64();
-        // tg128
-        s.reset();
-        let t0 = Instant::now();
-        let mut tok = 1u32;
-        for _ in 0..128 {
-            let logits = m.forward_last(&mut s, &[tok])?;
-            tok = logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32);
-        }
-        let tg_s = t0.elapsed().as_secs_f64();
+        let pp_tok_s = 512.0 / t0.elapsed().as_secs_f64();
+        // tg128, graph and plain launches interleaved
+        let (g, p) = (decode(&mut s)?, decode(&mut plain)?);
         if rep > 0 {
-            pp.push(512.0 / pp_s);
-            tg.push(128.0 / tg_s);
+            pp.push(pp_tok_s);
+            tg.push(g);
+            tg_plain.push(p);
         }
     }
-    let (pp, tg) = (median(pp), median(tg));
+    let (pp, tg, tg_plain) = (median(pp), median(tg), median(tg_plain));
+    let name = &m.backend().device().name;
     if json {
-        println!("{{\"device\":\"{}\",\"model\":\"{path}\",\"pp512_tok_s\":{pp:.1},\"tg128_tok_s\":{tg:.1}}}", m.backend().device().name);
+        println!(
+            "{{\"device\":\"{name}\",\"model\":\"{path}\",\"pp512_tok_s\":{pp:.1},\"tg128_tok_s\":{tg:.1},\"tg128_no_graph_tok_s\":{tg_plain:.1}}}"
+        );
     } else {
         println!("device: {}", m.backend().device());
         println!("model: {path} ({:.1} MB of weights on the device)", m.weight_bytes() as f64 / 1e6);
-        println!("pp512 {pp:10.1} tok/s");
-        println!("tg128 {tg:10.1} tok/s");
+        println!("pp512            {pp:10.1} tok/s");
+        println!("tg128            {tg:10.1} tok/s");
+        println!("tg128 (no graph) {tg_plain:10.1} tok/s");
     }
     Ok(())
 }

@@ -8,7 +8,10 @@ use spinfer_engine::model::{FfnAct, ModelConfig, RopeStyle};
 use spinfer_engine::tensor::TensorView;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::dequant::dequantize_row;
-use spinfer_kernels_cuda::{AttentionShape, CudaBackend, DeviceBuf, DeviceMatrix, RopePairs, Slice, SliceMut, WeightFormat};
+use spinfer_kernels_cuda::{
+    AttentionShape, CudaBackend, DeviceBuf, DeviceGraph, DeviceMatrix, DeviceRows, KvCache, Position, QkvRows, RopePairs,
+    RopeShape, Slice, SliceMut, WeightFormat,
+};
 
 use crate::{GpuError, Result};
 
@@ -17,16 +20,20 @@ use crate::{GpuError, Result};
 /// activation buffers).
 pub const UBATCH: usize = 512;
 
+/// Projections that read the same input: one stacked matrix (one launch)
+/// when their formats agree, else one matrix each.
+enum Proj {
+    Stacked(DeviceMatrix),   // (sum of the parts' rows, cols)
+    Separate(Vec<DeviceMatrix>),
+}
+
 /// One transformer block's weights on the device.
 struct Layer {
     attn_norm: DeviceBuf<f32>, // (dim)
-    wq: DeviceMatrix,          // (n_heads * head_dim, dim)
-    wk: DeviceMatrix,          // (n_kv_heads * head_dim, dim)
-    wv: DeviceMatrix,          // (n_kv_heads * head_dim, dim)
+    qkv: Proj,                 // q (n_heads * head_dim), k, v (n_kv_heads * head_dim each) x dim
     wo: DeviceMatrix,          // (dim, n_heads * head_dim)
     ffn_norm: DeviceBuf<f32>,  // (dim)
-    w_gate: DeviceMatrix,      // (ffn_dim, dim)
-    w_up: DeviceMatrix,        // (ffn_dim, dim)
+    gate_up: Proj,             // gate, up (ffn_dim each) x dim
     w_down: DeviceMatrix,      // (dim, ffn_dim)
     // Gemma only:
     q_norm: Option<DeviceBuf<f32>>,         // (head_dim)
@@ -48,22 +55,28 @@ pub struct GpuModel {
 }
 
 /// Per-request state on the device: the KV cache (every layer holds all
-/// `ctx` positions; row p is position p) and activation buffers for
-/// [`UBATCH`] tokens.
+/// `ctx` positions; row p is position p), activation buffers for [`UBATCH`]
+/// tokens, and the decode step captured as a graph (after its first run).
 pub struct GpuSession {
     pos: usize,
     keys: Vec<DeviceBuf<f32>>,   // per layer (ctx, kv_dim)
     values: Vec<DeviceBuf<f32>>, // per layer (ctx, kv_dim)
+    ids: DeviceRows,             // token ids of the current step (UBATCH)
+    dpos: DeviceBuf<i32>,        // the decode step's position, read by the graph (1)
     x: DeviceBuf<f32>,           // residual stream (UBATCH, dim)
-    xn: DeviceBuf<f32>,          // normalised input of the current step (UBATCH, dim)
-    q: DeviceBuf<f32>,           // (UBATCH, n_heads * head_dim)
-    att: DeviceBuf<f32>,         // attention output (UBATCH, n_heads * head_dim)
-    gate: DeviceBuf<f32>,        // (UBATCH, ffn_dim)
-    up: DeviceBuf<f32>,          // (UBATCH, ffn_dim)
+    xn: DeviceBuf<f32>,          // normalised input of the current block (UBATCH, dim)
+    qkv: DeviceBuf<f32>,         // projected q, k, v (UBATCH, q_dim + 2 kv_dim)
+    q: DeviceBuf<f32>,           // roped queries (UBATCH, q_dim)
+    att: DeviceBuf<f32>,         // attention output (UBATCH, q_dim)
+    gate_up: DeviceBuf<f32>,     // projected gate and up (UBATCH, 2 ffn_dim)
+    act: DeviceBuf<f32>,         // act(gate) * up (UBATCH, ffn_dim)
     tmp: DeviceBuf<f32>,         // block output before the residual add (UBATCH, dim)
+    tmp2: DeviceBuf<f32>,        // its post-norm (Gemma) (UBATCH, dim)
     hidden: DeviceBuf<f32>,      // final-normed hidden states of the last forward call (tokens, dim)
     last_tokens: usize,
-    logits: DeviceBuf<f32>, // (rows requested, vocab)
+    logits: DeviceBuf<f32>,      // (rows requested, vocab)
+    graph: Option<DeviceGraph>,  // one decode step (1 token, position from `dpos`)
+    use_graph: bool,
 }
 
 impl GpuSession {
@@ -72,9 +85,16 @@ impl GpuSession {
         self.pos
     }
 
-    /// Forgets the cached tokens (the buffers are kept).
+    /// Forgets the cached tokens (the buffers and the captured graph are
+    /// kept).
     pub fn reset(&mut self) {
         self.pos = 0;
+    }
+
+    /// Whether single-token steps replay a captured graph (the default) or
+    /// launch every kernel (for comparison).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.use_graph = on;
     }
 }
 
@@ -89,6 +109,12 @@ fn at<'a>(b: &'a DeviceBuf<f32>, what: &str, off: usize, len: usize) -> Result<S
 fn at_mut<'a>(b: &'a mut DeviceBuf<f32>, what: &str, off: usize, len: usize) -> Result<SliceMut<'a, f32>> {
     let have = b.len();
     b.at_mut(off, len).ok_or_else(|| internal(what, off, len, have))
+}
+
+/// The step's first position: `pos`, or (a step being captured) read from
+/// `dpos`, which its writer keeps at most `bound`.
+fn position(dpos: &DeviceBuf<i32>, pos: usize, device: bool, bound: usize) -> Position<'_> {
+    if device { Position::Device { buf: dpos, bound } } else { Position::Value(pos) }
 }
 
 /// The CUDA format of a GGUF type, or an error naming the tensor.
@@ -133,7 +159,8 @@ impl GpuModel {
         let be = CudaBackend::new()?;
         tracing::info!(device = %be.device(), "loading the model onto the gpu");
         let (dim, q_dim, kv_dim) = (c.dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
-        let matrix = |name: &str, rows: usize, cols: usize| -> Result<DeviceMatrix> {
+        // A weight matrix with its shape checked: GGUF dims are (cols, rows).
+        let tensor = |name: &str, rows: usize, cols: usize| -> Result<TensorView> {
             let t = loader.tensor(name)?;
             if t.dims != [cols, rows] {
                 return Err(spinfer_engine::Error::TensorShape {
@@ -144,7 +171,27 @@ impl GpuModel {
                 }
                 .into());
             }
+            Ok(t)
+        };
+        let matrix = |name: &str, rows: usize, cols: usize| -> Result<DeviceMatrix> {
+            let t = tensor(name, rows, cols)?;
             Ok(be.upload_matrix(format_of(&t)?, rows, cols, t.data.bytes())?)
+        };
+        // Projections of one input: stacked into one matrix when `stack`
+        // and their formats agree.
+        let proj = |parts: &[(String, usize)], cols: usize, stack: bool| -> Result<Proj> {
+            let views = parts.iter().map(|(n, rows)| tensor(n, *rows, cols)).collect::<Result<Vec<_>>>()?;
+            let formats = views.iter().map(format_of).collect::<Result<Vec<_>>>()?;
+            if stack && formats.iter().all(|f| *f == formats[0]) {
+                let rows = parts.iter().map(|p| p.1).sum();
+                let bytes: Vec<u8> = views.iter().flat_map(|v| v.data.bytes().iter().copied()).collect();
+                return Ok(Proj::Stacked(be.upload_matrix(formats[0], rows, cols, &bytes)?));
+            }
+            let one = |(v, f): (&TensorView, &WeightFormat)| -> Result<DeviceMatrix> {
+                let (_, rows) = (v.dims[0], v.dims[1]);
+                Ok(be.upload_matrix(*f, rows, cols, v.data.bytes())?)
+            };
+            Ok(Proj::Separate(views.iter().zip(&formats).map(one).collect::<Result<Vec<_>>>()?))
         };
         let vector = |name: &str, len: usize| -> Result<DeviceBuf<f32>> {
             let t = loader.tensor(name)?;
@@ -167,15 +214,15 @@ impl GpuModel {
         for l in 0..c.n_layers {
             let p = |s: &str| format!("blk.{l}.{s}.weight");
             let gemma = |name: &str, len| c.is_gemma().then(|| vector(&p(name), len)).transpose();
+            let qkv = [(p("attn_q"), q_dim), (p("attn_k"), kv_dim), (p("attn_v"), kv_dim)];
+            let gate_up = [(p("ffn_gate"), c.ffn_dim), (p("ffn_up"), c.ffn_dim)];
             layers.push(Layer {
                 attn_norm: vector(&p("attn_norm"), dim)?,
-                wq: matrix(&p("attn_q"), q_dim, dim)?,
-                wk: matrix(&p("attn_k"), kv_dim, dim)?,
-                wv: matrix(&p("attn_v"), kv_dim, dim)?,
+                // Gemma normalises q and k per head before RoPE: kept apart.
+                qkv: proj(&qkv, dim, !c.is_gemma())?,
                 wo: matrix(&p("attn_output"), dim, q_dim)?,
                 ffn_norm: vector(&p("ffn_norm"), dim)?,
-                w_gate: matrix(&p("ffn_gate"), c.ffn_dim, dim)?,
-                w_up: matrix(&p("ffn_up"), c.ffn_dim, dim)?,
+                gate_up: proj(&gate_up, dim, true)?,
                 w_down: matrix(&p("ffn_down"), dim, c.ffn_dim)?,
                 q_norm: gemma("attn_q_norm", c.head_dim)?,
                 k_norm: gemma("attn_k_norm", c.head_dim)?,
@@ -195,12 +242,12 @@ impl GpuModel {
 
     /// Bytes of weights on the device.
     pub fn weight_bytes(&self) -> usize {
-        let l: usize = self
-            .layers
-            .iter()
-            .map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|m| m.bytes()).sum::<usize>())
-            .sum();
-        l + self.token_embd.bytes() + self.output.as_ref().map_or(0, DeviceMatrix::bytes)
+        let proj = |p: &Proj| match p {
+            Proj::Stacked(m) => m.bytes(),
+            Proj::Separate(ms) => ms.iter().map(DeviceMatrix::bytes).sum(),
+        };
+        let layers: usize = self.layers.iter().map(|l| proj(&l.qkv) + l.wo.bytes() + proj(&l.gate_up) + l.w_down.bytes()).sum();
+        layers + self.token_embd.bytes() + self.output.as_ref().map_or(0, DeviceMatrix::bytes)
     }
 
     /// A fresh session with an empty KV cache of the model's context.
@@ -210,8 +257,8 @@ impl GpuModel {
     /// Out of device memory.
     pub fn new_session(&self) -> Result<GpuSession> {
         let c = &self.config;
-        let (q_dim, kv_dim) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
-        let buf = |n: usize| self.be.alloc::<f32>(n);
+        let (q_dim, kv_dim, be) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, &self.be);
+        let buf = |n: usize| be.alloc::<f32>(n);
         let mut keys = Vec::with_capacity(c.n_layers);
         let mut values = Vec::with_capacity(c.n_layers);
         for _ in 0..c.n_layers {
@@ -222,29 +269,36 @@ impl GpuModel {
             pos: 0,
             keys,
             values,
+            ids: be.upload_rows(&[0; UBATCH], c.vocab_size)?,
+            dpos: be.alloc(1)?,
             x: buf(UBATCH * c.dim)?,
             xn: buf(UBATCH * c.dim)?,
+            qkv: buf(UBATCH * (q_dim + 2 * kv_dim))?,
             q: buf(UBATCH * q_dim)?,
             att: buf(UBATCH * q_dim)?,
-            gate: buf(UBATCH * c.ffn_dim)?,
-            up: buf(UBATCH * c.ffn_dim)?,
+            gate_up: buf(UBATCH * 2 * c.ffn_dim)?,
+            act: buf(UBATCH * c.ffn_dim)?,
             tmp: buf(UBATCH * c.dim)?,
+            tmp2: buf(UBATCH * c.dim)?,
             hidden: buf(UBATCH * c.dim)?,
             last_tokens: 0,
             logits: buf(c.vocab_size)?,
+            graph: None,
+            use_graph: true,
         })
     }
 
     /// Runs `tokens` at the session's next positions and appends them to
     /// its KV cache; their final-normed hidden states are then ready for
-    /// [`GpuModel::logits`].
+    /// [`GpuModel::logits`]. A single token replays the session's captured
+    /// decode graph (captured on the first one).
     ///
     /// # Errors
     ///
     /// No tokens, a token outside the vocabulary, the context full, or a
     /// device error.
     pub fn forward(&self, s: &mut GpuSession, tokens: &[u32]) -> Result<()> {
-        let c = &self.config;
+        let (c, be) = (&self.config, &self.be);
         let n = tokens.len();
         if n == 0 {
             return Err(GpuError::InvalidArgument("forward needs at least one token".into()));
@@ -253,108 +307,162 @@ impl GpuModel {
             return Err(spinfer_engine::Error::ContextOverflow { needed: s.pos + n, ctx: self.ctx }.into());
         }
         if s.hidden.len() < n * c.dim {
-            s.hidden = self.be.alloc(n * c.dim)?;
+            s.hidden = be.alloc(n * c.dim)?;
+            s.graph = None; // it wrote to the old buffer
         }
         s.last_tokens = n;
+        if n == 1 && s.use_graph {
+            // The graph reads the token and the position from the device.
+            be.write_rows(&mut s.ids, tokens)?;
+            be.write(s.dpos.all_mut(), &[s.pos as i32])?;
+            if s.graph.is_none() {
+                // Run the step once uncaptured (it loads every module and
+                // function it needs, which must not happen mid-capture; its
+                // writes are the ones the graph repeats), then capture it.
+                self.forward_step(s, 1, 0, false)?;
+                be.begin_capture()?;
+                let step = self.forward_step(s, 1, 0, true);
+                let graph = be.end_capture();
+                step?;
+                s.graph = Some(graph?);
+            }
+            be.launch_graph(s.graph.as_ref().expect("captured above"))?;
+            s.pos += 1;
+            return Ok(());
+        }
         for (i, part) in tokens.chunks(UBATCH).enumerate() {
-            self.forward_step(s, part, i * UBATCH)?;
+            be.write_rows(&mut s.ids, part)?;
+            self.forward_step(s, part.len(), i * UBATCH, false)?;
+            s.pos += part.len();
         }
         Ok(())
     }
 
-    /// One pass of up to [`UBATCH`] tokens through the layers; their
-    /// final-normed hidden states go to `s.hidden` from row `row`.
-    fn forward_step(&self, s: &mut GpuSession, tokens: &[u32], row: usize) -> Result<()> {
+    /// One pass of `n` (at most [`UBATCH`]) tokens, whose ids are in
+    /// `s.ids`, through the layers at positions `s.pos..`, or with
+    /// `device_pos` at the position in `s.dpos` (a step being captured);
+    /// their final-normed hidden states go to `s.hidden` from row `row`.
+    /// Only launches kernels (so it can be captured).
+    fn forward_step(&self, s: &mut GpuSession, n: usize, row: usize, device_pos: bool) -> Result<()> {
         let (c, be) = (&self.config, &self.be);
-        let n = tokens.len();
-        let (dim, hd, pos) = (c.dim, c.head_dim, s.pos);
+        let (dim, hd) = (c.dim, c.head_dim);
         let (q_dim, kv_dim, ffn) = (c.n_heads * hd, c.n_kv_heads * hd, c.ffn_dim);
         let pairs = if c.rope_style == RopeStyle::NeoX { RopePairs::Halves } else { RopePairs::Adjacent };
+        // The first token's position: s.pos, or read from s.dpos.
+        let (device, bound) = (device_pos, self.ctx - 1);
 
-        // Token embeddings into the residual stream (Gemma: times √dim).
-        // Token ids are checked against the vocabulary on upload.
-        let ids = be.upload_rows(tokens, c.vocab_size)?;
+        // Token embeddings into the residual stream (Gemma: times √dim),
+        // and the first block's attention RMSNorm.
         let scale = if c.is_gemma() { (dim as f32).sqrt() } else { 1.0 };
-        be.embed_rows(&self.token_embd, &ids, scale, at_mut(&mut s.x, "x", 0, n * dim)?)?;
+        be.embed_rows(&self.token_embd, &s.ids, n, scale, at_mut(&mut s.x, "x", 0, n * dim)?)?;
+        be.rms_norm(at(&s.x, "x", 0, n * dim)?, self.layers[0].attn_norm.all(), c.rms_eps, at_mut(&mut s.xn, "xn", 0, n * dim)?)?;
 
         for (l, layer) in self.layers.iter().enumerate() {
             let local = c.sliding_window.filter(|w| w.is_local(l));
-            let theta = local.map_or(c.rope_theta, |w| w.rope_theta);
-            // Attention RMSNorm.
-            be.rms_norm(at(&s.x, "x", 0, n * dim)?, layer.attn_norm.all(), c.rms_eps, at_mut(&mut s.xn, "xn", 0, n * dim)?)?;
-            // Q, K, V projections; k and v straight into the cache rows of
-            // positions pos..pos + n.
+            // Q, K, V projections: (offset, row stride) of each in s.qkv.
             let xn = at(&s.xn, "xn", 0, n * dim)?;
-            be.gemv_f32(&layer.wq, xn, n, None, at_mut(&mut s.q, "q", 0, n * q_dim)?)?;
-            be.gemv_f32(&layer.wk, xn, n, None, at_mut(&mut s.keys[l], "keys", pos * kv_dim, n * kv_dim)?)?;
-            be.gemv_f32(&layer.wv, xn, n, None, at_mut(&mut s.values[l], "values", pos * kv_dim, n * kv_dim)?)?;
-            // QK-norm (Gemma): RMSNorm of every query and key head.
+            let (qr, kr, vr) = match &layer.qkv {
+                Proj::Stacked(m) => {
+                    let w = q_dim + 2 * kv_dim;
+                    be.gemv_f32(m, xn, n, None, at_mut(&mut s.qkv, "qkv", 0, n * w)?)?;
+                    ((0, w), (q_dim, w), (q_dim + kv_dim, w))
+                }
+                Proj::Separate(ms) => {
+                    let (ko, vo) = (UBATCH * q_dim, UBATCH * (q_dim + kv_dim));
+                    be.gemv_f32(&ms[0], xn, n, None, at_mut(&mut s.qkv, "q", 0, n * q_dim)?)?;
+                    be.gemv_f32(&ms[1], xn, n, None, at_mut(&mut s.qkv, "k", ko, n * kv_dim)?)?;
+                    be.gemv_f32(&ms[2], xn, n, None, at_mut(&mut s.qkv, "v", vo, n * kv_dim)?)?;
+                    ((0, q_dim), (ko, kv_dim), (vo, kv_dim))
+                }
+            };
+            // QK-norm (Gemma, whose projections are never stacked): RMSNorm
+            // of every query and key head.
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                be.rms_norm_in_place(at_mut(&mut s.q, "q", 0, n * q_dim)?, qn.all(), c.rms_eps)?;
-                be.rms_norm_in_place(at_mut(&mut s.keys[l], "keys", pos * kv_dim, n * kv_dim)?, kn.all(), c.rms_eps)?;
+                be.rms_norm_in_place(at_mut(&mut s.qkv, "q", qr.0, n * q_dim)?, qn.all(), c.rms_eps)?;
+                be.rms_norm_in_place(at_mut(&mut s.qkv, "k", kr.0, n * kv_dim)?, kn.all(), c.rms_eps)?;
             }
-            // RoPE on q and k at their absolute positions (a local layer
-            // with its own base).
-            be.rope(at_mut(&mut s.q, "q", 0, n * q_dim)?, n, c.n_heads, hd, q_dim, pos, theta, pairs)?;
-            be.rope(at_mut(&mut s.keys[l], "keys", pos * kv_dim, n * kv_dim)?, n, c.n_kv_heads, hd, kv_dim, pos, theta, pairs)?;
-            // Causal attention over positions 0..pos + n (a local layer
-            // over its window only).
+            // RoPE on q (into s.q) and k (into the cache at their
+            // positions), v into the cache; a local layer with its own base.
+            let rows = |(off, stride): (usize, usize), width| at(&s.qkv, "qkv", off, (n - 1) * stride + width);
+            let src = QkvRows { q: (rows(qr, q_dim)?, qr.1), k: (rows(kr, kv_dim)?, kr.1), v: (rows(vr, kv_dim)?, vr.1) };
+            let theta = local.map_or(c.rope_theta, |w| w.rope_theta);
+            let pos = position(&s.dpos, s.pos, device, bound);
+            let shape = RopeShape { tokens: n, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: hd, pos, theta, pairs };
+            let cache = KvCache { keys: s.keys[l].all_mut(), values: s.values[l].all_mut() };
+            be.rope_append(src, shape, at_mut(&mut s.q, "q", 0, n * q_dim)?, cache)?;
+            // Causal attention over the cache (a local layer over its
+            // window only).
             let shape = AttentionShape {
                 tokens: n,
                 heads: c.n_heads,
                 kv_heads: c.n_kv_heads,
                 head_dim: hd,
-                pos0: pos,
+                pos: position(&s.dpos, s.pos, device, bound),
                 window: local.map_or(0, |w| w.window),
                 scale: 1.0 / (hd as f32).sqrt(),
             };
-            let end = (pos + n) * kv_dim;
-            be.attention(
-                at(&s.q, "q", 0, n * q_dim)?,
-                at(&s.keys[l], "keys", 0, end)?,
-                at(&s.values[l], "values", 0, end)?,
-                shape,
-                at_mut(&mut s.att, "att", 0, n * q_dim)?,
-            )?;
-            // Output projection, its RMSNorm (Gemma), and residual.
-            be.gemv_f32(&layer.wo, at(&s.att, "att", 0, n * q_dim)?, n, None, at_mut(&mut s.tmp, "tmp", 0, n * dim)?)?;
-            self.residual(s, layer.post_attn_norm.as_ref(), n)?;
-
+            let q = at(&s.q, "q", 0, n * q_dim)?;
+            be.attention(q, s.keys[l].all(), s.values[l].all(), shape, at_mut(&mut s.att, "att", 0, n * q_dim)?)?;
+            // Output projection; its RMSNorm (Gemma), the residual and the
             // FFN RMSNorm.
-            be.rms_norm(at(&s.x, "x", 0, n * dim)?, layer.ffn_norm.all(), c.rms_eps, at_mut(&mut s.xn, "xn", 0, n * dim)?)?;
+            be.gemv_f32(&layer.wo, at(&s.att, "att", 0, n * q_dim)?, n, None, at_mut(&mut s.tmp, "tmp", 0, n * dim)?)?;
+            self.residual_norm(s, layer.post_attn_norm.as_ref(), &layer.ffn_norm, n, None)?;
+
             // Gated FFN: down(act(gate(x)) * up(x)), SwiGLU or GeGLU.
             let xn = at(&s.xn, "xn", 0, n * dim)?;
-            be.gemv_f32(&layer.w_gate, xn, n, None, at_mut(&mut s.gate, "gate", 0, n * ffn)?)?;
-            be.gemv_f32(&layer.w_up, xn, n, None, at_mut(&mut s.up, "up", 0, n * ffn)?)?;
-            let (gate, up) = (at_mut(&mut s.gate, "gate", 0, n * ffn)?, at(&s.up, "up", 0, n * ffn)?);
+            let (gr, ur) = match &layer.gate_up {
+                Proj::Stacked(m) => {
+                    be.gemv_f32(m, xn, n, None, at_mut(&mut s.gate_up, "gate_up", 0, n * 2 * ffn)?)?;
+                    ((0, 2 * ffn), (ffn, 2 * ffn))
+                }
+                Proj::Separate(ms) => {
+                    be.gemv_f32(&ms[0], xn, n, None, at_mut(&mut s.gate_up, "gate", 0, n * ffn)?)?;
+                    be.gemv_f32(&ms[1], xn, n, None, at_mut(&mut s.gate_up, "up", UBATCH * ffn, n * ffn)?)?;
+                    ((0, ffn), (UBATCH * ffn, ffn))
+                }
+            };
+            let rows = |(off, stride): (usize, usize)| at(&s.gate_up, "gate_up", off, (n - 1) * stride + ffn);
+            let (gate, up, act) = ((rows(gr)?, gr.1), (rows(ur)?, ur.1), at_mut(&mut s.act, "act", 0, n * ffn)?);
             match c.ffn_act {
-                FfnAct::Silu => be.swiglu(gate, up)?,
-                FfnAct::GeluTanh => be.geglu(gate, up)?,
+                FfnAct::Silu => be.swiglu(gate, up, ffn, n, act)?,
+                FfnAct::GeluTanh => be.geglu(gate, up, ffn, n, act)?,
             }
-            be.gemv_f32(&layer.w_down, at(&s.gate, "gate", 0, n * ffn)?, n, None, at_mut(&mut s.tmp, "tmp", 0, n * dim)?)?;
-            // Its RMSNorm (Gemma), and residual.
-            self.residual(s, layer.post_ffn_norm.as_ref(), n)?;
+            be.gemv_f32(&layer.w_down, at(&s.act, "act", 0, n * ffn)?, n, None, at_mut(&mut s.tmp, "tmp", 0, n * dim)?)?;
+            // Its RMSNorm (Gemma), the residual, and the next RMSNorm: the
+            // next block's, or the final one into s.hidden.
+            match self.layers.get(l + 1) {
+                Some(next) => self.residual_norm(s, layer.post_ffn_norm.as_ref(), &next.attn_norm, n, None)?,
+                None => self.residual_norm(s, layer.post_ffn_norm.as_ref(), &self.output_norm, n, Some(row))?,
+            }
         }
-
-        // Final RMSNorm; logits are computed on request.
-        let out = at_mut(&mut s.hidden, "hidden", row * dim, n * dim)?;
-        be.rms_norm(at(&s.x, "x", 0, n * dim)?, self.output_norm.all(), c.rms_eps, out)?;
-        s.pos += n;
         Ok(())
     }
 
-    /// Adds the block's output `s.tmp` to the residual stream, through the
-    /// RMSNorm `norm` first when there is one (Gemma's post-norms).
-    fn residual(&self, s: &mut GpuSession, norm: Option<&DeviceBuf<f32>>, n: usize) -> Result<()> {
-        let (be, len) = (&self.be, n * self.config.dim);
-        let src = match norm {
+    /// Adds the block's output `s.tmp` (through the RMSNorm `post` first,
+    /// Gemma's post-norms) to the residual stream and normalises the result
+    /// with `norm` into `s.xn`, or into `s.hidden` from row `hidden_row`.
+    fn residual_norm(
+        &self,
+        s: &mut GpuSession,
+        post: Option<&DeviceBuf<f32>>,
+        norm: &DeviceBuf<f32>,
+        n: usize,
+        hidden_row: Option<usize>,
+    ) -> Result<()> {
+        let (be, dim, eps) = (&self.be, self.config.dim, self.config.rms_eps);
+        let len = n * dim;
+        let y = match post {
             Some(w) => {
-                be.rms_norm(at(&s.tmp, "tmp", 0, len)?, w.all(), self.config.rms_eps, at_mut(&mut s.xn, "xn", 0, len)?)?;
-                at(&s.xn, "xn", 0, len)?
+                be.rms_norm(at(&s.tmp, "tmp", 0, len)?, w.all(), eps, at_mut(&mut s.tmp2, "tmp2", 0, len)?)?;
+                at(&s.tmp2, "tmp2", 0, len)?
             }
             None => at(&s.tmp, "tmp", 0, len)?,
         };
-        be.add(at_mut(&mut s.x, "x", 0, len)?, src)?;
+        let out = match hidden_row {
+            Some(row) => at_mut(&mut s.hidden, "hidden", row * dim, len)?,
+            None => at_mut(&mut s.xn, "xn", 0, len)?,
+        };
+        be.add_rms_norm(at_mut(&mut s.x, "x", 0, len)?, y, norm.all(), eps, out)?;
         Ok(())
     }
 

@@ -96,6 +96,91 @@ __device__ __forceinline__ void gemv_impl(const u8* __restrict__ w, i64 row_byte
     }
 }
 
+// gemm: the same product for many tokens (prefill): y[t][i] = dot(W[row(i)],
+// x[t]). A block computes a tile of 64 outputs x 64 tokens, 4 x 4 per
+// thread, walking the row in 32-weight items: 64 threads dequantise one item
+// of each tile row into shared memory, all threads stage the tokens' 32
+// activations, then every thread does 32 x 16 multiply-adds from shared
+// memory. Tiles are k-major and padded to 65 floats, so both the staging
+// writes and the reads of a k step fall in distinct banks.
+#define GEMM_T 64
+#define GEMM_LD 65
+
+template <typename F, typename A>
+__device__ __forceinline__ void gemm_impl(const u8* __restrict__ w, i64 row_bytes, int cols,
+                                          const typename A::T* __restrict__ x, int x_stride, int n_tok,
+                                          const int* __restrict__ rows, int n_out,
+                                          float* __restrict__ y, int y_stride) {
+    __shared__ float ws[32 * GEMM_LD];
+    __shared__ float xs[32 * GEMM_LD];
+    const int tid = threadIdx.x;
+    const int r_base = blockIdx.x * GEMM_T, t_base = blockIdx.y * GEMM_T;
+    const int tr = (tid & 15) * 4, tt = (tid >> 4) * 4;
+    // The tile row this thread dequantises (threads 0..63).
+    const int my_row = r_base + tid;
+    const bool loads_row = tid < GEMM_T && my_row < n_out;
+    const u8* row_ptr = w;
+    float rs = 0.0f;
+    if (loads_row) {
+        const i64 ri = rows ? (i64)rows[my_row] : (i64)my_row;
+        row_ptr = w + ri * row_bytes;
+        rs = F::row_scale(row_ptr, cols);
+    }
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    const int items = cols >> 5;
+    for (int it = 0; it < items; ++it) {
+        __syncthreads();
+        if (tid < GEMM_T) {
+            float wv[32];
+            if (loads_row) {
+                F::dequant(row_ptr + (i64)(it / F::ITEMS) * F::BLOCK_BYTES, it % F::ITEMS, rs, wv);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 32; ++k) wv[k] = 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < 32; ++k) ws[k * GEMM_LD + tid] = wv[k];
+        }
+        // 64 tokens x 32 activations: element e = tid + 256 m is token
+        // e / 32, activation e % 32 (a warp reads one token's 32).
+#pragma unroll
+        for (int m = 0; m < 8; ++m) {
+            const int e = tid + 256 * m, t = e >> 5, k = e & 31;
+            const int tok = t_base + t;
+            xs[k * GEMM_LD + t] = tok < n_tok ? A::get(x + (i64)tok * x_stride + 32 * it, k) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int k = 0; k < 32; ++k) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                a[i] = ws[k * GEMM_LD + tr + i];
+                b[i] = xs[k * GEMM_LD + tt + i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = r_base + tr + i;
+        if (r >= n_out) continue;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int tok = t_base + tt + j;
+            if (tok < n_tok) y[(i64)tok * y_stride + r] = acc[i][j];
+        }
+    }
+}
+
 template <typename F, int B>
 __device__ __forceinline__ void axpy_rows_impl(const u8* __restrict__ w, i64 row_bytes, int cols,
                                                const float* __restrict__ a, int a_stride,
@@ -167,6 +252,14 @@ extern "C" __global__ void sum_splits(const float* __restrict__ part, int splits
         gemv_impl<F, A, B>(w, row_bytes, cols, x, x_stride, rows, n_out, y, y_stride);           \
     }
 
+#define GEMM(FN, F, A)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256)                                           \
+        gemm_##FN##_##A(const u8* w, i64 row_bytes, int cols, const A::T* x, int x_stride,       \
+                        int n_tok, const int* rows, int n_out, float* y, int y_stride) {          \
+        gemm_impl<F, A>(w, row_bytes, cols, x, x_stride, n_tok, rows, n_out, y, y_stride);         \
+    }
+#define GEMM_ACTS(FN, F) GEMM(FN, F, ActF32) GEMM(FN, F, ActF16) GEMM(FN, F, ActBF16)
+
 #define GEMV_ACTS(FN, F, B) GEMV(FN, F, ActF32, B) GEMV(FN, F, ActF16, B) GEMV(FN, F, ActBF16, B)
 #define GEMV_BATCHES(FN, F) \
     GEMV_ACTS(FN, F, 1) GEMV_ACTS(FN, F, 2) GEMV_ACTS(FN, F, 4) GEMV_ACTS(FN, F, 8)
@@ -186,7 +279,7 @@ extern "C" __global__ void sum_splits(const float* __restrict__ part, int splits
         rows_impl<F>(w, row_bytes, cols, ids, n, s, out);                                         \
     }
 
-#define FORMAT(FN, F) GEMV_BATCHES(FN, F) AXPY_BATCHES(FN, F) ROWS(FN, F)
+#define FORMAT(FN, F) GEMV_BATCHES(FN, F) GEMM_ACTS(FN, F) AXPY_BATCHES(FN, F) ROWS(FN, F)
 
 // The Rust side appends one `FORMAT(name, FmtStruct)` line per compiled
 // module (src/format.rs, kernel_source): one module per weight format.

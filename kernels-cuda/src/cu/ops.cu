@@ -40,27 +40,51 @@ extern "C" __global__ void rms_norm(const float* x, const float* __restrict__ w,
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * scale * w[i];
 }
 
-// RoPE in place on `n` tokens of `heads` heads of `hd` values (rows of
-// heads * hd, row stride `stride`), token t at position pos0 + t. NeoX pairs
-// (i, i + hd/2), otherwise (2i, 2i + 1). Frequencies as HF computes them (f32
-// inverse frequencies), angles in f64 (the CPU table's recipe).
-extern "C" __global__ void rope(float* x, int n, int heads, int hd, i64 stride, int pos0, float theta,
-                                int neox) {
+// The step after the Q/K/V projections: RoPE on q (into `q_out`, rows of
+// heads * hd) and on k (into the key cache), and v copied into the value
+// cache, for `n` tokens at positions p0 + t, where p0 is *dpos when dpos is
+// set (a captured decode graph reads the position from the device) and pos0
+// otherwise. q, k and v are read at row strides qs, ks and vs (one stacked
+// QKV row, or three buffers). NeoX pairs (i, i + hd/2), otherwise (2i,
+// 2i + 1); frequencies as HF computes them (f32 inverse frequencies),
+// angles in f64 (the CPU table's recipe).
+extern "C" __global__ void rope_append(const float* __restrict__ q, i64 qs, const float* __restrict__ k, i64 ks,
+                                       const float* __restrict__ v, i64 vs, float* __restrict__ q_out,
+                                       float* __restrict__ kc, float* __restrict__ vc, int n, int heads,
+                                       int kv_heads, int hd, int pos0, const int* __restrict__ dpos, float theta,
+                                       int neox) {
     const int half = hd >> 1;
+    const int per_token = (heads + kv_heads) * half;
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= n * heads * half) return;
-    const int i = idx % half, h = (idx / half) % heads, t = idx / (half * heads);
+    if (idx >= n * per_token) return;
+    const int t = idx / per_token, r = idx % per_token;
+    const int h = r / half, i = r % half;
+    const int p = (dpos ? dpos[0] : pos0) + t;
     const float inv = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
-    const double a = (double)(pos0 + t) * (double)inv;
-    const float c = (float)cos(a), s = (float)sin(a);
-    float* v = x + (i64)t * stride + (i64)h * hd;
+    const double a = (double)p * (double)inv;
+    const float c = (float)cos(a), sn = (float)sin(a);
     const int j0 = neox ? i : 2 * i, j1 = neox ? i + half : 2 * i + 1;
-    const float x0 = v[j0], x1 = v[j1];
-    v[j0] = x0 * c - x1 * s;
-    v[j1] = x0 * s + x1 * c;
+    const float* src;
+    float* dst;
+    if (h < heads) {
+        src = q + (i64)t * qs + (i64)h * hd;
+        dst = q_out + ((i64)t * heads + h) * hd;
+    } else {
+        const int kh = h - heads;
+        const i64 row = (i64)p * kv_heads * hd + (i64)kh * hd;
+        src = k + (i64)t * ks + (i64)kh * hd;
+        dst = kc + row;
+        const float* vv = v + (i64)t * vs + (i64)kh * hd;
+        vc[row + j0] = vv[j0];
+        vc[row + j1] = vv[j1];
+    }
+    const float x0 = src[j0], x1 = src[j1];
+    dst[j0] = x0 * c - x1 * sn;
+    dst[j1] = x0 * sn + x1 * c;
 }
 
-// Causal attention of `n` new tokens (token t at position pos0 + t) over a
+// Causal attention of `n` new tokens (token t at position p0 + t, p0 =
+// *dpos when dpos is set, else pos0) over a
 // cache holding positions 0..pos0 + n of this layer (row p = kv_dim values:
 // kv heads of hd). One block per (token, head); scores in dynamic shared
 // memory (pos0 + n floats). A head attends to positions max(0, p + 1 -
@@ -68,14 +92,15 @@ extern "C" __global__ void rope(float* x, int n, int heads, int hd, i64 stride, 
 // h / (heads / kv_heads).
 extern "C" __global__ void attention(const float* __restrict__ q, const float* __restrict__ kc,
                                      const float* __restrict__ vc, float* __restrict__ out, int heads,
-                                     int kv_heads, int hd, int pos0, int window, float scale) {
+                                     int kv_heads, int hd, int pos0, const int* __restrict__ dpos, int window,
+                                     float scale) {
     extern __shared__ float sm[];  // hd (query) + 32 (reductions) + positions (scores)
     float* qs = sm;
     float* red = sm + hd;
     float* sc = red + 32;
     const int t = blockIdx.x / heads, h = blockIdx.x % heads;
     const int kv_dim = kv_heads * hd, kvh = h / (heads / kv_heads);
-    const int p = pos0 + t;
+    const int p = (dpos ? dpos[0] : pos0) + t;
     const int first = window > 0 ? max(0, p + 1 - window) : 0;
     const int len = p + 1 - first;
     const float* qv = q + ((i64)t * heads + h) * hd;
@@ -112,31 +137,52 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
     }
 }
 
-// gate = silu(gate) * up (SwiGLU) or gelu_tanh(gate) * up (GeGLU).
-extern "C" __global__ void swiglu(float* gate, const float* __restrict__ up, int n) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        const float g = gate[i];
-        gate[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+// out = silu(gate) * up (SwiGLU) or gelu_tanh(gate) * up (GeGLU), for n
+// tokens of f values: gate row t at gate + t * gs, up row t at up + t * us,
+// out row t at out + t * f (gate and up may be the two halves of one
+// stacked projection; out may be gate when gs == f).
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+__device__ __forceinline__ float gelu_mul(float x, float u) {
+    return 0.5f * x * (1.0f + tanhf(0.7978846f * (x + 0.044715f * x * x * x))) * u;
 }
 
-extern "C" __global__ void geglu(float* gate, const float* __restrict__ up, int n) {
+extern "C" __global__ void swiglu(const float* gate, i64 gs, const float* __restrict__ up, i64 us, float* out,
+                                  int f, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        const float x = gate[i];
-        gate[i] = 0.5f * x * (1.0f + tanhf(0.7978846f * (x + 0.044715f * x * x * x))) * up[i];
+    if (i >= n * f) return;
+    const int t = i / f, j = i % f;
+    out[i] = silu_mul(gate[t * gs + j], up[t * us + j]);
+}
+
+extern "C" __global__ void geglu(const float* gate, i64 gs, const float* __restrict__ up, i64 us, float* out,
+                                 int f, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n * f) return;
+    const int t = i / f, j = i % f;
+    out[i] = gelu_mul(gate[t * gs + j], up[t * us + j]);
+}
+
+// x[r] += y[r]; out[r] = x[r] / rms(x[r]) * w: the residual add and the
+// next RMSNorm in one pass, one block per row of `dim`.
+extern "C" __global__ void add_rms_norm(float* x, const float* __restrict__ y, const float* __restrict__ w,
+                                        float eps, int dim, float* __restrict__ out) {
+    __shared__ float red[32];
+    float* xr = x + (i64)blockIdx.x * dim;
+    const float* yr = y + (i64)blockIdx.x * dim;
+    float* o = out + (i64)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i] + yr[i];
+        xr[i] = v;
+        ss = fmaf(v, v, ss);
     }
+    ss = block_sum(ss, red);
+    const float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * scale * w[i];
 }
 
 // x += y.
 extern "C" __global__ void add(float* x, const float* __restrict__ y, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
-}
-
-// x *= s.
-extern "C" __global__ void scale(float* x, float s, int n) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= s;
 }
