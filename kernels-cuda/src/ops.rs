@@ -10,8 +10,11 @@ use crate::buffers::{DeviceBuf, DeviceMatrix, DeviceRows, Slice, SliceMut};
 use crate::{CudaBackend, Result};
 
 /// Most positions one attention launch covers: its scores live in shared
-/// memory (48 KiB, less the query and the reductions).
-pub const MAX_ATTENTION_POSITIONS: usize = 11_776;
+/// memory (48 KiB, less the query, the reductions and the partial sums).
+pub const MAX_ATTENTION_POSITIONS: usize = 11_520;
+
+/// Threads per attention block (`ATT_THREADS` in ops.cu).
+const ATT_THREADS: usize = 256;
 
 fn elementwise(n: usize) -> Result<Grid> {
     Ok(Grid { blocks: (int(n.div_ceil(256), "elements")? as u32, 1), threads: 256, smem: 0 })
@@ -247,7 +250,7 @@ impl CudaBackend {
                 format!("{end} positions: the CUDA attention kernel handles at most {MAX_ATTENTION_POSITIONS} (lower --ctx)"),
             ));
         }
-        let smem = int((a.head_dim + 32 + end) * 4, "shared memory")? as u32;
+        let smem = int((a.head_dim + 32 + ATT_THREADS + end) * 4, "shared memory")? as u32;
         let args = [
             KArg::Ptr(self.ptr_of(&q)),
             KArg::Ptr(self.ptr_of(&keys)),
@@ -261,7 +264,7 @@ impl CudaBackend {
             KArg::I32(int(a.window, "window")?),
             KArg::F32(a.scale),
         ];
-        let grid = Grid { blocks: (int(a.tokens * a.heads, "blocks")? as u32, 1), threads: 128, smem };
+        let grid = Grid { blocks: (int(a.tokens * a.heads, "blocks")? as u32, 1), threads: ATT_THREADS as u32, smem };
         // SAFETY: follows attention(q, kc, vc, out, heads, kv_heads, hd,
         // pos0, dpos, window, scale); q/out hold tokens x heads x hd, the
         // caches bound + tokens rows (checked); the shared memory holds the

@@ -84,55 +84,88 @@ extern "C" __global__ void rope_append(const float* __restrict__ q, i64 qs, cons
 }
 
 // Causal attention of `n` new tokens (token t at position p0 + t, p0 =
-// *dpos when dpos is set, else pos0) over a
-// cache holding positions 0..pos0 + n of this layer (row p = kv_dim values:
-// kv heads of hd). One block per (token, head); scores in dynamic shared
-// memory (pos0 + n floats). A head attends to positions max(0, p + 1 -
+// *dpos when dpos is set, else pos0) over a cache holding this layer's
+// positions (row p = kv_dim values: kv heads of hd). One block of 256
+// threads per (token, head). A head attends to positions max(0, p + 1 -
 // window) ..= p (window = 0: all). GQA: query head h reads kv head
 // h / (heads / kv_heads).
-extern "C" __global__ void attention(const float* __restrict__ q, const float* __restrict__ kc,
-                                     const float* __restrict__ vc, float* __restrict__ out, int heads,
-                                     int kv_heads, int hd, int pos0, const int* __restrict__ dpos, int window,
-                                     float scale) {
-    extern __shared__ float sm[];  // hd (query) + 32 (reductions) + positions (scores)
+//   scores: one thread per position (a whole dot product each, float4 loads
+//     of its key row), so 256 positions are scored in one pass;
+//   softmax: block max and sum;
+//   values: 256 / hd groups of hd threads, group g summing positions
+//     g, g + G, ... (thread d of a group reads v[d] of each: coalesced),
+//     then the groups' partial sums added in shared memory.
+// Shared memory: hd (query) + 32 (reductions) + 256 (partial sums) +
+// positions (scores) floats.
+#define ATT_THREADS 256
+
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+    attention(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+              float* __restrict__ out, int heads, int kv_heads, int hd, int pos0, const int* __restrict__ dpos,
+              int window, float scale) {
+    extern __shared__ __align__(16) float sm[];
     float* qs = sm;
     float* red = sm + hd;
-    float* sc = red + 32;
+    float* part = red + 32;
+    float* sc = part + ATT_THREADS;
+    const int tid = threadIdx.x;
     const int t = blockIdx.x / heads, h = blockIdx.x % heads;
     const int kv_dim = kv_heads * hd, kvh = h / (heads / kv_heads);
     const int p = (dpos ? dpos[0] : pos0) + t;
     const int first = window > 0 ? max(0, p + 1 - window) : 0;
     const int len = p + 1 - first;
     const float* qv = q + ((i64)t * heads + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qv[d];
+    for (int d = tid; d < hd; d += ATT_THREADS) qs[d] = qv[d];
     __syncthreads();
-    // Scores: one warp per position, lanes over the head's values.
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    for (int j = warp; j < len; j += nw) {
-        const float* kv = kc + (i64)(first + j) * kv_dim + (i64)kvh * hd;
+    // Scores.
+    const bool vec4 = (hd & 3) == 0 && (kv_dim & 3) == 0 && (((unsigned long long)kc) & 15) == 0;
+    for (int j = tid; j < len; j += ATT_THREADS) {
+        const float* kr = kc + (i64)(first + j) * kv_dim + (i64)kvh * hd;
         float s = 0.0f;
-        for (int d = lane; d < hd; d += 32) s = fmaf(qs[d], kv[d], s);
-        s = warp_sum(s);
-        if (lane == 0) sc[j] = s * scale;
+        if (vec4) {
+            const float4* k4 = (const float4*)kr;
+            const float4* q4 = (const float4*)qs;
+#pragma unroll 4
+            for (int d = 0; d < (hd >> 2); ++d) {
+                const float4 kv = k4[d], qq = q4[d];
+                s = fmaf(qq.x, kv.x, s);
+                s = fmaf(qq.y, kv.y, s);
+                s = fmaf(qq.z, kv.z, s);
+                s = fmaf(qq.w, kv.w, s);
+            }
+        } else {
+            for (int d = 0; d < hd; ++d) s = fmaf(qs[d], kr[d], s);
+        }
+        sc[j] = s * scale;
     }
     __syncthreads();
+    // Softmax.
     float m = -SP_INF;
-    for (int j = threadIdx.x; j < len; j += blockDim.x) m = fmaxf(m, sc[j]);
+    for (int j = tid; j < len; j += ATT_THREADS) m = fmaxf(m, sc[j]);
     m = block_max(m, red);
     float sum = 0.0f;
-    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+    for (int j = tid; j < len; j += ATT_THREADS) {
         const float e = expf(sc[j] - m);
         sc[j] = e;
         sum += e;
     }
     sum = block_sum(sum, red);  // its barriers also publish sc[]
     const float inv = 1.0f / sum;
-    // out[d] = sum_j p_j v_j[d]: thread d (several passes when hd > threads).
-    float* o = out + ((i64)t * heads + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    // Values.
+    const int groups = ATT_THREADS / hd;
+    if (tid < groups * hd) {
+        const int g = tid / hd, d = tid % hd;
         const float* vv = vc + (i64)first * kv_dim + (i64)kvh * hd + d;
         float acc = 0.0f;
-        for (int j = 0; j < len; ++j) acc = fmaf(sc[j], vv[(i64)j * kv_dim], acc);
+#pragma unroll 4
+        for (int j = g; j < len; j += groups) acc = fmaf(sc[j], vv[(i64)j * kv_dim], acc);
+        part[tid] = acc;
+    }
+    __syncthreads();
+    float* o = out + ((i64)t * heads + h) * hd;
+    for (int d = tid; d < hd; d += ATT_THREADS) {
+        float acc = 0.0f;
+        for (int g = 0; g < groups; ++g) acc += part[g * hd + d];
         o[d] = acc * inv;
     }
 }
