@@ -4,7 +4,8 @@
 # builds) without stopping at the first failing test binary, run the kernel
 # tests again on the AVX2 and scalar paths (SPINFER_CPU caps what the
 # kernels may use, so an AVX-512 machine also checks the code a CPU without
-# it runs), then end with one line: test binaries passed and failed.
+# it runs), compile every CUDA kernel through NVRTC (no GPU needed), then end
+# with one line: test binaries passed and failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-models.sh
@@ -12,6 +13,10 @@ scripts/fetch-models.sh
 kernels-wasm/build.sh target/wasm-packs/spinfer_kernels_wasm.wasm
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
+# The CUDA code paths (feature `cuda`: cudarc loads libcuda and libnvrtc at
+# run time, so they build without a toolkit).
+cargo clippy -p spinfer-kernels-cuda -p spinfer-gpu --all-targets --release \
+    --features spinfer-kernels-cuda/cuda,spinfer-gpu/cuda -- -D warnings
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -44,6 +49,12 @@ for cap in avx2 scalar; do
     run "SPINFER_CPU=$cap" env SPINFER_CPU=$cap cargo test --workspace --release --no-fail-fast \
         --lib "${kernel_tests[@]}" "${extra[@]}"
 done
+# CUDA without a GPU: every kernel source compiles through NVRTC (libnvrtc
+# from PyPI), and every device test says it is skipped.
+nvrtc_lib=$(scripts/fetch-nvrtc.sh)
+run "cuda (nvrtc compile check, no gpu)" env LD_LIBRARY_PATH="$nvrtc_lib" SPINFER_EXPECT_NVRTC=1 \
+    cargo test --release --no-fail-fast -p spinfer-kernels-cuda -p spinfer-gpu \
+    --features spinfer-kernels-cuda/cuda,spinfer-gpu/cuda
 if [ -x scripts/fuzz.sh ]; then
     run "fuzz smoke" scripts/fuzz.sh --smoke
 fi

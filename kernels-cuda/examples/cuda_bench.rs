@@ -14,7 +14,9 @@
 
 use std::fmt::Write as _;
 
-use spinfer_kernels_cuda::{ActType, CudaBackend, DeviceMatrix, Result, WeightFormat, synthetic_acts, synthetic_matrix};
+use spinfer_kernels_cuda::{
+    ActType, CudaBackend, DeviceMatrix, Result, WeightFormat, synthetic_acts, synthetic_matrix,
+};
 
 const WARMUP: usize = 10;
 const ITERS: usize = 50;
@@ -67,14 +69,15 @@ fn run() -> Result<Report> {
     let be = CudaBackend::new()?;
     let mut rep = Report { text: format!("device: {}\n", be.device()), json: Vec::new() };
 
-    // 1. Ceiling: copy 1 GiB.
-    let n = 1 << 28;
-    let src = be.alloc::<f32>(n)?;
-    let mut dst = be.alloc::<f32>(n)?;
-    let us = time_us(&be, || be.copy(&src, &mut dst))?;
-    let ceiling = 2.0 * (n * 4) as f64 / us / 1e3;
-    rep.row("ceiling", "dtod copy 1 GiB (read + write)", us, Some(ceiling), None);
-    drop((src, dst));
+    // 1. Ceiling: copy 1 GiB (the buffers are freed at the block's end).
+    {
+        let n = 1 << 28;
+        let src = be.alloc::<f32>(n)?;
+        let mut dst = be.alloc::<f32>(n)?;
+        let us = time_us(&be, || be.copy(&src, &mut dst))?;
+        let ceiling = 2.0 * (n * 4) as f64 / us / 1e3;
+        rep.row("ceiling", "dtod copy 1 GiB (read + write)", us, Some(ceiling), None);
+    }
 
     // 2. Dense GEMV per format: 16384 x 8192 (Q4_0: 75 MB, past the L2).
     let (rows, cols) = (16384, 8192);

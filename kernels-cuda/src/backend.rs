@@ -228,11 +228,15 @@ impl CudaBackend {
     /// [`CudaError::Shape`] when `bytes` is not exactly that matrix.
     pub fn upload_matrix(&self, format: WeightFormat, rows: usize, cols: usize, bytes: &[u8]) -> Result<DeviceMatrix> {
         let row_bytes = format.row_bytes(cols)?;
-        let want = rows.checked_mul(row_bytes).ok_or_else(|| shape_err("upload_matrix", format!("{rows} rows overflow")))?;
+        let want =
+            rows.checked_mul(row_bytes).ok_or_else(|| shape_err("upload_matrix", format!("{rows} rows overflow")))?;
         if rows == 0 || bytes.len() != want || i32::try_from(rows).is_err() || i32::try_from(cols).is_err() {
             return Err(shape_err(
                 "upload_matrix",
-                format!("a {format} matrix of {rows} x {cols} is {want} bytes (and at most 2^31 rows), got {}", bytes.len()),
+                format!(
+                    "a {format} matrix of {rows} x {cols} is {want} bytes (and at most 2^31 rows), got {}",
+                    bytes.len()
+                ),
             ));
         }
         Ok(DeviceMatrix { buf: self.upload(bytes)?, format, rows, cols, row_bytes })
@@ -278,14 +282,19 @@ impl CudaBackend {
     }
 
     fn write_rows_into(&self, dst: &mut DeviceBuf<i32>, rows: &[u32], bound: usize) -> Result<()> {
-        if let Some((i, r)) = rows.iter().enumerate().find(|(_, r)| **r as usize >= bound || i32::try_from(**r).is_err()) {
+        if let Some((i, r)) =
+            rows.iter().enumerate().find(|(_, r)| **r as usize >= bound || i32::try_from(**r).is_err())
+        {
             return Err(shape_err("upload_rows", format!("index {i} is row {r}, not below {bound}")));
         }
         let idx: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
         if idx.is_empty() {
             return Ok(());
         }
-        self.write(dst.at_mut(0, idx.len()).ok_or_else(|| shape_err("write_rows", format!("{} indices", idx.len())))?, &idx)
+        self.write(
+            dst.at_mut(0, idx.len()).ok_or_else(|| shape_err("write_rows", format!("{} indices", idx.len())))?,
+            &idx,
+        )
     }
 
     /// The device address of element `offset` of `buf`.
@@ -300,7 +309,13 @@ impl CudaBackend {
     /// # Errors
     ///
     /// [`CudaError::Shape`] on mismatched lengths; driver and compile errors.
-    pub fn gemv(&self, w: &DeviceMatrix, x: &DeviceActs, rows: Option<&DeviceRows>, y: &mut DeviceBuf<f32>) -> Result<()> {
+    pub fn gemv(
+        &self,
+        w: &DeviceMatrix,
+        x: &DeviceActs,
+        rows: Option<&DeviceRows>,
+        y: &mut DeviceBuf<f32>,
+    ) -> Result<()> {
         if x.len != w.cols {
             return Err(shape_err("gemv", format!("{} x {} weights, activations of {}", w.rows, w.cols, x.len)));
         }
@@ -342,7 +357,12 @@ impl CudaBackend {
         let n_out = match rows {
             None => w.rows,
             Some(r) if r.bound <= w.rows => r.len(),
-            Some(r) => return Err(shape_err("gemv", format!("row indices up to {} for a matrix of {} rows", r.bound, w.rows))),
+            Some(r) => {
+                return Err(shape_err(
+                    "gemv",
+                    format!("row indices up to {} for a matrix of {} rows", r.bound, w.rows),
+                ));
+            }
         };
         if y.len < tokens * n_out {
             return Err(shape_err("gemv", format!("{tokens} tokens x {n_out} outputs into {} values", y.len)));
@@ -357,7 +377,10 @@ impl CudaBackend {
             // Many tokens (prefill): one tiled launch reads each weight
             // once per 64 tokens.
             let grid = Grid {
-                blocks: (int(n_out.div_ceil(GEMM_TILE), "blocks")? as u32, int(tokens.div_ceil(GEMM_TILE), "blocks")? as u32),
+                blocks: (
+                    int(n_out.div_ceil(GEMM_TILE), "blocks")? as u32,
+                    int(tokens.div_ceil(GEMM_TILE), "blocks")? as u32,
+                ),
                 threads: 256,
                 smem: 0,
             };
@@ -379,7 +402,11 @@ impl CudaBackend {
             // edges.
             return unsafe { self.inner.launch(Module::Format(w.format), &gemm_kernel(w.format, act), grid, &args) };
         }
-        let grid = Grid { blocks: (int(n_out.div_ceil(GEMV_ROWS_PER_BLOCK), "blocks")? as u32, 1), threads: 32 * GEMV_WARPS, smem: 0 };
+        let grid = Grid {
+            blocks: (int(n_out.div_ceil(GEMV_ROWS_PER_BLOCK), "blocks")? as u32, 1),
+            threads: 32 * GEMV_WARPS,
+            smem: 0,
+        };
         let mut t = 0;
         while t < tokens {
             let b = batch_for(tokens - t, &GEMV_BATCHES);
@@ -454,7 +481,8 @@ impl CudaBackend {
                 KArg::I32(n_rows),
                 KArg::Ptr(part),
             ];
-            let grid = Grid { blocks: (items.div_ceil(threads) as u32, splits as u32), threads: threads as u32, smem: 0 };
+            let grid =
+                Grid { blocks: (items.div_ceil(threads) as u32, splits as u32), threads: threads as u32, smem: 0 };
             // SAFETY: arguments follow axpy_rows_* in gemv.cu (w,
             // row_bytes, cols, a, a_stride, rows, n_rows, part); `a` holds
             // this batch's activations, the indices are below the matrix's

@@ -38,9 +38,9 @@ use cuda as imp;
 #[cfg(not(feature = "cuda"))]
 use cuda_disabled as imp;
 
-pub use error::{CudaError, CudaUnavailable, Result};
 pub use backend::{CudaBackend, DeviceGraph};
 pub use buffers::{DeviceActs, DeviceBuf, DeviceMatrix, DeviceRows, Elem, Slice, SliceMut};
+pub use error::{CudaError, CudaUnavailable, Result};
 pub use format::{AXPY_BATCHES, ActType, GEMV_BATCHES, WeightFormat, kernel_source, ops_source};
 pub use ops::{AttentionShape, KvCache, MAX_ATTENTION_POSITIONS, Position, QkvRows, RopePairs, RopeShape};
 pub use synthetic::{synthetic_acts, synthetic_matrix};

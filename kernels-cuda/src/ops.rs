@@ -152,7 +152,8 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        let args = [KArg::Ptr(x), KArg::Ptr(self.ptr_of(&w)), KArg::F32(eps), KArg::I32(int(w.len, "dim")?), KArg::Ptr(out)];
+        let args =
+            [KArg::Ptr(x), KArg::Ptr(self.ptr_of(&w)), KArg::F32(eps), KArg::I32(int(w.len, "dim")?), KArg::Ptr(out)];
         let grid = Grid { blocks: (int(rows, "rows")? as u32, 1), threads: 256, smem: 0 };
         // SAFETY: follows rms_norm(x, w, eps, dim, out); x and out hold
         // `rows` rows of `dim` (checked by the callers), w holds `dim`.
@@ -169,10 +170,17 @@ impl CudaBackend {
     ///
     /// [`crate::CudaError::Shape`] when a row or a cache position falls
     /// outside its buffer.
-    pub fn rope_append(&self, src: QkvRows<'_>, r: RopeShape<'_>, q_out: SliceMut<'_, f32>, cache: KvCache<'_>) -> Result<()> {
+    pub fn rope_append(
+        &self,
+        src: QkvRows<'_>,
+        r: RopeShape<'_>,
+        q_out: SliceMut<'_, f32>,
+        cache: KvCache<'_>,
+    ) -> Result<()> {
         let (hd, n) = (r.head_dim, r.tokens);
         let (q_dim, kv_dim) = (r.heads * hd, r.kv_heads * hd);
-        let rows_fit = |s: &Slice<'_, f32>, stride: usize, width: usize| stride >= width && s.len >= (n - 1) * stride + width;
+        let rows_fit =
+            |s: &Slice<'_, f32>, stride: usize, width: usize| stride >= width && s.len >= (n - 1) * stride + width;
         if n == 0 || hd % 2 != 0 || r.heads == 0 || r.kv_heads == 0 {
             return Err(shape_err("rope_append", format!("{r:?}")));
         }
@@ -186,7 +194,10 @@ impl CudaBackend {
         {
             return Err(shape_err(
                 "rope_append",
-                format!("{r:?}: q/k/v of {}/{}/{}, q_out {}, caches {}/{}", src.q.0.len, src.k.0.len, src.v.0.len, q_out.len, cache.keys.len, cache.values.len),
+                format!(
+                    "{r:?}: q/k/v of {}/{}/{}, q_out {}, caches {}/{}",
+                    src.q.0.len, src.k.0.len, src.v.0.len, q_out.len, cache.keys.len, cache.values.len
+                ),
             ));
         }
         let total = n * (r.heads + r.kv_heads) * hd / 2;
@@ -242,12 +253,17 @@ impl CudaBackend {
             || values.len < end * kv_dim
             || a.head_dim > 256
         {
-            return Err(shape_err("attention", format!("{a:?} with q {}, cache {}/{}, out {}", q.len, keys.len, values.len, out.len)));
+            return Err(shape_err(
+                "attention",
+                format!("{a:?} with q {}, cache {}/{}, out {}", q.len, keys.len, values.len, out.len),
+            ));
         }
         if end > MAX_ATTENTION_POSITIONS {
             return Err(shape_err(
                 "attention",
-                format!("{end} positions: the CUDA attention kernel handles at most {MAX_ATTENTION_POSITIONS} (lower --ctx)"),
+                format!(
+                    "{end} positions: the CUDA attention kernel handles at most {MAX_ATTENTION_POSITIONS} (lower --ctx)"
+                ),
             ));
         }
         let smem = int((a.head_dim + 32 + ATT_THREADS + end) * 4, "shared memory")? as u32;
@@ -272,12 +288,23 @@ impl CudaBackend {
         unsafe { self.inner.launch(Module::Ops, "attention", grid, &args) }
     }
 
-    fn gated(&self, kernel: &str, gate: (Slice<'_, f32>, usize), up: (Slice<'_, f32>, usize), f: usize, tokens: usize, out: SliceMut<'_, f32>) -> Result<()> {
+    fn gated(
+        &self,
+        kernel: &str,
+        gate: (Slice<'_, f32>, usize),
+        up: (Slice<'_, f32>, usize),
+        f: usize,
+        tokens: usize,
+        out: SliceMut<'_, f32>,
+    ) -> Result<()> {
         let fits = |s: &Slice<'_, f32>, stride: usize| stride >= f && s.len >= tokens.saturating_sub(1) * stride + f;
         if tokens == 0 || f == 0 || !fits(&gate.0, gate.1) || !fits(&up.0, up.1) || out.len < tokens * f {
             return Err(shape_err(
                 "gated activation",
-                format!("{tokens} x {f} from gate {} (stride {}) and up {} (stride {}) into {}", gate.0.len, gate.1, up.0.len, up.1, out.len),
+                format!(
+                    "{tokens} x {f} from gate {} (stride {}) and up {} (stride {}) into {}",
+                    gate.0.len, gate.1, up.0.len, up.1, out.len
+                ),
             ));
         }
         let args = [
@@ -301,7 +328,14 @@ impl CudaBackend {
     /// # Errors
     ///
     /// [`crate::CudaError::Shape`] when a row falls outside its slice.
-    pub fn swiglu(&self, gate: (Slice<'_, f32>, usize), up: (Slice<'_, f32>, usize), f: usize, tokens: usize, out: SliceMut<'_, f32>) -> Result<()> {
+    pub fn swiglu(
+        &self,
+        gate: (Slice<'_, f32>, usize),
+        up: (Slice<'_, f32>, usize),
+        f: usize,
+        tokens: usize,
+        out: SliceMut<'_, f32>,
+    ) -> Result<()> {
         self.gated("swiglu", gate, up, f, tokens, out)
     }
 
@@ -310,7 +344,14 @@ impl CudaBackend {
     /// # Errors
     ///
     /// [`crate::CudaError::Shape`] when a row falls outside its slice.
-    pub fn geglu(&self, gate: (Slice<'_, f32>, usize), up: (Slice<'_, f32>, usize), f: usize, tokens: usize, out: SliceMut<'_, f32>) -> Result<()> {
+    pub fn geglu(
+        &self,
+        gate: (Slice<'_, f32>, usize),
+        up: (Slice<'_, f32>, usize),
+        f: usize,
+        tokens: usize,
+        out: SliceMut<'_, f32>,
+    ) -> Result<()> {
         self.gated("geglu", gate, up, f, tokens, out)
     }
 
@@ -335,9 +376,19 @@ impl CudaBackend {
     /// # Errors
     ///
     /// [`crate::CudaError::Shape`] unless all three hold the same whole rows.
-    pub fn add_rms_norm(&self, x: SliceMut<'_, f32>, y: Slice<'_, f32>, w: Slice<'_, f32>, eps: f32, out: SliceMut<'_, f32>) -> Result<()> {
+    pub fn add_rms_norm(
+        &self,
+        x: SliceMut<'_, f32>,
+        y: Slice<'_, f32>,
+        w: Slice<'_, f32>,
+        eps: f32,
+        out: SliceMut<'_, f32>,
+    ) -> Result<()> {
         if w.len == 0 || x.len != y.len || x.len != out.len || !x.len.is_multiple_of(w.len) {
-            return Err(shape_err("add_rms_norm", format!("{} + {} into {} in rows of {}", x.len, y.len, out.len, w.len)));
+            return Err(shape_err(
+                "add_rms_norm",
+                format!("{} + {} into {} in rows of {}", x.len, y.len, out.len, w.len),
+            ));
         }
         let rows = x.len / w.len;
         let args = [
@@ -360,9 +411,19 @@ impl CudaBackend {
     /// # Errors
     ///
     /// [`crate::CudaError::Shape`] on mismatched lengths or indices.
-    pub fn embed_rows(&self, w: &DeviceMatrix, ids: &DeviceRows, n: usize, s: f32, out: SliceMut<'_, f32>) -> Result<()> {
+    pub fn embed_rows(
+        &self,
+        w: &DeviceMatrix,
+        ids: &DeviceRows,
+        n: usize,
+        s: f32,
+        out: SliceMut<'_, f32>,
+    ) -> Result<()> {
         if ids.bound > w.rows || n > ids.len() || out.len != n * w.cols {
-            return Err(shape_err("embed_rows", format!("{n} rows of {} (indices below {}) into {}", w.cols, ids.bound, out.len)));
+            return Err(shape_err(
+                "embed_rows",
+                format!("{n} rows of {} (indices below {}) into {}", w.cols, ids.bound, out.len),
+            ));
         }
         if n == 0 {
             return Ok(());

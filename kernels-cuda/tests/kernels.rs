@@ -56,7 +56,10 @@ fn assert_close(what: &str, got: &[f32], want: &[f64], mag: &[f64]) {
     assert_eq!(got.len(), want.len(), "{what}");
     for (i, ((&g, &w), &m)) in got.iter().zip(want).zip(mag).enumerate() {
         let tol = 2e-5 * m + 1e-6;
-        assert!(g.is_finite() && (f64::from(g) - w).abs() <= tol, "{what}: output {i} is {g}, want {w} (tol {tol:.2e})");
+        assert!(
+            g.is_finite() && (f64::from(g) - w).abs() <= tol,
+            "{what}: output {i} is {g}, want {w} (tol {tol:.2e})"
+        );
     }
 }
 

@@ -98,9 +98,11 @@ fn rope_append_rotates_q_and_k_and_fills_the_cache() {
                 }
             }
             let src_buf = be.upload(&qkv).unwrap();
-            let (mut q_out, mut kc, mut vc) = (be.alloc(tokens * q_dim).unwrap(), be.alloc(ctx * kv_dim).unwrap(), be.alloc(ctx * kv_dim).unwrap());
+            let (mut q_out, mut kc, mut vc) =
+                (be.alloc(tokens * q_dim).unwrap(), be.alloc(ctx * kv_dim).unwrap(), be.alloc(ctx * kv_dim).unwrap());
             let dpos = be.upload(&[pos0 as i32]).unwrap();
-            let pos = if on_device { Position::Device { buf: &dpos, bound: ctx - tokens } } else { Position::Value(pos0) };
+            let pos =
+                if on_device { Position::Device { buf: &dpos, bound: ctx - tokens } } else { Position::Value(pos0) };
             let at = |off: usize, width: usize| src_buf.at(off, (tokens - 1) * w + width).unwrap();
             let src = QkvRows { q: (at(0, q_dim), w), k: (at(q_dim, kv_dim), w), v: (at(q_dim + kv_dim, kv_dim), w) };
             let shape = RopeShape { tokens, heads, kv_heads, head_dim: hd, pos, theta, pairs };
@@ -211,7 +213,11 @@ fn gated_activations_add_and_fused_norm() {
 #[test]
 fn embedding_rows_are_dequantised_and_scaled() {
     let Some(be) = backend() else { return };
-    for (f, ty) in [(WeightFormat::Q8_0, GgmlType::Q8_0), (WeightFormat::Q4_K, GgmlType::Q4_K), (WeightFormat::Q6_K, GgmlType::Q6_K)] {
+    for (f, ty) in [
+        (WeightFormat::Q8_0, GgmlType::Q8_0),
+        (WeightFormat::Q4_K, GgmlType::Q4_K),
+        (WeightFormat::Q6_K, GgmlType::Q6_K),
+    ] {
         let (rows, cols) = (50, 512);
         let bytes = synthetic_matrix(f, rows, cols, 9).unwrap();
         let rb = f.row_bytes(cols).unwrap();

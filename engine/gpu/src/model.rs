@@ -9,8 +9,8 @@ use spinfer_engine::tensor::TensorView;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels_cuda::{
-    AttentionShape, CudaBackend, DeviceBuf, DeviceGraph, DeviceMatrix, DeviceRows, KvCache, Position, QkvRows, RopePairs,
-    RopeShape, Slice, SliceMut, WeightFormat,
+    AttentionShape, CudaBackend, DeviceBuf, DeviceGraph, DeviceMatrix, DeviceRows, KvCache, Position, QkvRows,
+    RopePairs, RopeShape, Slice, SliceMut, WeightFormat,
 };
 
 use crate::{GpuError, Result};
@@ -23,7 +23,7 @@ pub const UBATCH: usize = 512;
 /// Projections that read the same input: one stacked matrix (one launch)
 /// when their formats agree, else one matrix each.
 enum Proj {
-    Stacked(DeviceMatrix),   // (sum of the parts' rows, cols)
+    Stacked(DeviceMatrix), // (sum of the parts' rows, cols)
     Separate(Vec<DeviceMatrix>),
 }
 
@@ -49,8 +49,8 @@ pub struct GpuModel {
     be: CudaBackend,
     token_embd: DeviceMatrix, // (vocab, dim); also the head when tied
     layers: Vec<Layer>,
-    output_norm: DeviceBuf<f32>,    // (dim)
-    output: Option<DeviceMatrix>,   // (vocab, dim); None when tied to token_embd
+    output_norm: DeviceBuf<f32>,  // (dim)
+    output: Option<DeviceMatrix>, // (vocab, dim); None when tied to token_embd
     ctx: usize,
 }
 
@@ -74,8 +74,8 @@ pub struct GpuSession {
     tmp2: DeviceBuf<f32>,        // its post-norm (Gemma) (UBATCH, dim)
     hidden: DeviceBuf<f32>,      // final-normed hidden states of the last forward call (tokens, dim)
     last_tokens: usize,
-    logits: DeviceBuf<f32>,      // (rows requested, vocab)
-    graph: Option<DeviceGraph>,  // one decode step (1 token, position from `dpos`)
+    logits: DeviceBuf<f32>,     // (rows requested, vocab)
+    graph: Option<DeviceGraph>, // one decode step (1 token, position from `dpos`)
     use_graph: bool,
 }
 
@@ -246,7 +246,8 @@ impl GpuModel {
             Proj::Stacked(m) => m.bytes(),
             Proj::Separate(ms) => ms.iter().map(DeviceMatrix::bytes).sum(),
         };
-        let layers: usize = self.layers.iter().map(|l| proj(&l.qkv) + l.wo.bytes() + proj(&l.gate_up) + l.w_down.bytes()).sum();
+        let layers: usize =
+            self.layers.iter().map(|l| proj(&l.qkv) + l.wo.bytes() + proj(&l.gate_up) + l.w_down.bytes()).sum();
         layers + self.token_embd.bytes() + self.output.as_ref().map_or(0, DeviceMatrix::bytes)
     }
 
@@ -355,7 +356,12 @@ impl GpuModel {
         // and the first block's attention RMSNorm.
         let scale = if c.is_gemma() { (dim as f32).sqrt() } else { 1.0 };
         be.embed_rows(&self.token_embd, &s.ids, n, scale, at_mut(&mut s.x, "x", 0, n * dim)?)?;
-        be.rms_norm(at(&s.x, "x", 0, n * dim)?, self.layers[0].attn_norm.all(), c.rms_eps, at_mut(&mut s.xn, "xn", 0, n * dim)?)?;
+        be.rms_norm(
+            at(&s.x, "x", 0, n * dim)?,
+            self.layers[0].attn_norm.all(),
+            c.rms_eps,
+            at_mut(&mut s.xn, "xn", 0, n * dim)?,
+        )?;
 
         for (l, layer) in self.layers.iter().enumerate() {
             let local = c.sliding_window.filter(|w| w.is_local(l));
@@ -384,10 +390,12 @@ impl GpuModel {
             // RoPE on q (into s.q) and k (into the cache at their
             // positions), v into the cache; a local layer with its own base.
             let rows = |(off, stride): (usize, usize), width| at(&s.qkv, "qkv", off, (n - 1) * stride + width);
-            let src = QkvRows { q: (rows(qr, q_dim)?, qr.1), k: (rows(kr, kv_dim)?, kr.1), v: (rows(vr, kv_dim)?, vr.1) };
+            let src =
+                QkvRows { q: (rows(qr, q_dim)?, qr.1), k: (rows(kr, kv_dim)?, kr.1), v: (rows(vr, kv_dim)?, vr.1) };
             let theta = local.map_or(c.rope_theta, |w| w.rope_theta);
             let pos = position(&s.dpos, s.pos, device, bound);
-            let shape = RopeShape { tokens: n, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: hd, pos, theta, pairs };
+            let shape =
+                RopeShape { tokens: n, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: hd, pos, theta, pairs };
             let cache = KvCache { keys: s.keys[l].all_mut(), values: s.values[l].all_mut() };
             be.rope_append(src, shape, at_mut(&mut s.q, "q", 0, n * q_dim)?, cache)?;
             // Causal attention over the cache (a local layer over its
@@ -427,7 +435,13 @@ impl GpuModel {
                 FfnAct::Silu => be.swiglu(gate, up, ffn, n, act)?,
                 FfnAct::GeluTanh => be.geglu(gate, up, ffn, n, act)?,
             }
-            be.gemv_f32(&layer.w_down, at(&s.act, "act", 0, n * ffn)?, n, None, at_mut(&mut s.tmp, "tmp", 0, n * dim)?)?;
+            be.gemv_f32(
+                &layer.w_down,
+                at(&s.act, "act", 0, n * ffn)?,
+                n,
+                None,
+                at_mut(&mut s.tmp, "tmp", 0, n * dim)?,
+            )?;
             // Its RMSNorm (Gemma), the residual, and the next RMSNorm: the
             // next block's, or the final one into s.hidden.
             match self.layers.get(l + 1) {

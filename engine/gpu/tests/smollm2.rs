@@ -28,7 +28,8 @@ fn gpu_model(ctx: usize) -> Option<GpuModel> {
 
 fn cpu_engine(precision: Precision, ctx: usize) -> Engine {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(16));
-    Engine::load(smollm2().expect("model"), ModelOptions { precision, ctx, threads, sparsity: None }).expect("cpu engine")
+    Engine::load(smollm2().expect("model"), ModelOptions { precision, ctx, threads, sparsity: None })
+        .expect("cpu engine")
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
