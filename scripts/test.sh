@@ -15,8 +15,8 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 # The CUDA code paths (feature `cuda`: cudarc loads libcuda and libnvrtc at
 # run time, so they build without a toolkit).
-cargo clippy -p spinfer-kernels-cuda -p spinfer-gpu --all-targets --release \
-    --features spinfer-kernels-cuda/cuda,spinfer-gpu/cuda -- -D warnings
+cargo clippy -p spinfer-kernels-cuda -p spinfer-gpu -p spinfer-cli --all-targets --release \
+    --features spinfer-kernels-cuda/cuda,spinfer-gpu/cuda,spinfer-cli/cuda -- -D warnings
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -218,6 +218,18 @@ pub struct GenerateArgs {
     /// too and slows decoding) to stderr, or under "sparsity" with --json.
     #[arg(long)]
     pub stats: bool,
+    /// Where the model runs: cpu, or cuda (the whole model on GPU 0, f32
+    /// activations; a GGUF model, dense; needs a build with feature
+    /// `cuda`).
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
+}
+
+/// Where `generate` runs the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Device {
+    Cpu,
+    Cuda,
 }
 
 pub fn generate(a: GenerateArgs) -> Result<()> {
@@ -251,6 +263,10 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     };
     // Argument errors before the (slower) model load.
     params.sampler.validate()?;
+    if a.device == Device::Cuda {
+        let g = crate::gpu::generate(&a, &prompt, &params)?;
+        return print_generation(&a, &g, serde_json::Value::Null);
+    }
     let engine = load(&a.common, a.ctx)?;
     let mut session = engine.model.new_session();
     // Judge predictors that choose before the gate against the full gate
@@ -272,6 +288,21 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
             ControlFlow::Continue(())
         },
     )?;
+    print_generation(&a, &g, sparsity_json(&engine, &session))?;
+    if a.stats && !a.common.json {
+        print_sparsity_stats(&engine, &session);
+    }
+    Ok(())
+}
+
+/// Prints a generation's end: the JSON object with --json (`sparsity` under
+/// its key), else a line of statistics on stderr unless --quiet.
+fn print_generation(
+    a: &GenerateArgs,
+    g: &spinfer_engine::generate::Generation,
+    sparsity: serde_json::Value,
+) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
     if a.common.json {
         let v = serde_json::json!({
             "text": g.text,
@@ -287,7 +318,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
                 "decode": ms(g.timings.decode),
                 "sample": ms(g.timings.sample),
             },
-            "sparsity": sparsity_json(&engine, &session),
+            "sparsity": sparsity,
         });
         writeln!(stdout, "{v}")?;
     } else if !a.common.quiet {
@@ -306,9 +337,6 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
             g.tokens.len(),
             g.decode_tokens_per_second()
         );
-    }
-    if a.stats && !a.common.json {
-        print_sparsity_stats(&engine, &session);
     }
     Ok(())
 }

@@ -104,6 +104,10 @@ fn print_choices(engine: &Engine, json: bool) {
         println!("{}", serde_json::Value::Array(v));
         return;
     }
+    // The CUDA provider: score 0 and why where it cannot run (no build
+    // feature, no driver, no device); `generate --device cuda` uses it.
+    let (score, why) = spinfer_kernels_cuda::score();
+    println!("cuda (spinfer-kernels-cuda): score {score}: {why}");
     for l in choices {
         println!("{}", describe(&l.desc));
         println!("  -> {} ({}): {}", l.kernel_name(), l.provider, l.choice);

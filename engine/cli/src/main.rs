@@ -8,6 +8,7 @@ mod bench;
 mod calibrate;
 mod commands;
 mod embed;
+mod gpu;
 mod head;
 mod kernels;
 mod pack;

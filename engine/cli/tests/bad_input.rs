@@ -237,3 +237,21 @@ fn bad_head_arguments() {
     let e = fails(&["generate", "-m", m, "-p", "x", "--head-index", junk.to_str().unwrap(), "--quiet"]);
     assert_mentions(&e, &["junk.spinfer-head", "bad magic"]);
 }
+
+/// `--device cuda` on a machine (or build) without CUDA says why, and flags
+/// the GPU path does not support are refused by name before anything loads.
+#[test]
+fn cuda_device_without_cuda_or_with_cpu_only_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Gguf::tiny_llama().write(dir.path(), "tiny.gguf");
+    let m = model.to_str().unwrap();
+    let err = fails(&["generate", "-m", m, "-p", "hi", "-n", "2", "--device", "cuda", "--sparsity", "x.json"]);
+    assert_mentions(&err, &["--sparsity", "--device cuda"]);
+    let err = fails(&["generate", "-m", m, "-p", "hi", "-n", "2", "--device", "cuda", "--precise"]);
+    assert_mentions(&err, &["--precise", "--device cuda"]);
+    if spinfer_kernels_cuda::probe().is_err() {
+        // No device here (CI): the reason, whichever it is.
+        let err = fails(&["generate", "-m", m, "-p", "hi", "-n", "2", "--device", "cuda"]);
+        assert!(err.contains("cuda"), "{err}");
+    }
+}

@@ -206,3 +206,16 @@ fn bench_vs_dense_reports_the_paired_ratio() {
     assert!(lo <= mid && mid <= hi, "{v}");
     assert!(v["rounds_sparse_faster"].as_u64().is_some_and(|x| x <= 2), "{v}");
 }
+
+/// `spinfer kernels` lists the CUDA provider with its score and, where it
+/// cannot run (CI: no build feature or no driver), score 0 and the reason.
+#[test]
+fn kernels_lists_the_cuda_provider_with_its_score() {
+    let Some(m) = common::smollm2() else { return };
+    let out = stdout(&spinfer(&["kernels", "-m", m.to_str().unwrap()]));
+    let line = out.lines().find(|l| l.starts_with("cuda (spinfer-kernels-cuda): score ")).expect("a cuda line");
+    match spinfer_kernels_cuda::probe() {
+        Ok(dev) => assert!(line.contains(&dev.name), "{line}"),
+        Err(why) => assert_eq!(line, format!("cuda (spinfer-kernels-cuda): score 0: {why}")),
+    }
+}

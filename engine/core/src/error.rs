@@ -34,6 +34,9 @@ pub enum Error {
     InvalidArgument(String),
     #[error("no kernel serves {op}")]
     NoKernel { op: String },
+    /// A device back end (the GPU) failed; `detail` is its error.
+    #[error("{device}: {detail}")]
+    Device { device: String, detail: String },
     #[error("kernel '{kernel}': {source}")]
     Kernel { kernel: String, source: spinfer_kernels::KernelError },
     #[error(transparent)]

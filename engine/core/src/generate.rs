@@ -77,6 +77,46 @@ impl Generation {
     }
 }
 
+/// What the generation loop needs from a model and one of its sessions, so
+/// that it drives the CPU model and other back ends (the GPU's
+/// `spinfer_gpu::GpuModel`) alike.
+pub trait DecodeSession {
+    /// Positions the session holds.
+    fn ctx(&self) -> usize;
+    /// Tokens already in its cache.
+    fn pos(&self) -> usize;
+    /// Forgets the cached tokens.
+    fn reset(&mut self);
+    /// Runs `tokens` at the next positions.
+    fn forward(&mut self, tokens: &[u32]) -> Result<()>;
+    /// The logits for choosing the next token (after the last `forward`).
+    fn next_token_logits(&mut self) -> Result<&[f32]>;
+}
+
+/// The CPU model and a session of it.
+struct CpuSession<'a> {
+    model: &'a Model,
+    session: &'a mut Session,
+}
+
+impl DecodeSession for CpuSession<'_> {
+    fn ctx(&self) -> usize {
+        self.session.ctx()
+    }
+    fn pos(&self) -> usize {
+        self.session.pos()
+    }
+    fn reset(&mut self) {
+        self.session.reset();
+    }
+    fn forward(&mut self, tokens: &[u32]) -> Result<()> {
+        self.model.forward(self.session, tokens)
+    }
+    fn next_token_logits(&mut self) -> Result<&[f32]> {
+        self.model.next_token_logits(self.session)
+    }
+}
+
 /// Generates a continuation of `prompt` in a fresh use of `session`
 /// (its cache is reset). `on_text` receives each piece of text as soon as it
 /// is final; returning `ControlFlow::Break(())` cancels.
@@ -84,6 +124,17 @@ pub fn generate(
     model: &Model,
     tokenizer: &Tokenizer,
     session: &mut Session,
+    prompt: &str,
+    params: &GenerateParams,
+    on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
+) -> Result<Generation> {
+    generate_with(&mut CpuSession { model, session }, tokenizer, prompt, params, on_text)
+}
+
+/// [`generate`] on any [`DecodeSession`].
+pub fn generate_with(
+    session: &mut dyn DecodeSession,
+    tokenizer: &Tokenizer,
     prompt: &str,
     params: &GenerateParams,
     on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
@@ -104,8 +155,8 @@ pub fn generate(
 
     // Prefill: the whole prompt as one batch.
     let t = Instant::now();
-    model.forward(session, &prompt_ids)?;
-    let mut logits = model.next_token_logits(session)?.to_vec();
+    session.forward(&prompt_ids)?;
+    let mut logits = session.next_token_logits()?.to_vec();
     timings.prefill = t.elapsed();
 
     let mut history = prompt_ids.clone();
@@ -137,8 +188,8 @@ pub fn generate(
             break;
         }
         let ts = Instant::now();
-        model.forward(session, &[next])?;
-        logits.copy_from_slice(model.next_token_logits(session)?);
+        session.forward(&[next])?;
+        logits.copy_from_slice(session.next_token_logits()?);
         timings.decode += ts.elapsed();
     }
     if stop_reason != StopReason::StopString && stop_reason != StopReason::Cancelled {

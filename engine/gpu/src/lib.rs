@@ -12,8 +12,10 @@
 //! Built without feature `cuda`, loading answers that CUDA is not compiled
 //! in (`spinfer_kernels_cuda::CudaUnavailable::NotCompiled`).
 
+mod decode;
 mod model;
 
+pub use decode::GpuDecode;
 pub use model::{GpuModel, GpuSession, UBATCH};
 
 /// What can go wrong running a model on the GPU.
@@ -35,3 +37,12 @@ pub enum GpuError {
 
 /// The crate's result type.
 pub type Result<T> = std::result::Result<T, GpuError>;
+
+impl From<GpuError> for spinfer_engine::Error {
+    fn from(e: GpuError) -> Self {
+        match e {
+            GpuError::Engine(e) => e,
+            other => spinfer_engine::Error::Device { device: "cuda".into(), detail: other.to_string() },
+        }
+    }
+}

@@ -240,6 +240,11 @@ impl GpuModel {
         &self.be
     }
 
+    /// Positions each session holds.
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+
     /// Bytes of weights on the device.
     pub fn weight_bytes(&self) -> usize {
         let proj = |p: &Proj| match p {

@@ -1,0 +1,50 @@
+//! The GPU model as the engine's generation loop drives it
+//! (`spinfer_engine::generate::generate_with`).
+
+use spinfer_engine::generate::DecodeSession;
+
+use crate::{GpuModel, GpuSession};
+
+/// A [`GpuModel`] and one of its sessions, with the host copy of the last
+/// logits.
+pub struct GpuDecode<'a> {
+    model: &'a GpuModel,
+    session: &'a mut GpuSession,
+    logits: Vec<f32>,
+    last: usize,
+}
+
+impl<'a> GpuDecode<'a> {
+    /// Drives `session` of `model`.
+    pub fn new(model: &'a GpuModel, session: &'a mut GpuSession) -> Self {
+        Self { model, session, logits: Vec::new(), last: 0 }
+    }
+}
+
+impl DecodeSession for GpuDecode<'_> {
+    fn ctx(&self) -> usize {
+        self.model.ctx()
+    }
+
+    fn pos(&self) -> usize {
+        self.session.pos()
+    }
+
+    fn reset(&mut self) {
+        self.session.reset();
+    }
+
+    fn forward(&mut self, tokens: &[u32]) -> spinfer_engine::Result<()> {
+        self.model.forward(self.session, tokens)?;
+        self.last = tokens.len();
+        Ok(())
+    }
+
+    fn next_token_logits(&mut self) -> spinfer_engine::Result<&[f32]> {
+        if self.last == 0 {
+            return Err(spinfer_engine::Error::InvalidArgument("no tokens were run yet".into()));
+        }
+        self.logits = self.model.logits(self.session, self.last - 1..self.last)?;
+        Ok(&self.logits)
+    }
+}
