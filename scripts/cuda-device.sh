@@ -8,12 +8,14 @@
 #   scripts/cuda-device.sh --llama SRC.tar.xz     # there: build llama.cpp (CUDA) in the background
 #   scripts/cuda-device.sh --run BIN_DIR OUT_DIR  # there: tests, benchmarks, llama.cpp side by side
 #
-# --run assembles the SmolLM2 GGUF from staged parts (smollm2.part*) when
-# they are there and checks its sha256 before using it.
+# --run assembles the SmolLM2 and Gemma 3 GGUFs from staged parts
+# (smollm2.part*, gemma3.part*) when they are there and checks their sha256
+# before using them.
 set -euo pipefail
 
 STAGE=/tmp/spinfer-stage
 SMOL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+GEMMA_SHA=$(sed -n 's/^GEMMA_SHA=//p' "$(dirname "$0")/fetch-models.sh")
 LLAMA=/tmp/llama
 
 nvrtc_env() {
@@ -72,16 +74,20 @@ for line in sys.stdin:
     export SPINFER_EXPECT_GPU=1 SPINFER_EXPECT_NVRTC=1 SPINFER_CUDA_CACHE=/tmp/spinfer-cuda-cache RUST_BACKTRACE=1
     # The end-to-end tests find tests/data through the path they were built in.
     [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
-    model=""
-    if ls "$STAGE"/smollm2.part* > /dev/null 2>&1; then
-        cat "$STAGE"/smollm2.part* > "$STAGE/smollm2.gguf"
-        if echo "$SMOL_SHA  $STAGE/smollm2.gguf" | sha256sum --check --status; then
-            model="$STAGE/smollm2.gguf"
-            export SPINFER_MODEL="$model"
+    # assemble NAME SHA: the staged parts of NAME as one checked file, or "".
+    assemble() {
+        ls "$STAGE/$1".part* > /dev/null 2>&1 || return 0
+        cat "$STAGE/$1".part* > "$STAGE/$1.gguf"
+        if echo "$2  $STAGE/$1.gguf" | sha256sum --check --status; then
+            echo "$STAGE/$1.gguf"
         else
-            echo "error: the assembled SmolLM2 does not have sha256 $SMOL_SHA" | tee -a "$out/device.txt"
+            echo "error: the assembled $1 does not have sha256 $2" >&2
         fi
-    fi
+    }
+    model=$(assemble smollm2 "$SMOL_SHA")
+    gemma=$(assemble gemma3 "$GEMMA_SHA")
+    [ -n "$model" ] && export SPINFER_MODEL="$model"
+    [ -n "$gemma" ] && export SPINFER_GEMMA_MODEL="$gemma"
     status=0
     for t in "$bin"/unit-* "$bin"/probe "$bin"/kernels "$bin"/ops; do
         [ -x "$t" ] || continue
@@ -92,6 +98,11 @@ for line in sys.stdin:
         echo "== cuda_bench"
         "$bin/cuda_bench" --json "$out/bench.json" > "$out/bench.txt" 2>&1 || status=1
         cat "$out/bench.txt"
+    fi
+    if [ -n "$gemma" ] && [ -x "$bin/gemma3" ]; then
+        echo "== gemma3 (gpu model)"
+        "$bin/gemma3" --test-threads 1 --nocapture 2>&1 | tee "$out/test-gemma3.txt" | grep -vE "^\s*$" || status=1
+        "$bin/gpu_bench" "$gemma" --reps 5 | tee -a "$out/side-by-side-gemma3.txt"
     fi
     if [ -n "$model" ]; then
         echo "== smollm2 (gpu model)"

@@ -104,14 +104,14 @@ fn nvrtc_version() -> Result<(i32, i32)> {
     }
 }
 
-/// PTX of one module for `arch` (`compute_XY`), from the disk cache when a
-/// verified entry exists, else compiled by NVRTC.
-pub(crate) fn compile_ptx(module: Module, arch: &str) -> Result<String> {
+/// PTX of one module for `arch` (`compute_XY`), from the disk cache when
+/// `cached` and a verified entry exists, else compiled by NVRTC (and cached).
+pub(crate) fn compile_ptx(module: Module, arch: &str, cached: bool) -> Result<String> {
     let (major, minor) = nvrtc_version()?;
     let src = module.source();
     let key = hex(&Sha256::digest(format!("{src}\0{arch}\0nvrtc {major}.{minor}")));
     let path = kernel_cache_dir().map(|d| d.join(format!("{}-{arch}-{}.ptx", module.name(), &key[..16])));
-    if let Some(ptx) = path.as_deref().and_then(read_cached) {
+    if let Some(ptx) = path.as_deref().filter(|_| cached).and_then(read_cached) {
         tracing::debug!(module = module.name(), arch, "cuda kernels from the cache");
         return Ok(ptx);
     }
@@ -207,7 +207,7 @@ impl Backend {
             match mods.get(&module) {
                 Some(m) => m.clone(),
                 None => {
-                    let ptx = compile_ptx(module, &self.arch)?;
+                    let ptx = compile_ptx(module, &self.arch, true)?;
                     let m = self.ctx.load_module(Ptx::from_src(ptx)).map_err(driver("cuModuleLoadData"))?;
                     mods.insert(module, m.clone());
                     m

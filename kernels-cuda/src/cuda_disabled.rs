@@ -21,7 +21,7 @@ pub(crate) fn probe() -> std::result::Result<DeviceInfo, CudaUnavailable> {
     Err(NOT_COMPILED)
 }
 
-pub(crate) fn compile_ptx(_: Module, _: &str) -> Result<String> {
+pub(crate) fn compile_ptx(_: Module, _: &str, _: bool) -> Result<String> {
     Err(CudaError::Unavailable(NOT_COMPILED))
 }
 

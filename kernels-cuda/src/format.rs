@@ -9,6 +9,8 @@ use crate::CudaError;
 pub enum WeightFormat {
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
     Q4_K,
     Q5_K,
@@ -20,14 +22,27 @@ pub enum WeightFormat {
 
 impl WeightFormat {
     /// Every format with CUDA kernels.
-    pub const ALL: [WeightFormat; 9] =
-        [Self::Q4_0, Self::Q4_1, Self::Q8_0, Self::Q4_K, Self::Q5_K, Self::Q6_K, Self::TQ1_0, Self::TQ2_0, Self::I2_S];
+    pub const ALL: [WeightFormat; 11] = [
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q8_0,
+        Self::Q4_K,
+        Self::Q5_K,
+        Self::Q6_K,
+        Self::TQ1_0,
+        Self::TQ2_0,
+        Self::I2_S,
+    ];
 
     /// GGML's name (`"q4_K"`), also the kernels' name stem.
     pub const fn name(self) -> &'static str {
         match self {
             Self::Q4_0 => "q4_0",
             Self::Q4_1 => "q4_1",
+            Self::Q5_0 => "q5_0",
+            Self::Q5_1 => "q5_1",
             Self::Q8_0 => "q8_0",
             Self::Q4_K => "q4_K",
             Self::Q5_K => "q5_K",
@@ -43,6 +58,8 @@ impl WeightFormat {
         match self {
             Self::Q4_0 => "FmtQ4_0",
             Self::Q4_1 => "FmtQ4_1",
+            Self::Q5_0 => "FmtQ5_0",
+            Self::Q5_1 => "FmtQ5_1",
             Self::Q8_0 => "FmtQ8_0",
             Self::Q4_K => "FmtQ4_K",
             Self::Q5_K => "FmtQ5_K",
@@ -56,7 +73,7 @@ impl WeightFormat {
     /// Weights per block (I2_S: a row's length must be a multiple of 256).
     pub const fn block_elems(self) -> usize {
         match self {
-            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => 32,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => 32,
             Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::TQ1_0 | Self::TQ2_0 | Self::I2_S => 256,
         }
     }
@@ -67,6 +84,8 @@ impl WeightFormat {
         match self {
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
+            Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
             Self::Q8_0 => 34,
             Self::Q4_K => 144,
             Self::Q5_K => 176,

@@ -112,7 +112,7 @@ pub fn kernel_cache_dir() -> Option<std::path::PathBuf> {
 
 /// Compiles every module (one per weight format, then the format-independent
 /// steps) through NVRTC for `arch` (e.g. `"compute_90"`) without a device,
-/// returning each module's name and PTX size.
+/// returning each module's name and PTX size. Never reads the PTX cache.
 ///
 /// # Errors
 ///
@@ -120,7 +120,7 @@ pub fn kernel_cache_dir() -> Option<std::path::PathBuf> {
 /// the compiler's log, `NotCompiled` without feature `cuda`.
 pub fn compile_check(arch: &str) -> Result<Vec<(&'static str, usize)>> {
     let modules = WeightFormat::ALL.into_iter().map(backend::Module::Format).chain([backend::Module::Ops]);
-    modules.map(|m| Ok((m.name(), imp::compile_ptx(m, arch)?.len()))).collect()
+    modules.map(|m| Ok((m.name(), imp::compile_ptx(m, arch, false)?.len()))).collect()
 }
 
 #[cfg(test)]

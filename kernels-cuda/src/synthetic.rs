@@ -25,8 +25,8 @@ impl Rng {
 /// Byte offsets of the f16 scale fields in one block.
 fn f16_fields(format: WeightFormat) -> &'static [usize] {
     match format {
-        WeightFormat::Q4_0 | WeightFormat::Q8_0 => &[0],
-        WeightFormat::Q4_1 | WeightFormat::Q4_K | WeightFormat::Q5_K => &[0, 2],
+        WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::Q8_0 => &[0],
+        WeightFormat::Q4_1 | WeightFormat::Q5_1 | WeightFormat::Q4_K | WeightFormat::Q5_K => &[0, 2],
         WeightFormat::Q6_K => &[208],
         WeightFormat::TQ1_0 => &[52],
         WeightFormat::TQ2_0 => &[64],

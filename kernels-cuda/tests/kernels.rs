@@ -34,6 +34,8 @@ fn dequantize(format: WeightFormat, bytes: &[u8], rows: usize, cols: usize) -> V
         let ty = match format {
             WeightFormat::Q4_0 => GgmlType::Q4_0,
             WeightFormat::Q4_1 => GgmlType::Q4_1,
+            WeightFormat::Q5_0 => GgmlType::Q5_0,
+            WeightFormat::Q5_1 => GgmlType::Q5_1,
             WeightFormat::Q8_0 => GgmlType::Q8_0,
             WeightFormat::Q4_K => GgmlType::Q4_K,
             WeightFormat::Q5_K => GgmlType::Q5_K,

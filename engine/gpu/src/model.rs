@@ -122,6 +122,8 @@ fn format_of(t: &TensorView) -> Result<WeightFormat> {
     let f = match t.ty {
         GgmlType::Q4_0 => WeightFormat::Q4_0,
         GgmlType::Q4_1 => WeightFormat::Q4_1,
+        GgmlType::Q5_0 => WeightFormat::Q5_0,
+        GgmlType::Q5_1 => WeightFormat::Q5_1,
         GgmlType::Q8_0 => WeightFormat::Q8_0,
         GgmlType::Q4_K => WeightFormat::Q4_K,
         GgmlType::Q5_K => WeightFormat::Q5_K,

@@ -8,12 +8,17 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
 
+#ifndef SPINFER_HOST
 // f16 bits -> f32 (hardware conversion).
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
 }
+#else
+// The host build of the format readers (tests/host_formats.rs) defines
+// SPINFER_HOST and supplies h2f, __uint_as_float, __int_as_float and uint4.
+#endif
 
 // bf16 bits -> f32 (the high half of an f32).
 __device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
@@ -38,11 +43,13 @@ struct ActBF16 {
     static __device__ __forceinline__ float get(const u16* x, int i) { return bf2f(x[i]); }
 };
 
+#ifndef SPINFER_HOST
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+#endif
 
 // +infinity (NVRTC has no <math.h> macros).
 #define SP_INF __int_as_float(0x7f800000)

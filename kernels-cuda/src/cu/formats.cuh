@@ -45,6 +45,46 @@ struct FmtQ4_1 {  // {f16 d; f16 m; u8 qs[16]}: x = d * q + m
     }
 };
 
+struct FmtQ5_0 {  // {f16 d; u8 qh[4]; u8 qs[16]}: x = d * ((q | h << 4) - 16)
+    static const int BLOCK_BYTES = 22, ITEMS = 1;
+    static __device__ __forceinline__ float row_scale(const u8*, int) { return 1.0f; }
+    static __device__ __forceinline__ void dequant(const u8* b, int, float, float* w) {
+        const float d = h2f(ld16(b));
+        const u32 qh = ld32_a2(b + 2);  // 22*k + 2: 2-aligned
+#pragma unroll
+        for (int j = 0; j < 16; j += 2) {
+            const u16 v = ld16(b + 6 + j);
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const u32 q = (v >> (8 * k)) & 0xff, jj = j + k;
+                const u32 h0 = ((qh >> jj) << 4) & 0x10, h1 = (qh >> (jj + 12)) & 0x10;
+                w[jj] = d * (float)((int)((q & 15) | h0) - 16);
+                w[jj + 16] = d * (float)((int)((q >> 4) | h1) - 16);
+            }
+        }
+    }
+};
+
+struct FmtQ5_1 {  // {f16 d; f16 m; u8 qh[4]; u8 qs[16]}: x = d * (q | h << 4) + m
+    static const int BLOCK_BYTES = 24, ITEMS = 1;
+    static __device__ __forceinline__ float row_scale(const u8*, int) { return 1.0f; }
+    static __device__ __forceinline__ void dequant(const u8* b, int, float, float* w) {
+        const float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
+        const u32 qh = *(const u32*)(b + 4);  // rows are 24*k bytes: 4-aligned
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 v = *(const u32*)(b + 8 + 4 * j);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const u32 q = (v >> (8 * k)) & 0xff, jj = 4 * j + k;
+                const u32 h0 = ((qh >> jj) << 4) & 0x10, h1 = (qh >> (jj + 12)) & 0x10;
+                w[jj] = d * (float)((q & 15) | h0) + m;
+                w[jj + 16] = d * (float)((q >> 4) | h1) + m;
+            }
+        }
+    }
+};
+
 struct FmtQ8_0 {  // {f16 d; i8 qs[32]}: x = d * q
     static const int BLOCK_BYTES = 34, ITEMS = 1;
     static __device__ __forceinline__ float row_scale(const u8*, int) { return 1.0f; }
