@@ -12,6 +12,8 @@ scripts/fetch-models.sh
 # Installs the wasm32 target when it is missing.
 kernels-wasm/build.sh target/wasm-packs/spinfer_kernels_wasm.wasm
 cargo fmt --all -- --check
+# No import cycle between the source files of any crate.
+python3 scripts/import-cycles.py
 cargo clippy --workspace --all-targets --release -- -D warnings
 # The CUDA code paths (feature `cuda`: cudarc loads libcuda and libnvrtc at
 # run time, so they build without a toolkit).

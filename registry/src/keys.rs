@@ -142,7 +142,7 @@ impl KeyPair {
     /// [`RegistryError::KeyExists`] if either file already exists (nothing is overwritten),
     /// [`RegistryError::InvalidKey`] for a bad name, [`RegistryError::Io`] otherwise.
     pub fn save(&self, dir: &Path, name: &str) -> Result<KeyFiles> {
-        crate::manifest::validate_name(name)
+        crate::names::validate_name(name)
             .map_err(|m| RegistryError::InvalidKey { path: None, message: format!("key name {m}") })?;
         let files = KeyFiles { secret: dir.join(format!("{name}.key")), public: dir.join(format!("{name}.pub")) };
         for path in [&files.secret, &files.public] {

@@ -63,6 +63,7 @@ mod error;
 mod fsutil;
 mod keys;
 mod manifest;
+mod names;
 mod record;
 mod shapes;
 mod signature;

@@ -29,12 +29,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{RegistryError, Result};
 use crate::fsutil::{EXCERPT_CHARS, excerpt, read_capped};
-
-/// File name of the manifest inside a pack directory.
-pub const MANIFEST_FILE: &str = "pack.toml";
-
-/// Longest accepted pack name.
-pub const MAX_NAME_LEN: usize = 64;
+use crate::names::validate_name;
+pub use crate::names::{MANIFEST_FILE, MAX_NAME_LEN};
 
 /// Largest accepted `pack.toml`, in bytes (64 KiB): a bigger file is refused before it is parsed
 /// or its signature checked.
@@ -237,17 +233,6 @@ fn parse_version(text: &str, path: &Path, field: &str) -> Result<Version> {
     })
 }
 
-/// `[a-z0-9-]+`, at most [`MAX_NAME_LEN`] bytes, not starting with `-`.
-pub(crate) fn validate_name(name: &str) -> std::result::Result<(), String> {
-    if name.is_empty() || name.len() > MAX_NAME_LEN {
-        return Err(format!("must be 1 to {MAX_NAME_LEN} characters, got {}", name.len()));
-    }
-    if !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') || name.starts_with('-') {
-        return Err(format!("{name:?} must match [a-z0-9-]+ and not start with `-`"));
-    }
-    Ok(())
-}
-
 /// `[a-z0-9_]+` (kernel names, ops, formats).
 fn validate_ident(value: &str) -> std::result::Result<(), String> {
     if value.is_empty() || !value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
@@ -264,7 +249,7 @@ pub(crate) fn validate_file_name(file: &str) -> std::result::Result<(), String> 
         Some("must be a plain file name inside the pack directory (no directories, no absolute path)")
     } else if file.starts_with('.') {
         Some("must not start with `.` (no `..`, no hidden files)")
-    } else if file == MANIFEST_FILE || file == crate::signature::SIGNATURE_FILE {
+    } else if file == MANIFEST_FILE || file == crate::names::SIGNATURE_FILE {
         Some("must not be the pack's own metadata file")
     } else {
         None

@@ -21,9 +21,7 @@ use ed25519_dalek::Signature;
 
 use crate::error::{RegistryError, Result};
 use crate::keys::{KeyPair, PUBLIC_KEY_PREFIX, PublicKey};
-
-/// File name of the signature inside a pack directory.
-pub const SIGNATURE_FILE: &str = "pack.sig";
+pub use crate::names::SIGNATURE_FILE;
 
 /// Largest accepted `pack.sig`, in bytes (1 KiB; a signature line is about 150): a bigger file is
 /// refused before it is parsed.

@@ -87,7 +87,7 @@ impl From<PublicKey> for TrustedKey {
 /// `name` or `prefix*`, with the pack-name alphabet.
 fn validate_pattern(p: &str) -> Result<()> {
     let stem = p.strip_suffix('*').unwrap_or(p);
-    let ok = (stem.is_empty() && p == "*") || crate::manifest::validate_name(stem).is_ok();
+    let ok = (stem.is_empty() && p == "*") || crate::names::validate_name(stem).is_ok();
     if ok {
         Ok(())
     } else {
@@ -412,7 +412,7 @@ fn claimed_name(bytes: &[u8]) -> Option<String> {
         let Some(rest) = line.strip_prefix("name") else { continue };
         let Some(value) = rest.trim_start().strip_prefix('=') else { continue };
         let value = value.trim().strip_prefix('"')?.split('"').next()?;
-        return crate::manifest::validate_name(value).is_ok().then(|| value.to_string());
+        return crate::names::validate_name(value).is_ok().then(|| value.to_string());
     }
     None
 }

@@ -264,7 +264,9 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     // Argument errors before the (slower) model load.
     params.sampler.validate()?;
     if a.device == Device::Cuda {
-        let g = crate::gpu::generate(&a, &prompt, &params)?;
+        refuse_cpu_only_flags(&a)?;
+        let path = a.common.model.as_ref().context("--device cuda needs --model FILE.gguf")?;
+        let g = crate::gpu::generate(path, a.ctx.unwrap_or(2048), &prompt, &params, !a.common.json)?;
         return print_generation(&a, &g, serde_json::Value::Null);
     }
     let engine = load(&a.common, a.ctx)?;
@@ -291,6 +293,26 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     print_generation(&a, &g, sparsity_json(&engine, &session))?;
     if a.stats && !a.common.json {
         print_sparsity_stats(&engine, &session);
+    }
+    Ok(())
+}
+
+/// Flags that `--device cuda` does not support yet, each refused by name.
+fn refuse_cpu_only_flags(a: &GenerateArgs) -> Result<()> {
+    let c = &a.common;
+    let cpu_only = [
+        ("--config", c.config.is_some()),
+        ("--sparsity", c.sparsity.is_some()),
+        ("--head-index", c.head_index.is_some()),
+        ("--precise", c.precise),
+        ("--int8", c.int8),
+        ("--threads", c.threads.is_some()),
+        ("--stats", a.stats),
+    ];
+    if let Some((flag, _)) = cpu_only.iter().find(|(_, set)| *set) {
+        bail!(
+            "{flag} is not supported with --device cuda yet (the GPU runs the whole model dense, with f32 activations)"
+        );
     }
     Ok(())
 }

@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use crate::Result;
-use crate::model::ModelConfig;
+use crate::model::config::ModelConfig;
 use crate::tensor::TensorView;
 
 pub trait Loader: Send + Sync {

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{MatmulDesc, MatmulKernel};
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -21,6 +21,7 @@ use spinfer_kernels::pool::ThreadPool;
 
 use spinfer_plugin_api::{CachePolicyBox, PredictorBox, PredictorSpec};
 
+pub use crate::op_names::{BUILTIN, describe, pin_key};
 use crate::tuning::bench::{Phase, kernel_id, verify, verify_columns, verify_rows};
 use crate::tuning::history::{HistoryStore, Host};
 use crate::tuning::select::{Reason, select};
@@ -111,7 +112,7 @@ impl KernelProvider for CpuBuiltin {
     }
 
     fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
-        spinfer_kernels::kernel::candidates(desc, &self.features).into_iter().map(Arc::from).collect()
+        spinfer_kernels::matmul::candidates(desc, &self.features).into_iter().map(Arc::from).collect()
     }
 
     /// Every built-in kernel computes row lists in place (the ternary ones
@@ -125,14 +126,11 @@ impl KernelProvider for CpuBuiltin {
 /// time (gathered rows, predictor factors) and so were never resolved at
 /// load.
 pub(crate) fn builtin_kernel(desc: &MatmulDesc) -> Result<Box<dyn MatmulKernel>> {
-    spinfer_kernels::kernel::candidates(desc, &CpuFeatures::detect())
+    spinfer_kernels::matmul::candidates(desc, &CpuFeatures::detect())
         .into_iter()
         .next()
         .ok_or_else(|| Error::NoKernel { op: describe(desc) })
 }
-
-/// The provider name of the kernels compiled into the engine.
-pub const BUILTIN: &str = "cpu-builtin";
 
 /// Why a kernel was chosen (reported by `spinfer kernels`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -499,20 +497,11 @@ pub fn base_name(provider: &str) -> &str {
     provider.split('@').next().unwrap_or(provider)
 }
 
-/// `"q4_1*q8_1"`: the key pins and reports use for a weight/activation pair.
-pub fn pin_key(w: spinfer_kernels::GgmlType, act: ActType) -> String {
-    format!("{}*{}", w.name(), act.name())
-}
-
-/// Human-readable operation name, e.g. `"matmul q4_1*q8_1 1536x576"`.
-pub fn describe(desc: &MatmulDesc) -> String {
-    format!("matmul {} {}x{}", pin_key(desc.wtype, desc.act), desc.rows, desc.cols)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use spinfer_kernels::GgmlType;
+    use spinfer_kernels::kernel::ActType;
 
     /// A provider offering the scalar kernels under another name.
     struct Fake(&'static str, u32);
@@ -524,7 +513,7 @@ mod tests {
             self.1
         }
         fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
-            spinfer_kernels::kernel::candidates(desc, &CpuFeatures::default()).into_iter().map(Arc::from).collect()
+            spinfer_kernels::matmul::candidates(desc, &CpuFeatures::default()).into_iter().map(Arc::from).collect()
         }
     }
 

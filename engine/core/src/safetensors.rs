@@ -340,7 +340,9 @@ impl Loader for SafetensorsModel {
             ffn_act: FfnAct::Silu,
             sliding_window: None,
         };
-        cfg.check_tensors(self, &self.config_path, &|field| {
+        let names = self.tensor_names();
+        let dims = |n: &str| self.has_tensor(n).then(|| self.tensor(n).map(|t| t.dims)).transpose();
+        cfg.check_tensors(&names, &dims, &self.config_path, &|field| {
             match field {
                 "block_count" => "num_hidden_layers",
                 "embedding_length" => "hidden_size",

@@ -11,7 +11,8 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use half::f16;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, candidates};
+use spinfer_kernels::kernel::{ActType, MatmulDesc};
+use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 
 #[path = "support/mod.rs"]

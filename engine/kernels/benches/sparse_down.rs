@@ -17,7 +17,8 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, candidates};
+use spinfer_kernels::kernel::{ActType, MatmulDesc};
+use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::sparse::{NeuronMajor, NeuronMajorSplit};
 

@@ -16,7 +16,8 @@ use std::time::Instant;
 
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, candidates};
+use spinfer_kernels::kernel::{ActType, MatmulDesc};
+use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::sparse::{NeuronMajor, NeuronMajorSplit};
 

@@ -6,7 +6,6 @@
 //! at load time and calls it for every token. Packs (native, WASM, CUDA)
 //! will offer further implementations of the same contract.
 
-use crate::cpu::CpuFeatures;
 use crate::pool::ThreadPool;
 use crate::{GgmlType, Result};
 
@@ -87,7 +86,10 @@ pub trait MatmulKernel: Send + Sync {
     /// (the default); callers then copy the rows and use [`Self::run`].
     ///
     /// [`KernelError::NotOffered`]: crate::KernelError::NotOffered
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the kernel seam's call: weights, indices, activations, tokens, output, scratch; one call struct is issue 17's next step"
+    )]
     fn run_rows(
         &self,
         pool: &ThreadPool,
@@ -112,7 +114,10 @@ pub trait MatmulKernel: Send + Sync {
     /// neuron-major repack (`crate::sparse::NeuronMajor`) instead.
     ///
     /// [`KernelError::NotOffered`]: crate::KernelError::NotOffered
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the kernel seam's call: weights, indices, activations, tokens, output, scratch; one call struct is issue 17's next step"
+    )]
     fn run_columns(
         &self,
         pool: &ThreadPool,
@@ -126,10 +131,4 @@ pub trait MatmulKernel: Send + Sync {
         let _ = (pool, w, idx, x, n_tokens, out, scratch);
         Err(crate::KernelError::NotOffered { kernel: self.name().to_string(), op: "gathered-column axpy" })
     }
-}
-
-/// Every implementation in this crate that serves `desc` on a CPU with
-/// `features`, best first (the scalar reference always last).
-pub fn candidates(desc: &MatmulDesc, features: &CpuFeatures) -> Vec<Box<dyn MatmulKernel>> {
-    crate::matmul::candidates(desc, features)
 }

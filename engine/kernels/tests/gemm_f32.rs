@@ -10,7 +10,8 @@ use kernels_common::*;
 use rand::Rng;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel, candidates};
+use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 
 fn run(k: &dyn MatmulKernel, pool: &ThreadPool, w: &[u8], x: &[f32], n: usize, rows: usize) -> Vec<f32> {

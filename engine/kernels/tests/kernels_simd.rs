@@ -7,7 +7,8 @@ mod kernels_common;
 use kernels_common::*;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel, candidates};
+use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 
 fn kernels(ty: GgmlType, act: ActType, rows: usize, cols: usize) -> Vec<Box<dyn MatmulKernel>> {

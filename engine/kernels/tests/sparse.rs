@@ -13,7 +13,8 @@ use rand::Rng;
 use rand::rngs::StdRng;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel, candidates};
+use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::sparse::{
     AxpyIsa, NeuronMajor, axpy_rows_q8_0, axpy_rows_q8_0_scalar, axpy_rows_q8_0_with, gather_rows, transpose_to_q8_0,

@@ -17,7 +17,8 @@ use spinfer_kernels::dot::ternary::{
     dequantize_row_i2s, dot_i2s_q8_k, dot_tq1_0_q8_k, dot_tq2_0_q8_k, i2s_candidates, i2s_row_bytes, i2s_row_scale,
     repack_tq2_0_to_i2s,
 };
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel, candidates};
+use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::quantize::quantize_row_q8_k_ref;
 

@@ -2,7 +2,7 @@
 //!
 //! It offers, through the native pack ABI of `spinfer-plugin-api`, the SIMD
 //! matmul kernels of `spinfer-kernels` (every candidate that
-//! `spinfer_kernels::kernel::candidates` lists on the running CPU, minus the
+//! `spinfer_kernels::matmul::candidates` lists on the running CPU, minus the
 //! scalar references, plus the I2_S kernels of
 //! `spinfer_kernels::dot::ternary`) for every (weight type, activation type)
 //! pair they support: one kernel per (instruction set, pair), serving

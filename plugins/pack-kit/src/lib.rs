@@ -112,7 +112,7 @@ pub fn kernel_candidates(
         return if a == ActType::Q8_K { ternary::i2s_candidates(rows, cols, features) } else { Vec::new() };
     }
     let (Some(wtype), Some(act)) = (ggml_type(w), kernel_act(a)) else { return Vec::new() };
-    sk::candidates(&MatmulDesc { wtype, act, rows, cols }, features)
+    spinfer_kernels::matmul::candidates(&MatmulDesc { wtype, act, rows, cols }, features)
 }
 
 // === The pack ===

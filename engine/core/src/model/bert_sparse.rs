@@ -18,7 +18,7 @@
 //! count as their mean instead of zero, at no cost per token (`W2 m` is
 //! folded into the bias at load). Without `offsets` the correction is off.
 //!
-//! Calibration ([`Embedder::calibrate_sparsity`]) runs the dense model
+//! Calibration (`Embedder::calibrate_sparsity`, in `crate::embed_sparsity`) runs the dense model
 //! over real text with a recorder in the FFN hook: per layer, a
 //! log-histogram of `|h|` (the bins of [`crate::sparse::calibrate`]), whose
 //! `target_sparsity` quantile becomes the layer's threshold (the same
@@ -56,10 +56,8 @@ use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk};
 
-use super::bert::BertConfig;
-use crate::embed::Embedder;
+use super::bert_config::BertConfig;
 use crate::loader::Loader;
-use crate::safetensors::SafetensorsModel;
 use crate::sparse::calibrate::{BINS, bin_of, quantile};
 use crate::{Error, Result};
 
@@ -211,7 +209,7 @@ struct SparseDown {
 type SumCount = (Vec<f64>, Vec<u64>);
 
 /// What calibration records in the FFN hook.
-enum Recorder {
+pub(crate) enum Recorder {
     /// Pass 1: per layer, a histogram of `log2 |h|`.
     Histograms(Mutex<Vec<Vec<u64>>>),
     /// Pass 2: per target and layer, thresholds, and per neuron the sum and
@@ -231,7 +229,7 @@ pub struct SparseFfn {
     counters: Vec<[AtomicU64; 2]>,
     /// Calibration: per-layer histograms of `log2 |h|`; the down
     /// projection then runs dense.
-    recorder: Option<Recorder>,
+    pub(crate) recorder: Option<Recorder>,
 }
 
 impl std::fmt::Debug for SparseFfn {
@@ -315,7 +313,7 @@ impl SparseFfn {
     }
 
     /// A calibration recorder (runs dense).
-    fn recorder(c: &BertConfig, recorder: Recorder) -> Self {
+    pub(crate) fn recorder(c: &BertConfig, recorder: Recorder) -> Self {
         Self {
             path: PathBuf::new(),
             sidecar: None,
@@ -473,14 +471,14 @@ impl SparseFfn {
     }
 
     /// Per layer, the `q` quantile of the recorded `|h|` (pass 1 only).
-    fn thresholds(&self, q: f64) -> Vec<f32> {
+    pub(crate) fn thresholds(&self, q: f64) -> Vec<f32> {
         let Some(Recorder::Histograms(rec)) = &self.recorder else { return Vec::new() };
         let r = rec.lock().unwrap_or_else(PoisonError::into_inner);
         r.iter().map(|h| quantile(h, q)).collect()
     }
 
     /// Per target, layer and neuron: the mean skipped value (pass 2 only).
-    fn means(&self) -> Vec<Vec<Vec<f32>>> {
+    pub(crate) fn means(&self) -> Vec<Vec<Vec<f32>>> {
         let Some(Recorder::Means { acc, .. }) = &self.recorder else { return Vec::new() };
         let g = acc.lock().unwrap_or_else(PoisonError::into_inner);
         g.iter()
@@ -498,122 +496,6 @@ impl SparseFfn {
 
 fn counters(layers: usize) -> Vec<[AtomicU64; 2]> {
     (0..layers).map(|_| [AtomicU64::new(0), AtomicU64::new(0)]).collect()
-}
-
-impl Embedder {
-    /// Calibrates sparse-FFN thresholds on `texts`: runs the dense model
-    /// (whatever sparsity is set, it is restored afterwards), collects
-    /// per-layer histograms of `|GELU(W1 x + b1)|` and takes their
-    /// `target_sparsity` quantiles. `source` is recorded in the sidecar.
-    pub fn calibrate_sparsity(&mut self, texts: &[&str], target_sparsity: f32, source: &str) -> Result<BertSparsity> {
-        let mut v = self.calibrate_sparsity_targets(texts, &[target_sparsity], source)?;
-        Ok(v.remove(0))
-    }
-
-    /// As [`Embedder::calibrate_sparsity`], one sidecar per target from a
-    /// single pass over the texts.
-    pub fn calibrate_sparsity_targets(
-        &mut self,
-        texts: &[&str],
-        targets: &[f32],
-        source: &str,
-    ) -> Result<Vec<BertSparsity>> {
-        if let Some(t) = targets.iter().find(|t| !(0.0..1.0).contains(*t)) {
-            return Err(Error::InvalidArgument(format!("target sparsity must be in [0, 1), got {t}")));
-        }
-        if texts.is_empty() || targets.is_empty() {
-            return Err(Error::InvalidArgument("calibration needs at least one text and one target".into()));
-        }
-        let loader = SafetensorsModel::open(self.model_dir())?;
-        let config = self.model().config.clone();
-        let id = BertModelId::of(&loader, &config)?;
-        // Pass 1: histograms of |h|, thresholds per target.
-        let hist = Recorder::Histograms(Mutex::new(vec![vec![0u64; BINS]; config.n_layers]));
-        let (embeddings, recorder) = self.record(texts, SparseFfn::recorder(&config, hist))?;
-        let thresholds: Vec<Vec<f32>> = targets.iter().map(|&t| recorder.thresholds(f64::from(t))).collect();
-        // Pass 2: per neuron, the mean of the values each target skips.
-        let zero = || (0..config.n_layers).map(|_| (vec![0.0; config.intermediate], vec![0; config.intermediate]));
-        let acc = Mutex::new(targets.iter().map(|_| zero().collect()).collect());
-        let means = Recorder::Means { thresholds: thresholds.clone(), acc };
-        let (_, recorder) = self.record(texts, SparseFfn::recorder(&config, means))?;
-        let offsets = recorder.means();
-        let calibration = BertCalibrationInfo {
-            text: source.into(),
-            texts: texts.len(),
-            tokens: embeddings.iter().map(|e| e.tokens).sum(),
-        };
-        Ok(targets
-            .iter()
-            .zip(thresholds)
-            .zip(offsets)
-            .map(|((&t, th), off)| {
-                let mut s = BertSparsity::new(id.clone(), t, th);
-                s.calibration = calibration.clone();
-                s.offsets = off;
-                s
-            })
-            .collect())
-    }
-
-    /// Embeds `texts` with `recorder` in the FFN hook, restoring whatever
-    /// sparsity was set.
-    fn record(&mut self, texts: &[&str], recorder: SparseFfn) -> Result<(Vec<crate::embed::Embedding>, SparseFfn)> {
-        let previous = self.model_mut().sparse.replace(recorder);
-        let result = self.embed_batch_detailed(texts);
-        let recorder = std::mem::replace(&mut self.model_mut().sparse, previous);
-        let recorder = recorder.ok_or_else(|| Error::InvalidArgument("the calibration recorder vanished".into()))?;
-        Ok((result?, recorder))
-    }
-
-    /// Calibration texts from a raw text file's bytes (e.g. WikiText-2):
-    /// the lines after byte `offset` (from the next line start), trimmed,
-    /// without empty lines, WikiText headings (` = Title = `) and lines
-    /// longer than [`Embedder::max_tokens`] (so nothing is truncated); at
-    /// most `max` of them.
-    pub fn calibration_texts(&self, raw: &[u8], offset: usize, max: usize) -> Result<Vec<String>> {
-        let rest = raw.get(offset..).unwrap_or_default();
-        let rest =
-            if offset == 0 { rest } else { rest.iter().position(|&b| b == b'\n').map_or(&[][..], |p| &rest[p + 1..]) };
-        let mut out = Vec::new();
-        for line in String::from_utf8_lossy(rest).lines() {
-            if out.len() >= max {
-                break;
-            }
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('=') {
-                continue;
-            }
-            if self.tokenizer().encode(line, true)?.len() <= self.max_tokens() {
-                out.push(line.to_string());
-            }
-        }
-        Ok(out)
-    }
-
-    /// Runs the FFN sparse with `sidecar` (checked against this model;
-    /// `path` names it in errors), or dense with `None`.
-    pub fn set_sparsity(&mut self, sidecar: Option<BertSparsity>, path: &Path) -> Result<()> {
-        let sparse = match sidecar {
-            None => None,
-            Some(s) => {
-                let loader = SafetensorsModel::open(self.model_dir())?;
-                Some(SparseFfn::build(&loader, &self.model().config, s, path)?)
-            }
-        };
-        self.model_mut().sparse = sparse;
-        Ok(())
-    }
-
-    /// Reads a sidecar written by `spinfer calibrate-embed` and runs sparse.
-    pub fn load_sparsity(&mut self, path: &Path) -> Result<()> {
-        let s = BertSparsity::read(path)?;
-        self.set_sparsity(Some(s), path)
-    }
-
-    /// The sparse FFN, when one is set (kept fractions, thresholds).
-    pub fn sparse_ffn(&self) -> Option<&SparseFfn> {
-        self.model().sparse.as_ref().filter(|s| s.recorder.is_none())
-    }
 }
 
 /// `out += Σ_k coef[k] · wt[idx[k], :]` (`wt` is `(_, d)` row-major).

@@ -3,7 +3,6 @@
 use std::collections::BTreeSet;
 
 use crate::gguf::GgufFile;
-use crate::loader::Loader;
 use crate::{Error, Result};
 
 /// Supported architectures (all share the Llama block structure).
@@ -186,7 +185,9 @@ impl ModelConfig {
             ffn_act: if arch == Arch::Gemma3 { FfnAct::GeluTanh } else { FfnAct::Silu },
             sliding_window,
         };
-        cfg.check_tensors(g, g.path(), &|field| match field {
+        let names: Vec<String> = g.tensors.iter().map(|t| t.name.clone()).collect();
+        let dims = |n: &str| g.tensor_info(n).is_some().then(|| g.tensor(n).map(|t| t.dims)).transpose();
+        cfg.check_tensors(&names, &dims, g.path(), &|field| match field {
             "vocab_size" if g.get(&key("vocab_size")).is_none() => "tokenizer.ggml.tokens".into(),
             "block_count" | "embedding_length" | "feed_forward_length" | "vocab_size" => key(field),
             _ => key(&format!("attention.{field}")),
@@ -196,7 +197,8 @@ impl ModelConfig {
     }
 
     /// Checks every count and size that later becomes an allocation against
-    /// the tensors `loader` actually holds: the layer count against the
+    /// the tensors the file actually holds (`names`, and `dims` of a tensor
+    /// or `None` when it is absent): the layer count against the
     /// `blk.N.*` blocks present, and the hidden size, head counts, head dim,
     /// FFN size and vocabulary against the shapes of the token embedding and
     /// of block 0's projections. `key` names the metadata key (or
@@ -206,9 +208,14 @@ impl ModelConfig {
     ///
     /// A file whose metadata claims 2^31 layers is refused here, naming the
     /// key, before anything is sized from it.
-    pub(crate) fn check_tensors(&self, loader: &dyn Loader, path: &std::path::Path, key: &KeyName) -> Result<()> {
+    pub(crate) fn check_tensors(
+        &self,
+        names: &[String],
+        dims: &dyn Fn(&str) -> Result<Option<Vec<usize>>>,
+        path: &std::path::Path,
+        key: &KeyName,
+    ) -> Result<()> {
         let err = |field: &str, detail: String| Error::Metadata { path: path.to_path_buf(), key: key(field), detail };
-        let names = loader.tensor_names();
         let blocks: BTreeSet<usize> =
             names.iter().filter_map(|n| n.strip_prefix("blk.")?.split_once('.')?.0.parse::<usize>().ok()).collect();
         // Every block 0..n_layers must have tensors (checked only once the
@@ -226,7 +233,6 @@ impl ModelConfig {
             let detail = format!("= {} but the file has no tensors for block {l} (blk.{l}.*)", self.n_layers);
             return Err(err("block_count", detail));
         }
-        let dims = |name: &str| loader.has_tensor(name).then(|| loader.tensor(name).map(|t| t.dims)).transpose();
         let q_dim = self.n_heads.checked_mul(self.head_dim);
         let kv_dim = self.n_kv_heads.checked_mul(self.head_dim);
         if let Some(d) = dims("token_embd.weight")?

@@ -1,5 +1,6 @@
 //! Model definitions.
 pub mod bert;
+mod bert_config;
 pub mod bert_sparse;
 pub mod config;
 pub mod llama;

@@ -506,7 +506,7 @@ impl WasmKernel {
         }
         let Some(reference) = self.reference.get_or_init(|| {
             let one_row = MatmulDesc { rows: 1, ..*d };
-            spinfer_kernels::kernel::candidates(&one_row, &spinfer_kernels::cpu::CpuFeatures::default())
+            spinfer_kernels::matmul::candidates(&one_row, &spinfer_kernels::cpu::CpuFeatures::default())
                 .pop()
                 .map(|kernel| Mutex::new(SpotReference { kernel, pool: ThreadPool::new(1), scratch: Vec::new() }))
         }) else {

@@ -50,7 +50,7 @@ use spinfer_kernels::pool::{ThreadPool, chunk};
 use spinfer_kernels::sparse::{AxpyIsa, NeuronMajor, QuantisedCoefs};
 
 use super::cache::{BoxedPolicy, ColdCache, NeuronId};
-use super::{AxpyMode, CacheCounters, sparsity_err};
+use super::shared::{AxpyMode, CacheCounters, sparsity_err};
 use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"SPFFNB01";
@@ -420,7 +420,7 @@ impl FfnBundle {
     /// quarter of the rest as cold-cache slots, the remainder as hot
     /// records (highest `freqs` first, across layers). Releases the pages
     /// of mapped `src` matrices afterwards.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, reason = "the bundle's shapes and weights, each a plain value")]
     pub fn open_or_build(
         path: &Path,
         fingerprint: &str,

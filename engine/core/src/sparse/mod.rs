@@ -30,9 +30,10 @@ pub mod bundle;
 pub mod cache;
 pub mod calibrate;
 pub mod lowrank;
+mod shared;
 pub mod sidecar;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 pub use sidecar::{CalibrationInfo, LayerStats, LowRankFactors, LowRankInfo, ModelId, PredictorKind, Sidecar};
@@ -45,6 +46,8 @@ use spinfer_kernels::sparse::{NeuronMajorSplit, axpy_rows_q8_0, transpose_to_q8_
 use self::bundle::{FfnBundle, FfnSource};
 use self::cache::CachePolicyKind;
 use self::lowrank::LowRank;
+pub(crate) use self::shared::sparsity_err;
+pub use self::shared::{AxpyMode, CacheCounters};
 use crate::registry::{Found, KernelRegistry};
 use spinfer_plugin_api::PredictorBox;
 
@@ -108,38 +111,6 @@ pub struct SparseLayer {
     /// sidecar has no attention thresholds (or `W_o`'s type has no exact
     /// neuron-major form).
     pub attn_o: Option<SparseInput>,
-}
-
-/// How the sparse AXPYs (the down projection, the attention output) do
-/// their arithmetic; follows the model's precision.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum AxpyMode {
-    /// f32 coefficients times the exact weights (precise mode).
-    #[default]
-    Exact,
-    /// Coefficients quantised to two int8 planes per run of active neurons
-    /// in one 32-neuron block, integer sums ([`NeuronMajor::axpy_fast`]):
-    /// the sparse counterpart of the 8-bit activations the dense kernels
-    /// use in the fast and int8 modes.
-    Int8,
-}
-
-impl AxpyMode {
-    /// The activation type a kernel of this arithmetic declares (the
-    /// ABI's `GATHERED_COLUMN_AXPY`): `F32`, or `Q8_0` for int8
-    /// coefficients.
-    pub fn act(self) -> spinfer_kernels::kernel::ActType {
-        match self {
-            AxpyMode::Exact => spinfer_kernels::kernel::ActType::F32,
-            AxpyMode::Int8 => spinfer_kernels::kernel::ActType::Q8_0,
-        }
-    }
-
-    /// The AXPYs follow the model's precision, as the dense kernels'
-    /// activations do: exact in precise mode, integer otherwise.
-    pub fn for_precision(p: crate::model::Precision) -> Self {
-        if p == crate::model::Precision::Precise { AxpyMode::Exact } else { AxpyMode::Int8 }
-    }
 }
 
 /// `out = Σ_k coef[k] · nm[:, idx[k]]` in `mode`.
@@ -220,7 +191,7 @@ impl ColumnAxpy {
     /// `out = Σ_k coef[k] · W[:, idx[k]]` (`idx` ascending); `w` is the
     /// model's matrix (`dim` rows, as stored), which a pack reads. The
     /// requantised Q8_0 copy always computes in f32.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, reason = "the sparse FFN's shapes and weights, each a plain value")]
     pub fn axpy(
         &self,
         pool: &ThreadPool,
@@ -297,7 +268,7 @@ impl PackColumns {
         self.kernel.name()
     }
 
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, reason = "the sparse FFN's shapes and weights, each a plain value")]
     fn axpy(
         &self,
         pool: &ThreadPool,
@@ -438,29 +409,6 @@ pub struct LayerCounters {
     pub truth_hits: u64,
 }
 
-/// What the FFN bundle served under a memory budget (neuron records).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CacheCounters {
-    /// Records served from the hot set in RAM.
-    pub hot: u64,
-    /// Cold records found in the cache.
-    pub hits: u64,
-    /// Cold records read from the bundle file.
-    pub misses: u64,
-    /// Bytes read from the bundle file (runs of records, gaps included).
-    pub bytes_read: u64,
-    /// Read calls.
-    pub reads: u64,
-}
-
-impl CacheCounters {
-    /// Cache hits over cold accesses (1 when there were none).
-    pub fn hit_rate(&self) -> f64 {
-        let cold = self.hits + self.misses;
-        if cold == 0 { 1.0 } else { self.hits as f64 / cold as f64 }
-    }
-}
-
 /// What a session's sparse FFN did (see [`crate::model::Session::sparsity_stats`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SparsityStats {
@@ -522,10 +470,6 @@ impl SparsityStats {
     }
 }
 
-pub(crate) fn sparsity_err(path: &Path, detail: impl Into<String>) -> Error {
-    Error::Sparsity { path: path.to_path_buf(), detail: detail.into() }
-}
-
 /// The quantised bytes of one layer's matrices that sparse execution
 /// repacks.
 pub(crate) struct LayerWeights<'a> {
@@ -545,7 +489,7 @@ pub(crate) struct LayerWeights<'a> {
 /// input-major `W_o` copies when the sidecar has attention thresholds,
 /// each as a copy per thread of `threads`; the AXPYs compute in `axpy`
 /// mode.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, reason = "the sparse FFN's shapes and weights, each a plain value")]
 pub(crate) fn build(
     opts: &SparsityOptions,
     pack_predictor: Option<Found<PredictorBox>>,

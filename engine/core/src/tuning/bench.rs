@@ -124,7 +124,7 @@ pub fn benchmark(
         done += 1;
         progress(done, total, &kernel_id(&candidates[i].0, candidates[i].1.as_ref()));
     };
-    let reference = spinfer_kernels::kernel::candidates(desc, &CpuFeatures::default()).pop();
+    let reference = spinfer_kernels::matmul::candidates(desc, &CpuFeatures::default()).pop();
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let w = random_weights(&mut rng, desc.wtype, desc.rows, desc.cols);
     let mut out = Vec::with_capacity(total);
@@ -302,7 +302,7 @@ fn reference_case(
     pool: &ThreadPool,
     keep: impl Fn(usize) -> bool,
 ) -> Result<ReferenceCase, String> {
-    let reference = spinfer_kernels::kernel::candidates(desc, &CpuFeatures::default())
+    let reference = spinfer_kernels::matmul::candidates(desc, &CpuFeatures::default())
         .pop()
         .ok_or_else(|| "no scalar reference kernel serves this operation".to_string())?;
     let mut rng = StdRng::seed_from_u64(seed);

@@ -6,7 +6,9 @@
 pub mod bench;
 pub mod history;
 pub mod select;
+pub mod tune;
 
 pub use bench::{BenchOptions, Measurement, Outcome, Phase, benchmark, kernel_id, verify};
 pub use history::{HistoryStore, Host, Record};
-pub use select::{Reason, Selection, select, synthetic_descs, tune, tune_with};
+pub use select::{Reason, Selection, select, synthetic_descs};
+pub use tune::{tune, tune_with};

@@ -22,11 +22,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use spinfer_kernels::kernel::{MatmulDesc, MatmulKernel};
-use spinfer_kernels::pool::ThreadPool;
 
-use super::bench::{BenchOptions, Measurement, Outcome, Phase, benchmark, kernel_id};
-use super::history::{HistoryStore, Host, Record, make_record, now};
-use crate::registry::{BUILTIN, KernelRegistry, describe};
+use super::bench::{Phase, kernel_id};
+use super::history::{HistoryStore, Record};
+use crate::op_names::{BUILTIN, describe};
 use crate::{Error, Result};
 
 /// Candidates this much slower than the fastest or less are tied with it.
@@ -226,61 +225,16 @@ pub fn synthetic_descs(descs: &[MatmulDesc]) -> Vec<MatmulDesc> {
     out
 }
 
-/// Benchmarks every distinct operation of `descs` with every candidate the
-/// registry offers (default [`BenchOptions`]), records the results in
-/// `history` for this host, and returns the measurements.
-pub fn tune(
-    registry: &KernelRegistry,
-    descs: &[MatmulDesc],
-    pool: &ThreadPool,
-    history: &mut HistoryStore,
-    progress: &mut dyn FnMut(usize, usize, &str),
-) -> Result<Vec<(MatmulDesc, Vec<Measurement>)>> {
-    tune_with(registry, descs, pool, history, &BenchOptions::default(), progress)
-}
-
-/// As [`tune`] with explicit benchmark options.
-pub fn tune_with(
-    registry: &KernelRegistry,
-    descs: &[MatmulDesc],
-    pool: &ThreadPool,
-    history: &mut HistoryStore,
-    opts: &BenchOptions,
-    progress: &mut dyn FnMut(usize, usize, &str),
-) -> Result<Vec<(MatmulDesc, Vec<Measurement>)>> {
-    let host = Host::detect().fingerprint();
-    let mut unique: Vec<MatmulDesc> = Vec::new();
-    for d in descs {
-        if !unique.contains(d) {
-            unique.push(*d);
-        }
-    }
-    let work: Vec<_> = unique.into_iter().map(|d| (d, registry.candidates(&d))).collect();
-    let total: usize = work.iter().map(|(_, c)| c.len() * Phase::ALL.len()).sum();
-    let mut base = 0;
-    let mut out = Vec::with_capacity(work.len());
-    for (desc, cands) in work {
-        let op = describe(&desc);
-        let ms = benchmark(&desc, &cands, pool, opts, &mut |d, _, id| progress(base + d, total, &format!("{op} {id}")));
-        base += cands.len() * Phase::ALL.len();
-        let date = now();
-        for m in &ms {
-            let (median, rejected) = match &m.outcome {
-                Outcome::Timed { median_ns } => (Some(*median_ns), None),
-                Outcome::Rejected { reason } => (None, Some(reason.clone())),
-            };
-            history.record(&make_record(&host, &desc, m.phase, m.n_tokens, &m.kernel_id, median, rejected, date))?;
-        }
-        out.push((desc, ms));
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::registry::KernelRegistry;
+    use crate::tuning::bench::BenchOptions;
+    use crate::tuning::history::{Host, make_record};
+    use crate::tuning::tune::tune_with;
     use spinfer_kernels::GgmlType;
     use spinfer_kernels::kernel::ActType;
+    use spinfer_kernels::pool::ThreadPool;
 
     #[test]
     fn synthetic_descs_cover_each_type_once_without_the_model_shapes() {

@@ -1,6 +1,6 @@
 //! Weights shared by the kernel benches and the `down_rounds` example
 //! (included with `#[path]`; each user takes what it needs).
-#![allow(dead_code)]
+#![allow(dead_code, reason = "each bench binary uses part of the support module")]
 
 use half::f16;
 use spinfer_kernels::GgmlType;

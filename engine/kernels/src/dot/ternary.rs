@@ -12,7 +12,7 @@
 //!   int8 activations; `sum(x)`, read from the Q8_K block sums, is then
 //!   subtracted, since `sum((c - 1) x) = sum(c x) - sum(x)` (exact in
 //!   integers). Activations come in the [`KLayout`](crate::quantize::KLayout) packing.
-//! * The matmul drivers: [`crate::kernel::candidates`] serves TQ1_0/TQ2_0 ×
+//! * The matmul drivers: [`crate::matmul::candidates`] serves TQ1_0/TQ2_0 ×
 //!   Q8_K through `run`; I2_S has no GGML type id and is served by
 //!   [`I2sKernel`] ([`i2s_candidates`]).
 //!
@@ -47,7 +47,7 @@ use half::f16;
 use crate::blocks::{BlockQ8K, BlockTQ1_0, BlockTQ2_0};
 use crate::cpu::CpuFeatures;
 use crate::kernel::{MatmulDesc, MatmulKernel};
-use crate::matmul::{Isa, OutPtr, pack_tokens, scratch_aligned};
+use crate::matmul::common::{Isa, OutPtr, pack_tokens, scratch_aligned};
 use crate::pool::{ThreadPool, chunk};
 use crate::quantize;
 use crate::types::QK_K;
@@ -630,7 +630,7 @@ ternary_simd! {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{TJob, tfmt};
-    use crate::matmul::{OutPtr, for_each_tile, pack_tokens, scratch_aligned};
+    use crate::matmul::common::{OutPtr, for_each_tile, pack_tokens, scratch_aligned};
     use crate::pool::ThreadPool;
     use crate::quantize::{self, KLayout};
 

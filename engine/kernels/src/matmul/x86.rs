@@ -199,16 +199,8 @@ fn precise<const W: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>) {
     let avx512 = isa == Isa::Avx512;
     broadcast_work(pool, job.macs(), &|ti, nt| {
         let (w, x) = (w as *const u8, x as *const f32);
-        let rmax = match std::env::var("TMP_R").ok().and_then(|v| v.parse::<usize>().ok()) {
-            Some(r) => r,
-            None => {
-                if avx512 {
-                    4
-                } else {
-                    2
-                }
-            }
-        };
+        // Rows per tile: AVX-512 has the registers for 4.
+        let rmax = if avx512 { 4 } else { 2 };
         let tile = |r: usize, wr: usize, nr: usize, t: usize, ntk: usize| {
             let (wp, xp, op) =
                 (w.wrapping_add(wr * rb), x.wrapping_add(t * cols), out.ptr().wrapping_add(t * rows + r));
