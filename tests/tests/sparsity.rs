@@ -12,10 +12,9 @@ use spinfer_engine::gguf::GgufFile;
 use spinfer_engine::model::{ModelOptions, Precision};
 use spinfer_engine::packs::{NativePack, host_info};
 use spinfer_engine::perplexity::perplexity_after_prompt;
-use spinfer_engine::registry::{KernelProvider, KernelRegistry};
+use spinfer_engine::registry::{KernelProvider, KernelRegistry, SparsityProvider};
 use spinfer_engine::sparse::calibrate::{CalibrateOptions, calibrate};
 use spinfer_engine::sparse::{CalibrationInfo, PredictorKind, Sidecar, SparsityOptions};
-use spinfer_kernels::kernel::{MatmulDesc, MatmulKernel};
 use spinfer_plugin_api::abi_stable::sabi_trait::TD_Opaque;
 use spinfer_plugin_api::abi_stable::std_types::{RErr, ROk, RResult, RSlice, RSliceMut, RString};
 use spinfer_plugin_api::{PackError, Predictor, Predictor_TO, PredictorBox, PredictorSpec};
@@ -420,17 +419,13 @@ impl Predictor for Pattern {
 /// `miscount`, and a second `keep-all` (so the bare name is ambiguous).
 struct TestPack(Arc<Mutex<Option<Vec<f32>>>>);
 
-impl KernelProvider for TestPack {
+impl SparsityProvider for TestPack {
     fn name(&self) -> &str {
         "test-pack@1.0.0#000000000000"
     }
 
     fn score(&self) -> u32 {
         1
-    }
-
-    fn kernels_for(&self, _desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
-        Vec::new()
     }
 
     fn predictors(&self, spec: &PredictorSpec) -> Vec<PredictorBox> {
@@ -460,8 +455,10 @@ fn pack_predictors_and_cache_policies_plug_in() {
     let portable = NativePack::linked(spinfer_pack_cpu_portable::instantiate_root_module(), &host_info()).unwrap();
     let seen = Arc::new(Mutex::new(None));
     let mut registry = KernelRegistry::builtin();
-    registry.add_provider(Arc::new(portable));
-    registry.add_provider(Arc::new(TestPack(Arc::clone(&seen))));
+    let portable = Arc::new(portable);
+    registry.add_provider(Arc::clone(&portable) as Arc<dyn KernelProvider>);
+    registry.add_sparsity_provider(portable);
+    registry.add_sparsity_provider(Arc::new(TestPack(Arc::clone(&seen))));
     let load = |pack_predictor: &str| {
         let mut so = SparsityOptions::new(&path);
         so.pack_predictor = Some(pack_predictor.to_string());

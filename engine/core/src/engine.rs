@@ -49,9 +49,9 @@ use crate::loader::Loader;
 use crate::model::bert::l2_normalize;
 use crate::model::{Model, ModelOptions, Session};
 use crate::packs::{NativePack, WasmLimits, WasmPack, host_info};
-use crate::registry::KernelProvider;
 use crate::registry::KernelRegistry;
 use crate::registry::describe;
+use crate::registry::{KernelProvider, SparsityProvider};
 use crate::safetensors::SafetensorsModel;
 use crate::tokenizer::Tokenizer;
 use crate::tuning::HistoryStore;
@@ -760,16 +760,24 @@ pub fn registry_from_config(c: &Config) -> Result<(KernelRegistry, Vec<PackStatu
                 Ok(None) => {}
                 Err(e) => return Err(Error::Pack { pack: pack.id(), detail: e.clone() }),
             }
+            // A native pack offers kernels and may offer predictors and
+            // cache policies: it is registered in both roles.
             Ok(match pack.manifest().kind {
-                PackKind::Native => Arc::new(NativePack::load(&pack, &host)?) as Arc<dyn KernelProvider>,
-                PackKind::Wasm => Arc::new(WasmPack::load(&pack, limits)?),
+                PackKind::Native => {
+                    let native = Arc::new(NativePack::load(&pack, &host)?);
+                    (Arc::clone(&native) as Arc<dyn KernelProvider>, Some(native as Arc<dyn SparsityProvider>))
+                }
+                PackKind::Wasm => (Arc::new(WasmPack::load(&pack, limits)?) as Arc<dyn KernelProvider>, None),
                 PackKind::Cuda => {
                     return Err(Error::Pack { pack: pack.id(), detail: "cuda packs are not supported yet".into() });
                 }
             })
         });
         match outcome {
-            Ok(provider) => {
+            Ok((provider, sparsity)) => {
+                if let Some(s) = sparsity {
+                    registry.add_sparsity_provider(s);
+                }
                 tracing::info!(pack = provider.name(), "registered kernel pack");
                 status.push(PackStatus { dir, outcome: Ok(provider.name().to_string()) });
                 registry.add_provider(provider);

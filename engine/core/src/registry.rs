@@ -53,17 +53,27 @@ pub trait KernelProvider: Send + Sync {
         let _ = desc;
         None
     }
+}
 
-    /// The FFN neuron predictors this provider builds for the model
-    /// `spec` describes (a pack's `PackModule::predictors`); most offer
-    /// none.
+/// Something that offers the sparse FFN's plugins: neuron predictors and
+/// cache policies (a native pack's `PackModule::predictors` and
+/// `PackModule::cache_policies`). Kept apart from [`KernelProvider`]: a
+/// pack may offer either or both, and the registry asks each role of the
+/// providers registered for it.
+pub trait SparsityProvider: Send + Sync {
+    /// Stable provider name (`name@version#hash` for a pack).
+    fn name(&self) -> &str;
+
+    /// How well this provider suits the host; 0 = unusable (skipped).
+    fn score(&self) -> u32;
+
+    /// The FFN neuron predictors built for the model `spec` describes.
     fn predictors(&self, spec: &PredictorSpec) -> Vec<PredictorBox> {
         let _ = spec;
         Vec::new()
     }
 
-    /// Fresh cache policies for a cache of `capacity` neurons (a pack's
-    /// `PackModule::cache_policies`); most offer none.
+    /// Fresh cache policies for a cache of `capacity` neurons.
     fn cache_policies(&self, capacity: u64) -> Vec<CachePolicyBox> {
         let _ = capacity;
         Vec::new()
@@ -180,6 +190,8 @@ pub struct Resolved {
 /// Resolves operation descriptors to kernels.
 pub struct KernelRegistry {
     providers: Vec<Arc<dyn KernelProvider>>,
+    /// Providers of predictors and cache policies.
+    sparsity_providers: Vec<Arc<dyn SparsityProvider>>,
     /// Kernel pins keyed by `"<wtype>*<act>"` (e.g. `"q4_1*q8_1"`) or
     /// `"matmul.<wtype>"`; values are a kernel name or `"<pack>/<kernel>"`.
     pins: BTreeMap<String, String>,
@@ -198,6 +210,7 @@ impl KernelRegistry {
     pub fn builtin() -> Self {
         Self {
             providers: vec![Arc::new(CpuBuiltin::new())],
+            sparsity_providers: Vec::new(),
             pins: BTreeMap::new(),
             excluded: Vec::new(),
             history: None,
@@ -207,6 +220,12 @@ impl KernelRegistry {
 
     pub fn add_provider(&mut self, p: Arc<dyn KernelProvider>) {
         self.providers.push(p);
+    }
+
+    /// Registers a provider of predictors and cache policies (a native
+    /// pack registers in both roles).
+    pub fn add_sparsity_provider(&mut self, p: Arc<dyn SparsityProvider>) {
+        self.sparsity_providers.push(p);
     }
 
     /// Forces `kernel` (a kernel name, or `"<pack>/<kernel name>"`) for
@@ -229,12 +248,20 @@ impl KernelRegistry {
     /// Usable providers: not excluded, score > 0, by descending score (ties
     /// in registration order, so resolution is deterministic).
     fn usable(&self) -> Vec<&Arc<dyn KernelProvider>> {
-        let mut providers: Vec<_> = self
-            .providers
+        self.usable_of(&self.providers, |p| (p.name(), p.score()))
+    }
+
+    /// [`Self::usable`] over either role's providers; `id` gives a
+    /// provider's name and score.
+    fn usable_of<'a, P: ?Sized>(&self, list: &'a [Arc<P>], id: impl Fn(&P) -> (&str, u32)) -> Vec<&'a Arc<P>> {
+        let mut providers: Vec<_> = list
             .iter()
-            .filter(|p| p.score() > 0 && !self.excluded.iter().any(|x| x == base_name(p.name())))
+            .filter(|p| {
+                let (name, score) = id(p);
+                score > 0 && !self.excluded.iter().any(|x| x == base_name(name))
+            })
             .collect();
-        providers.sort_by_key(|p| std::cmp::Reverse(p.score()));
+        providers.sort_by_key(|p| std::cmp::Reverse(id(p).1));
         providers
     }
 
@@ -378,11 +405,11 @@ impl KernelRegistry {
         &self,
         what: &str,
         want: &str,
-        offered: impl Fn(&dyn KernelProvider) -> Vec<T>,
+        offered: impl Fn(&dyn SparsityProvider) -> Vec<T>,
         name_of: impl Fn(&T) -> String,
     ) -> Result<Found<T>> {
         let mut all = Vec::new();
-        for p in self.usable() {
+        for p in self.usable_of(&self.sparsity_providers, |p| (p.name(), p.score())) {
             let base = base_name(p.name()).to_string();
             for object in offered(p.as_ref()) {
                 let name = format!("{base}/{}", name_of(&object));

@@ -39,7 +39,7 @@ use spinfer_plugin_api::{
 };
 use spinfer_registry::{PackKind, VerifiedPack, Version};
 
-use crate::registry::KernelProvider;
+use crate::registry::{KernelProvider, SparsityProvider};
 use crate::{Error, Result};
 
 /// The version of this engine, as packs see it (`min_host_version`).
@@ -362,6 +362,16 @@ impl KernelProvider for NativePack {
                 d.op == Op::GATHERED_COLUMN_AXPY && d.wtype == w && d.act == a && d.accepts_shape(desc.rows, desc.cols)
             })
             .map(|(d, k)| self.bind(d, k, desc))
+    }
+}
+
+impl SparsityProvider for NativePack {
+    fn name(&self) -> &str {
+        KernelProvider::name(self)
+    }
+
+    fn score(&self) -> u32 {
+        KernelProvider::score(self)
     }
 
     fn predictors(&self, spec: &PredictorSpec) -> Vec<PredictorBox> {
