@@ -135,7 +135,20 @@ impl CudaBackend {
     ///
     /// As [`CudaBackend::download`].
     pub fn download_slice<T: Elem>(&self, s: Slice<'_, T>) -> Result<Vec<T>> {
-        self.inner.download_range(&s.buf.inner, s.offset, s.len)
+        let mut out = Vec::new();
+        self.download_slice_into(s, &mut out)?;
+        Ok(out)
+    }
+
+    /// Copies a slice back into `out` (resized to its length), reusing
+    /// `out`'s allocation: a per-token download allocates nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`CudaBackend::download`].
+    pub fn download_slice_into<T: Elem>(&self, s: Slice<'_, T>, out: &mut Vec<T>) -> Result<()> {
+        out.resize(s.len, T::default());
+        self.inner.download_range(&s.buf.inner, s.offset, out)
     }
 
     /// Copies `src` into `dst` on the device.
@@ -463,10 +476,10 @@ impl CudaBackend {
         let splits = k.div_ceil(32).clamp(1, 128);
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let part_len = splits * AXPY_BATCHES[AXPY_BATCHES.len() - 1] * wt.cols;
-        if scratch.as_ref().is_none_or(|s| s.len < part_len) {
-            *scratch = Some(self.alloc::<f32>(part_len)?);
-        }
-        let part = self.ptr(scratch.as_ref().expect("allocated above"), 0);
+        let part = match scratch.as_ref() {
+            Some(s) if s.len >= part_len => self.ptr(s, 0),
+            _ => self.ptr(scratch.insert(self.alloc::<f32>(part_len)?), 0),
+        };
         let (cols, n_rows) = (int(wt.cols, "cols")?, int(k, "rows")?);
         let mut t = 0;
         while t < tokens {

@@ -236,13 +236,12 @@ impl Backend {
         Ok(v)
     }
 
-    pub(crate) fn download_range<T: crate::Elem>(&self, buf: &Buf<T>, offset: usize, len: usize) -> Result<Vec<T>> {
-        let mut v = vec![T::default(); len];
-        if len > 0 {
-            let view = buf.slice(offset..offset + len);
-            self.stream.memcpy_dtoh(&view, &mut v).map_err(driver("cuMemcpyDtoH"))?;
+    pub(crate) fn download_range<T: crate::Elem>(&self, buf: &Buf<T>, offset: usize, out: &mut [T]) -> Result<()> {
+        if !out.is_empty() {
+            let view = buf.slice(offset..offset + out.len());
+            self.stream.memcpy_dtoh(&view, out).map_err(driver("cuMemcpyDtoH"))?;
         }
-        Ok(v)
+        Ok(())
     }
 
     pub(crate) fn write<T: crate::Elem>(&self, dst: &mut Buf<T>, offset: usize, src: &[T]) -> Result<()> {

@@ -44,7 +44,7 @@ impl Backend {
     pub(crate) fn download<T>(&self, _: &Buf<T>, _: usize) -> Result<Vec<T>> {
         match self.0 {}
     }
-    pub(crate) fn download_range<T>(&self, _: &Buf<T>, _: usize, _: usize) -> Result<Vec<T>> {
+    pub(crate) fn download_range<T>(&self, _: &Buf<T>, _: usize, _: &mut [T]) -> Result<()> {
         match self.0 {}
     }
     pub(crate) fn write<T>(&self, _: &mut Buf<T>, _: usize, _: &[T]) -> Result<()> {

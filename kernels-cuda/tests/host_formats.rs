@@ -6,10 +6,10 @@
 use std::path::Path;
 use std::process::Command;
 
-use spinfer_kernels::GgmlType;
-use spinfer_kernels::dequant::dequantize_row;
-use spinfer_kernels::dot::ternary::dequantize_row_i2s;
+mod support;
+
 use spinfer_kernels_cuda::{WeightFormat, synthetic_matrix};
+use support::dequantize;
 
 /// Host shims for what NVRTC provides, then the readers, then a driver that
 /// dequantises a matrix file item by item.
@@ -75,31 +75,6 @@ int main(int argc, char** argv) {
 }
 "#;
 
-fn reference(format: WeightFormat, bytes: &[u8], rows: usize, cols: usize) -> Vec<f32> {
-    let rb = format.row_bytes(cols).unwrap();
-    let mut out = vec![0f32; rows * cols];
-    for (src, dst) in bytes.chunks_exact(rb).zip(out.chunks_exact_mut(cols)) {
-        let ty = match format {
-            WeightFormat::Q4_0 => GgmlType::Q4_0,
-            WeightFormat::Q4_1 => GgmlType::Q4_1,
-            WeightFormat::Q5_0 => GgmlType::Q5_0,
-            WeightFormat::Q5_1 => GgmlType::Q5_1,
-            WeightFormat::Q8_0 => GgmlType::Q8_0,
-            WeightFormat::Q4_K => GgmlType::Q4_K,
-            WeightFormat::Q5_K => GgmlType::Q5_K,
-            WeightFormat::Q6_K => GgmlType::Q6_K,
-            WeightFormat::TQ1_0 => GgmlType::TQ1_0,
-            WeightFormat::TQ2_0 => GgmlType::TQ2_0,
-            WeightFormat::I2_S => {
-                dequantize_row_i2s(src, dst).unwrap();
-                continue;
-            }
-        };
-        dequantize_row(ty, src, dst).unwrap();
-    }
-    out
-}
-
 #[test]
 fn every_block_reader_matches_the_cpu_reference() {
     let dir = tempfile::tempdir().unwrap();
@@ -144,7 +119,7 @@ fn every_block_reader_matches_the_cpu_reference() {
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
-        let want = reference(format, &bytes, rows, cols);
+        let want = dequantize(format, &bytes, rows, cols);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             // The same products in f32: equal, or within one rounding.
             assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{format} element {i}: {g} vs {w}");

@@ -3,26 +3,14 @@
 //! causal attention with GQA and a window, SwiGLU, GeGLU, the residual add
 //! and the embedding lookup. Skipped, saying why, without a device.
 
-use std::sync::OnceLock;
+mod support;
 
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels_cuda::{
-    AttentionShape, CudaBackend, KvCache, Position, QkvRows, RopePairs, RopeShape, WeightFormat, synthetic_acts,
-    synthetic_matrix,
+    AttentionShape, KvCache, Position, QkvRows, RopePairs, RopeShape, WeightFormat, synthetic_acts, synthetic_matrix,
 };
-
-fn backend() -> Option<&'static CudaBackend> {
-    static B: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-    match B.get_or_init(|| CudaBackend::new().map_err(|e| e.to_string())) {
-        Ok(b) => Some(b),
-        Err(why) => {
-            assert!(std::env::var("SPINFER_EXPECT_GPU").as_deref() != Ok("1"), "SPINFER_EXPECT_GPU=1 but: {why}");
-            eprintln!("skipped: {why}");
-            None
-        }
-    }
-}
+use support::backend;
 
 fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "{what}");

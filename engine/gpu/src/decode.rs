@@ -44,7 +44,7 @@ impl DecodeSession for GpuDecode<'_> {
         if self.last == 0 {
             return Err(spinfer_engine::Error::InvalidArgument("no tokens were run yet".into()));
         }
-        self.logits = self.model.logits(self.session, self.last - 1..self.last)?;
+        self.model.logits_into(self.session, self.last - 1..self.last, &mut self.logits)?;
         Ok(&self.logits)
     }
 }

@@ -323,18 +323,22 @@ impl GpuModel {
             // The graph reads the token and the position from the device.
             be.write_rows(&mut s.ids, tokens)?;
             be.write(s.dpos.all_mut(), &[s.pos as i32])?;
-            if s.graph.is_none() {
-                // Run the step once uncaptured (it loads every module and
-                // function it needs, which must not happen mid-capture; its
-                // writes are the ones the graph repeats), then capture it.
-                self.forward_step(s, 1, 0, false)?;
-                be.begin_capture()?;
-                let step = self.forward_step(s, 1, 0, true);
-                let graph = be.end_capture();
-                step?;
-                s.graph = Some(graph?);
-            }
-            be.launch_graph(s.graph.as_ref().expect("captured above"))?;
+            let graph = match s.graph.take() {
+                Some(g) => g,
+                None => {
+                    // Run the step once uncaptured (it loads every module
+                    // and function it needs, which must not happen
+                    // mid-capture; its writes are the ones the graph
+                    // repeats), then capture it.
+                    self.forward_step(s, 1, 0, false)?;
+                    be.begin_capture()?;
+                    let step = self.forward_step(s, 1, 0, true);
+                    let graph = be.end_capture();
+                    step?;
+                    graph?
+                }
+            };
+            be.launch_graph(s.graph.insert(graph))?;
             s.pos += 1;
             return Ok(());
         }
@@ -494,6 +498,17 @@ impl GpuModel {
     ///
     /// Rows outside the last call's tokens; device errors.
     pub fn logits(&self, s: &mut GpuSession, rows: std::ops::Range<usize>) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        self.logits_into(s, rows, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`GpuModel::logits`] into `out` (resized), reusing its allocation.
+    ///
+    /// # Errors
+    ///
+    /// As [`GpuModel::logits`].
+    pub fn logits_into(&self, s: &mut GpuSession, rows: std::ops::Range<usize>, out: &mut Vec<f32>) -> Result<()> {
         let (dim, vocab) = (self.config.dim, self.config.vocab_size);
         if rows.is_empty() || rows.end > s.last_tokens {
             return Err(GpuError::InvalidArgument(format!(
@@ -508,7 +523,7 @@ impl GpuModel {
         let head = self.output.as_ref().unwrap_or(&self.token_embd);
         let x = at(&s.hidden, "hidden", rows.start * dim, n * dim)?;
         self.be.gemv_f32(head, x, n, None, at_mut(&mut s.logits, "logits", 0, n * vocab)?)?;
-        Ok(self.be.download_slice(at(&s.logits, "logits", 0, n * vocab)?)?)
+        Ok(self.be.download_slice_into(at(&s.logits, "logits", 0, n * vocab)?, out)?)
     }
 
     /// Runs `tokens` and returns the logits of the last one.
