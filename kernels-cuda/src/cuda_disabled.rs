@@ -1,5 +1,5 @@
 //! Built without feature `cuda`: every probe answers "not compiled" and no
-//! backend can be made (the shape of candle's `cuda_backend` dummy module).
+//! backend can be made (as candle does its `cuda_backend` when the feature is off).
 //! The types exist so that code using the backend builds either way; they
 //! are uninhabited, so none of their methods can run.
 
