@@ -375,9 +375,9 @@ fn token_types(src: &GgufFile, n: usize) -> Result<Vec<u64>> {
     };
     let a = v.as_array().ok_or_else(|| src.meta_err(key, "must be an array of integers"))?;
     if a.len() != n {
-        return Err(src.meta_err(key, &format!("has {} entries but tokenizer.ggml.tokens has {n}", a.len())));
+        return Err(src.meta_err(key, &format!("has {} entries but tokenizer.ggml.tokens has {n}", a.len())).into());
     }
-    a.iter().map(|x| x.as_u64().ok_or_else(|| src.meta_err(key, "must be an array of integers"))).collect()
+    a.iter().map(|x| x.as_u64().ok_or_else(|| src.meta_err(key, "must be an array of integers").into())).collect()
 }
 
 /// An HF `tokenizer.json` (byte-level BPE) equivalent to the GGUF's
@@ -423,7 +423,7 @@ pub fn tokenizer_json(src: &GgufFile) -> Result<String> {
             let d = format!(
                 "names pre-tokenizer '{other}', which tokenizer export does not support (supported: {SUPPORTED_PRE})"
             );
-            return Err(src.meta_err("tokenizer.ggml.pre", &d));
+            return Err(src.meta_err("tokenizer.ggml.pre", &d).into());
         }
     };
 

@@ -346,7 +346,8 @@ fn read_modules(dir: &Path) -> Result<Modules> {
 
 /// Reads a Pooling module's `config.json`.
 fn read_pooling(path: &Path, hidden: usize) -> Result<Pooling> {
-    let text = crate::bounded::read_text(path, crate::bounded::MAX_CONFIG_BYTES, "a pooling config")?;
+    let text =
+        spinfer_formats::bounded::read_text(path, spinfer_formats::bounded::MAX_CONFIG_BYTES, "a pooling config")?;
     let json: Value = serde_json::from_str(&text).map_err(|e| Error::format(path, format!("invalid json: {e}")))?;
     let key_err = |key: &str, detail: String| Error::Metadata { path: path.to_path_buf(), key: key.into(), detail };
     let flag = |key: &str| -> Result<bool> {
@@ -380,7 +381,9 @@ fn read_pooling(path: &Path, hidden: usize) -> Result<Pooling> {
 /// `Some((path, json))` if the file exists; an error if it exists but is
 /// not valid JSON.
 fn read_optional_json(path: &Path) -> Result<Option<(PathBuf, Value)>> {
-    let Some(text) = crate::bounded::read_text_opt(path, crate::bounded::MAX_CONFIG_BYTES, "a JSON config")? else {
+    let Some(text) =
+        spinfer_formats::bounded::read_text_opt(path, spinfer_formats::bounded::MAX_CONFIG_BYTES, "a JSON config")?
+    else {
         return Ok(None);
     };
     let json = serde_json::from_str(&text).map_err(|e| Error::format(path, format!("invalid json: {e}")))?;

@@ -64,3 +64,19 @@ impl Error {
         Error::Io { path: path.into(), source }
     }
 }
+
+/// A model file's error keeps its variant (and message) here.
+impl From<spinfer_formats::Error> for Error {
+    fn from(e: spinfer_formats::Error) -> Self {
+        use spinfer_formats::Error as F;
+        match e {
+            F::Io { path, source } => Error::Io { path, source },
+            F::Format { path, detail } => Error::Format { path, detail },
+            F::MissingTensor { path, tensor } => Error::MissingTensor { path, tensor },
+            F::TensorShape { path, tensor, got, want } => Error::TensorShape { path, tensor, got, want },
+            F::TensorType { path, tensor, ty, what } => Error::TensorType { path, tensor, ty, what },
+            F::Metadata { path, key, detail } => Error::Metadata { path, key, detail },
+            F::UnsupportedArch { path, arch, supported } => Error::UnsupportedArch { path, arch, supported },
+        }
+    }
+}

@@ -1,5 +1,4 @@
 //! spinfer's inference engine.
-mod bounded;
 pub mod config;
 pub mod convert;
 pub mod embed;
@@ -7,21 +6,18 @@ mod embed_sparsity;
 pub mod engine;
 mod error;
 pub mod generate;
-pub mod gguf;
 pub mod head;
 pub mod inspect;
-pub mod loader;
 pub mod model;
 mod op_names;
 pub mod packs;
 pub mod perplexity;
 pub mod provider;
 pub mod registry;
-pub mod safetensors;
 pub mod sampling;
 pub mod sparse;
-pub mod tensor;
 pub mod tokenizer;
 pub mod tuning;
 pub use engine::Engine;
 pub use error::{Error, Result};
+pub use spinfer_formats::{gguf, loader, safetensors, tensor};

@@ -38,6 +38,12 @@ pub enum GpuError {
 /// The crate's result type.
 pub type Result<T> = std::result::Result<T, GpuError>;
 
+impl From<spinfer_formats::Error> for GpuError {
+    fn from(e: spinfer_formats::Error) -> Self {
+        GpuError::Engine(e.into())
+    }
+}
+
 impl From<GpuError> for spinfer_engine::Error {
     fn from(e: GpuError) -> Self {
         match e {

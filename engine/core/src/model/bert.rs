@@ -51,7 +51,7 @@ use crate::registry::KernelRegistry;
 use crate::tensor::{TensorData, TensorView};
 use crate::{Error, Result};
 
-pub use super::bert_config::BertConfig;
+pub use spinfer_formats::bert_config::BertConfig;
 
 /// Tokens per matmul call. The f32 GEMM packs the weights once per call and
 /// streams the activations per block of packed weights, so large calls are

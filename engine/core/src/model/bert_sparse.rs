@@ -56,10 +56,10 @@ use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk};
 
-use super::bert_config::BertConfig;
 use crate::loader::Loader;
 use crate::sparse::calibrate::{BINS, bin_of, quantile};
 use crate::{Error, Result};
+use spinfer_formats::bert_config::BertConfig;
 
 pub const FORMAT: &str = "spinfer-bert-sparsity";
 pub const VERSION: u32 = 1;

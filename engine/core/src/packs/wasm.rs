@@ -978,7 +978,7 @@ act = "f32"
         use crate::model::{Model, ModelOptions, Precision};
         use crate::registry::KernelRegistry;
         use crate::safetensors::SafetensorsModel;
-        use crate::safetensors::tests as st;
+        use spinfer_formats::fixtures::safetensors as st;
 
         let body = format!("(local $r i32) (local $c i32) (local $acc f32) {MATVEC_TRAPS_ON_BATCH}");
         let wasm = wat_module(1, &body);

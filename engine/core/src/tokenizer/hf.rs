@@ -32,7 +32,8 @@ fn tk_err(path: &Path, e: impl std::fmt::Display) -> Error {
 }
 
 pub(crate) fn load(path: &Path) -> Result<Loaded> {
-    let text = crate::bounded::read_text(path, crate::bounded::MAX_TOKENIZER_BYTES, "a tokenizer.json")?;
+    let text =
+        spinfer_formats::bounded::read_text(path, spinfer_formats::bounded::MAX_TOKENIZER_BYTES, "a tokenizer.json")?;
     let json: Json = serde_json::from_str(&text).map_err(|e| tk_err(path, format!("not valid JSON: {e}")))?;
     check_bpe_merges(&json["model"]).map_err(|e| tk_err(path, format!("model: {e}")))?;
     let mut tk = tokenizers::Tokenizer::from_str(&text).map_err(|e| tk_err(path, e))?;
@@ -76,7 +77,12 @@ pub(crate) fn load(path: &Path) -> Result<Loaded> {
     // BOS/EOS: tokenizer_config.json, then config.json, then common names.
     let dir = path.parent().unwrap_or(Path::new("."));
     let read = |name: &str| -> Option<Json> {
-        let s = crate::bounded::read_text(&dir.join(name), crate::bounded::MAX_CONFIG_BYTES, "a JSON config").ok()?;
+        let s = spinfer_formats::bounded::read_text(
+            &dir.join(name),
+            spinfer_formats::bounded::MAX_CONFIG_BYTES,
+            "a JSON config",
+        )
+        .ok()?;
         serde_json::from_str(&s).ok()
     };
     let tcfg = read("tokenizer_config.json");

@@ -19,10 +19,10 @@ use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use spinfer_kernels::GgmlType;
 
+use crate::config::SUPPORTED_HF_ARCHS;
+use crate::config::{Arch, FfnAct, ModelConfig, RopeStyle};
 use crate::gguf::GgufFile;
 use crate::loader::Loader;
-use crate::model::config::SUPPORTED_HF_ARCHS;
-use crate::model::{Arch, FfnAct, ModelConfig, RopeStyle};
 use crate::tensor::{TensorData, TensorView};
 use crate::{Error, Result};
 
@@ -474,78 +474,10 @@ impl Cfg<'_> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use crate::fixtures::safetensors::*;
     use serde_json::json;
-
-    /// (HF name, dtype, shape, bytes) -> a safetensors file.
-    pub(crate) type T<'a> = (&'a str, &'a str, Vec<usize>, Vec<u8>);
-
-    pub(crate) fn st_bytes(tensors: &[T]) -> Vec<u8> {
-        let mut header = serde_json::Map::new();
-        header.insert("__metadata__".into(), json!({"format": "pt"}));
-        let mut off = 0;
-        for (name, dtype, shape, data) in tensors {
-            header.insert(
-                (*name).into(),
-                json!({"dtype": dtype, "shape": shape, "data_offsets": [off, off + data.len()]}),
-            );
-            off += data.len();
-        }
-        let mut h = serde_json::to_vec(&header).unwrap();
-        h.resize(h.len().next_multiple_of(8), b' ');
-        let mut b = (h.len() as u64).to_le_bytes().to_vec();
-        b.extend(h);
-        tensors.iter().for_each(|t| b.extend_from_slice(&t.3));
-        b
-    }
-
-    pub(crate) fn f32s(n: usize, seed: f32) -> Vec<u8> {
-        (0..n).flat_map(|i| (seed + i as f32).to_le_bytes()).collect()
-    }
-
-    /// A one-layer model: hidden 8, 2 heads, 1 kv head, ffn 16, vocab 10.
-    pub(crate) fn tiny(lm_head: bool, q_bias: bool) -> Vec<T<'static>> {
-        let l = |m: &str| -> &'static str { Box::leak(format!("model.layers.0.{m}").into_boxed_str()) };
-        let mut v: Vec<T> = vec![
-            ("model.embed_tokens.weight", "F32", vec![10, 8], f32s(80, 0.0)),
-            (l("self_attn.q_proj.weight"), "F32", vec![8, 8], f32s(64, 1.0)),
-            (l("self_attn.k_proj.weight"), "F32", vec![4, 8], f32s(32, 2.0)),
-            (l("self_attn.v_proj.weight"), "F32", vec![4, 8], f32s(32, 3.0)),
-            (l("self_attn.o_proj.weight"), "F32", vec![8, 8], f32s(64, 4.0)),
-            (l("input_layernorm.weight"), "F32", vec![8], f32s(8, 5.0)),
-            (l("post_attention_layernorm.weight"), "F32", vec![8], f32s(8, 6.0)),
-            (l("mlp.gate_proj.weight"), "F16", vec![16, 8], vec![0; 256]),
-            (l("mlp.up_proj.weight"), "BF16", vec![16, 8], vec![0; 256]),
-            (l("mlp.down_proj.weight"), "F32", vec![8, 16], f32s(128, 7.0)),
-            ("model.norm.weight", "F32", vec![8], f32s(8, 8.0)),
-        ];
-        if lm_head {
-            v.push(("lm_head.weight", "F32", vec![10, 8], f32s(80, 9.0)));
-        }
-        if q_bias {
-            v.push((l("self_attn.q_proj.bias"), "F32", vec![8], f32s(8, 10.0)));
-        }
-        v
-    }
-
-    pub(crate) fn config(model_type: &str) -> Value {
-        json!({
-            "architectures": ["LlamaForCausalLM"], "model_type": model_type, "hidden_size": 8,
-            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-            "intermediate_size": 16, "vocab_size": 10, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
-            "max_position_embeddings": 64, "some_unknown_key": {"nested": [1, 2]}, "torch_dtype": "float32"
-        })
-    }
-
-    pub(crate) fn write_dir(cfg: &Value, files: &[(&str, Vec<u8>)]) -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("config.json"), serde_json::to_vec(cfg).unwrap()).unwrap();
-        for (name, bytes) in files {
-            std::fs::write(dir.path().join(name), bytes).unwrap();
-        }
-        dir
-    }
 
     fn err<T>(r: Result<T>) -> String {
         match r {

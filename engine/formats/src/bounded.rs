@@ -9,15 +9,15 @@ use crate::{Error, Result};
 
 /// Largest JSON configuration read (`config.json`, an index file, a pooling
 /// config; real ones are kilobytes).
-pub(crate) const MAX_CONFIG_BYTES: u64 = 64 << 20;
+pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
 
 /// Largest `tokenizer.json` read (a 262k-entry vocabulary with its merges
 /// is about 35 MB).
-pub(crate) const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
+pub const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
 
 /// The text of `path`, at most `max` bytes; `Ok(None)` when it does not
 /// exist. `what` names the file's role in the error ("a model config").
-pub(crate) fn read_text_opt(path: &Path, max: u64, what: &str) -> Result<Option<String>> {
+pub fn read_text_opt(path: &Path, max: u64, what: &str) -> Result<Option<String>> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -34,7 +34,7 @@ pub(crate) fn read_text_opt(path: &Path, max: u64, what: &str) -> Result<Option<
 }
 
 /// [`read_text_opt`] for a file that must exist.
-pub(crate) fn read_text(path: &Path, max: u64, what: &str) -> Result<String> {
+pub fn read_text(path: &Path, max: u64, what: &str) -> Result<String> {
     read_text_opt(path, max, what)?.ok_or_else(|| Error::io(path, std::io::Error::from(std::io::ErrorKind::NotFound)))
 }
 

@@ -66,7 +66,7 @@ pub enum RopeStyle {
 }
 
 /// Maps a field of [`ModelConfig::check_tensors`] to the key that set it.
-pub(crate) type KeyName<'a> = dyn Fn(&str) -> String + 'a;
+pub type KeyName<'a> = dyn Fn(&str) -> String + 'a;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -208,7 +208,7 @@ impl ModelConfig {
     ///
     /// A file whose metadata claims 2^31 layers is refused here, naming the
     /// key, before anything is sized from it.
-    pub(crate) fn check_tensors(
+    pub fn check_tensors(
         &self,
         names: &[String],
         dims: &dyn Fn(&str) -> Result<Option<Vec<usize>>>,

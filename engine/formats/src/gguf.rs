@@ -325,7 +325,7 @@ impl GgufFile {
             .map(Some)
     }
 
-    pub(crate) fn meta_err(&self, key: &str, detail: &str) -> Error {
+    pub fn meta_err(&self, key: &str, detail: &str) -> Error {
         Error::Metadata { path: self.path.clone(), key: key.into(), detail: detail.into() }
     }
 

@@ -19,7 +19,7 @@ enum Repr {
 impl TensorData {
     /// A window of a memory map; the caller has checked `start + len` lies
     /// inside it.
-    pub(crate) fn mapped(map: Arc<Mmap>, start: usize, len: usize) -> Self {
+    pub fn mapped(map: Arc<Mmap>, start: usize, len: usize) -> Self {
         debug_assert!(start + len <= map.len());
         TensorData(Repr::Mapped { map, start, len })
     }
