@@ -290,12 +290,12 @@ impl Engine {
     /// Token ids of `text`, with BOS first when the tokenizer adds one by
     /// default (as [`Engine::generate`] does with default parameters).
     pub fn tokenize(&self, text: &str) -> Result<Vec<u32>> {
-        self.tokenizer.encode(text, self.tokenizer.add_bos_default())
+        Ok(self.tokenizer.encode(text, self.tokenizer.add_bos_default())?)
     }
 
     /// The text of `ids`; an id outside the vocabulary is an error.
     pub fn detokenize(&self, ids: &[u32]) -> Result<String> {
-        self.tokenizer.decode(ids)
+        Ok(self.tokenizer.decode(ids)?)
     }
 
     /// Width of [`Engine::embed`]'s vectors: the model's hidden size.

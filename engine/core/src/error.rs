@@ -80,3 +80,12 @@ impl From<spinfer_formats::Error> for Error {
         }
     }
 }
+
+impl From<spinfer_tokenizer::Error> for Error {
+    fn from(e: spinfer_tokenizer::Error) -> Self {
+        match e {
+            spinfer_tokenizer::Error::Tokenizer(detail) => Error::Tokenizer(detail),
+            spinfer_tokenizer::Error::File(e) => e.into(),
+        }
+    }
+}

@@ -35,11 +35,11 @@ impl SpinferTokenizer {
 
 impl Tokenizer for SpinferTokenizer {
     fn encode(&self, text: &str) -> ruvllm::Result<Vec<u32>> {
-        self.inner().encode(text, false).map_err(|e| runtime_error("encode", e))
+        self.inner().encode(text, false).map_err(|e| runtime_error("encode", e.into()))
     }
 
     fn decode(&self, tokens: &[u32]) -> ruvllm::Result<String> {
-        self.inner().decode(tokens).map_err(|e| runtime_error("decode", e))
+        self.inner().decode(tokens).map_err(|e| runtime_error("decode", e.into()))
     }
 
     fn vocab_size(&self) -> usize {

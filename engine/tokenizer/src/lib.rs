@@ -14,6 +14,7 @@
 //! its added tokens).
 
 mod bpe;
+mod error;
 mod hf;
 mod spm;
 mod stream;
@@ -23,8 +24,9 @@ mod tests;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::gguf::{GgufFile, Value};
-use crate::{Error, Result};
+use spinfer_formats::gguf::{GgufFile, Value};
+
+pub use error::{Error, Result};
 
 pub use stream::StreamDecoder;
 
@@ -414,7 +416,8 @@ struct Meta<'a> {
 
 impl<'a> Meta<'a> {
     fn err(&self, key: &str, detail: &str) -> Error {
-        Error::Metadata { path: PathBuf::from(self.path), key: key.into(), detail: detail.into() }
+        spinfer_formats::Error::Metadata { path: PathBuf::from(self.path), key: key.into(), detail: detail.into() }
+            .into()
     }
 
     fn str(&self, key: &str) -> Result<&'a str> {
