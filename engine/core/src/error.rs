@@ -89,3 +89,15 @@ impl From<spinfer_tokenizer::Error> for Error {
         }
     }
 }
+
+impl From<spinfer_kernel_select::Error> for Error {
+    fn from(e: spinfer_kernel_select::Error) -> Self {
+        use spinfer_kernel_select::Error as S;
+        match e {
+            S::Io { path, source } => Error::Io { path, source },
+            S::InvalidArgument(detail) => Error::InvalidArgument(detail),
+            S::NoKernel { op } => Error::NoKernel { op },
+            S::Kernels(e) => Error::Kernels(e),
+        }
+    }
+}

@@ -110,7 +110,7 @@ fn to_q8_0(x: &[f32]) -> Result<Vec<u8>> {
 }
 
 fn kernel(rows: usize, cols: usize) -> Result<Box<dyn MatmulKernel>> {
-    crate::registry::builtin_kernel(&MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows, cols })
+    Ok(crate::registry::builtin_kernel(&MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows, cols })?)
 }
 
 impl LowRank {

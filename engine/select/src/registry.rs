@@ -4,9 +4,10 @@
 //! [`KernelRegistry`]. Providers offer kernels; the registry picks the
 //! highest-scoring provider's best candidate unless a pin says otherwise.
 //!
-//! Today one provider is built in (`cpu-builtin`: the scalar reference and
-//! the AVX2/AVX-512 kernels of `spinfer-kernels`). Kernel packs (native,
-//! WASM, CUDA) become further providers behind the same seam.
+//! One provider is built in (`cpu-builtin`: the scalar reference and the
+//! AVX2/AVX-512 kernels of `spinfer-kernels`); native and WASM kernel packs,
+//! loaded by `spinfer-packs`, register further providers behind the same
+//! seam.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -135,7 +136,7 @@ impl KernelProvider for CpuBuiltin {
 /// The best built-in kernel for `desc`, for shapes that only exist at run
 /// time (gathered rows, predictor factors) and so were never resolved at
 /// load.
-pub(crate) fn builtin_kernel(desc: &MatmulDesc) -> Result<Box<dyn MatmulKernel>> {
+pub fn builtin_kernel(desc: &MatmulDesc) -> Result<Box<dyn MatmulKernel>> {
     spinfer_kernels::matmul::candidates(desc, &CpuFeatures::detect())
         .into_iter()
         .next()
