@@ -39,8 +39,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use spinfer_registry::{InstallRecord, PackKind, VerifiedPack, VerifyLimits, discover, verify_pack_with};
-
 use crate::config::Config;
 use crate::generate::{self, GenerateParams, StopReason, Timings};
 use crate::gguf::GgufFile;
@@ -48,14 +46,13 @@ use crate::head::HeadIndex;
 use crate::loader::Loader;
 use crate::model::bert::l2_normalize;
 use crate::model::{Model, ModelOptions, Session};
-use crate::packs::{NativePack, WasmLimits, WasmPack, host_info};
 use crate::registry::KernelRegistry;
 use crate::registry::describe;
-use crate::registry::{KernelProvider, SparsityProvider};
 use crate::safetensors::SafetensorsModel;
 use crate::tokenizer::Tokenizer;
-use crate::tuning::HistoryStore;
 use crate::{Error, Result};
+
+pub use spinfer_packs::PackStatus;
 
 pub struct Engine {
     pub model: Model,
@@ -644,153 +641,8 @@ pub fn is_safetensors(path: &Path) -> bool {
     path.is_dir() || path.extension().is_some_and(|e| e == "safetensors")
 }
 
-/// The outcome of one discovered pack.
-#[derive(Clone, Debug)]
-pub struct PackStatus {
-    pub dir: PathBuf,
-    /// The provider name (`name@version#hash`) it registered as, or why it
-    /// was skipped.
-    pub outcome: std::result::Result<String, String>,
-}
-
-/// The kernel registry an operator config describes: built-in kernels,
-/// verified packs from `[packs]`, pins, exclusions and the history store.
-///
-/// Per pack found: verify (each file read once, signature before parsing,
-/// the signer's right to the name; `[wasm] max_module_mb` caps a module
-/// before it is read) → refuse every pack whose manifest name another
-/// verified pack also has (naming both directories) → `[kernels] exclude`
-/// by manifest name → the install record (downgrades and stripped
-/// signatures, by name; a downgrade only through `[packs]
-/// pinned_versions`) → open the verified bytes → ABI check → score →
-/// register.
+/// The kernel registry an operator config describes: see
+/// [`spinfer_packs::load_registry`].
 pub fn registry_from_config(c: &Config) -> Result<(KernelRegistry, Vec<PackStatus>)> {
-    let mut registry = KernelRegistry::builtin();
-    for (op, kernel) in &c.kernels.pin {
-        registry.pin(op, kernel);
-    }
-    for name in &c.kernels.exclude {
-        registry.exclude(name);
-    }
-    if let Some(h) = &c.packs.history {
-        // A store another process held too long is not set at all (it
-        // already said so, once): the registry then explains its choices as
-        // having no history, not as measured on an empty one.
-        let store = HistoryStore::open(h)?;
-        if store.is_loaded() {
-            registry.set_history(store);
-        }
-    }
-    let policy = c.trust_policy()?;
-    let host = host_info();
-    let mb = |v: u64| usize::try_from(v.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
-    let limits = WasmLimits {
-        max_memory_bytes: mb(c.wasm.max_memory_mb),
-        timeout_ms: c.wasm.timeout_ms,
-        max_module_bytes: mb(c.wasm.max_module_mb),
-        fuel: c.wasm.fuel,
-    };
-    let verify_limits =
-        VerifyLimits { max_wasm_bytes: c.wasm.max_module_mb.saturating_mul(1 << 20), ..VerifyLimits::default() };
-
-    // 1. Verify everything found (nothing is loaded yet).
-    let mut found: Vec<(PathBuf, std::result::Result<VerifiedPack, String>)> = Vec::new();
-    for entry in discover(&c.packs.dirs) {
-        match entry {
-            Ok(dir) => {
-                let verified = verify_pack_with(&dir, &policy, &verify_limits).map_err(|e| e.to_string());
-                found.push((dir, verified));
-            }
-            Err(e) => found.push((PathBuf::new(), Err(format!("pack discovery: {e}")))),
-        }
-    }
-
-    // 2. One name, one pack: two verified packs with the same manifest name
-    // are both refused (which one is meant is not for the engine to guess).
-    let mut dirs_of: std::collections::BTreeMap<String, Vec<PathBuf>> = Default::default();
-    for (dir, v) in &found {
-        if let Ok(p) = v {
-            dirs_of.entry(p.manifest().name.clone()).or_default().push(dir.clone());
-        }
-    }
-    for (dir, v) in &mut found {
-        let Ok(p) = v else { continue };
-        let dirs = &dirs_of[&p.manifest().name];
-        if dirs.len() > 1 {
-            let others: Vec<String> = dirs.iter().filter(|d| *d != dir).map(|d| d.display().to_string()).collect();
-            *v = Err(format!(
-                "pack {} at {} is refused: pack {} at {} has the same name (one name, one pack: remove or rename one)",
-                p.id(),
-                dir.display(),
-                p.manifest().name,
-                others.join(", ")
-            ));
-        }
-    }
-
-    // 3. The install record, opened only when there is a pack to check.
-    let any = found.iter().any(|(_, v)| v.is_ok());
-    let mut record: std::result::Result<Option<InstallRecord>, String> = Ok(None);
-    if any {
-        record = match (c.install_record_path(), c.install_witness_path()) {
-            (Some(r), Some(w)) => InstallRecord::open_with_witness(r, w).map(Some).map_err(|e| e.to_string()),
-            _ => {
-                tracing::warn!(
-                    "no data directory (neither [packs] install_record, XDG_DATA_HOME nor HOME is set): \
-                     pack downgrades cannot be detected across runs"
-                );
-                Ok(None)
-            }
-        };
-        if let Err(e) = &record {
-            tracing::error!("{e}; every pack is refused until this is resolved");
-        }
-    }
-
-    // 4. Load, in discovery order.
-    let mut status = Vec::new();
-    for (dir, verified) in found {
-        let outcome = verified.map_err(Error::InvalidArgument).and_then(|pack| {
-            let name = &pack.manifest().name;
-            if c.kernels.exclude.contains(name) {
-                return Err(Error::Pack { pack: pack.id(), detail: "excluded by [kernels] exclude".into() });
-            }
-            match record.as_mut() {
-                Ok(Some(record)) => record.check_and_record(&pack, c.packs.pinned_versions.get(name))?,
-                Ok(None) => {}
-                Err(e) => return Err(Error::Pack { pack: pack.id(), detail: e.clone() }),
-            }
-            // A native pack offers kernels and may offer predictors and
-            // cache policies: it is registered in both roles.
-            Ok(match pack.manifest().kind {
-                PackKind::Native => {
-                    let native = Arc::new(NativePack::load(&pack, &host)?);
-                    (Arc::clone(&native) as Arc<dyn KernelProvider>, Some(native as Arc<dyn SparsityProvider>))
-                }
-                PackKind::Wasm => (Arc::new(WasmPack::load(&pack, limits)?) as Arc<dyn KernelProvider>, None),
-                PackKind::Cuda => {
-                    return Err(Error::Pack { pack: pack.id(), detail: "cuda packs are not supported yet".into() });
-                }
-            })
-        });
-        match outcome {
-            Ok((provider, sparsity)) => {
-                if let Some(s) = sparsity {
-                    registry.add_sparsity_provider(s);
-                }
-                tracing::info!(pack = provider.name(), "registered kernel pack");
-                status.push(PackStatus { dir, outcome: Ok(provider.name().to_string()) });
-                registry.add_provider(provider);
-            }
-            Err(e) => {
-                let msg = match e {
-                    Error::InvalidArgument(m) => m,
-                    other => other.to_string(),
-                };
-                tracing::warn!(dir = %dir.display(), "pack skipped: {msg}");
-                status.push(PackStatus { dir, outcome: Err(msg) });
-            }
-        }
-    }
-    Ok((registry, status))
+    Ok(spinfer_packs::load_registry(&c.packs, &c.kernels, &c.wasm)?)
 }

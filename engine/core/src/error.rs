@@ -101,3 +101,15 @@ impl From<spinfer_kernel_select::Error> for Error {
         }
     }
 }
+
+impl From<spinfer_packs::Error> for Error {
+    fn from(e: spinfer_packs::Error) -> Self {
+        use spinfer_packs::Error as P;
+        match e {
+            P::Pack { pack, detail } => Error::Pack { pack, detail },
+            P::InvalidArgument(detail) => Error::InvalidArgument(detail),
+            P::Registry(e) => Error::Registry(e),
+            P::Select(e) => e.into(),
+        }
+    }
+}

@@ -24,6 +24,8 @@ use crate::{Error, Result};
 use spinfer_plugin_api::PredictorSpec;
 
 mod linear;
+#[cfg(all(test, feature = "wasm"))]
+mod pack_fallback_tests;
 mod sentence_ffn;
 mod sparse_attn;
 mod sparse_ffn;

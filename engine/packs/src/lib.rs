@@ -5,10 +5,21 @@
 //! [`spinfer_registry::VerifiedPack`]; only then does the engine open the
 //! artefact. [`native::NativePack`] loads a native (`cdylib`) pack following
 //! ggml's backend order (verify → open → ABI version → score → register) and
-//! serves its kernels behind the engine's [`crate::registry::KernelProvider`].
+//! serves its kernels behind the kernel registry's `KernelProvider`;
+//! [`WasmPack`] does the same for a sandboxed WebAssembly pack.
+//! [`load_registry`] does all of this for an operator's settings.
+//!
+//! Architecture invariant: this is the only crate that opens a pack's
+//! artefact (links `libloading`/`memfd` or compiles WASM with wasmtime), and
+//! it only opens bytes that `spinfer-registry` verified.
 
+mod error;
+mod load;
 pub mod native;
+pub mod settings;
 
+pub use error::{Error, Result};
+pub use load::{PackStatus, load_registry};
 pub use native::{NativePack, PackKernel, host_info};
 
 #[cfg(feature = "wasm")]
@@ -19,3 +30,5 @@ mod wasm;
 mod wasm_types;
 pub use wasm::WasmPack;
 pub use wasm_types::{MAX_WASM_TIMEOUT_MS, WASM_ABI_VERSION, WasmFault, WasmLimits};
+#[cfg(all(feature = "fixtures", feature = "wasm"))]
+pub mod fixtures;

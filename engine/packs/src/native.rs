@@ -39,8 +39,8 @@ use spinfer_plugin_api::{
 };
 use spinfer_registry::{PackKind, VerifiedPack, Version};
 
-use crate::registry::{KernelProvider, SparsityProvider};
 use crate::{Error, Result};
+use spinfer_kernel_select::registry::{KernelProvider, SparsityProvider};
 
 /// The version of this engine, as packs see it (`min_host_version`).
 pub const HOST_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -7,8 +7,8 @@ use spinfer_kernels::kernel::{MatmulDesc, MatmulKernel};
 use spinfer_registry::VerifiedPack;
 
 use super::wasm_types::{WasmFault, WasmLimits};
-use crate::registry::KernelProvider;
 use crate::{Error, Result};
+use spinfer_kernel_select::registry::KernelProvider;
 
 /// A WASM kernel pack; cannot be constructed without the `wasm` feature.
 pub struct WasmPack {

@@ -58,8 +58,8 @@ use spinfer_registry::{PackKind, VerifiedPack};
 use wasmtime::{Config, Engine, Instance, Memory, Module, ResourceLimiter, Store, Trap, TypedFunc};
 
 use super::wasm_types::{MAX_WASM_TIMEOUT_MS, WASM_ABI_VERSION, WasmFault, WasmLimits};
-use crate::registry::KernelProvider;
 use crate::{Error, Result};
+use spinfer_kernel_select::registry::KernelProvider;
 
 /// Period of the epoch ticker that enforces time budgets.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -683,66 +683,8 @@ impl Inner {
 mod tests {
     use std::time::Instant;
 
-    use spinfer_registry::{TrustPolicy, sha256_hex, verify_pack};
-
     use super::*;
-
-    /// A minimal module implementing the ABI with one F32 kernel whose body
-    /// is `body` (must leave an i32 status on the stack).
-    fn wat_module(abi: u32, body: &str) -> Vec<u8> {
-        let text = format!(
-            r#"(module
-  (memory (export "memory") 1)
-  (global $next (mut i32) (i32.const 1024))
-  (func (export "spinfer_abi_version") (result i32) (i32.const {abi}))
-  (func (export "spinfer_kernel_count") (result i32) (i32.const 1))
-  (func (export "spinfer_kernel_wtype") (param i32) (result i32) (i32.const 0))
-  (func (export "alloc") (param $n i32) (result i32)
-    (local $p i32) (local $end i32)
-    (local.set $p (global.get $next))
-    (local.set $end (i32.add (local.get $p) (local.get $n)))
-    (if (i32.gt_u (local.get $end) (i32.mul (memory.size) (i32.const 65536)))
-      (then
-        (if (i32.eq (memory.grow (i32.sub (i32.add (i32.shr_u (local.get $end) (i32.const 16)) (i32.const 1))
-                                          (memory.size)))
-                    (i32.const -1))
-          (then (return (i32.const 0))))))
-    (global.set $next (local.get $end))
-    (local.get $p))
-  (func (export "matmul_f32_f32") (param i32 i32 i32 i32 i32 i32) (result i32)
-    {body}))"#
-        );
-        wat::parse_str(text).expect("test module parses")
-    }
-
-    /// Writes an unsigned pack around `wasm` and verifies it.
-    fn pack(name: &str, abi: u32, wasm: &[u8]) -> (tempfile::TempDir, VerifiedPack) {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("kernels.wasm"), wasm).unwrap();
-        let kname = name.replace('-', "_");
-        let manifest = format!(
-            r#"name = "{name}"
-version = "0.1.0"
-abi_version = {abi}
-kind = "wasm"
-min_host_version = "0.1.0"
-
-[artefact]
-file = "kernels.wasm"
-sha256 = "{}"
-
-[[kernels]]
-name = "{kname}_f32"
-op = "matmul"
-weight = "f32"
-act = "f32"
-"#,
-            sha256_hex(wasm)
-        );
-        std::fs::write(dir.path().join("pack.toml"), manifest).unwrap();
-        let verified = verify_pack(dir.path(), &TrustPolicy::new().with_unsigned_allowed(true)).unwrap();
-        (dir, verified)
-    }
+    use crate::fixtures::{MATVEC_TRAPS_ON_BATCH, pack, wat_module};
 
     const DESC: MatmulDesc = MatmulDesc { wtype: GgmlType::F32, act: ActType::F32, rows: 4, cols: 8 };
 
@@ -945,72 +887,5 @@ act = "f32"
         assert_eq!(deadline_ticks(100), 11);
         assert_eq!(deadline_ticks(1), 2);
         assert_eq!(deadline_ticks(0), 2);
-    }
-
-    /// A correct f32 matvec for one token; traps (`unreachable`) on a batch.
-    const MATVEC_TRAPS_ON_BATCH: &str = r#"
-    (if (i32.gt_u (local.get 4) (i32.const 1)) (then unreachable))
-    (local.set $r (i32.const 0))
-    (block $done (loop $rows
-      (br_if $done (i32.ge_u (local.get $r) (local.get 1)))
-      (local.set $acc (f32.const 0))
-      (local.set $c (i32.const 0))
-      (block $cd (loop $cols
-        (br_if $cd (i32.ge_u (local.get $c) (local.get 2)))
-        (local.set $acc (f32.add (local.get $acc) (f32.mul
-          (f32.load (i32.add (local.get 0)
-            (i32.shl (i32.add (i32.mul (local.get $r) (local.get 2)) (local.get $c)) (i32.const 2))))
-          (f32.load (i32.add (local.get 3) (i32.shl (local.get $c) (i32.const 2)))))))
-        (local.set $c (i32.add (local.get $c) (i32.const 1)))
-        (br $cols)))
-      (f32.store (i32.add (local.get 5) (i32.shl (local.get $r) (i32.const 2))) (local.get $acc))
-      (local.set $r (i32.add (local.get $r) (i32.const 1)))
-      (br $rows)))
-    (i32.const 0)"#;
-
-    /// A pack kernel that traps in the middle of a model's forward pass:
-    /// the error is typed, the pack disables itself, every matrix it served
-    /// moves to the built-in kernels, and the model keeps answering with
-    /// the built-in kernels' numbers.
-    #[test]
-    fn trapping_kernel_mid_model_falls_back_to_builtin() {
-        use crate::model::llama::Linear;
-        use crate::model::{Model, ModelOptions, Precision};
-        use crate::registry::KernelRegistry;
-        use crate::safetensors::SafetensorsModel;
-        use spinfer_formats::fixtures::safetensors as st;
-
-        let body = format!("(local $r i32) (local $c i32) (local $acc f32) {MATVEC_TRAPS_ON_BATCH}");
-        let wasm = wat_module(1, &body);
-        let (_d, vp) = pack("test-trap", 1, &wasm);
-        let p = Arc::new(WasmPack::load(&vp, limits(5_000)).unwrap());
-
-        let dir = st::write_dir(&st::config("llama"), &[("model.safetensors", st::st_bytes(&st::tiny(true, false)))]);
-        let loader = SafetensorsModel::open(dir.path()).unwrap();
-        let options = ModelOptions { precision: Precision::Precise, ctx: 16, threads: 1, sparsity: None };
-        let builtin = Model::load(&loader, &KernelRegistry::builtin(), options.clone()).unwrap();
-        let mut registry = KernelRegistry::builtin();
-        registry.add_provider(p.clone());
-        registry.pin("matmul.f32", "test-trap/test_trap_f32");
-        let model = Model::load(&loader, &registry, options).unwrap();
-        assert!(model.linears().any(|l| l.kernel_name() == "test_trap_f32"));
-
-        let logits = |m: &Model, s: &mut crate::model::Session, toks: &[u32]| m.forward_last(s, toks).unwrap().to_vec();
-        let (mut s_ref, mut s) = (builtin.new_session(), model.new_session());
-        // One token: the pack's kernels serve and agree with the built-ins.
-        let (want, got) = (logits(&builtin, &mut s_ref, &[3]), logits(&model, &mut s, &[3]));
-        let tol = want.iter().fold(0.0f32, |m, v| m.max(v.abs())) * 1e-5;
-        assert!(want.iter().zip(&got).all(|(a, b)| (a - b).abs() <= tol), "{want:?} vs {got:?}");
-        assert!(model.linears().all(|l| !l.fell_back()));
-        assert!(p.weight_uploads() >= 5, "the pack served q, k, v, o, down and the output");
-        // A batch: the pack traps; the built-ins take over mid-pass.
-        let (want, got) = (logits(&builtin, &mut s_ref, &[1, 2]), logits(&model, &mut s, &[1, 2]));
-        assert!(matches!(p.fault(), Some(WasmFault::Trap(_))), "{:?}", p.fault());
-        assert!(p.is_disabled());
-        assert!(model.linears().filter(|l| l.kernel_name() == "test_trap_f32").all(Linear::fell_back));
-        assert!(want.iter().zip(&got).all(|(a, b)| (a - b).abs() <= tol), "{want:?} vs {got:?}");
-        // And the model keeps working.
-        let (want, got) = (logits(&builtin, &mut s_ref, &[4]), logits(&model, &mut s, &[4]));
-        assert!(want.iter().zip(&got).all(|(a, b)| (a - b).abs() <= tol), "{want:?} vs {got:?}");
     }
 }
