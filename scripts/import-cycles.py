@@ -13,6 +13,7 @@ module is left out. Exit status 1 when there is a cycle.
     scripts/import-cycles.py [CRATE_DIR...]   # default: every crate here
 """
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -71,11 +72,13 @@ def paths_in(text: str) -> list:
     found = []
     for m in re.finditer(r"\buse\s+([^;]+);", text):
         found += expand_use(m.group(1))
-    found += re.findall(r"\b((?:crate|super|self)(?:::[A-Za-z_][A-Za-z0-9_]*)+)", text)
+    # Paths in code; a prefix of a brace group (`crate::a::{b, c}`) is not
+    # one: the use declaration above already named its members.
+    found += re.findall(r"\b((?:crate|super|self)(?:::[A-Za-z_][A-Za-z0-9_]*)+)(?![A-Za-z0-9_]|::)", text)
     return found
 
 
-def resolve(path: str, here: tuple, modules: dict):
+def resolve(path: str, here: tuple, modules: dict, depth: int = 0):
     segs = [s.strip() for s in path.split("::")]
     segs = [s.split(" as ")[0].strip() for s in segs]
     if segs[0] == "crate":
@@ -91,8 +94,42 @@ def resolve(path: str, here: tuple, modules: dict):
     full = base + segs
     for n in range(len(full), -1, -1):
         if tuple(full[:n]) in modules:
-            return modules[tuple(full[:n])]
+            f = modules[tuple(full[:n])]
+            # An item the module only re-exports (`pub use x::Item;`)
+            # resolves to where it is defined, not to the re-exporting file.
+            if n < len(full) and depth < 8:
+                via = reexports(f).get(full[n])
+                if via is not None and via.split("::")[0] not in ("crate", "super", "self"):
+                    # `pub use child::Item;`: relative to that module, if
+                    # `child` is one of its modules (else another crate).
+                    child = tuple(full[:n]) + (via.split("::")[0],)
+                    if child not in modules:
+                        return None
+                    via = "self::" + via
+                if via is not None:
+                    t = resolve(via, tuple(full[:n]), modules, depth + 1)
+                    if t is not None:
+                        return t
+            return f
     return None
+
+
+_REEXPORTS = {}
+
+
+def reexports(f: Path) -> dict:
+    """Name -> path of each `pub use` in `f` (braces expanded). An item
+    re-exported from another crate is no edge inside this one."""
+    if f not in _REEXPORTS:
+        out = {}
+        for m in re.finditer(r"\bpub(?:\([^)]*\))?\s+use\s+([^;]+);", strip_comments(f.read_text())):
+            for p in expand_use(m.group(1)):
+                p = p.strip()
+                name = p.split(" as ")[-1].split("::")[-1].strip()
+                if name and name not in ("*", "self"):
+                    out[name] = p.split(" as ")[0].strip()
+        _REEXPORTS[f] = out
+    return _REEXPORTS[f]
 
 
 def crate_cycles(crate: Path) -> list:
@@ -158,8 +195,8 @@ def main() -> int:
     for crate in dirs:
         for comp in crate_cycles(crate):
             bad += 1
-            names = [str(f.relative_to(ROOT)) for f in comp]
-            print(f"cycle in {crate.relative_to(ROOT)}: " + " <-> ".join(names))
+            names = [os.path.relpath(f, ROOT) for f in comp]
+            print(f"cycle in {os.path.relpath(crate, ROOT)}: " + " <-> ".join(names))
     print(f"{bad} import cycle(s)")
     return 1 if bad else 0
 

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::model::{ModelOptions, Precision};
-use crate::sparse::cache::CachePolicyKind;
-use crate::sparse::{PredictorKind, SparsityOptions};
 use crate::{Error, Result};
+use spinfer_sparsity::cache::CachePolicyKind;
+use spinfer_sparsity::{PredictorKind, SparsityOptions};
 
 pub use spinfer_packs::settings::{
     KernelsSection, MAX_WASM_MEMORY_MB, MAX_WASM_MODULE_MB, MAX_WASM_TIMEOUT_MS, PacksSection, TrustedKeySetting,

@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use crate::embed::{Embedder, Embedding};
 use crate::model::bert_sparse::{BertCalibrationInfo, BertModelId, BertSparsity, Recorder, SparseFfn};
 use crate::safetensors::SafetensorsModel;
-use crate::sparse::calibrate::BINS;
 use crate::{Error, Result};
+use spinfer_sparsity::stats::BINS;
 
 impl Embedder {
     /// Calibrates sparse-FFN thresholds on `texts`: runs the dense model

@@ -113,3 +113,18 @@ impl From<spinfer_packs::Error> for Error {
         }
     }
 }
+
+impl From<spinfer_sparsity::Error> for Error {
+    fn from(e: spinfer_sparsity::Error) -> Self {
+        use spinfer_sparsity::Error as S;
+        match e {
+            S::Io { path, source } => Error::Io { path, source },
+            S::Sparsity { path, detail } => Error::Sparsity { path, detail },
+            S::InvalidArgument(detail) => Error::InvalidArgument(detail),
+            S::Kernel { kernel, source } => Error::Kernel { kernel, source },
+            S::Kernels(e) => Error::Kernels(e),
+            S::Select(e) => e.into(),
+            S::File(e) => e.into(),
+        }
+    }
+}

@@ -1,4 +1,5 @@
 //! spinfer's inference engine.
+pub mod calibrate;
 pub mod config;
 pub mod convert;
 pub mod embed;
@@ -12,7 +13,11 @@ pub mod model;
 pub mod perplexity;
 pub mod provider;
 pub mod sampling;
-pub mod sparse;
+pub mod sparse {
+    //! Activation sparsity: the `spinfer-sparsity` crate and calibration.
+    pub use crate::calibrate;
+    pub use spinfer_sparsity::*;
+}
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use spinfer_formats::{gguf, loader, safetensors, tensor};

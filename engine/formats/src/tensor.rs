@@ -70,3 +70,35 @@ impl TensorView {
         }
     }
 }
+
+/// Drops this process's pages of `bytes`: they leave the resident set and
+/// are re-read from the file if touched again.
+///
+/// # Safety
+/// `bytes` must lie inside a read-only file mapping (a [`TensorData`]
+/// borrowed from a memory map, or such a map itself). On anonymous memory
+/// `MADV_DONTNEED` would zero the pages under a live shared borrow.
+pub unsafe fn release_pages(bytes: &[u8]) {
+    #[cfg(target_os = "linux")]
+    {
+        unsafe extern "C" {
+            fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
+            fn sysconf(name: i32) -> std::ffi::c_long;
+        }
+        const MADV_DONTNEED: i32 = 4;
+        const SC_PAGESIZE: i32 = 30;
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { sysconf(SC_PAGESIZE) }.max(4096) as usize;
+        let start = (bytes.as_ptr() as usize).next_multiple_of(page);
+        let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
+        if end > start {
+            // SAFETY: [start, end) lies inside `bytes`, a read-only file
+            // mapping that nothing writes: MADV_DONTNEED only drops the
+            // process's page table entries; the contents stay those of the
+            // file, re-read on the next access.
+            unsafe { madvise(start as *mut std::ffi::c_void, end - start, MADV_DONTNEED) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = bytes;
+}

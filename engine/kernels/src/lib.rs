@@ -18,6 +18,7 @@ pub mod kernel;
 pub mod matmul;
 pub mod pool;
 pub mod quantize;
+mod row_layout;
 pub mod sparse;
 pub mod split;
 mod types;

@@ -3,8 +3,6 @@
 //! A quantised row of `n` elements is `n / block_size` blocks of `type_size`
 //! bytes each; `n` must be a multiple of the block size.
 
-use crate::{KernelError, Result};
-
 /// Element type of a weight tensor, using GGML's numbering (the `type` field
 /// of a GGUF tensor-info record).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -120,16 +118,6 @@ impl GgmlType {
     /// True for block-quantised types (everything but F32/F16/BF16).
     pub const fn is_quantized(self) -> bool {
         !matches!(self, Self::F32 | Self::F16 | Self::BF16)
-    }
-
-    /// Bytes taken by a row of `n` elements, or an error if `n` is not a
-    /// multiple of the block size.
-    pub fn row_bytes(self, n: usize) -> Result<usize> {
-        let bs = self.block_size();
-        if !n.is_multiple_of(bs) {
-            return Err(KernelError::RowNotBlockAligned { ty: self, n, block: bs });
-        }
-        Ok(n / bs * self.type_size())
     }
 }
 

@@ -1,6 +1,6 @@
 //! f32 vector primitives for the non-matmul parts of a forward pass
-//! (attention scores, weighted sums, softmax): scalar references plus AVX2
-//! versions chosen at run time.
+//! (attention scores, weighted sums, softmax, the FFN activations): scalar
+//! references plus AVX2 versions chosen at run time.
 
 /// `sum(a[i] * b[i])`.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -39,6 +39,31 @@ pub fn softmax(x: &mut [f32]) {
     let inv = 1.0 / sum;
     for v in x.iter_mut() {
         *v *= inv;
+    }
+}
+
+/// `silu(x) = x · sigmoid(x)`, in place (the same expression as
+/// [`swiglu`], so `silu` then `* up` equals it bit for bit).
+pub fn silu(x: &mut [f32]) {
+    for g in x {
+        *g = *g / (1.0 + (-*g).exp());
+    }
+}
+
+/// `gate = silu(gate) * up` (SwiGLU), in place.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// `gate = gelu(gate) * up` (GeGLU) with PyTorch's tanh approximation
+/// `gelu(x) = x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`, in place.
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh()) * u;
     }
 }
 

@@ -16,7 +16,6 @@ use memmap2::Mmap;
 use sha2::{Digest, Sha256};
 
 use super::HeadIndex;
-use crate::model::Model;
 use crate::tensor::TensorData;
 use crate::{Error, Result};
 
@@ -31,12 +30,10 @@ fn hex(d: impl AsRef<[u8]>) -> String {
     d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Writes `model`'s head rows in `index`'s member order to `path`
-/// (through a temporary file renamed into place); returns their sha256.
-pub(crate) fn write(model: &Model, index: &HeadIndex, path: &Path) -> Result<String> {
-    let out = &model.weights.output;
-    let row_bytes = out.desc.wtype.row_bytes(model.config.dim)?;
-    let head = out.raw_weights();
+/// Writes a head's rows (`head`: `vocab × row_bytes` bytes) in `index`'s
+/// member order to `path` (through a temporary file renamed into place);
+/// returns their sha256.
+pub(crate) fn write(head: &[u8], row_bytes: usize, index: &HeadIndex, path: &Path) -> Result<String> {
     let tmp = path.with_extension("rows.partial");
     let file = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
     let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
@@ -69,7 +66,8 @@ pub(crate) fn open(path: &Path, vocab: usize, row_bytes: usize, sha256: &str) ->
     let mut hasher = Sha256::new();
     for part in map.chunks(8 << 20) {
         hasher.update(part);
-        crate::sparse::bundle::release_pages(part);
+        // SAFETY: `part` lies in `map`, a read-only file mapping.
+        unsafe { spinfer_formats::tensor::release_pages(part) };
     }
     let got = hex(hasher.finalize());
     if got != sha256 {

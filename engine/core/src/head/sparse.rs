@@ -10,7 +10,7 @@ use spinfer_kernels::quantize::quantize_row_q8_0_ref;
 
 use super::HeadIndex;
 use crate::model::llama::{Linear, Scratch, grow};
-use crate::model::{Model, Precision};
+use crate::model::{ModelConfig, Precision};
 use crate::registry::KernelRegistry;
 use crate::tensor::TensorData;
 use crate::{Error, Result};
@@ -21,7 +21,7 @@ use crate::{Error, Result};
 const RANK_SIGMAS: f32 = 3.0;
 
 /// A [`HeadIndex`] bound to kernels for one model: what
-/// [`Model::next_token_logits`] runs.
+/// `Model::next_token_logits` runs.
 pub struct SparseHead {
     pub index: HeadIndex,
     /// The cluster-ordered copy of the head, when the index has one.
@@ -41,25 +41,25 @@ pub struct SparseHead {
 }
 
 impl SparseHead {
-    /// Binds `index` (checked against `model`'s head by the caller that
-    /// loaded it) with `probes` clusters per token.
+    /// Binds `index` (checked against the model's head `out`, of a model
+    /// with hyper-parameters `config`) with `probes` clusters per token.
     pub fn new(
-        model: &Model,
+        config: &ModelConfig,
+        out: &Linear,
         index: HeadIndex,
         probes: usize,
         registry: &KernelRegistry,
         precision: Precision,
     ) -> Result<Self> {
-        let (k, dim) = (index.clusters(), model.config.dim);
+        let (k, dim) = (index.clusters(), config.dim);
         if probes == 0 || probes > k {
             return Err(Error::InvalidArgument(format!("head probes must be in 1..={k} (its clusters), got {probes}")));
         }
         // The sha256 was checked when the index was read (HeadIndex::load)
         // or built from this model; the shape is checked again here.
         let m = &index.model;
-        let out = &model.weights.output;
         if (m.vocab_size, m.dim, m.tensor.as_str(), m.tensor_type.as_str())
-            != (model.config.vocab_size, dim, out.name.as_str(), out.desc.wtype.name())
+            != (config.vocab_size, dim, out.name.as_str(), out.desc.wtype.name())
         {
             return Err(Error::InvalidArgument(format!(
                 "the head index was built for a {} x {} {} head ({}), not this model's {} x {} {} ({})",
@@ -67,7 +67,7 @@ impl SparseHead {
                 m.dim,
                 m.tensor_type,
                 m.tensor,
-                model.config.vocab_size,
+                config.vocab_size,
                 dim,
                 out.desc.wtype.name(),
                 out.name
@@ -99,7 +99,7 @@ impl SparseHead {
                 "head.rows",
                 out.desc.wtype,
                 data,
-                model.config.vocab_size,
+                config.vocab_size,
                 dim,
             )?),
             None => None,

@@ -20,7 +20,7 @@
 //!
 //! Calibration (`Embedder::calibrate_sparsity`, in `crate::embed_sparsity`) runs the dense model
 //! over real text with a recorder in the FFN hook: per layer, a
-//! log-histogram of `|h|` (the bins of [`crate::sparse::calibrate`]), whose
+//! log-histogram of `|h|` (the bins of [`spinfer_sparsity::calibrate`]), whose
 //! `target_sparsity` quantile becomes the layer's threshold (the same
 //! fraction of neurons skipped in every layer); a second pass averages each
 //! neuron's skipped values (the offsets).
@@ -57,9 +57,9 @@ use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk};
 
 use crate::loader::Loader;
-use crate::sparse::calibrate::{BINS, bin_of, quantile};
 use crate::{Error, Result};
 use spinfer_formats::bert_config::BertConfig;
+use spinfer_sparsity::stats::{BINS, bin_of, quantile};
 
 pub const FORMAT: &str = "spinfer-bert-sparsity";
 pub const VERSION: u32 = 1;

@@ -14,14 +14,15 @@ use spinfer_kernels::pool::{ThreadPool, chunk};
 
 use super::config::{FfnAct, ModelConfig, RopeStyle};
 use super::math::{self, RopeTable};
+pub use super::precision::Precision;
 use super::{add, check_dims, load_vector};
 use crate::head::{HeadIndex, HeadScratch, HeadStats, SparseHead};
 use crate::loader::Loader;
 use crate::registry::KernelRegistry;
-use crate::sparse::{self, ModelId, SparseFfn, SparsityOptions, SparsityStats};
 use crate::tensor::TensorView;
 use crate::{Error, Result};
 use spinfer_plugin_api::PredictorSpec;
+use spinfer_sparsity::{self as sparse, ModelId, SparseFfn, SparsityOptions, SparsityStats};
 
 mod linear;
 #[cfg(all(test, feature = "wasm"))]
@@ -37,22 +38,6 @@ pub(crate) use linear::{Scratch, grow};
 /// attention: a longer [`Model::forward`] runs in steps of this many, so
 /// a local layer's cache holds `window + UBATCH - 1` positions at most.
 pub const UBATCH: usize = 512;
-
-/// How activations meet quantised weights.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Precision {
-    /// Integer dot products on two 8-bit activation planes (`x = hi + lo`,
-    /// see `spinfer_kernels::split`): near-f32 accuracy, weights streamed
-    /// once. The default.
-    #[default]
-    Fast,
-    /// Integer dot products on one 8-bit activation plane: llama.cpp's
-    /// numerics, the fastest prefill, max logit error ~1 on SmolLM2.
-    Int8,
-    /// f32 activations times weights dequantised on the fly: the function
-    /// PyTorch computes on the dequantised model.
-    Precise,
-}
 
 /// Load-time options.
 #[derive(Clone, Debug)]
@@ -387,7 +372,10 @@ impl Model {
 
         // The AXPYs follow the model's precision, as the dense kernels'
         // activations do.
-        let axpy = sparse::AxpyMode::for_precision(options.precision);
+        // The AXPYs follow the model's precision, as the dense kernels'
+        // activations do: exact in precise mode, integer otherwise.
+        let axpy =
+            if options.precision == Precision::Precise { sparse::AxpyMode::Exact } else { sparse::AxpyMode::Int8 };
         let mut sparse = match &options.sparsity {
             Some(o) if o.ffn_budget_bytes.is_some() => {
                 // Under a memory budget the FFN matrices are read once, to
@@ -685,7 +673,9 @@ impl Model {
         probes: usize,
         registry: &KernelRegistry,
     ) -> Result<()> {
-        self.head = index.map(|i| SparseHead::new(self, i, probes, registry, self.options.precision)).transpose()?;
+        self.head = index
+            .map(|i| SparseHead::new(&self.config, &self.weights.output, i, probes, registry, self.options.precision))
+            .transpose()?;
         Ok(())
     }
 

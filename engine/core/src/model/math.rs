@@ -28,32 +28,7 @@ pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-pub use spinfer_kernels::vec::{axpy, dot, softmax};
-
-/// `silu(x) = x · sigmoid(x)`, in place (the same expression as
-/// [`swiglu`], so `silu` then `* up` equals it bit for bit).
-pub fn silu(x: &mut [f32]) {
-    for g in x {
-        *g = *g / (1.0 + (-*g).exp());
-    }
-}
-
-/// `gate = silu(gate) * up` (SwiGLU), in place.
-pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
-}
-
-/// `gate = gelu(gate) * up` (GeGLU) with PyTorch's tanh approximation
-/// `gelu(x) = x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`, in place.
-pub fn geglu(gate: &mut [f32], up: &[f32]) {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    for (g, &u) in gate.iter_mut().zip(up) {
-        let x = *g;
-        *g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh()) * u;
-    }
-}
+pub use spinfer_kernels::vec::{axpy, dot, geglu, silu, softmax, swiglu};
 
 /// Precomputed RoPE rotation table: `cos`/`sin` of `pos * theta^(-2i/d)`
 /// for every position up to the context size and every pair `i < d/2`.

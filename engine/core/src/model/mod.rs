@@ -3,6 +3,7 @@ pub mod bert;
 pub mod bert_sparse;
 pub mod llama;
 pub mod math;
+mod precision;
 
 pub use config::{Arch, FfnAct, ModelConfig, RopeStyle, SlidingWindow};
 pub use llama::{Model, ModelOptions, Precision, Session};

@@ -10,8 +10,8 @@ use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::split::split_hi_lo;
 
-use super::Precision;
 use crate::loader::Loader;
+use crate::model::precision::Precision;
 use crate::model::{check_dims, load_vector};
 use crate::registry::{Choice, KernelRegistry};
 use crate::tensor::TensorData;

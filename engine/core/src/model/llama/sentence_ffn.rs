@@ -10,7 +10,7 @@
 use super::{Model, Session, grow};
 use crate::Result;
 use crate::model::math;
-use crate::sparse::SparseFfn;
+use spinfer_sparsity::SparseFfn;
 
 /// One layer's mask for the current request.
 #[derive(Default)]

@@ -1,17 +1,17 @@
 //! The sparse SwiGLU FFN: per token, keep the neurons the predictor picks,
 //! run the up projection on their rows only and accumulate only their
 //! down-projection columns. Under a memory budget the same arithmetic runs
-//! on records gathered from the FFN bundle (see [`crate::sparse::bundle`]).
+//! on records gathered from the FFN bundle (see [`spinfer_sparsity::bundle`]).
 
 use super::{Linear, Model, Scratch, Session, grow};
 use crate::model::math;
 use crate::registry::Found;
-use crate::sparse::bundle::FfnBundle;
-use crate::sparse::{LayerCounters, PredictorKind, SparseFfn, select_neurons};
 use crate::{Error, Result};
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_plugin_api::PredictorBox;
 use spinfer_plugin_api::abi_stable::std_types::RSliceMut;
+use spinfer_sparsity::bundle::FfnBundle;
+use spinfer_sparsity::{LayerCounters, PredictorKind, SparseFfn, select_neurons};
 
 impl Model {
     /// FFN of layer `l` for the `n` tokens of this step, from `s.xn` into

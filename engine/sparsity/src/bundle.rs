@@ -43,6 +43,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use spinfer_formats::tensor::release_pages;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::pool::SyncPtr;
@@ -72,8 +73,21 @@ pub struct FfnSource<'a> {
     pub gate: (GgmlType, &'a [u8]),
     pub up: (GgmlType, &'a [u8]),
     pub down: (GgmlType, &'a [u8]),
-    /// The bytes are a file mapping (their pages may be released).
+    /// The bytes lie in a read-only file mapping, so their pages may be
+    /// released (`MADV_DONTNEED`) once copied. Never set for heap bytes:
+    /// releasing those would zero them.
     pub mapped: bool,
+}
+
+/// Releases a mapped layer's pages (see [`release_pages`]).
+///
+/// # Safety
+/// `s`'s slices lie in a read-only file mapping (`s.mapped` is true).
+unsafe fn release_layer(s: &FfnSource) {
+    for bytes in [s.gate.1, s.up.1, s.down.1] {
+        // SAFETY: the caller's guarantee.
+        unsafe { release_pages(bytes) };
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -168,33 +182,6 @@ fn order_of(freq: &[f32]) -> Vec<u32> {
     o
 }
 
-/// Drops this process's pages of `bytes` (a read-only file mapping): they
-/// leave the resident set and are re-read from the file if touched again.
-pub(crate) fn release_pages(bytes: &[u8]) {
-    #[cfg(target_os = "linux")]
-    {
-        unsafe extern "C" {
-            fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
-            fn sysconf(name: i32) -> std::ffi::c_long;
-        }
-        const MADV_DONTNEED: i32 = 4;
-        const SC_PAGESIZE: i32 = 30;
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { sysconf(SC_PAGESIZE) }.max(4096) as usize;
-        let start = (bytes.as_ptr() as usize).next_multiple_of(page);
-        let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
-        if end > start {
-            // SAFETY: [start, end) lies inside `bytes`, a read-only file
-            // mapping that nothing writes: MADV_DONTNEED only drops the
-            // process's page table entries; the contents stay those of the
-            // file, re-read on the next access.
-            unsafe { madvise(start as *mut std::ffi::c_void, end - start, MADV_DONTNEED) };
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = bytes;
-}
-
 fn write_bundle(path: &Path, h: &Header, freqs: &[Vec<f32>], src: &[FfnSource]) -> Result<()> {
     let tmp = {
         let mut s = path.as_os_str().to_owned();
@@ -273,9 +260,9 @@ fn write_bundle(path: &Path, h: &Header, freqs: &[Vec<f32>], src: &[FfnSource]) 
         }
         if s.mapped {
             // Streaming: one layer's matrices resident at a time.
-            release_pages(s.gate.1);
-            release_pages(s.up.1);
-            release_pages(s.down.1);
+            // SAFETY: `mapped` says these slices borrow the model's
+            // read-only file mapping.
+            unsafe { release_layer(s) };
         }
     }
     let f = w.into_inner().map_err(|e| io(e.into_error()))?;
@@ -439,9 +426,8 @@ impl FfnBundle {
             write_bundle(path, &want, freqs, src)?;
         }
         for s in src.iter().filter(|s| s.mapped) {
-            release_pages(s.gate.1);
-            release_pages(s.up.1);
-            release_pages(s.down.1);
+            // SAFETY: as in `write_bundle`: mapped slices of the model file.
+            unsafe { release_layer(s) };
         }
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         let h = want;
@@ -881,7 +867,7 @@ mod tests {
     use spinfer_kernels::sparse::NeuronMajor;
 
     use super::*;
-    use crate::sparse::cache::{CachePolicyKind, policy};
+    use crate::cache::{CachePolicyKind, policy};
 
     /// Random blocks of `ty` with finite f16 scales (and minimums).
     fn random_matrix(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {

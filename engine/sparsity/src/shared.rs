@@ -29,12 +29,6 @@ impl AxpyMode {
             AxpyMode::Int8 => spinfer_kernels::kernel::ActType::Q8_0,
         }
     }
-
-    /// The AXPYs follow the model's precision, as the dense kernels'
-    /// activations do: exact in precise mode, integer otherwise.
-    pub fn for_precision(p: crate::model::Precision) -> Self {
-        if p == crate::model::Precision::Precise { AxpyMode::Exact } else { AxpyMode::Int8 }
-    }
 }
 
 /// What the FFN bundle served under a memory budget (neuron records).

@@ -110,7 +110,12 @@ fn to_q8_0(x: &[f32]) -> Result<Vec<u8>> {
 }
 
 fn kernel(rows: usize, cols: usize) -> Result<Box<dyn MatmulKernel>> {
-    Ok(crate::registry::builtin_kernel(&MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows, cols })?)
+    Ok(spinfer_kernel_select::registry::builtin_kernel(&MatmulDesc {
+        wtype: GgmlType::Q8_0,
+        act: ActType::Q8_0,
+        rows,
+        cols,
+    })?)
 }
 
 impl LowRank {
@@ -160,7 +165,7 @@ impl LowRank {
         pred: &mut Vec<u32>,
     ) -> Result<()> {
         self.scores(pool, x, t, act, bytes)?;
-        crate::model::math::silu(act);
+        spinfer_kernels::vec::silu(act);
         pred.clear();
         pred.extend((0..act.len() as u32).filter(|&j| act[j as usize].abs() > self.threshold));
         Ok(())

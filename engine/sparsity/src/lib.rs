@@ -3,8 +3,9 @@
 //!
 //! * [`sidecar`]: the calibration file `spinfer calibrate` writes beside a
 //!   model (thresholds, top-K budgets, neuron frequencies).
-//! * [`calibrate`]: collects `|silu(gate)|` statistics on real text and fits
-//!   per-layer thresholds to a target sparsity.
+//! * Calibration (`spinfer_models::calibrate`, above the model since it
+//!   runs it) collects `|silu(gate)|` statistics on real text ([`stats`])
+//!   and fits per-layer thresholds to a target sparsity.
 //! * [`SparseFfn`]: what a model runs with a sidecar. Per token and layer,
 //!   the full gate projection is computed, the predictor keeps a set of
 //!   neurons, the up projection runs on those rows only (gathered-row
@@ -28,14 +29,16 @@
 
 pub mod bundle;
 pub mod cache;
-pub mod calibrate;
+mod error;
 pub mod lowrank;
 mod shared;
 pub mod sidecar;
+pub mod stats;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
+pub use error::{Error, Result};
 pub use sidecar::{CalibrationInfo, LayerStats, LowRankFactors, LowRankInfo, ModelId, PredictorKind, Sidecar};
 
 use spinfer_kernels::GgmlType;
@@ -48,10 +51,8 @@ use self::cache::CachePolicyKind;
 use self::lowrank::LowRank;
 pub(crate) use self::shared::sparsity_err;
 pub use self::shared::{AxpyMode, CacheCounters};
-use crate::registry::{Found, KernelRegistry};
+use spinfer_kernel_select::registry::{Found, KernelRegistry};
 use spinfer_plugin_api::PredictorBox;
-
-use crate::{Error, Result};
 
 /// How a model runs sparse (the CLI's `--sparsity`, the config's
 /// `[sparsity]`).
@@ -227,7 +228,7 @@ impl ColumnAxpy {
     pub fn provider(&self) -> &str {
         match self {
             ColumnAxpy::Pack(p) => &p.provider,
-            _ => crate::registry::BUILTIN,
+            _ => spinfer_kernel_select::registry::BUILTIN,
         }
     }
 }
@@ -409,7 +410,7 @@ pub struct LayerCounters {
     pub truth_hits: u64,
 }
 
-/// What a session's sparse FFN did (see [`crate::model::Session::sparsity_stats`]).
+/// What a session's sparse FFN did (a model session reports it).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SparsityStats {
     pub ffn_dim: usize,
@@ -472,7 +473,7 @@ impl SparsityStats {
 
 /// The quantised bytes of one layer's matrices that sparse execution
 /// repacks.
-pub(crate) struct LayerWeights<'a> {
+pub struct LayerWeights<'a> {
     /// `W_down`, `dim × ffn_dim`.
     pub down: (GgmlType, &'a [u8]),
     /// A pack's gathered-column AXPY for `W_down` (provider, kernel),
@@ -490,7 +491,7 @@ pub(crate) struct LayerWeights<'a> {
 /// each as a copy per thread of `threads`; the AXPYs compute in `axpy`
 /// mode.
 #[allow(clippy::too_many_arguments, reason = "the sparse FFN's shapes and weights, each a plain value")]
-pub(crate) fn build(
+pub fn build(
     opts: &SparsityOptions,
     pack_predictor: Option<Found<PredictorBox>>,
     id: &ModelId,
@@ -583,7 +584,7 @@ pub(crate) fn build(
 /// (written from `src` when missing or stale). Needs the low-rank
 /// predictor; no neuron-major copy of the model's matrices is made, and the
 /// pages of the mapped FFN matrices are released.
-pub(crate) fn build_budgeted(
+pub fn build_budgeted(
     opts: &SparsityOptions,
     registry: &KernelRegistry,
     id: &ModelId,

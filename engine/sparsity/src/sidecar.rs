@@ -49,9 +49,9 @@ use safetensors::SafeTensors;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::loader::Loader;
-use crate::model::ModelConfig;
 use crate::{Error, Result};
+use spinfer_formats::Loader;
+use spinfer_formats::ModelConfig;
 
 pub const FORMAT: &str = "spinfer-sparsity";
 pub const VERSION: &str = "1";
