@@ -21,8 +21,8 @@ fn fnv1a(bits: impl Iterator<Item = u32>) -> u64 {
 }
 
 fn main() -> anyhow::Result<()> {
-    let models: [(&str, Option<std::path::PathBuf>, fn() -> Reference); 2] =
-        [("smollm2", smollm2(), reference), ("gemma3", gemma3(), gemma3_reference)];
+    type Case = (&'static str, Option<std::path::PathBuf>, fn() -> Reference);
+    let models: [Case; 2] = [("smollm2", smollm2(), reference), ("gemma3", gemma3(), gemma3_reference)];
     for (name, path, refs) in models {
         let Some(path) = path else {
             eprintln!("{name}: model not found (scripts/fetch-models.sh), skipped");

@@ -196,7 +196,7 @@ impl Engine {
             Ok(g) => g,
             Err(e) => {
                 self.counters().errors += 1;
-                return Err(e);
+                return Err(e.into());
             }
         };
         let sparse = self.sparse_counts(&session);

@@ -128,3 +128,40 @@ impl From<spinfer_sparsity::Error> for Error {
         }
     }
 }
+
+impl From<spinfer_models::Error> for Error {
+    fn from(e: spinfer_models::Error) -> Self {
+        use spinfer_models::Error as M;
+        match e {
+            M::Io { path, source } => Error::Io { path, source },
+            M::Format { path, detail } => Error::Format { path, detail },
+            M::ContextOverflow { needed, ctx } => Error::ContextOverflow { needed, ctx },
+            M::InvalidArgument(detail) => Error::InvalidArgument(detail),
+            M::Device { device, detail } => Error::Device { device, detail },
+            M::Pack { pack, detail } => Error::Pack { pack, detail },
+            M::Kernel { kernel, source } => Error::Kernel { kernel, source },
+            M::Kernels(e) => Error::Kernels(e),
+            M::File(e) => e.into(),
+            M::Tokenizer(e) => e.into(),
+            M::Select(e) => e.into(),
+            M::Sparsity(e) => e.into(),
+        }
+    }
+}
+
+impl From<spinfer_embed::Error> for Error {
+    fn from(e: spinfer_embed::Error) -> Self {
+        use spinfer_embed::Error as B;
+        match e {
+            B::Io { path, source } => Error::Io { path, source },
+            B::Format { path, detail } => Error::Format { path, detail },
+            B::InvalidArgument(detail) => Error::InvalidArgument(detail),
+            B::Sparsity { path, detail } => Error::Sparsity { path, detail },
+            B::Kernel { kernel, source } => Error::Kernel { kernel, source },
+            B::Kernels(e) => Error::Kernels(e),
+            B::File(e) => e.into(),
+            B::Tokenizer(e) => e.into(),
+            B::Select(e) => e.into(),
+        }
+    }
+}

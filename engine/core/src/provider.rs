@@ -62,11 +62,11 @@ impl EmbeddingProvider for Engine {
 
 impl EmbeddingProvider for Embedder {
     fn embed(&self, text: &str) -> Result<Vec<f32>> {
-        Embedder::embed(self, text)
+        Ok(Embedder::embed(self, text)?)
     }
 
     fn embed_batch(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
-        Embedder::embed_batch(self, texts)
+        Ok(Embedder::embed_batch(self, texts)?)
     }
 
     fn dimensions(&self) -> usize {

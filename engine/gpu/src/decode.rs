@@ -1,7 +1,7 @@
 //! The GPU model as the engine's generation loop drives it
-//! (`spinfer_engine::generate::generate_with`).
+//! (`spinfer_models::generate::generate_with`).
 
-use spinfer_engine::generate::DecodeSession;
+use spinfer_models::generate::DecodeSession;
 
 use crate::{GpuModel, GpuSession};
 
@@ -34,15 +34,15 @@ impl DecodeSession for GpuDecode<'_> {
         self.session.reset();
     }
 
-    fn forward(&mut self, tokens: &[u32]) -> spinfer_engine::Result<()> {
+    fn forward(&mut self, tokens: &[u32]) -> spinfer_models::Result<()> {
         self.model.forward(self.session, tokens)?;
         self.last = tokens.len();
         Ok(())
     }
 
-    fn next_token_logits(&mut self) -> spinfer_engine::Result<&[f32]> {
+    fn next_token_logits(&mut self) -> spinfer_models::Result<&[f32]> {
         if self.last == 0 {
-            return Err(spinfer_engine::Error::InvalidArgument("no tokens were run yet".into()));
+            return Err(spinfer_models::Error::InvalidArgument("no tokens were run yet".into()));
         }
         self.model.logits_into(self.session, self.last - 1..self.last, &mut self.logits)?;
         Ok(&self.logits)

@@ -3,8 +3,8 @@
 //! the device, one kernel per step (see `spinfer-kernels-cuda`). Logits
 //! come back to the host for sampling.
 //!
-//! [`GpuModel::load`] reads any [`spinfer_engine::loader::Loader`] (GGUF or
-//! safetensors) with the CPU engine's [`spinfer_engine::model::ModelConfig`];
+//! [`GpuModel::load`] reads any [`spinfer_formats::Loader`] (GGUF or
+//! safetensors) with the CPU engine's [`spinfer_formats::ModelConfig`];
 //! [`GpuModel::forward`] runs tokens at a [`GpuSession`]'s next positions
 //! and [`GpuModel::logits`] returns rows of logits, as the CPU `Model`
 //! does, so the two can be compared token for token.
@@ -26,7 +26,10 @@ pub enum GpuError {
     Cuda(#[from] spinfer_kernels_cuda::CudaError),
     /// Reading the model (file, metadata, tensors).
     #[error(transparent)]
-    Engine(#[from] spinfer_engine::Error),
+    File(#[from] spinfer_formats::Error),
+    /// What the CPU model code reports (context overflow, bad arguments).
+    #[error(transparent)]
+    Model(#[from] spinfer_models::Error),
     /// A tensor in a format the CUDA kernels do not read.
     #[error("{tensor}: type {ty} has no CUDA kernel yet (supported: {supported})")]
     UnsupportedType { tensor: String, ty: String, supported: String },
@@ -38,17 +41,12 @@ pub enum GpuError {
 /// The crate's result type.
 pub type Result<T> = std::result::Result<T, GpuError>;
 
-impl From<spinfer_formats::Error> for GpuError {
-    fn from(e: spinfer_formats::Error) -> Self {
-        GpuError::Engine(e.into())
-    }
-}
-
-impl From<GpuError> for spinfer_engine::Error {
+impl From<GpuError> for spinfer_models::Error {
     fn from(e: GpuError) -> Self {
         match e {
-            GpuError::Engine(e) => e,
-            other => spinfer_engine::Error::Device { device: "cuda".into(), detail: other.to_string() },
+            GpuError::Model(e) => e,
+            GpuError::File(e) => e.into(),
+            other => spinfer_models::Error::Device { device: "cuda".into(), detail: other.to_string() },
         }
     }
 }

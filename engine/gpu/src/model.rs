@@ -3,9 +3,9 @@
 //! comment per step; the same steps, in the same order, as the CPU engine's
 //! `model/llama.rs`.
 
-use spinfer_engine::loader::Loader;
-use spinfer_engine::model::{FfnAct, ModelConfig, RopeStyle};
-use spinfer_engine::tensor::TensorView;
+use spinfer_formats::loader::check_dims;
+use spinfer_formats::tensor::TensorView;
+use spinfer_formats::{FfnAct, Loader, ModelConfig, RopeStyle};
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels_cuda::{
@@ -164,15 +164,7 @@ impl GpuModel {
         // A weight matrix with its shape checked: GGUF dims are (cols, rows).
         let tensor = |name: &str, rows: usize, cols: usize| -> Result<TensorView> {
             let t = loader.tensor(name)?;
-            if t.dims != [cols, rows] {
-                return Err(spinfer_engine::Error::TensorShape {
-                    path: loader.path().to_path_buf(),
-                    tensor: name.to_string(),
-                    got: t.dims.clone(),
-                    want: vec![cols, rows],
-                }
-                .into());
-            }
+            check_dims(loader, &t, &[cols, rows])?;
             Ok(t)
         };
         let matrix = |name: &str, rows: usize, cols: usize| -> Result<DeviceMatrix> {
@@ -197,17 +189,9 @@ impl GpuModel {
         };
         let vector = |name: &str, len: usize| -> Result<DeviceBuf<f32>> {
             let t = loader.tensor(name)?;
-            if t.dims != [len] {
-                return Err(spinfer_engine::Error::TensorShape {
-                    path: loader.path().to_path_buf(),
-                    tensor: name.to_string(),
-                    got: t.dims.clone(),
-                    want: vec![len],
-                }
-                .into());
-            }
+            check_dims(loader, &t, &[len])?;
             let mut v = vec![0f32; len];
-            dequantize_row(t.ty, t.data.bytes(), &mut v).map_err(spinfer_engine::Error::from)?;
+            dequantize_row(t.ty, t.data.bytes(), &mut v).map_err(spinfer_models::Error::from)?;
             Ok(be.upload(&v)?)
         };
 
@@ -312,7 +296,7 @@ impl GpuModel {
             return Err(GpuError::InvalidArgument("forward needs at least one token".into()));
         }
         if s.pos + n > self.ctx {
-            return Err(spinfer_engine::Error::ContextOverflow { needed: s.pos + n, ctx: self.ctx }.into());
+            return Err(spinfer_models::Error::ContextOverflow { needed: s.pos + n, ctx: self.ctx }.into());
         }
         if s.hidden.len() < n * c.dim {
             s.hidden = be.alloc(n * c.dim)?;

@@ -5,8 +5,8 @@
 
 use super::{Linear, Model, Scratch, Session, grow};
 use crate::model::math;
-use crate::registry::Found;
 use crate::{Error, Result};
+use spinfer_kernel_select::registry::Found;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_plugin_api::PredictorBox;
 use spinfer_plugin_api::abi_stable::std_types::RSliceMut;

@@ -3,7 +3,7 @@
 //! as `SentenceTransformer.encode` computes them.
 //!
 //! The directory holds what sentence-transformers saves:
-//! - `config.json` + `model.safetensors` (the BERT encoder, [`crate::model::bert`]);
+//! - `config.json` + `model.safetensors` (the BERT encoder, [`crate::bert`]);
 //! - `tokenizer.json` (WordPiece; `[CLS] ... [SEP]` added around each text);
 //! - `modules.json`: the module list (Transformer, Pooling, optionally
 //!   Normalize); without it, `1_Pooling` and no normalisation are assumed;
@@ -22,11 +22,12 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use spinfer_kernels::pool::ThreadPool;
 
-use crate::model::bert::{BertConfig, BertModel, Pooling, l2_normalize};
-use crate::registry::KernelRegistry;
-use crate::safetensors::SafetensorsModel;
-use crate::tokenizer::Tokenizer;
+use crate::bert::{BertConfig, BertModel, Pooling, l2_normalize};
 use crate::{Error, Result};
+use spinfer_formats::Error as FileError;
+use spinfer_formats::safetensors::SafetensorsModel;
+use spinfer_kernel_select::registry::KernelRegistry;
+use spinfer_tokenizer::Tokenizer;
 
 /// Load-time options.
 #[derive(Clone, Debug)]
@@ -37,7 +38,7 @@ pub struct EmbedderOptions {
     pub batch_size: usize,
     /// A sparse-FFN sidecar (`spinfer calibrate-embed`): the FFN's down
     /// projection runs over the kept neurons only
-    /// ([`crate::model::bert_sparse`]; also [`Embedder::load_sparsity`]).
+    /// ([`crate::bert_sparse`]; also [`Embedder::load_sparsity`]).
     pub sparsity: Option<PathBuf>,
     /// Run the encoder's Q/K/V, attention-output and FFN-up matmuls with
     /// bf16 weights and activations, and every matmul on weights packed
@@ -131,11 +132,11 @@ impl Embedder {
         if options.batch_size == 0 {
             return Err(Error::InvalidArgument("batch size must be at least 1".into()));
         }
-        if options.threads > crate::model::llama::MAX_THREADS {
+        if options.threads > spinfer_models::model::llama::MAX_THREADS {
             return Err(Error::InvalidArgument(format!(
                 "{} threads (EmbedderOptions::threads) is more than the {} allowed",
                 options.threads,
-                crate::model::llama::MAX_THREADS
+                spinfer_models::model::llama::MAX_THREADS
             )));
         }
         let meta = std::fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
@@ -162,7 +163,7 @@ impl Embedder {
                 None => config.max_positions,
                 Some(v) => {
                     let m = v.as_u64().and_then(|m| usize::try_from(m).ok()).filter(|&m| m >= 2).ok_or_else(|| {
-                        Error::Metadata {
+                        FileError::Metadata {
                             path,
                             key: "max_seq_length".into(),
                             detail: format!("must be an integer of at least 2, got {v}"),
@@ -180,7 +181,7 @@ impl Embedder {
         let empty = tokenizer.encode("", true)?;
         if empty.len() != 2 {
             let d = format!("does not wrap a text in [CLS] ... [SEP] (the empty text gives {} tokens)", empty.len());
-            return Err(Error::Tokenizer(format!("{}: {d}", tokenizer_path.display())));
+            return Err(spinfer_tokenizer::Error::Tokenizer(format!("{}: {d}", tokenizer_path.display())).into());
         }
 
         let loader = SafetensorsModel::open(&model_dir)?;
@@ -349,7 +350,9 @@ fn read_pooling(path: &Path, hidden: usize) -> Result<Pooling> {
     let text =
         spinfer_formats::bounded::read_text(path, spinfer_formats::bounded::MAX_CONFIG_BYTES, "a pooling config")?;
     let json: Value = serde_json::from_str(&text).map_err(|e| Error::format(path, format!("invalid json: {e}")))?;
-    let key_err = |key: &str, detail: String| Error::Metadata { path: path.to_path_buf(), key: key.into(), detail };
+    let key_err = |key: &str, detail: String| -> Error {
+        FileError::Metadata { path: path.to_path_buf(), key: key.into(), detail }.into()
+    };
     let flag = |key: &str| -> Result<bool> {
         match json.get(key).filter(|v| !v.is_null()) {
             None => Ok(false),

@@ -16,8 +16,8 @@ use memmap2::Mmap;
 use sha2::{Digest, Sha256};
 
 use super::HeadIndex;
-use crate::tensor::TensorData;
 use crate::{Error, Result};
+use spinfer_formats::tensor::TensorData;
 
 /// Where the copy of the index at `index` lives.
 pub fn rows_path(index: &Path) -> PathBuf {

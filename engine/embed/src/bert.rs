@@ -26,7 +26,7 @@
 //! first projection in bf16 (bf16 weights and activations, f32 sums: twice
 //! the arithmetic per instruction of f32 and half the bytes), the FFN's
 //! down projection in f32. That one stays f32 because the sparse FFN
-//! ([`super::bert_sparse`]) replaces exactly it, with f32 weights: the
+//! ([`crate::bert_sparse`]) replaces exactly it, with f32 weights: the
 //! packed f32 kernel sums `b + Σ_j h_j · W[:, j]` in the order of the
 //! sparse FFN's accumulation, so keeping every neuron gives the dense
 //! result bit for bit. (It has to be bit for bit: the bf16 rounding of the
@@ -44,12 +44,14 @@ use spinfer_kernels::matmul::{BLayout, sgemm};
 use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk};
 
-use super::math;
-use super::{add, check_dims, load_vector};
-use crate::loader::Loader;
-use crate::registry::KernelRegistry;
-use crate::tensor::{TensorData, TensorView};
 use crate::{Error, Result};
+use spinfer_formats::Error as FileError;
+use spinfer_formats::loader::Loader;
+use spinfer_formats::loader::{check_dims, load_vector};
+use spinfer_formats::tensor::{TensorData, TensorView};
+use spinfer_kernel_select::registry::KernelRegistry;
+use spinfer_models::model::add;
+use spinfer_models::model::math;
 
 pub use spinfer_formats::bert_config::BertConfig;
 
@@ -219,7 +221,7 @@ pub struct BertModel {
     pub weights: Weights,
     path: PathBuf,
     /// The sparse FFN (`bert_sparse.rs`), when a sidecar is set.
-    pub sparse: Option<super::bert_sparse::SparseFfn>,
+    pub sparse: Option<crate::bert_sparse::SparseFfn>,
 }
 
 impl BertModel {
@@ -249,11 +251,12 @@ impl BertModel {
             .filter_map(|n| n.strip_prefix(prefix)?.strip_prefix("encoder.layer.")?.split_once('.')?.0.parse().ok())
             .collect();
         if c.n_layers > present.len() || (0..c.n_layers).any(|l| !present.contains(&l)) {
-            return Err(Error::Metadata {
+            return Err(FileError::Metadata {
                 path: loader.path().to_path_buf(),
                 key: "num_hidden_layers".into(),
                 detail: format!("= {} but the checkpoint has tensors for {} layers", c.n_layers, present.len()),
-            });
+            }
+            .into());
         }
         let mut layers = Vec::new();
         layers
@@ -441,12 +444,13 @@ impl BertModel {
         let d = self.config.hidden;
         let row_bytes = table.ty.row_bytes(d)?;
         let src = &table.data.bytes()[i * row_bytes..(i + 1) * row_bytes];
-        dequantize_row(table.ty, src, out).map_err(|e| Error::TensorType {
+        dequantize_row(table.ty, src, out).map_err(|e| FileError::TensorType {
             path: self.path.clone(),
             tensor: table.name.clone(),
             ty: table.ty.to_string(),
             what: format!("cannot be read as embeddings: {e}"),
-        })
+        })?;
+        Ok(())
     }
 
     /// Every matmul with its kernel, for reports.

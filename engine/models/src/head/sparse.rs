@@ -11,9 +11,9 @@ use spinfer_kernels::quantize::quantize_row_q8_0_ref;
 use super::HeadIndex;
 use crate::model::llama::{Linear, Scratch, grow};
 use crate::model::{ModelConfig, Precision};
-use crate::registry::KernelRegistry;
-use crate::tensor::TensorData;
 use crate::{Error, Result};
+use spinfer_formats::tensor::TensorData;
+use spinfer_kernel_select::registry::KernelRegistry;
 
 /// Standard deviations of its spread added to a cluster's score to rank
 /// it: the likely best row of the cluster rather than its mean. Chosen by

@@ -1,6 +1,5 @@
-//! Model definitions.
-pub mod bert;
-pub mod bert_sparse;
+//! The Llama-family model (Llama, SmolLM, Mistral, Qwen2, Gemma 3): load,
+//! forward, sessions.
 pub mod llama;
 pub mod math;
 mod precision;
@@ -9,10 +8,10 @@ pub use config::{Arch, FfnAct, ModelConfig, RopeStyle, SlidingWindow};
 pub use llama::{Model, ModelOptions, Precision, Session};
 
 pub use spinfer_formats::config;
-pub(crate) use spinfer_formats::loader::{check_dims, load_vector};
+pub use spinfer_formats::loader::{check_dims, load_vector};
 
 /// `x += y`, element-wise (residual connections).
-pub(crate) fn add(x: &mut [f32], y: &[f32]) {
+pub fn add(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
     }
@@ -36,7 +35,7 @@ pub fn available_memory() -> Option<u64> {
 }
 
 /// `1.5 GB`-style rendering of a byte count (10^3 units).
-pub(crate) fn human_bytes(b: u64) -> String {
+pub fn human_bytes(b: u64) -> String {
     let units = ["bytes", "kB", "MB", "GB", "TB", "PB", "EB"];
     let mut v = b as f64;
     let mut i = 0;

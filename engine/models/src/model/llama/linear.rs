@@ -10,12 +10,12 @@ use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::split::split_hi_lo;
 
-use crate::loader::Loader;
 use crate::model::precision::Precision;
 use crate::model::{check_dims, load_vector};
-use crate::registry::{Choice, KernelRegistry};
-use crate::tensor::TensorData;
 use crate::{Error, Result};
+use spinfer_formats::loader::Loader;
+use spinfer_formats::tensor::TensorData;
+use spinfer_kernel_select::registry::{Choice, KernelRegistry};
 
 /// A weight matrix bound to the kernel that multiplies by it.
 pub struct Linear {
@@ -96,7 +96,7 @@ impl Linear {
         rows: usize,
         cols: usize,
     ) -> Result<Self> {
-        let t = crate::tensor::TensorView { name: name.to_string(), ty, dims: vec![cols, rows], data };
+        let t = spinfer_formats::tensor::TensorView { name: name.to_string(), ty, dims: vec![cols, rows], data };
         let act = match precision {
             Precision::Fast | Precision::Int8 => ActType::fast_for(t.ty),
             Precision::Precise => ActType::F32,
@@ -105,8 +105,8 @@ impl Linear {
         let desc = MatmulDesc { wtype: t.ty, act, rows, cols };
         let r = registry.resolve(&desc)?;
         let (rows_provider, rows_kernel) = registry.resolve_rows(&desc, &r).unzip();
-        let rows_fallback = (rows_provider.as_deref().is_some_and(|p| p != crate::registry::BUILTIN))
-            .then(|| crate::registry::builtin_kernel(&desc).ok().map(Arc::from))
+        let rows_fallback = (rows_provider.as_deref().is_some_and(|p| p != spinfer_kernel_select::registry::BUILTIN))
+            .then(|| spinfer_kernel_select::registry::builtin_kernel(&desc).ok().map(Arc::from))
             .flatten();
         Ok(Self {
             name: name.to_string(),
@@ -234,7 +234,7 @@ impl Linear {
             return Ok(());
         }
         let desc = MatmulDesc { rows: k, ..self.desc };
-        let kernel = crate::registry::builtin_kernel(&desc)?;
+        let kernel = spinfer_kernel_select::registry::builtin_kernel(&desc)?;
         let rows = &rows[..desc.wtype.row_bytes(desc.cols)? * k];
         let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
             kernel

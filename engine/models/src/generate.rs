@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::model::{Model, Session};
 use crate::sampling::{Sampler, SamplerParams};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::{Error, Result};
+use spinfer_tokenizer::{StreamDecoder, Tokenizer};
 
 #[derive(Clone, Debug)]
 pub struct GenerateParams {

@@ -9,7 +9,7 @@ use spinfer_packs::{WasmFault, WasmLimits, WasmPack};
 
 use crate::model::llama::Linear;
 use crate::model::{Model, ModelOptions, Precision, Session};
-use crate::registry::KernelRegistry;
+use spinfer_kernel_select::registry::KernelRegistry;
 
 /// A pack kernel that traps in the middle of a model's forward pass:
 /// the error is typed, the pack disables itself, every matrix it served

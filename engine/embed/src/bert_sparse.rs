@@ -56,9 +56,10 @@ use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk};
 
-use crate::loader::Loader;
 use crate::{Error, Result};
+use spinfer_formats::Error as FileError;
 use spinfer_formats::bert_config::BertConfig;
+use spinfer_formats::loader::Loader;
 use spinfer_sparsity::stats::{BINS, bin_of, quantile};
 
 pub const FORMAT: &str = "spinfer-bert-sparsity";
@@ -217,7 +218,7 @@ pub(crate) enum Recorder {
     Means { thresholds: Vec<Vec<f32>>, acc: Mutex<Vec<Vec<SumCount>>> },
 }
 
-/// What the FFN hook of [`super::bert::BertModel::forward`] runs.
+/// What the FFN hook of [`crate::bert::BertModel::forward`] runs.
 pub struct SparseFfn {
     /// The sidecar file (empty for an in-memory sidecar or a recorder).
     pub path: PathBuf,
@@ -255,17 +256,18 @@ impl SparseFfn {
             let name = format!("{p}encoder.layer.{l}.output.dense.weight");
             let t = loader.tensor(&name)?;
             if t.dims != [f, d] {
-                return Err(Error::TensorShape {
+                return Err(FileError::TensorShape {
                     path: loader.path().to_path_buf(),
                     tensor: name,
                     got: t.dims.clone(),
                     want: vec![f, d],
-                });
+                }
+                .into());
             }
             let row_bytes = t.ty.row_bytes(f)?;
             let mut wt = vec![0.0f32; f * d];
             for (o, src) in t.data.bytes().chunks_exact(row_bytes).enumerate() {
-                dequantize_row(t.ty, src, &mut row).map_err(|e| Error::TensorType {
+                dequantize_row(t.ty, src, &mut row).map_err(|e| FileError::TensorType {
                     path: loader.path().to_path_buf(),
                     tensor: name.clone(),
                     ty: t.ty.to_string(),
@@ -279,14 +281,15 @@ impl SparseFfn {
             let b = loader.tensor(&bname)?;
             let mut bias = vec![0.0f32; d];
             if b.dims != [d] {
-                return Err(Error::TensorShape {
+                return Err(FileError::TensorShape {
                     path: loader.path().to_path_buf(),
                     tensor: bname,
                     got: b.dims.clone(),
                     want: vec![d],
-                });
+                }
+                .into());
             }
-            dequantize_row(b.ty, b.data.bytes(), &mut bias).map_err(|e| Error::TensorType {
+            dequantize_row(b.ty, b.data.bytes(), &mut bias).map_err(|e| FileError::TensorType {
                 path: loader.path().to_path_buf(),
                 tensor: bname.clone(),
                 ty: b.ty.to_string(),

@@ -42,8 +42,8 @@ pub use metric::HiddenMoment;
 pub use rows::rows_path;
 pub use sparse::{HeadScratch, HeadStats, SparseHead};
 
-use crate::tensor::TensorData;
 use crate::{Error, Result};
+use spinfer_formats::tensor::TensorData;
 
 /// The clustered vocabulary of one model's output head.
 pub struct HeadIndex {

@@ -16,10 +16,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use spinfer_kernels::matmul::{BLayout, sgemm};
 use spinfer_kernels::pool::ThreadPool;
 
-use crate::loader::Loader;
 use crate::model::llama::{AttnProbe, FfnProbe};
 use crate::model::{Model, math};
 use crate::{Error, Result};
+use spinfer_formats::loader::Loader;
 use spinfer_sparsity::lowrank::{self, LowRank};
 use spinfer_sparsity::sidecar::{
     CalibrationInfo, LayerStats, LowRankFactors, LowRankInfo, ModelId, PredictorKind, Sidecar,

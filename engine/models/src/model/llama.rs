@@ -17,15 +17,15 @@ use super::math::{self, RopeTable};
 pub use super::precision::Precision;
 use super::{add, check_dims, load_vector};
 use crate::head::{HeadIndex, HeadScratch, HeadStats, SparseHead};
-use crate::loader::Loader;
-use crate::registry::KernelRegistry;
-use crate::tensor::TensorView;
 use crate::{Error, Result};
+use spinfer_formats::loader::Loader;
+use spinfer_formats::tensor::TensorView;
+use spinfer_kernel_select::registry::KernelRegistry;
 use spinfer_plugin_api::PredictorSpec;
 use spinfer_sparsity::{self as sparse, ModelId, SparseFfn, SparsityOptions, SparsityStats};
 
 mod linear;
-#[cfg(all(test, feature = "wasm"))]
+#[cfg(test)]
 mod pack_fallback_tests;
 mod sentence_ffn;
 mod sparse_attn;

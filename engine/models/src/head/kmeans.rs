@@ -38,7 +38,12 @@ pub(crate) fn normalize_rows(v: &mut [f32], d: usize) -> Vec<f32> {
 
 /// The f32 × f32 GEMM kernel for `k` centroids of width `d`.
 fn gemm(k: usize, d: usize) -> Result<Box<dyn MatmulKernel>> {
-    Ok(crate::registry::builtin_kernel(&MatmulDesc { wtype: GgmlType::F32, act: ActType::F32, rows: k, cols: d })?)
+    Ok(spinfer_kernel_select::registry::builtin_kernel(&MatmulDesc {
+        wtype: GgmlType::F32,
+        act: ActType::F32,
+        rows: k,
+        cols: d,
+    })?)
 }
 
 /// Calls `each(row, scores)` with the affinities of every row of `rows`

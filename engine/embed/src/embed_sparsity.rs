@@ -5,10 +5,10 @@
 use std::path::Path;
 use std::sync::Mutex;
 
+use crate::bert_sparse::{BertCalibrationInfo, BertModelId, BertSparsity, Recorder, SparseFfn};
 use crate::embed::{Embedder, Embedding};
-use crate::model::bert_sparse::{BertCalibrationInfo, BertModelId, BertSparsity, Recorder, SparseFfn};
-use crate::safetensors::SafetensorsModel;
 use crate::{Error, Result};
+use spinfer_formats::safetensors::SafetensorsModel;
 use spinfer_sparsity::stats::BINS;
 
 impl Embedder {

@@ -1,0 +1,17 @@
+//! spinfer's Llama-family models: the forward pass (dense, sparse FFN,
+//! sparse output head), sessions, sampling, generation, perplexity, and the
+//! calibration that runs the model to fit its sparsity sidecar.
+//!
+//! Architecture invariant: the model reads weights only through
+//! `spinfer_formats::Loader` and runs every matrix product through a kernel
+//! the `spinfer-kernel-select` registry resolved at load.
+pub mod calibrate;
+mod error;
+pub mod generate;
+pub mod head;
+pub mod model;
+pub mod perplexity;
+pub mod sampling;
+
+pub use error::{Error, Result};
+pub use model::{Model, ModelOptions, Precision, Session};
