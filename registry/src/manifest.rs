@@ -57,7 +57,12 @@ pub struct Manifest {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub authors: Vec<String>,
     pub artefact: Artefact,
+    /// Kernels it offers (may be empty for a pack that only offers loaders).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kernels: Vec<KernelEntry>,
+    /// Model-file loaders it offers; the host uses only the ones listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loaders: Vec<LoaderEntry>,
 }
 
 /// How the engine loads a pack's artefact.
@@ -96,6 +101,14 @@ pub struct KernelEntry {
     pub act: String,
 }
 
+/// One model-file loader the pack offers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoaderEntry {
+    /// The loader's name, as the library reports it (`npy_dir`).
+    pub name: String,
+}
+
 /// What serde reads; versions stay strings so errors can name the field.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -110,7 +123,10 @@ struct RawManifest {
     #[serde(default)]
     authors: Vec<String>,
     artefact: Artefact,
+    #[serde(default)]
     kernels: Vec<KernelEntry>,
+    #[serde(default)]
+    loaders: Vec<LoaderEntry>,
 }
 
 impl Manifest {
@@ -139,6 +155,7 @@ impl Manifest {
             authors: raw.authors,
             artefact: raw.artefact,
             kernels: raw.kernels,
+            loaders: raw.loaders,
         };
         manifest.artefact.sha256.make_ascii_lowercase();
         manifest.validate_at(path)?;
@@ -211,8 +228,14 @@ impl Manifest {
                 format!("expected 64 hex digits, got {:?}", excerpt(sha, EXCERPT_CHARS)),
             ));
         }
-        if self.kernels.is_empty() {
-            return Err(err("kernels", "a pack must declare at least one [[kernels]] entry".into()));
+        if self.kernels.is_empty() && self.loaders.is_empty() {
+            return Err(err("kernels", "a pack must declare at least one [[kernels]] or [[loaders]] entry".into()));
+        }
+        for (i, l) in self.loaders.iter().enumerate() {
+            validate_ident(&l.name).map_err(|m| err(&format!("loaders[{i}].name"), m))?;
+            if self.loaders[..i].iter().any(|prev| prev.name == l.name) {
+                return Err(err(&format!("loaders[{i}].name"), format!("duplicate loader name {:?}", l.name)));
+            }
         }
         for (i, k) in self.kernels.iter().enumerate() {
             for (field, value) in [("name", &k.name), ("op", &k.op), ("weight", &k.weight), ("act", &k.act)] {
@@ -354,12 +377,24 @@ act = "q8_1"
         assert_eq!(field_of(parse(&dup).unwrap_err()).as_deref(), Some("kernels[1].name"));
         let bad_op = GOOD.replace("\"matmul\"", "\"Mat Mul\"");
         assert_eq!(field_of(parse(&bad_op).unwrap_err()).as_deref(), Some("kernels[0].op"));
-        let missing = GOOD.split("[[kernels]]").next().unwrap();
-        let e = parse(missing).unwrap_err().to_string();
-        assert!(e.contains("missing field `kernels`"), "{e}");
+        // Neither kernels nor loaders: refused, naming the field.
+        let neither = GOOD.split("[[kernels]]").next().unwrap();
+        assert_eq!(field_of(parse(neither).unwrap_err()).as_deref(), Some("kernels"));
         let mut m = parse(GOOD).unwrap();
         m.kernels.clear();
         assert_eq!(field_of(m.validate().unwrap_err()).as_deref(), Some("kernels"));
+    }
+
+    #[test]
+    fn a_pack_may_offer_only_loaders() {
+        let only = format!("{}[[loaders]]\nname = \"npy_dir\"\n", GOOD.split("[[kernels]]").next().unwrap());
+        let m = parse(&only).unwrap();
+        assert!(m.kernels.is_empty());
+        assert_eq!(m.loaders, vec![LoaderEntry { name: "npy_dir".into() }]);
+        let dup = format!("{only}[[loaders]]\nname = \"npy_dir\"\n");
+        assert_eq!(field_of(parse(&dup).unwrap_err()).as_deref(), Some("loaders[1].name"));
+        let bad = only.replace("npy_dir", "npy dir");
+        assert_eq!(field_of(parse(&bad).unwrap_err()).as_deref(), Some("loaders[0].name"));
     }
 
     #[test]

@@ -127,7 +127,8 @@ pub fn profile_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).expect("test executable inside target/<profile>/deps").to_path_buf()
 }
 
-/// Builds both shipped native pack libraries (cpu-simd, cpu-portable) for
+/// Builds the shipped native pack libraries (cpu-simd, cpu-portable,
+/// loader-npy) for
 /// the running test's profile and returns the profile directory holding
 /// them. `cargo test` does not reliably leave an up-to-date cdylib there
 /// (as plugins/cpu-portable/tests/dlopen.rs notes), so this runs `cargo
@@ -143,7 +144,16 @@ pub fn built_pack_libs() -> &'static Path {
         };
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
         let status = Command::new(cargo)
-            .args(["build", "-p", "spinfer-pack-cpu-simd", "-p", "spinfer-pack-cpu-portable", "--profile", &profile])
+            .args([
+                "build",
+                "-p",
+                "spinfer-pack-cpu-simd",
+                "-p",
+                "spinfer-pack-cpu-portable",
+                "-p",
+                "spinfer-pack-loader-npy",
+            ])
+            .args(["--profile", &profile])
             .arg("--target-dir")
             .arg(dir.parent().expect("target dir"))
             .current_dir(env!("CARGO_MANIFEST_DIR"))

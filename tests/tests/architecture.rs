@@ -42,7 +42,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("spinfer-formats", &["spinfer-kernels"]),
     ("spinfer-tokenizer", &["spinfer-formats"]),
     ("spinfer-kernel-select", &["spinfer-kernels", "spinfer-plugin-api", "spinfer-registry"]),
-    ("spinfer-packs", &["spinfer-kernels", "spinfer-kernel-select", "spinfer-plugin-api", "spinfer-registry"]),
+    (
+        "spinfer-packs",
+        &["spinfer-kernels", "spinfer-formats", "spinfer-kernel-select", "spinfer-plugin-api", "spinfer-registry"],
+    ),
     ("spinfer-sparsity", &["spinfer-kernels", "spinfer-formats", "spinfer-kernel-select", "spinfer-plugin-api"]),
     (
         "spinfer-models",

@@ -52,6 +52,7 @@ use crate::safetensors::SafetensorsModel;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
+use spinfer_packs::PackLoader;
 pub use spinfer_packs::PackStatus;
 
 pub struct Engine {
@@ -89,7 +90,12 @@ impl Engine {
 
     /// As [`Engine::load`], resolving kernels through `registry`.
     pub fn load_with(path: impl AsRef<Path>, options: ModelOptions, registry: &KernelRegistry) -> Result<Self> {
-        let path = path.as_ref();
+        Self::open(path.as_ref(), options, registry, &[])
+    }
+
+    /// As [`Engine::load_with`]; a path the built-in formats cannot read is
+    /// opened with the best-scoring of `loaders` (a pack's), if one reads it.
+    fn open(path: &Path, options: ModelOptions, registry: &KernelRegistry, loaders: &[PackLoader]) -> Result<Self> {
         if !path.exists() {
             return Err(Error::io(
                 path,
@@ -97,7 +103,13 @@ impl Engine {
             ));
         }
         // Weights first: a malformed model is reported before its tokenizer.
-        let (loader, model, tokenizer) = if is_safetensors(path) {
+        let (loader, model, tokenizer) = if let Some(pack) = pack_loader_for(path, loaders) {
+            tracing::info!(path = %path.display(), loader = pack.name(), "opening the model with a pack's loader");
+            let m = pack.open(path)?;
+            let model = Model::load(&m, registry, options)?;
+            let tok = Tokenizer::from_json_file(&path.join("tokenizer.json"))?;
+            (Box::new(m) as Box<dyn Loader>, model, tok)
+        } else if is_safetensors(path) {
             let st = SafetensorsModel::open(path)?;
             let model = Model::load(&st, registry, options)?;
             let dir = if path.is_dir() { path } else { path.parent().unwrap_or(Path::new(".")) };
@@ -131,8 +143,9 @@ impl Engine {
     /// found (a pack that fails verification or loading is skipped and
     /// reported, never fatal).
     pub fn from_config(config: &Config) -> Result<(Self, Vec<PackStatus>)> {
-        let (registry, packs) = registry_from_config(config)?;
-        let mut engine = Self::load_with(&config.model.path, config.model_options(), &registry)?;
+        let spinfer_packs::LoadedPacks { registry, loaders, status: packs } =
+            spinfer_packs::load_packs(&config.packs, &config.kernels, &config.wasm)?;
+        let mut engine = Self::open(&config.model.path, config.model_options(), &registry, &loaders)?;
         if let Some(h) = &config.head
             && h.mode == crate::config::HeadMode::Sparse
         {
@@ -634,6 +647,32 @@ impl std::fmt::Debug for TextStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TextStream").field("finished", &self.rx.is_none()).finish_non_exhaustive()
     }
+}
+
+/// The pack loader that opens `path`: none when a built-in format reads it
+/// (a GGUF file, a safetensors file or checkpoint directory), else the one
+/// whose `probe` scores highest (the first on ties), if any scores above 0.
+fn pack_loader_for<'a>(path: &Path, loaders: &'a [PackLoader]) -> Option<&'a PackLoader> {
+    let builtin = if path.is_dir() {
+        ["model.safetensors", "model.safetensors.index.json"].iter().any(|f| path.join(f).is_file())
+    } else {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let mut magic = [0u8; 4];
+        let gguf = std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok()
+            && &magic == b"GGUF";
+        gguf || name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json")
+    };
+    if builtin {
+        return None;
+    }
+    let mut best: Option<(u32, &PackLoader)> = None;
+    for l in loaders {
+        let score = l.probe(path);
+        if score > 0 && best.is_none_or(|(b, _)| score > b) {
+            best = Some((score, l));
+        }
+    }
+    best.map(|(_, l)| l)
 }
 
 /// A directory or a `.safetensors` file is read as a safetensors checkpoint.

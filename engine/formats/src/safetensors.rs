@@ -263,10 +263,6 @@ impl SafetensorsModel {
     pub fn config_path(&self) -> &Path {
         &self.config_path
     }
-
-    fn cfg(&self) -> Cfg<'_> {
-        Cfg { path: &self.config_path, j: &self.config_json }
-    }
 }
 
 impl Loader for SafetensorsModel {
@@ -275,87 +271,9 @@ impl Loader for SafetensorsModel {
     }
 
     fn config(&self) -> Result<ModelConfig> {
-        let c = self.cfg();
-        let arch_name = match c.opt_str("model_type")? {
-            Some(t) => t,
-            None => match c.get("architectures") {
-                None => return Err(c.err("model_type", "is missing (and so is 'architectures')")),
-                Some(v) => v
-                    .as_array()
-                    .and_then(|a| a.first())
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| c.err("architectures", "must be a non-empty array of strings"))?,
-            },
-        };
-        let arch = match arch_name {
-            "llama" | "mistral" | "LlamaForCausalLM" | "MistralForCausalLM" => Arch::Llama,
-            "qwen2" | "Qwen2ForCausalLM" => Arch::Qwen2,
-            other => {
-                return Err(Error::UnsupportedArch {
-                    path: self.config_path.clone(),
-                    arch: other.to_string(),
-                    supported: SUPPORTED_HF_ARCHS,
-                });
-            }
-        };
-        let dim = c.usize("hidden_size")?;
-        let n_heads = c.usize("num_attention_heads")?;
-        let n_kv_heads = c.opt_usize("num_key_value_heads")?.unwrap_or(n_heads);
-        let head_dim = match c.opt_usize("head_dim")? {
-            Some(h) => h,
-            None => dim.checked_div(n_heads).unwrap_or(0),
-        };
-        let rope_params = c.get("rope_parameters");
-        let rope_theta = match c.opt_f64("rope_theta")? {
-            Some(t) => t,
-            None => match rope_params.and_then(|p| p.get("rope_theta")).filter(|v| !v.is_null()) {
-                Some(v) => v.as_f64().ok_or_else(|| c.err("rope_parameters.rope_theta", "must be a number"))?,
-                None => 10_000.0,
-            },
-        };
-        for (key, v) in [("rope_scaling", c.get("rope_scaling")), ("rope_parameters", rope_params)] {
-            let kind = v.and_then(|v| v.get("rope_type").or_else(|| v.get("type"))).and_then(Value::as_str);
-            if let Some(kind) = kind.filter(|k| *k != "default") {
-                // Running with plain RoPE would silently compute another
-                // function: refuse instead.
-                return Err(c.err(key, &format!("uses rope scaling type '{kind}', which is not supported yet")));
-            }
-        }
-        let tie = c.opt_bool("tie_word_embeddings")?.unwrap_or(false);
-        let cfg = ModelConfig {
-            arch,
-            n_layers: c.usize("num_hidden_layers")?,
-            dim,
-            n_heads,
-            n_kv_heads,
-            head_dim,
-            ffn_dim: c.usize("intermediate_size")?,
-            vocab_size: c.usize("vocab_size")?,
-            rope_theta: rope_theta as f32,
-            rope_style: RopeStyle::NeoX,
-            rms_eps: c.f64("rms_norm_eps")? as f32,
-            ctx_train: c.usize("max_position_embeddings")?,
-            tied_embeddings: tie || !self.has_tensor("output.weight"),
-            qkv_bias: self.has_tensor("blk.0.attn_q.bias"),
-            ffn_act: FfnAct::Silu,
-            sliding_window: None,
-        };
         let names = self.tensor_names();
         let dims = |n: &str| self.has_tensor(n).then(|| self.tensor(n).map(|t| t.dims)).transpose();
-        cfg.check_tensors(&names, &dims, &self.config_path, &|field| {
-            match field {
-                "block_count" => "num_hidden_layers",
-                "embedding_length" => "hidden_size",
-                "head_count" => "num_attention_heads",
-                "head_count_kv" if c.get("num_key_value_heads").is_some() => "num_key_value_heads",
-                "head_count_kv" => "num_attention_heads",
-                "feed_forward_length" => "intermediate_size",
-                _ => "vocab_size",
-            }
-            .into()
-        })?;
-        cfg.validate().map_err(|d| Error::format(&self.config_path, d))?;
-        Ok(cfg)
+        config_from_hf(&self.config_path, &self.config_json, &names, &dims)
     }
 
     fn tensor(&self, name: &str) -> Result<TensorView> {
@@ -396,6 +314,103 @@ impl Loader for SafetensorsModel {
     fn file_size(&self) -> usize {
         self.shards.iter().map(|s| s.map.len()).sum()
     }
+}
+
+/// The hyper-parameters of a Hugging Face `config.json` (`json`, read from
+/// `config_path`) for a checkpoint whose tensors are `names` (canonical),
+/// `dims` giving a tensor's GGML-order dims or `None` when it is absent: the
+/// safetensors loader's, and that of any loader pack serving a `config.json`.
+///
+/// # Errors
+///
+/// [`Error::Metadata`] naming a key that is missing, mistyped or
+/// contradicted by the tensors; [`Error::UnsupportedArch`].
+pub fn config_from_hf(
+    config_path: &Path,
+    json: &serde_json::Map<String, Value>,
+    names: &[String],
+    dims: &dyn Fn(&str) -> Result<Option<Vec<usize>>>,
+) -> Result<ModelConfig> {
+    let c = Cfg { path: config_path, j: json };
+    let has_tensor = |n: &str| names.iter().any(|t| t == n);
+    let arch_name = match c.opt_str("model_type")? {
+        Some(t) => t,
+        None => match c.get("architectures") {
+            None => return Err(c.err("model_type", "is missing (and so is 'architectures')")),
+            Some(v) => v
+                .as_array()
+                .and_then(|a| a.first())
+                .and_then(Value::as_str)
+                .ok_or_else(|| c.err("architectures", "must be a non-empty array of strings"))?,
+        },
+    };
+    let arch = match arch_name {
+        "llama" | "mistral" | "LlamaForCausalLM" | "MistralForCausalLM" => Arch::Llama,
+        "qwen2" | "Qwen2ForCausalLM" => Arch::Qwen2,
+        other => {
+            return Err(Error::UnsupportedArch {
+                path: config_path.to_path_buf(),
+                arch: other.to_string(),
+                supported: SUPPORTED_HF_ARCHS,
+            });
+        }
+    };
+    let dim = c.usize("hidden_size")?;
+    let n_heads = c.usize("num_attention_heads")?;
+    let n_kv_heads = c.opt_usize("num_key_value_heads")?.unwrap_or(n_heads);
+    let head_dim = match c.opt_usize("head_dim")? {
+        Some(h) => h,
+        None => dim.checked_div(n_heads).unwrap_or(0),
+    };
+    let rope_params = c.get("rope_parameters");
+    let rope_theta = match c.opt_f64("rope_theta")? {
+        Some(t) => t,
+        None => match rope_params.and_then(|p| p.get("rope_theta")).filter(|v| !v.is_null()) {
+            Some(v) => v.as_f64().ok_or_else(|| c.err("rope_parameters.rope_theta", "must be a number"))?,
+            None => 10_000.0,
+        },
+    };
+    for (key, v) in [("rope_scaling", c.get("rope_scaling")), ("rope_parameters", rope_params)] {
+        let kind = v.and_then(|v| v.get("rope_type").or_else(|| v.get("type"))).and_then(Value::as_str);
+        if let Some(kind) = kind.filter(|k| *k != "default") {
+            // Running with plain RoPE would silently compute another
+            // function: refuse instead.
+            return Err(c.err(key, &format!("uses rope scaling type '{kind}', which is not supported yet")));
+        }
+    }
+    let tie = c.opt_bool("tie_word_embeddings")?.unwrap_or(false);
+    let cfg = ModelConfig {
+        arch,
+        n_layers: c.usize("num_hidden_layers")?,
+        dim,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        ffn_dim: c.usize("intermediate_size")?,
+        vocab_size: c.usize("vocab_size")?,
+        rope_theta: rope_theta as f32,
+        rope_style: RopeStyle::NeoX,
+        rms_eps: c.f64("rms_norm_eps")? as f32,
+        ctx_train: c.usize("max_position_embeddings")?,
+        tied_embeddings: tie || !has_tensor("output.weight"),
+        qkv_bias: has_tensor("blk.0.attn_q.bias"),
+        ffn_act: FfnAct::Silu,
+        sliding_window: None,
+    };
+    cfg.check_tensors(names, dims, config_path, &|field| {
+        match field {
+            "block_count" => "num_hidden_layers",
+            "embedding_length" => "hidden_size",
+            "head_count" => "num_attention_heads",
+            "head_count_kv" if c.get("num_key_value_heads").is_some() => "num_key_value_heads",
+            "head_count_kv" => "num_attention_heads",
+            "feed_forward_length" => "intermediate_size",
+            _ => "vocab_size",
+        }
+        .into()
+    })?;
+    cfg.validate().map_err(|d| Error::format(config_path, d))?;
+    Ok(cfg)
 }
 
 /// Opens model weights: a directory, `.safetensors` or

@@ -15,11 +15,13 @@
 
 mod error;
 mod load;
+mod loaders;
 pub mod native;
 pub mod settings;
 
 pub use error::{Error, Result};
-pub use load::{PackStatus, load_registry};
+pub use load::{LoadedPacks, PackStatus, load_packs, load_registry};
+pub use loaders::{PackLoader, PackModel};
 pub use native::{NativePack, PackKernel, host_info};
 
 #[cfg(feature = "wasm")]

@@ -9,6 +9,7 @@ use spinfer_kernel_select::registry::{KernelProvider, KernelRegistry, SparsityPr
 use spinfer_kernel_select::tuning::HistoryStore;
 use spinfer_registry::{InstallRecord, PackKind, VerifiedPack, VerifyLimits, discover, verify_pack_with};
 
+use crate::loaders::PackLoader;
 use crate::settings::{KernelsSection, PacksSection, WasmSection};
 use crate::{Error, NativePack, Result, WasmLimits, WasmPack, host_info};
 
@@ -37,6 +38,24 @@ pub fn load_registry(
     kernels: &KernelsSection,
     wasm: &WasmSection,
 ) -> Result<(KernelRegistry, Vec<PackStatus>)> {
+    let loaded = load_packs(packs, kernels, wasm)?;
+    Ok((loaded.registry, loaded.status))
+}
+
+/// What loading the operator's packs gives.
+pub struct LoadedPacks {
+    /// Built-in kernels, every loaded pack's kernels, predictors and cache
+    /// policies, pins, exclusions and the history.
+    pub registry: KernelRegistry,
+    /// The model-file loaders the native packs offer (and list in their
+    /// manifests), in discovery order.
+    pub loaders: Vec<PackLoader>,
+    /// What happened to each pack found.
+    pub status: Vec<PackStatus>,
+}
+
+/// As [`load_registry`], keeping the packs' model-file loaders too.
+pub fn load_packs(packs: &PacksSection, kernels: &KernelsSection, wasm: &WasmSection) -> Result<LoadedPacks> {
     let mut registry = KernelRegistry::builtin();
     for (op, kernel) in &kernels.pin {
         registry.pin(op, kernel);
@@ -120,7 +139,7 @@ pub fn load_registry(
     }
 
     // 4. Load, in discovery order.
-    let mut status = Vec::new();
+    let (mut status, mut loaders) = (Vec::new(), Vec::new());
     for (dir, verified) in found {
         let outcome = verified.map_err(Error::InvalidArgument).and_then(|pack| {
             let name = &pack.manifest().name;
@@ -137,6 +156,7 @@ pub fn load_registry(
             Ok(match pack.manifest().kind {
                 PackKind::Native => {
                     let native = Arc::new(NativePack::load(&pack, &host)?);
+                    loaders.extend(native.loaders());
                     (Arc::clone(&native) as Arc<dyn KernelProvider>, Some(native as Arc<dyn SparsityProvider>))
                 }
                 PackKind::Wasm => (Arc::new(WasmPack::load(&pack, limits)?) as Arc<dyn KernelProvider>, None),
@@ -164,5 +184,5 @@ pub fn load_registry(
             }
         }
     }
-    Ok((registry, status))
+    Ok(LoadedPacks { registry, loaders, status })
 }

@@ -39,6 +39,7 @@ use spinfer_plugin_api::{
 };
 use spinfer_registry::{PackKind, VerifiedPack, Version};
 
+use crate::loaders::PackLoader;
 use crate::{Error, Result};
 use spinfer_kernel_select::registry::{KernelProvider, SparsityProvider};
 
@@ -113,6 +114,9 @@ pub struct NativePack {
     pack_name: String,
     score: u32,
     kernels: Vec<(KernelDesc, Arc<KernelBox>)>,
+    /// The loaders the signed manifest lists (`None` for a linked pack:
+    /// every loader it offers).
+    declared_loaders: Option<Vec<String>>,
     // The root module is `'static`: the library stays mapped for the rest
     // of the process whether or not this value lives. Never unload it:
     // kernel vtables, error payloads and any threads the pack started point
@@ -175,7 +179,8 @@ impl NativePack {
         let sha = &m.artefact.sha256;
         let provider_name = format!("{id}#{}", &sha[..sha.len().min(12)]);
         let signer = pack.signer().map_or_else(|| "unsigned".to_string(), ToString::to_string);
-        Self::from_module(module, id, m.name.clone(), provider_name, host, &signer)
+        let declared = Some(m.loaders.iter().map(|l| l.name.clone()).collect());
+        Self::from_module(module, id, m.name.clone(), provider_name, host, &signer, declared)
     }
 
     /// A pack linked into this program, from its `instantiate_root_module()`
@@ -191,7 +196,7 @@ impl NativePack {
         let name = (module.name())().to_string();
         let id = format!("{name}@linked");
         check_abi_version(module.abi_version()).map_err(|e| Error::Pack { pack: id.clone(), detail: e })?;
-        Self::from_module(module, id.clone(), name, id, host, "linked")
+        Self::from_module(module, id.clone(), name, id, host, "linked", None)
     }
 
     /// Score and kernels of an opened module named `pack_name`.
@@ -202,6 +207,7 @@ impl NativePack {
         provider_name: String,
         host: &HostInfo,
         signer: &str,
+        declared_loaders: Option<Vec<String>>,
     ) -> Result<Self> {
         let score = (module.score())(host);
         if score == 0 {
@@ -217,7 +223,7 @@ impl NativePack {
         let kernels: Vec<(KernelDesc, Arc<KernelBox>)> =
             (module.kernels())().into_iter().map(|k| (k.describe(), Arc::new(k))).collect();
         tracing::info!(provider = %provider_name, score, kernels = kernels.len(), signer, "loaded native pack");
-        Ok(NativePack { provider_name, id, pack_name, score, kernels, module })
+        Ok(NativePack { provider_name, id, pack_name, score, kernels, declared_loaders, module })
     }
 
     /// `name@version` of the pack.
@@ -254,6 +260,23 @@ impl NativePack {
             prepared: RwLock::new(HashSet::new()),
             failed: AtomicBool::new(false),
         })
+    }
+
+    /// The model-file loaders the pack offers that its signed manifest
+    /// lists (a linked pack's: all it offers), each named
+    /// `"<pack>/<loader>"`; one it offers but does not list is logged and
+    /// left out.
+    pub fn loaders(&self) -> Vec<PackLoader> {
+        let mut out = Vec::new();
+        for l in (self.module.loaders())() {
+            let name = l.name().to_string();
+            if self.declared_loaders.as_ref().is_some_and(|d| !d.contains(&name)) {
+                tracing::warn!(pack = %self.id, loader = %name, "loader not listed in the signed manifest: not used");
+                continue;
+            }
+            out.push(PackLoader::new(&self.pack_name, l));
+        }
+        out
     }
 
     /// The root module (for tools that list loaders, predictors, ...).
