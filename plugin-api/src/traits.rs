@@ -46,8 +46,8 @@ pub trait Kernel: Send + Sync {
     /// the shape is not accepted; device errors while uploading.
     fn prepare(&self, weights: RSlice<'_, u8>, rows: usize, cols: usize) -> RResult<(), PackError>;
 
-    /// Dense operations ([`Op::MAT_VEC`], [`Op::MAT_MUL`] and the ternary
-    /// variants): `out[t * rows + r] = dot(W[r, :], x[t * cols..(t + 1) * cols])`
+    /// Dense operations ([`Op::MAT_MUL`], [`Op::TERNARY_MAT_MUL`]):
+    /// `out[t * rows + r] = dot(W[r, :], x[t * cols..(t + 1) * cols])`
     /// for `t in 0..n_tokens`. `weights` holds `rows` rows of `cols`
     /// elements of the weight type; `x` holds `n_tokens * cols` f32 values;
     /// `out` holds `n_tokens * rows` values and is overwritten.
@@ -59,8 +59,8 @@ pub trait Kernel: Send + Sync {
     /// [`PackErrorKind::UNSUPPORTED`](crate::PackErrorKind::UNSUPPORTED) for
     /// shapes the descriptor does not accept.
     ///
-    /// [`Op::MAT_VEC`]: crate::Op::MAT_VEC
     /// [`Op::MAT_MUL`]: crate::Op::MAT_MUL
+    /// [`Op::TERNARY_MAT_MUL`]: crate::Op::TERNARY_MAT_MUL
     fn run(
         &self,
         weights: RSlice<'_, u8>,
@@ -76,9 +76,6 @@ pub trait Kernel: Send + Sync {
     ///
     /// * [`Op::GATHERED_ROW_MAT_VEC`]: `x` holds `n_tokens * cols` values, `out`
     ///   holds `n_tokens * k` values, `out[t * k + j] = dot(W[indices[j], :], x[t])`.
-    /// * [`Op::SPARSE_AXPY`]: `x` holds `n_tokens * k` values (the selected
-    ///   neurons' activations), `out` holds `n_tokens * cols` values,
-    ///   `out[t * cols + c] = sum_j x[t * k + j] * W[indices[j], c]`.
     /// * [`Op::GATHERED_COLUMN_AXPY`]: the selected *columns* of `W` as
     ///   stored (`indices` index `0..cols`, strictly ascending): `x` holds
     ///   `n_tokens * k` values, `out` holds `n_tokens * rows` values,
@@ -95,7 +92,6 @@ pub trait Kernel: Send + Sync {
     /// (or, for `GATHERED_COLUMN_AXPY`, not strictly ascending).
     ///
     /// [`Op::GATHERED_ROW_MAT_VEC`]: crate::Op::GATHERED_ROW_MAT_VEC
-    /// [`Op::SPARSE_AXPY`]: crate::Op::SPARSE_AXPY
     /// [`Op::GATHERED_COLUMN_AXPY`]: crate::Op::GATHERED_COLUMN_AXPY
     #[sabi(last_prefix_field)]
     fn run_sparse(

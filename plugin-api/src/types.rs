@@ -52,7 +52,9 @@ macro_rules! named_debug_display {
 pub struct Op(pub u32);
 
 impl Op {
-    /// `out[r] = dot(W[r, :], x)` for one token (`n_tokens == 1`).
+    /// Retired (id 0 stays reserved): a one-token [`Op::MAT_MUL`], which the
+    /// host never asked for; it asks for `MAT_MUL` with `n_tokens == 1`.
+    #[deprecated(note = "retired: the host never calls it; offer MAT_MUL (docs/plugin-abi.md)")]
     pub const MAT_VEC: Op = Op(0);
     /// `out[t * rows + r] = dot(W[r, :], x[t * cols..(t + 1) * cols])` for
     /// `n_tokens` tokens.
@@ -61,16 +63,17 @@ impl Op {
     /// for the `k` row indices `idx` (FFN up/gate projections under neuron
     /// sparsity). Served by [`crate::Kernel::run_sparse`].
     pub const GATHERED_ROW_MAT_VEC: Op = Op(2);
-    /// Only the selected input rows of a transposed matrix:
-    /// `out[t * cols + c] = sum_j x[t * k + j] * W[idx[j], c]` where `W` is
-    /// the transposed down projection (`rows` = FFN neurons, `cols` = hidden
-    /// size) and `x` holds the `k` active neurons' values per token. Served
-    /// by [`crate::Kernel::run_sparse`].
+    /// Retired (id 3 stays reserved): an AXPY over a neuron-major copy of
+    /// the down projection, which the model never holds; the host asks for
+    /// [`Op::GATHERED_COLUMN_AXPY`] over `W` as stored instead.
+    #[deprecated(note = "retired: the host never calls it; offer GATHERED_COLUMN_AXPY (docs/plugin-abi.md)")]
     pub const SPARSE_AXPY: Op = Op(3);
-    /// [`Op::MAT_VEC`] over ternary weights (TQ1_0, TQ2_0, I2_S) with a
-    /// ternary-specific inner loop.
+    /// Retired (id 4 stays reserved): a one-token [`Op::TERNARY_MAT_MUL`].
+    #[deprecated(note = "retired: the host never calls it; offer TERNARY_MAT_MUL (docs/plugin-abi.md)")]
     pub const TERNARY_MAT_VEC: Op = Op(4);
-    /// [`Op::MAT_MUL`] over ternary weights.
+    /// [`Op::MAT_MUL`] over ternary weights: TQ1_0 and TQ2_0 as the model
+    /// stores them, and `WeightType::I2_S`, which the host makes by an
+    /// exact repack of a model's TQ2_0 rows.
     pub const TERNARY_MAT_MUL: Op = Op(5);
     /// Only the selected input columns of `W` as the model stores it
     /// (row-major, `rows` outputs x `cols` inputs; the FFN down projection
@@ -83,35 +86,31 @@ impl Op {
     /// own, prepared once. Served by [`crate::Kernel::run_sparse`].
     pub const GATHERED_COLUMN_AXPY: Op = Op(6);
 
-    /// Every operation this build knows.
-    pub const ALL: [Op; 7] = [
-        Op::MAT_VEC,
-        Op::MAT_MUL,
-        Op::GATHERED_ROW_MAT_VEC,
-        Op::SPARSE_AXPY,
-        Op::TERNARY_MAT_VEC,
-        Op::TERNARY_MAT_MUL,
-        Op::GATHERED_COLUMN_AXPY,
-    ];
+    /// Every operation the host calls.
+    pub const ALL: [Op; 4] = [Op::MAT_MUL, Op::GATHERED_ROW_MAT_VEC, Op::TERNARY_MAT_MUL, Op::GATHERED_COLUMN_AXPY];
+
+    /// The retired ids (0, 3, 4): never reused, never called; a pack that
+    /// still offers them loads, and those kernels are never chosen.
+    pub const RETIRED: [u32; 3] = [0, 3, 4];
 
     /// Lowercase name (`"gathered_row_matvec"`); `None` for values this
-    /// build does not know.
+    /// build does not know. Retired ids keep their names, for messages.
     pub const fn name(self) -> Option<&'static str> {
-        Some(match self {
-            Op::MAT_VEC => "matvec",
-            Op::MAT_MUL => "matmul",
-            Op::GATHERED_ROW_MAT_VEC => "gathered_row_matvec",
-            Op::SPARSE_AXPY => "sparse_axpy",
-            Op::TERNARY_MAT_VEC => "ternary_matvec",
-            Op::TERNARY_MAT_MUL => "ternary_matmul",
-            Op::GATHERED_COLUMN_AXPY => "gathered_column_axpy",
+        Some(match self.0 {
+            0 => "matvec",
+            1 => "matmul",
+            2 => "gathered_row_matvec",
+            3 => "sparse_axpy",
+            4 => "ternary_matvec",
+            5 => "ternary_matmul",
+            6 => "gathered_column_axpy",
             _ => return None,
         })
     }
 
     /// True for the operations served by [`crate::Kernel::run_sparse`].
     pub const fn is_sparse(self) -> bool {
-        matches!(self, Op::GATHERED_ROW_MAT_VEC | Op::SPARSE_AXPY | Op::GATHERED_COLUMN_AXPY)
+        matches!(self, Op::GATHERED_ROW_MAT_VEC | Op::GATHERED_COLUMN_AXPY)
     }
 }
 
@@ -439,7 +438,9 @@ mod tests {
         assert_eq!(iq4_xs.to_string(), "WeightType(23)");
         assert_eq!(format!("{:?}", Op(99)), "Op(99)");
         assert_eq!(format!("{:?}", ActType::Q8_K), "q8_K");
-        assert_eq!(Op::SPARSE_AXPY.to_string(), "sparse_axpy");
+        // A retired id keeps its name; the host calls none of them.
+        assert_eq!(Op(3).to_string(), "sparse_axpy");
+        assert!(Op::RETIRED.iter().all(|&r| !Op::ALL.contains(&Op(r)) && !Op(r).is_sparse()));
         assert_eq!(Op::GATHERED_COLUMN_AXPY.to_string(), "gathered_column_axpy");
         assert!(Op::GATHERED_COLUMN_AXPY.is_sparse());
         let names: Vec<_> = WeightType::ALL.iter().map(|t| t.name().unwrap()).collect();

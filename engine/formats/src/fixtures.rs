@@ -74,3 +74,72 @@ pub mod safetensors {
         dir
     }
 }
+
+/// GGUF v3 files: typed metadata and tensors of any type, data aligned to
+/// the default 32 bytes.
+pub mod gguf {
+    use spinfer_kernels::GgmlType;
+
+    /// A metadata value.
+    pub enum Value {
+        U32(u32),
+        F32(f32),
+        Bool(bool),
+        Str(String),
+        Strs(Vec<String>),
+    }
+
+    /// A tensor: name, GGML-order dims (innermost first), type, bytes.
+    pub type Tensor = (String, Vec<u64>, GgmlType, Vec<u8>);
+
+    fn string(b: &mut Vec<u8>, s: &str) {
+        b.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        b.extend_from_slice(s.as_bytes());
+    }
+
+    /// The bytes of a GGUF file with `kv` and `tensors`.
+    pub fn build(kv: &[(&str, Value)], tensors: &[Tensor]) -> Vec<u8> {
+        let mut b = b"GGUF".to_vec();
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+        b.extend_from_slice(&(kv.len() as u64).to_le_bytes());
+        for (k, v) in kv {
+            string(&mut b, k);
+            match v {
+                Value::U32(x) => {
+                    [&4u32.to_le_bytes()[..], &x.to_le_bytes()].iter().for_each(|p| b.extend_from_slice(p))
+                }
+                Value::F32(x) => {
+                    [&6u32.to_le_bytes()[..], &x.to_le_bytes()].iter().for_each(|p| b.extend_from_slice(p))
+                }
+                Value::Bool(x) => {
+                    [&7u32.to_le_bytes()[..], &[u8::from(*x)]].iter().for_each(|p| b.extend_from_slice(p))
+                }
+                Value::Str(s) => {
+                    b.extend_from_slice(&8u32.to_le_bytes());
+                    string(&mut b, s);
+                }
+                Value::Strs(xs) => {
+                    b.extend_from_slice(&9u32.to_le_bytes());
+                    b.extend_from_slice(&8u32.to_le_bytes());
+                    b.extend_from_slice(&(xs.len() as u64).to_le_bytes());
+                    xs.iter().for_each(|x| string(&mut b, x));
+                }
+            }
+        }
+        let mut offset = 0u64;
+        for (name, dims, ty, data) in tensors {
+            string(&mut b, name);
+            b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+            dims.iter().for_each(|d| b.extend_from_slice(&d.to_le_bytes()));
+            b.extend_from_slice(&(*ty as u32).to_le_bytes());
+            b.extend_from_slice(&offset.to_le_bytes());
+            offset += (data.len() as u64).next_multiple_of(32);
+        }
+        for (_, _, _, data) in tensors {
+            b.resize(b.len().next_multiple_of(32), 0);
+            b.extend_from_slice(data);
+        }
+        b
+    }
+}

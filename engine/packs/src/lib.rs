@@ -14,15 +14,18 @@
 //! it only opens bytes that `spinfer-registry` verified.
 
 mod error;
+mod host;
+mod i2s;
 mod load;
 mod loaders;
 pub mod native;
 pub mod settings;
 
 pub use error::{Error, Result};
+pub use host::{HOST_VERSION, abi_act_type, abi_weight_type, host_info};
 pub use load::{LoadedPacks, PackStatus, load_packs, load_registry};
 pub use loaders::{PackLoader, PackModel};
-pub use native::{NativePack, PackKernel, host_info};
+pub use native::{NativePack, PackKernel};
 
 #[cfg(feature = "wasm")]
 mod wasm;

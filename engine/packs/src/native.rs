@@ -27,24 +27,22 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
-use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType as KActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{MatmulDesc, MatmulKernel};
 use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk, chunk_aligned};
 use spinfer_kernels::{GgmlType, KernelError};
 use spinfer_plugin_api::abi_stable::std_types::RSliceMut;
 use spinfer_plugin_api::{
-    ABI_VERSION, ActType, CachePolicyBox, CpuFeatureSet, HostInfo, KernelBox, KernelDesc, Op, PackError, PackModuleRef,
-    PredictorBox, PredictorSpec, WeightType, check_abi_version, load_pack,
+    ABI_VERSION, CachePolicyBox, HostInfo, KernelBox, KernelDesc, Op, PackError, PackModuleRef, PredictorBox,
+    PredictorSpec, WeightType, check_abi_version, load_pack,
 };
 use spinfer_registry::{PackKind, VerifiedPack, Version};
 
+use crate::host::{HOST_VERSION, abi_act_type, abi_weight_type};
+use crate::i2s::I2sFromTq2_0;
 use crate::loaders::PackLoader;
 use crate::{Error, Result};
 use spinfer_kernel_select::registry::{KernelProvider, SparsityProvider};
-
-/// The version of this engine, as packs see it (`min_host_version`).
-pub const HOST_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Up to this many tokens (decode: 1, or 2 as the fast mode's two
 /// activation planes) a pack kernel's work is split over the pool by
@@ -57,49 +55,6 @@ thread_local! {
     /// A pool thread's `tokens x rows` output of a row-split pack call,
     /// before it goes to the token-major output; reused from call to call.
     static PART: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// What the engine tells packs about itself and this machine: the CPU
-/// features `spinfer-kernels` detects, this engine's version and the
-/// logical cores available to the process.
-pub fn host_info() -> HostInfo {
-    let f = CpuFeatures::detect();
-    let mut set = CpuFeatureSet::empty();
-    for (on, bit) in [
-        (f.avx2, CpuFeatureSet::AVX2),
-        (f.fma, CpuFeatureSet::FMA),
-        (f.f16c, CpuFeatureSet::F16C),
-        (f.avx512f, CpuFeatureSet::AVX512F),
-        (f.avx512bw, CpuFeatureSet::AVX512BW),
-        (f.avx512vl, CpuFeatureSet::AVX512VL),
-        (f.avx512vnni, CpuFeatureSet::AVX512VNNI),
-    ] {
-        if on {
-            set = set.with(bit);
-        }
-    }
-    let n_cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    HostInfo {
-        host_version: format!("spinfer {HOST_VERSION}").into(),
-        cpu_features: set,
-        n_cores: u32::try_from(n_cores).unwrap_or(u32::MAX),
-    }
-}
-
-/// The ABI catalogue id of a `spinfer-kernels` weight type (both are GGML
-/// type ids).
-pub fn abi_weight_type(t: GgmlType) -> WeightType {
-    WeightType(t as u32)
-}
-
-/// The ABI catalogue id of a `spinfer-kernels` activation type.
-pub fn abi_act_type(a: KActType) -> ActType {
-    match a {
-        KActType::F32 => ActType::F32,
-        KActType::Q8_0 => ActType::Q8_0,
-        KActType::Q8_1 => ActType::Q8_1,
-        KActType::Q8_K => ActType::Q8_K,
-    }
 }
 
 /// A loaded, usable native pack: the engine-side provider of its kernels.
@@ -354,13 +309,32 @@ impl KernelProvider for NativePack {
         self.score
     }
 
+    /// The pack's kernels for `desc`: its `MAT_MUL` kernels of the weight
+    /// type; for ternary weights (TQ1_0, TQ2_0) its `TERNARY_MAT_MUL` ones,
+    /// and for TQ2_0 also its I2_S kernels, fed an exact repack of the
+    /// weights ([`I2sFromTq2_0`]).
     fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
         let (w, a) = (abi_weight_type(desc.wtype), abi_act_type(desc.act));
-        self.kernels
-            .iter()
-            .filter(|(d, _)| d.op == Op::MAT_MUL && d.wtype == w && d.act == a && d.accepts_shape(desc.rows, desc.cols))
-            .map(|(d, k)| self.bind(d, k, desc))
-            .collect()
+        let ternary = matches!(desc.wtype, GgmlType::TQ1_0 | GgmlType::TQ2_0);
+        let serves = |d: &KernelDesc| {
+            d.act == a
+                && d.accepts_shape(desc.rows, desc.cols)
+                && (d.op == Op::MAT_MUL || (ternary && d.op == Op::TERNARY_MAT_MUL))
+                && d.wtype == w
+        };
+        let i2s = |d: &KernelDesc| {
+            desc.wtype == GgmlType::TQ2_0
+                && d.op == Op::TERNARY_MAT_MUL
+                && d.wtype == WeightType::I2_S
+                && d.act == a
+                && d.accepts_shape(desc.rows, desc.cols)
+        };
+        let mut out: Vec<Arc<dyn MatmulKernel>> =
+            self.kernels.iter().filter(|(d, _)| serves(d)).map(|(d, k)| self.bind(d, k, desc)).collect();
+        for (d, k) in self.kernels.iter().filter(|(d, _)| i2s(d)) {
+            out.push(Arc::new(I2sFromTq2_0::new(self.bind(d, k, desc), self.provider_name.clone(), desc.cols)));
+        }
+        out
     }
 
     fn rows_kernel(&self, desc: &MatmulDesc, name: &str) -> Option<Arc<dyn MatmulKernel>> {
@@ -682,40 +656,4 @@ unsafe fn into_columns(
         }
         Ok(())
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn host_info_matches_detection() {
-        let h = host_info();
-        assert_eq!(h.host_version.as_str(), concat!("spinfer ", env!("CARGO_PKG_VERSION")));
-        assert!(h.n_cores >= 1);
-        // The kernels' view of the CPU, capped by SPINFER_CPU: all of it
-        // without a cap, a part of it with one.
-        let cpu = CpuFeatureSet::detect();
-        assert!(cpu.contains(h.cpu_features), "{} not within {cpu}", h.cpu_features);
-        if spinfer_kernels::cpu::IsaCap::from_env() == spinfer_kernels::cpu::IsaCap::Native {
-            assert_eq!(h.cpu_features, cpu);
-        }
-    }
-
-    #[test]
-    fn catalogue_ids_match_ggml() {
-        assert_eq!(abi_weight_type(GgmlType::Q4_1), WeightType::Q4_1);
-        assert_eq!(abi_weight_type(GgmlType::Q8_0), WeightType::Q8_0);
-        assert_eq!(abi_weight_type(GgmlType::Q4_K), WeightType::Q4_K);
-        assert_eq!(abi_weight_type(GgmlType::BF16), WeightType::BF16);
-        for (k, a) in [
-            (KActType::F32, ActType::F32),
-            (KActType::Q8_0, ActType::Q8_0),
-            (KActType::Q8_1, ActType::Q8_1),
-            (KActType::Q8_K, ActType::Q8_K),
-        ] {
-            assert_eq!(abi_act_type(k), a);
-            assert_eq!(a.name(), Some(k.name()));
-        }
-    }
 }

@@ -15,9 +15,10 @@
 //!   [`MatmulKernel`] to the ABI's [`Kernel`] trait (per-shape kernel cache,
 //!   per-thread scratch, a one-thread pool, panics caught, errors mapped to
 //!   [`PackErrorKind`](spinfer_plugin_api::PackErrorKind)s);
-//! * the type mapping between the ABI catalogues and `spinfer-kernels`,
-//!   including `WeightType::I2_S`, which has no GGML id and is served by
-//!   `spinfer_kernels::dot::ternary` under [`Op::TERNARY_MAT_MUL`];
+//! * the type mapping between the ABI catalogues and `spinfer-kernels`;
+//!   the ternary types (TQ1_0, TQ2_0 and `WeightType::I2_S`, which has no
+//!   GGML id and is served by `spinfer_kernels::dot::ternary`) under
+//!   [`Op::TERNARY_MAT_MUL`];
 //! * [`ColumnAxpyKernel`] (`column_axpy.rs`): the sparse down projection
 //!   ([`Op::GATHERED_COLUMN_AXPY`]) over an exact neuron-major repack of
 //!   each weight slice the host prepares;
@@ -77,19 +78,22 @@ pub fn min_cols(w: WeightType) -> usize {
     if w == WeightType::I2_S { QK_K } else { ggml_type(w).map_or(1, GgmlType::block_size) }
 }
 
-/// The operation a kernel for `w` serves: [`Op::TERNARY_MAT_MUL`] for
-/// `I2_S` (no GGML type, so no plain matmul over it exists), otherwise
-/// [`Op::MAT_MUL`] (TQ1_0/TQ2_0 included: they are GGML types the host
-/// resolves as matmuls).
+/// The operation a kernel for `w` serves: [`Op::TERNARY_MAT_MUL`] for the
+/// ternary types (TQ1_0, TQ2_0, and I2_S, which the host feeds with an
+/// exact repack of a model's TQ2_0 weights), otherwise [`Op::MAT_MUL`].
 pub fn op_for(w: WeightType) -> Op {
-    if w == WeightType::I2_S { Op::TERNARY_MAT_MUL } else { Op::MAT_MUL }
+    if matches!(w, WeightType::TQ1_0 | WeightType::TQ2_0 | WeightType::I2_S) {
+        Op::TERNARY_MAT_MUL
+    } else {
+        Op::MAT_MUL
+    }
 }
 
 /// Whether the kernels for `w` also compute a list of rows in place
 /// (`MatmulKernel::run_rows`, served as [`Op::GATHERED_ROW_MAT_VEC`]):
 /// every type but the ternary ones.
 pub fn offers_gathered_rows(w: WeightType) -> bool {
-    op_for(w) == Op::MAT_MUL && !matches!(w, WeightType::TQ1_0 | WeightType::TQ2_0)
+    op_for(w) == Op::MAT_MUL
 }
 
 /// The instruction-set prefix of a `spinfer-kernels` kernel name
@@ -482,7 +486,8 @@ mod tests {
         assert_eq!(min_cols(WeightType::Q4_1), 32);
         assert_eq!(min_cols(WeightType::F16), 1);
         assert_eq!(op_for(WeightType::I2_S), Op::TERNARY_MAT_MUL);
-        assert_eq!(op_for(WeightType::TQ1_0), Op::MAT_MUL);
+        assert_eq!(op_for(WeightType::TQ1_0), Op::TERNARY_MAT_MUL);
+        assert_eq!(op_for(WeightType::Q4_1), Op::MAT_MUL);
         assert_eq!(isa_of("avx2/q4_1*q8_1"), "avx2");
     }
 

@@ -388,6 +388,16 @@ pub(crate) fn random_weights(r: &mut StdRng, ty: GgmlType, rows: usize, cols: us
         _ => {
             let Ok(rb) = ty.row_bytes(cols) else { return Vec::new() };
             let mut w: Vec<u8> = (0..rows * rb).map(|_| r.random()).collect();
+            if matches!(ty, GgmlType::TQ1_0 | GgmlType::TQ2_0) {
+                // Ternary: one scale per row, in the f16 that ends each
+                // block (a BitNet tensor's scale is per tensor), so the
+                // rows also repack exactly to I2_S.
+                for row in w.chunks_exact_mut(rb) {
+                    let d = f16::from_f32(10f32.powf(r.random_range(-2.0f32..0.0))).to_le_bytes();
+                    row.chunks_exact_mut(ty.type_size()).for_each(|b| b[ty.type_size() - 2..].copy_from_slice(&d));
+                }
+                return w;
+            }
             for blk in w.chunks_exact_mut(ty.type_size()) {
                 for (i, &off) in scale_offsets(ty).iter().enumerate() {
                     // Minimums (second field) and Q6_K scales may be negative.
