@@ -3,6 +3,7 @@
 //! `SentenceTransformer.encode` computes them, and BERT's experimental
 //! sparse FFN with its calibration.
 pub mod bert;
+mod bert_math;
 pub mod bert_sparse;
 pub mod embed;
 mod embed_sparsity;
