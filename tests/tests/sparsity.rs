@@ -468,7 +468,7 @@ fn pack_predictors_and_cache_policies_plug_in() {
     // keep-all: the dense model, up to the sparse down projection's
     // summation order; every neuron computed, none by a dense fallback.
     let all = load("cpu-portable/keep-all").unwrap();
-    assert_eq!(all.model.sparse.as_ref().unwrap().predictor, PredictorKind::Pack);
+    assert_eq!(all.model.sparse.as_ref().unwrap().predictor.kind(), PredictorKind::Pack);
     for p in &reference().prompts {
         let (want, got) = (last_logits(&dense, &p.text), last_logits(&all, &p.text));
         let diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);

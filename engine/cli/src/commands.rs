@@ -401,7 +401,7 @@ pub fn sparsity_json(engine: &Engine, session: &Session) -> serde_json::Value {
     });
     serde_json::json!({
         "sidecar": sp.path,
-        "predictor": sp.predictor.name(),
+        "predictor": sp.predictor.kind().name(),
         "target_sparsity": sp.sidecar.target_sparsity,
         "active_fraction": st.mean_active_fraction(),
         "attn_sparsity": sp.sidecar.attn_sparsity,
@@ -422,7 +422,7 @@ fn print_sparsity_stats(engine: &Engine, session: &Session) {
     let st = session.sparsity_stats();
     eprintln!(
         "[sparse FFN: {} predictor, target sparsity {:.2}; kept {:.1}% of neurons on average]",
-        sp.predictor.name(),
+        sp.predictor.kind().name(),
         sp.sidecar.target_sparsity,
         100.0 * st.mean_active_fraction()
     );

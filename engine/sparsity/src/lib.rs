@@ -103,8 +103,6 @@ pub struct SparseLayer {
     pub keep: usize,
     /// Keep neurons with `|silu(gate) · up|` above this (input-magnitude).
     pub input_threshold: f32,
-    /// The low-rank predictor, when the sidecar has one.
-    pub lowrank: Option<LowRank>,
     /// `W_down` neuron-major: one neuron's output column is one
     /// contiguous row.
     pub down: ColumnAxpy,
@@ -302,8 +300,53 @@ impl PackColumns {
 }
 
 /// The sparse FFN of a loaded model.
+/// The predictor a sparse FFN runs, with what it needs: the calibrated
+/// kinds read their per-layer numbers from [`SparseLayer`]; the low-rank
+/// predictor carries every layer's factors, a pack's its object.
+///
+/// Experimental (measured not to pay on the models here, docs/sparsity.md):
+/// `GateThreshold`, `TopK` and `Sentence` compute the full gate (or the
+/// whole prompt densely) before choosing, so they save only the up and down
+/// rows; they stay for the quality curves.
+pub enum Predictor {
+    /// Experimental: CATS's per-layer gate threshold.
+    GateThreshold,
+    /// Experimental: a fixed number of neurons per layer.
+    TopK,
+    /// TEAL on the down projection's input.
+    InputMagnitude,
+    /// Experimental: one mask per request.
+    Sentence,
+    /// One rank-r predictor per layer.
+    LowRank(Vec<LowRank>),
+    /// A pack's predictor (`--predictor pack:<pack>/<name>`).
+    Pack(Found<PredictorBox>),
+}
+
+impl Predictor {
+    /// Which kind it is (for reports and the per-token paths).
+    pub fn kind(&self) -> PredictorKind {
+        match self {
+            Predictor::GateThreshold => PredictorKind::GateThreshold,
+            Predictor::TopK => PredictorKind::TopK,
+            Predictor::InputMagnitude => PredictorKind::InputMagnitude,
+            Predictor::Sentence => PredictorKind::Sentence,
+            Predictor::LowRank(_) => PredictorKind::LowRank,
+            Predictor::Pack(_) => PredictorKind::Pack,
+        }
+    }
+
+    /// Bytes of the low-rank factors (0 for the others).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Predictor::LowRank(l) => l.iter().map(LowRank::bytes).sum(),
+            _ => 0,
+        }
+    }
+}
+
 pub struct SparseFfn {
-    pub predictor: PredictorKind,
+    pub predictor: Predictor,
     pub dense_above: f32,
     /// The sidecar it was built from.
     pub path: PathBuf,
@@ -313,8 +356,6 @@ pub struct SparseFfn {
     pub bundle: Option<FfnBundle>,
     /// Arithmetic of the AXPYs (set from the model's precision).
     pub axpy: AxpyMode,
-    /// The pack predictor, with [`PredictorKind::Pack`].
-    pub pack_predictor: Option<Found<PredictorBox>>,
 }
 
 impl SparseFfn {
@@ -516,13 +557,6 @@ pub fn build(
         let (ty, bytes) = lw.down;
         let down = ColumnAxpy::new(lw.down_pack, "ffn_down", ty, bytes, dim, ffn_dim, threads)
             .map_err(|e| sparsity_err(path, format!("layer {l}: repacking ffn_down: {e}")))?;
-        let lowrank = match &s.lowrank {
-            Some(f) => Some(
-                LowRank::new(&f.p, &f.q, f.rank, dim, ffn_dim, f.threshold)
-                    .map_err(|e| sparsity_err(path, format!("layer {l}: {e}")))?,
-            ),
-            None => None,
-        };
         let attn_o = match (s.attn_input_threshold, lw.wo.0) {
             (None, _) => None,
             (Some(threshold), ty @ (GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)) => {
@@ -540,13 +574,9 @@ pub fn build(
             threshold: s.threshold,
             keep: s.keep,
             input_threshold: s.input_threshold,
-            lowrank,
             down,
             attn_o,
         });
-    }
-    if let Some(found) = &pack_predictor {
-        tracing::info!(predictor = %found.name, provider = %found.provider, "pack predictor");
     }
     if let Some(ColumnAxpy::Pack(p)) = layers.first().map(|l| &l.down) {
         tracing::info!(kernel = p.kernel_name(), provider = %p.provider, "sparse down projection from a pack");
@@ -554,29 +584,41 @@ pub fn build(
     if let Some(ColumnAxpy::Pack(p)) = layers.first().and_then(|l| Some(&l.attn_o.as_ref()?.w)) {
         tracing::info!(kernel = p.kernel_name(), provider = %p.provider, "sparse attention output from a pack");
     }
-    let predictor = match (&pack_predictor, opts.predictor) {
-        (Some(_), _) => PredictorKind::Pack,
-        (None, Some(PredictorKind::Pack)) => {
+    let predictor = match (pack_predictor, opts.predictor.unwrap_or(sidecar.predictor)) {
+        (Some(found), _) => {
+            tracing::info!(predictor = %found.name, provider = %found.provider, "pack predictor");
+            Predictor::Pack(found)
+        }
+        (None, PredictorKind::Pack) => {
             return Err(Error::InvalidArgument(
                 "the pack predictor needs a name: --predictor pack:<pack>/<name>".into(),
             ));
         }
-        (None, p) => p.unwrap_or(sidecar.predictor),
+        (None, PredictorKind::LowRank) => Predictor::LowRank(low_rank(&sidecar, path, dim, ffn_dim)?),
+        (None, PredictorKind::GateThreshold) => Predictor::GateThreshold,
+        (None, PredictorKind::TopK) => Predictor::TopK,
+        (None, PredictorKind::InputMagnitude) => Predictor::InputMagnitude,
+        (None, PredictorKind::Sentence) => Predictor::Sentence,
     };
-    if predictor == PredictorKind::LowRank && layers.iter().any(|l| l.lowrank.is_none()) {
-        return Err(sparsity_err(path, "has no low-rank predictor (calibrate with --rank)"));
-    }
-    tracing::info!(path = %path.display(), predictor = predictor.name(), "sparse FFN enabled");
-    Ok(SparseFfn {
-        predictor,
-        dense_above: opts.dense_above,
-        path: path.clone(),
-        sidecar,
-        layers,
-        bundle: None,
-        axpy,
-        pack_predictor,
-    })
+    tracing::info!(path = %path.display(), predictor = predictor.kind().name(), "sparse FFN enabled");
+    Ok(SparseFfn { predictor, dense_above: opts.dense_above, path: path.clone(), sidecar, layers, bundle: None, axpy })
+}
+
+/// Every layer's low-rank predictor from the sidecar's factors.
+fn low_rank(sidecar: &Sidecar, path: &std::path::Path, dim: usize, ffn_dim: usize) -> Result<Vec<LowRank>> {
+    sidecar
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(l, s)| {
+            let f = s
+                .lowrank
+                .as_ref()
+                .ok_or_else(|| sparsity_err(path, "has no low-rank predictor (calibrate with --rank)"))?;
+            LowRank::new(&f.p, &f.q, f.rank, dim, ffn_dim, f.threshold)
+                .map_err(|e| sparsity_err(path, format!("layer {l}: {e}")))
+        })
+        .collect()
 }
 
 /// Reads `opts.sidecar`, checks it belongs to `model`, and serves the FFN
@@ -596,10 +638,10 @@ pub fn build_budgeted(
     let budget = opts.ffn_budget_bytes.ok_or_else(|| Error::InvalidArgument("no FFN budget given".into()))?;
     let mut sidecar = Sidecar::read(path)?;
     sidecar.check_model(id, path)?;
-    let predictor = opts.predictor.unwrap_or(sidecar.predictor);
+    let kind = opts.predictor.unwrap_or(sidecar.predictor);
     let other = match &opts.pack_predictor {
         Some(name) => Some(format!("the pack predictor '{name}'")),
-        None => (predictor != PredictorKind::LowRank).then(|| predictor.name().to_string()),
+        None => (kind != PredictorKind::LowRank).then(|| kind.name().to_string()),
     };
     if let Some(other) = other {
         return Err(sparsity_err(
@@ -611,28 +653,24 @@ pub fn build_budgeted(
             ),
         ));
     }
-    if sidecar.layers.iter().any(|l| l.lowrank.is_none()) {
-        return Err(sparsity_err(path, "has no low-rank predictor (calibrate with --rank)"));
-    }
+    let predictor = Predictor::LowRank(low_rank(&sidecar, path, dim, ffn_dim)?);
     let mut layers = Vec::with_capacity(sidecar.layers.len());
-    for (l, s) in sidecar.layers.iter_mut().enumerate() {
-        let f = s.lowrank.as_mut().expect("checked above");
-        let lr = LowRank::new(&f.p, &f.q, f.rank, dim, ffn_dim, f.threshold)
-            .map_err(|e| sparsity_err(path, format!("layer {l}: {e}")))?;
+    for s in &mut sidecar.layers {
         // The f32 factors are not needed any more: keep the memory budget.
-        f.p = Vec::new();
-        f.q = Vec::new();
+        if let Some(f) = s.lowrank.as_mut() {
+            f.p = Vec::new();
+            f.q = Vec::new();
+        }
         layers.push(SparseLayer {
             threshold: s.threshold,
             keep: s.keep,
             input_threshold: s.input_threshold,
-            lowrank: Some(lr),
             down: ColumnAxpy::Bundled,
             // The budget covers the FFN; the attention output stays dense.
             attn_o: None,
         });
     }
-    let predictor_bytes: usize = layers.iter().filter_map(|l| l.lowrank.as_ref()).map(LowRank::bytes).sum();
+    let predictor_bytes = predictor.bytes();
     let freqs: Vec<Vec<f32>> = sidecar.layers.iter().map(|l| l.active_freq.clone()).collect();
     if freqs.len() != src.len() || freqs.iter().any(|f| f.len() != ffn_dim) {
         return Err(sparsity_err(path, "active_freq does not match the model's layers"));
@@ -667,7 +705,6 @@ pub fn build_budgeted(
         layers,
         bundle: Some(bundle),
         axpy: AxpyMode::Exact,
-        pack_predictor: None,
     })
 }
 
@@ -676,14 +713,7 @@ mod tests {
     use super::*;
 
     fn layer(threshold: f32, keep: usize) -> SparseLayer {
-        SparseLayer {
-            threshold,
-            keep,
-            input_threshold: threshold,
-            lowrank: None,
-            down: ColumnAxpy::Q8_0(Vec::new()),
-            attn_o: None,
-        }
+        SparseLayer { threshold, keep, input_threshold: threshold, down: ColumnAxpy::Q8_0(Vec::new()), attn_o: None }
     }
 
     /// A pack's column AXPY that always fails.

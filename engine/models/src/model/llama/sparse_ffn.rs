@@ -11,13 +11,13 @@ use spinfer_kernels::pool::ThreadPool;
 use spinfer_plugin_api::PredictorBox;
 use spinfer_plugin_api::abi_stable::std_types::RSliceMut;
 use spinfer_sparsity::bundle::FfnBundle;
-use spinfer_sparsity::{LayerCounters, PredictorKind, SparseFfn, select_neurons};
+use spinfer_sparsity::{LayerCounters, Predictor, PredictorKind, SparseFfn, select_neurons};
 
 impl Model {
     /// FFN of layer `l` for the `n` tokens of this step, from `s.xn` into
     /// `s.tmp`.
     pub(super) fn sparse_ffn(&self, s: &mut Session, l: usize, n: usize, sp: &SparseFfn) -> Result<()> {
-        if sp.predictor == PredictorKind::Sentence {
+        if matches!(sp.predictor, Predictor::Sentence) {
             return self.sentence_ffn(s, l, n, sp);
         }
         if let Some(b) = &sp.bundle {
@@ -31,7 +31,7 @@ impl Model {
         grow(&mut s.up, n * ffn);
         grow(&mut s.sparse.up, ffn);
         grow(&mut s.sparse.h, ffn);
-        let predictor = sp.predictor;
+        let predictor = sp.predictor.kind();
         match predictor {
             // The mask comes before the gate: computed per token below.
             // (Sentence-level masks are handled by `sentence_ffn`.)
@@ -74,12 +74,10 @@ impl Model {
                     // The neurons chosen before the gate: a pack's mask, or
                     // the low-rank prediction of the gate.
                     let pack = predictor == PredictorKind::Pack;
-                    if pack {
-                        let pp = sp.pack_predictor.as_ref().expect("checked at load: a pack predictor");
+                    if let Predictor::Pack(pp) = &sp.predictor {
                         pack_mask(pp, l, x, ffn, &mut sc.mask, &mut sc.pred)?;
-                    } else {
-                        let lr = sl.lowrank.as_ref().expect("checked at load: low-rank factors present");
-                        lr.predict(&s.pool, x, &mut sc.mags, act, &mut s.scratch.bytes, &mut sc.pred)?;
+                    } else if let Predictor::LowRank(lr) = &sp.predictor {
+                        lr[l].predict(&s.pool, x, &mut sc.mags, act, &mut s.scratch.bytes, &mut sc.pred)?;
                     }
                     if sc.measure_truth {
                         let c = &mut sc.stats.layers[l];
@@ -167,6 +165,9 @@ impl Model {
         let (dim, ffn) = (self.config.dim, self.config.ffn_dim);
         let layer = &self.weights.layers[l];
         let sl = &sp.layers[l];
+        let Predictor::LowRank(lr) = &sp.predictor else {
+            return Err(Error::InvalidArgument("an FFN memory budget runs the low-rank predictor".into()));
+        };
         let (_, up_row, down_col) = b.row_sizes();
         grow(&mut s.gate, n * ffn);
         grow(&mut s.sparse.up, ffn);
@@ -176,8 +177,7 @@ impl Model {
             let out = &mut s.tmp[t * dim..(t + 1) * dim];
             let act = &mut s.gate[t * ffn..(t + 1) * ffn];
             let sc = &mut s.sparse;
-            let lr = sl.lowrank.as_ref().expect("checked at load: low-rank factors present");
-            lr.predict(&s.pool, x, &mut sc.mags, act, &mut s.scratch.bytes, &mut sc.pred)?;
+            lr[l].predict(&s.pool, x, &mut sc.mags, act, &mut s.scratch.bytes, &mut sc.pred)?;
             let k = sc.pred.len();
             b.gather(l, &sc.pred, &mut sc.gathered, &mut sc.stats.cache)?;
             // Exact gate values of the predicted neurons, filtered by the
