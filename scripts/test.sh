@@ -15,6 +15,9 @@ cargo fmt --all -- --check
 # No import cycle between the source files of any crate.
 python3 scripts/import-cycles.py
 cargo clippy --workspace --all-targets --release -- -D warnings
+# API docs build without a warning (broken links, private items named in
+# public docs).
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # The CUDA code paths (feature `cuda`: cudarc loads libcuda and libnvrtc at
 # run time, so they build without a toolkit).
 cargo clippy -p spinfer-kernels-cuda -p spinfer-gpu -p spinfer-cli --all-targets --release \

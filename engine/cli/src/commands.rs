@@ -45,7 +45,7 @@ pub struct CommonArgs {
     #[arg(long)]
     pub sparsity: Option<PathBuf>,
     /// Use this predictor instead of the sidecar's: gate-threshold | top-k | input-magnitude | low-rank |
-    /// sentence | pack:<pack>/<name> (a loaded pack's predictor).
+    /// sentence | `pack:<pack>/<name>` (a loaded pack's predictor).
     #[arg(long, requires = "sparsity")]
     pub predictor: Option<String>,
     /// Hold at most this many MB (10^6 bytes) of FFN weights and predictor
@@ -54,7 +54,7 @@ pub struct CommonArgs {
     /// `--predictor low-rank`.
     #[arg(long, requires = "sparsity")]
     pub ffn_budget_mb: Option<f64>,
-    /// Which cold neurons stay cached under --ffn-budget-mb: lru | freq-lru | pack:<pack>/<name> (a loaded
+    /// Which cold neurons stay cached under --ffn-budget-mb: lru | freq-lru | `pack:<pack>/<name>` (a loaded
     /// pack's policy).
     #[arg(long, requires = "ffn_budget_mb")]
     pub cache_policy: Option<String>,

@@ -539,7 +539,7 @@ fn attention(
 /// sentence-transformers does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Pooling {
-    /// The first token's state ([CLS]).
+    /// The first token's state (`[CLS]`).
     pub cls: bool,
     /// Element-wise maximum over the sequence's tokens.
     pub max: bool,

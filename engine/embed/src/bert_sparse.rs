@@ -20,7 +20,7 @@
 //!
 //! Calibration (`Embedder::calibrate_sparsity`, in `crate::embed_sparsity`) runs the dense model
 //! over real text with a recorder in the FFN hook: per layer, a
-//! log-histogram of `|h|` (the bins of [`spinfer_sparsity::calibrate`]), whose
+//! log-histogram of `|h|` (the bins of [`spinfer_sparsity::stats`]), whose
 //! `target_sparsity` quantile becomes the layer's threshold (the same
 //! fraction of neurons skipped in every layer); a second pass averages each
 //! neuron's skipped values (the offsets).
@@ -333,7 +333,7 @@ impl SparseFfn {
     /// returns `true`; a recorder records and returns `false` (the caller
     /// then runs the dense down projection). `seqs` holds each sequence
     /// as (first token, length): the first and last token of every
-    /// sequence ([CLS] and [SEP]) keep all their neurons. Their activations
+    /// sequence (`[CLS]` and `[SEP]`) keep all their neurons. Their activations
     /// are outliers, and for a short text they are most of the input (the
     /// empty text is only these two tokens).
     pub fn ffn_down(

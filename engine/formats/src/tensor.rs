@@ -61,7 +61,7 @@ impl TensorView {
         self.dims.iter().product()
     }
 
-    /// For a 2-D weight: (rows, cols) = (dims[1], dims[0]).
+    /// For a 2-D weight: (rows, cols) = (`dims[1]`, `dims[0]`).
     pub fn rows_cols(&self) -> (usize, usize) {
         match self.dims.as_slice() {
             [c] => (1, *c),

@@ -1,10 +1,10 @@
 //! The matmul kernel abstraction that the engine's kernel seam resolves to.
 //!
 //! An operation is described by a [`MatmulDesc`] (weight type, activation
-//! format, shape). [`candidates`] lists every implementation in this crate
-//! that can serve it on the running CPU, best first; the engine picks one
-//! at load time and calls it for every token. Packs (native, WASM, CUDA)
-//! will offer further implementations of the same contract.
+//! format, shape). `matmul::candidates` lists every implementation in this
+//! crate that can serve it on the running CPU, best first; the engine picks
+//! one at load time and calls it for every token. Native and WASM packs
+//! offer further implementations of the same contract (`spinfer-packs`).
 
 use crate::pool::ThreadPool;
 use crate::{GgmlType, Result};
@@ -104,8 +104,8 @@ pub trait MatmulKernel: Send + Sync {
         Err(crate::KernelError::NotOffered { kernel: self.name().to_string(), op: "gathered-row matmul" })
     }
 
-    /// The gathered-column AXPY (the sparse down projection): `out[t * rows
-    /// + r] = Σ_j x[t * k + j] · W[r, idx[j]]` over the `k` strictly
+    /// The gathered-column AXPY (the sparse down projection):
+    /// `out[t * rows + r] = Σ_j x[t * k + j] · W[r, idx[j]]` over the `k` strictly
     /// ascending columns `idx` of `w` (all `rows x cols` of it, as the model
     /// stores it). Served by pack kernels of the ABI's
     /// `GATHERED_COLUMN_AXPY`, which keep their own repack of `w`; the

@@ -20,8 +20,8 @@
 //! module, and dropping it drops only the kernel objects. See
 //! `docs/plugin-abi.md` ("Libraries are never unloaded").
 //!
-//! [`KernelRegistry`]: crate::registry::KernelRegistry
-//! [`KernelRegistry::add_provider`]: crate::registry::KernelRegistry::add_provider
+//! [`KernelRegistry`]: spinfer_kernel_select::registry::KernelRegistry
+//! [`KernelRegistry::add_provider`]: spinfer_kernel_select::registry::KernelRegistry::add_provider
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -312,7 +312,7 @@ impl KernelProvider for NativePack {
     /// The pack's kernels for `desc`: its `MAT_MUL` kernels of the weight
     /// type; for ternary weights (TQ1_0, TQ2_0) its `TERNARY_MAT_MUL` ones,
     /// and for TQ2_0 also its I2_S kernels, fed an exact repack of the
-    /// weights ([`I2sFromTq2_0`]).
+    /// weights (`I2sFromTq2_0`).
     fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
         let (w, a) = (abi_weight_type(desc.wtype), abi_act_type(desc.act));
         let ternary = matches!(desc.wtype, GgmlType::TQ1_0 | GgmlType::TQ2_0);
@@ -437,7 +437,7 @@ impl MatmulKernel for PackKernel {
 
     /// Pack kernels are single-threaded (the pool does not cross the ABI),
     /// so the work is spread over the host's pool here: weight rows for up
-    /// to [`ROW_SPLIT_TOKENS`] tokens (decode, including the fast mode's
+    /// to `ROW_SPLIT_TOKENS` tokens (decode, including the fast mode's
     /// two activation planes), tokens for a larger batch (prefill). Each
     /// thread writes a disjoint part of `out`.
     fn run(

@@ -13,7 +13,7 @@ pub enum AxpyMode {
     #[default]
     Exact,
     /// Coefficients quantised to two int8 planes per run of active neurons
-    /// in one 32-neuron block, integer sums ([`NeuronMajor::axpy_fast`]):
+    /// in one 32-neuron block, integer sums (`NeuronMajor::axpy_fast`):
     /// the sparse counterpart of the 8-bit activations the dense kernels
     /// use in the fast and int8 modes.
     Int8,

@@ -2,11 +2,11 @@
 //! GGUF metadata (as llama.cpp does), and Hugging Face `tokenizer.json` files
 //! through the `tokenizers` crate.
 //!
-//! - `tokenizer.ggml.model = "gpt2"`: GPT-2 byte-level BPE ([`bpe`]) with the
+//! - `tokenizer.ggml.model = "gpt2"`: GPT-2 byte-level BPE (`bpe.rs`) with the
 //!   pre-tokeniser named by `tokenizer.ggml.pre`.
-//! - `tokenizer.ggml.model = "llama"`: SentencePiece-style ([`spm`]): scores,
+//! - `tokenizer.ggml.model = "llama"`: SentencePiece-style (`spm.rs`): scores,
 //!   `▁` for spaces, `<0xNN>` byte fallback, optional space prefix.
-//! - `tokenizer.json`: anything the `tokenizers` crate reads ([`hf`]).
+//! - `tokenizer.json`: anything the `tokenizers` crate reads (`hf.rs`).
 //!
 //! Control and user-defined tokens written literally in the text (e.g.
 //! `<|im_start|>`) are matched as single tokens, longest first, as llama.cpp

@@ -14,7 +14,7 @@
 //! `cpu-portable` in `spinfer-pack-kit`; this crate says only what differs:
 //! its name, which kernels ([`PACK`]) and its score.
 //!
-//! [`score`](fn@score) follows ggml's CPU-variant score: 0 on a host without
+//! `score` follows ggml's CPU-variant score: 0 on a host without
 //! AVX2 + FMA + F16C (the reason is logged through `tracing`, and available
 //! from [`unsupported_reason`]), otherwise a bit mask, `1 << 5` for AVX2 plus
 //! `1 << 6` for AVX-512 F/BW/VL/VNNI, so it always beats the portable pack's 1.

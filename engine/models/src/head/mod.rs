@@ -5,8 +5,8 @@
 //! Offline ([`HeadIndex::build`], `spinfer calibrate-head`), from some
 //! calibration text ([`HeadCalibration`]): its most frequent tokens become
 //! the hot rows, computed for every token; the other rows are clustered by
-//! balanced spherical k-means ([`kmeans`]) in the metric of the text's
-//! hidden states ([`metric`]), so a cluster holds rows whose logits stay
+//! balanced spherical k-means (`kmeans.rs`) in the metric of the text's
+//! hidden states (`metric.rs`), so a cluster holds rows whose logits stay
 //! close on the hidden states the model produces. The index file ([`file`])
 //! holds the hot rows, each cluster's rows, its mean row and its spread
 //! (the expected variance of its rows' logits around the mean row's), and

@@ -1,7 +1,7 @@
 //! Benchmark-driven kernel tuning: measure every candidate kernel on the
-//! model's real operation shapes ([`bench`]), keep the results per host in a
+//! model's real operation shapes ([`mod@bench`]), keep the results per host in a
 //! vector-indexed history ([`history`]), and pick per operation from that
-//! history ([`select`]).
+//! history ([`mod@select`]).
 
 pub mod bench;
 pub mod history;

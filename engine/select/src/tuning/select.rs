@@ -15,7 +15,7 @@
 //! one tuning pass to the next. A pack kernel has to be measurably faster
 //! than the built-in one to displace it, which also spares the pack's
 //! per-call cost (the ABI crossing) on small shapes.
-//! Pins are the registry's business ([`KernelRegistry::resolve`] applies
+//! Pins are the registry's business (`KernelRegistry::resolve` applies
 //! them before asking for a selection).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -166,8 +166,8 @@ fn nearest_pick(
 }
 
 /// Picks the kernel for `desc` in `phase` among `candidates` (as from
-/// [`KernelRegistry::candidates`]) using `history` measured on `host`
-/// ([`Host::fingerprint`]).
+/// `KernelRegistry::candidates`) using `history` measured on `host`
+/// (`Host::fingerprint`).
 pub fn select(
     desc: &MatmulDesc,
     phase: Phase,
