@@ -20,6 +20,7 @@ use crate::model::llama::{AttnProbe, FfnProbe};
 use crate::model::{Model, math};
 use crate::{Error, Result};
 use spinfer_formats::loader::Loader;
+use spinfer_kernel_select::registry::KernelRegistry;
 use spinfer_sparsity::lowrank::{self, LowRank};
 use spinfer_sparsity::sidecar::{
     CalibrationInfo, LayerStats, LowRankFactors, LowRankInfo, ModelId, PredictorKind, Sidecar,
@@ -256,7 +257,9 @@ fn fit_lowrank(
             spinfer_kernels::dequant::dequantize_row(ty, row, out)?;
         }
         let (p, q) = lowrank::fit_to_activations(&w, &moments[l], ffn, dim, rank, 30)?;
-        predictors.push(LowRank::new(&p, &q, rank, dim, ffn, 0.0)?);
+        // Calibration measures the predictor with the built-in kernels (its
+        // factors do not depend on which kernel later runs them).
+        predictors.push(LowRank::new(&p, &q, (rank, dim, ffn), 0.0, &KernelRegistry::builtin())?);
         factors.push(LowRankFactors { rank, p, q, threshold: 0.0 });
         progress(3, l + 1, c.n_layers);
     }
@@ -284,7 +287,7 @@ fn fit_lowrank(
     // Held-out recall with the fitted thresholds.
     let fitted: Vec<LowRank> = factors
         .iter()
-        .map(|f| LowRank::new(&f.p, &f.q, rank, dim, ffn, f.threshold))
+        .map(|f| LowRank::new(&f.p, &f.q, (rank, dim, ffn), f.threshold, &KernelRegistry::builtin()))
         .collect::<spinfer_sparsity::Result<_>>()?;
     let fitted = Arc::new(fitted);
     // (truly active, truly active and kept, kept, all) per layer.

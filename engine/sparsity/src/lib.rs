@@ -530,11 +530,12 @@ pub struct LayerWeights<'a> {
 /// neuron-major down copies (unless a pack serves the down projection) and
 /// input-major `W_o` copies when the sidecar has attention thresholds,
 /// each as a copy per thread of `threads`; the AXPYs compute in `axpy`
-/// mode.
+/// mode, and the low-rank predictor's products run `registry`'s kernels.
 #[allow(clippy::too_many_arguments, reason = "the sparse FFN's shapes and weights, each a plain value")]
 pub fn build(
     opts: &SparsityOptions,
     pack_predictor: Option<Found<PredictorBox>>,
+    registry: &KernelRegistry,
     id: &ModelId,
     weights: Vec<LayerWeights<'_>>,
     dim: usize,
@@ -594,7 +595,7 @@ pub fn build(
                 "the pack predictor needs a name: --predictor pack:<pack>/<name>".into(),
             ));
         }
-        (None, PredictorKind::LowRank) => Predictor::LowRank(low_rank(&sidecar, path, dim, ffn_dim)?),
+        (None, PredictorKind::LowRank) => Predictor::LowRank(low_rank(&sidecar, path, (dim, ffn_dim), registry)?),
         (None, PredictorKind::GateThreshold) => Predictor::GateThreshold,
         (None, PredictorKind::TopK) => Predictor::TopK,
         (None, PredictorKind::InputMagnitude) => Predictor::InputMagnitude,
@@ -605,7 +606,12 @@ pub fn build(
 }
 
 /// Every layer's low-rank predictor from the sidecar's factors.
-fn low_rank(sidecar: &Sidecar, path: &std::path::Path, dim: usize, ffn_dim: usize) -> Result<Vec<LowRank>> {
+fn low_rank(
+    sidecar: &Sidecar,
+    path: &std::path::Path,
+    (dim, ffn_dim): (usize, usize),
+    registry: &KernelRegistry,
+) -> Result<Vec<LowRank>> {
     sidecar
         .layers
         .iter()
@@ -615,7 +621,7 @@ fn low_rank(sidecar: &Sidecar, path: &std::path::Path, dim: usize, ffn_dim: usiz
                 .lowrank
                 .as_ref()
                 .ok_or_else(|| sparsity_err(path, "has no low-rank predictor (calibrate with --rank)"))?;
-            LowRank::new(&f.p, &f.q, f.rank, dim, ffn_dim, f.threshold)
+            LowRank::new(&f.p, &f.q, (f.rank, dim, ffn_dim), f.threshold, registry)
                 .map_err(|e| sparsity_err(path, format!("layer {l}: {e}")))
         })
         .collect()
@@ -653,7 +659,7 @@ pub fn build_budgeted(
             ),
         ));
     }
-    let predictor = Predictor::LowRank(low_rank(&sidecar, path, dim, ffn_dim)?);
+    let predictor = Predictor::LowRank(low_rank(&sidecar, path, (dim, ffn_dim), registry)?);
     let mut layers = Vec::with_capacity(sidecar.layers.len());
     for s in &mut sidecar.layers {
         // The f32 factors are not needed any more: keep the memory budget.

@@ -15,6 +15,7 @@
 //! At run time both factors are Q8_0 matrices multiplied by the built-in
 //! kernels.
 
+use spinfer_kernel_select::registry::{KernelRegistry, Resolved};
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::blocks::BlockQ8_0;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
@@ -99,8 +100,11 @@ pub struct LowRank {
     pub threshold: f32,
     p: Vec<u8>, // (rank, dim) Q8_0
     q: Vec<u8>, // (ffn, rank) Q8_0
-    kp: Box<dyn MatmulKernel>,
-    kq: Box<dyn MatmulKernel>,
+    /// The kernels of `P · x` and `Q · t`, resolved at load by the
+    /// registry (pins and history apply), each with the built-in kernel
+    /// that takes over if a pack's fails.
+    kp: Resolved,
+    kq: Resolved,
 }
 
 fn to_q8_0(x: &[f32]) -> Result<Vec<u8>> {
@@ -109,19 +113,37 @@ fn to_q8_0(x: &[f32]) -> Result<Vec<u8>> {
     Ok(bytemuck::cast_slice(&blocks).to_vec())
 }
 
-fn kernel(rows: usize, cols: usize) -> Result<Box<dyn MatmulKernel>> {
-    Ok(spinfer_kernel_select::registry::builtin_kernel(&MatmulDesc {
-        wtype: GgmlType::Q8_0,
-        act: ActType::Q8_0,
-        rows,
-        cols,
-    })?)
+/// The Q8_0 × Q8_0 kernel of a `rows × cols` factor, from `registry`.
+fn kernel(registry: &KernelRegistry, rows: usize, cols: usize) -> Result<Resolved> {
+    Ok(registry.resolve(&MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows, cols })?)
+}
+
+/// Runs `k` (or its fallback once it has failed) on one token.
+fn run(k: &Resolved, pool: &ThreadPool, w: &[u8], x: &[f32], out: &mut [f32], bytes: &mut Vec<u8>) -> Result<()> {
+    let err = |k: &dyn MatmulKernel, source| Error::Kernel { kernel: k.name().into(), source };
+    match k.kernel.run(pool, w, x, 1, out, bytes) {
+        Ok(()) => Ok(()),
+        Err(e) => match &k.fallback {
+            Some(fb) => {
+                tracing::error!(kernel = k.kernel.name(), "low-rank predictor: {e}; falling back to {}", fb.name());
+                fb.run(pool, w, x, 1, out, bytes).map_err(|e| err(&**fb, e))
+            }
+            None => Err(err(&*k.kernel, e)),
+        },
+    }
 }
 
 impl LowRank {
     /// From f32 factors `p` (rank × dim) and `q` (ffn × rank); `rank` and
-    /// `dim` must be multiples of 32.
-    pub fn new(p: &[f32], q: &[f32], rank: usize, dim: usize, ffn: usize, threshold: f32) -> Result<Self> {
+    /// `dim` must be multiples of 32. Its two products run the kernels
+    /// `registry` resolves for them.
+    pub fn new(
+        p: &[f32],
+        q: &[f32],
+        (rank, dim, ffn): (usize, usize, usize),
+        threshold: f32,
+        registry: &KernelRegistry,
+    ) -> Result<Self> {
         if rank == 0 || !rank.is_multiple_of(32) || !dim.is_multiple_of(32) {
             return Err(Error::InvalidArgument(format!(
                 "low-rank predictor: rank {rank} and dim {dim} must be positive multiples of 32"
@@ -134,7 +156,8 @@ impl LowRank {
                 q.len()
             )));
         }
-        Ok(Self { rank, threshold, p: to_q8_0(p)?, q: to_q8_0(q)?, kp: kernel(rank, dim)?, kq: kernel(ffn, rank)? })
+        let (kp, kq) = (kernel(registry, rank, dim)?, kernel(registry, ffn, rank)?);
+        Ok(Self { rank, threshold, p: to_q8_0(p)?, q: to_q8_0(q)?, kp, kq })
     }
 
     /// Predicted gate `ĝ` (ffn) of one token `x` (dim); `t` (rank) and
@@ -148,9 +171,8 @@ impl LowRank {
         bytes: &mut Vec<u8>,
     ) -> Result<()> {
         t.resize(self.rank, 0.0);
-        let err = |k: &dyn MatmulKernel, source| Error::Kernel { kernel: k.name().into(), source };
-        self.kp.run(pool, &self.p, x, 1, t, bytes).map_err(|e| err(&*self.kp, e))?;
-        self.kq.run(pool, &self.q, t, 1, out, bytes).map_err(|e| err(&*self.kq, e))
+        run(&self.kp, pool, &self.p, x, t, bytes)?;
+        run(&self.kq, pool, &self.q, t, out, bytes)
     }
 
     /// The neurons this predictor keeps for `x`, ascending, into `pred`;
@@ -399,7 +421,7 @@ mod timing {
         for rank in [32, 64, 128] {
             let p: Vec<f32> = (0..rank * dim).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
             let q: Vec<f32> = (0..ffn * rank).map(|i| ((i * 104_729) % 1000) as f32 / 1000.0 - 0.5).collect();
-            let lr = LowRank::new(&p, &q, rank, dim, ffn, 0.1).unwrap();
+            let lr = LowRank::new(&p, &q, (rank, dim, ffn), 0.1, &KernelRegistry::builtin()).unwrap();
             let x: Vec<f32> = (0..dim).map(|i| (i as f32).sin()).collect();
             let (mut t, mut out, mut bytes) = (Vec::new(), vec![0.0; ffn], Vec::new());
             let mut best = f64::MAX;

@@ -427,7 +427,7 @@ impl Model {
                     None => None,
                 };
                 let (q_dim, threads) = (c.n_heads * c.head_dim, options.threads.max(1));
-                Some(sparse::build(o, pack_predictor, &id, weights, dim, q_dim, c.ffn_dim, axpy, threads)?)
+                Some(sparse::build(o, pack_predictor, registry, &id, weights, dim, q_dim, c.ffn_dim, axpy, threads)?)
             }
             None => None,
         };
