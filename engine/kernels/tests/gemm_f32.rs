@@ -138,32 +138,3 @@ fn sgemm_matches_scalar() {
         }
     }
 }
-
-/// Throughput of the best kernel on MiniLM's shapes (not a check):
-/// `cargo test --release -p spinfer-kernels --test gemm_f32 -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn gemm_throughput() {
-    let mut r = rng(1);
-    for threads in [1, 2] {
-        let pool = ThreadPool::new(threads);
-        for (rows, cols) in [(384, 384), (1536, 384), (384, 1536)] {
-            let w = random_weights(&mut r, GgmlType::F32, rows, cols);
-            let desc = MatmulDesc { wtype: GgmlType::F32, act: ActType::F32, rows, cols };
-            let k = candidates(&desc, &CpuFeatures::detect()).into_iter().next().unwrap();
-            for n in [4, 16, 128, 2048] {
-                let x: Vec<f32> = (0..n * cols).map(|_| r.random_range(-1.0f32..1.0)).collect();
-                let mut out = vec![0.0; n * rows];
-                let mut scratch = Vec::new();
-                let reps = (2e9 / (2.0 * (n * rows * cols) as f64)).ceil() as usize;
-                k.run(&pool, &w, &x, n, &mut out, &mut scratch).unwrap();
-                let t = std::time::Instant::now();
-                for _ in 0..reps {
-                    k.run(&pool, &w, &x, n, &mut out, &mut scratch).unwrap();
-                }
-                let gflops = 2.0 * (n * rows * cols * reps) as f64 / t.elapsed().as_secs_f64() / 1e9;
-                println!("{} threads={threads} {rows}x{cols} n={n}: {gflops:.1} GFLOP/s", k.name());
-            }
-        }
-    }
-}

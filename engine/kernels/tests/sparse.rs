@@ -5,8 +5,6 @@
 
 mod kernels_common;
 
-use std::time::Instant;
-
 use half::f16;
 use kernels_common::*;
 use rand::Rng;
@@ -26,28 +24,10 @@ fn cols_for(ty: GgmlType) -> usize {
     if ty.block_size() == 32 { 576 } else { 768 }
 }
 
-/// The best (first) dense kernel for `ty` in fast mode.
-fn dense_kernel(ty: GgmlType, rows: usize, cols: usize) -> Box<dyn MatmulKernel> {
-    let desc = MatmulDesc { wtype: ty, act: ActType::fast_for(ty), rows, cols };
-    candidates(&desc, &CpuFeatures::detect()).into_iter().next().expect("no kernel")
-}
-
 fn matvec(k: &dyn MatmulKernel, pool: &ThreadPool, w: &[u8], x: &[f32], rows: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; rows];
     k.run(pool, w, x, 1, &mut out, &mut Vec::new()).unwrap();
     out
-}
-
-/// `n` distinct sorted indices out of `0..total`.
-fn random_subset(r: &mut StdRng, total: usize, n: usize) -> Vec<u32> {
-    let mut all: Vec<u32> = (0..total as u32).collect();
-    for i in 0..n {
-        let j = r.random_range(i..total);
-        all.swap(i, j);
-    }
-    let mut v = all[..n].to_vec();
-    v.sort_unstable();
-    v
 }
 
 fn dequant_matrix(ty: GgmlType, w: &[u8], rows: usize, cols: usize) -> Vec<f32> {
@@ -235,18 +215,6 @@ fn transpose_of_q8_0_aligned_values_is_exact() {
 }
 
 // === (b) SIMD against the scalar reference ===
-
-fn isas() -> Vec<AxpyIsa> {
-    let mut v = vec![AxpyIsa::Scalar];
-    let f = CpuFeatures::detect();
-    if f.has_avx2() {
-        v.push(AxpyIsa::Avx2);
-    }
-    if f.has_avx2() && f.avx512f {
-        v.push(AxpyIsa::Avx512);
-    }
-    v
-}
 
 /// `(scalar result, Σ_k |coef_k · Wt[idx_k, c]|)` per column.
 fn axpy_reference(wt: &[u8], cols: usize, idx: &[u32], coef: &[f32]) -> (Vec<f32>, Vec<f32>) {
@@ -928,231 +896,6 @@ fn neuron_major_fast_single_neuron_is_nearly_exact() {
                     "{ty} neuron {j} out[{i}] = {g}, want {want}"
                 );
             }
-        }
-    }
-}
-
-// === timings ===
-
-fn time_us(iters: usize, mut f: impl FnMut()) -> f64 {
-    for _ in 0..iters / 10 + 1 {
-        f();
-    }
-    // Best of 5 batches.
-    (0..5)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..iters {
-                f();
-            }
-            t.elapsed().as_secs_f64() * 1e6 / iters as f64
-        })
-        .fold(f64::INFINITY, f64::min)
-}
-
-/// `cargo test --release -p spinfer-kernels --test sparse -- --ignored --nocapture`
-#[test]
-#[ignore = "timing, run by hand"]
-fn sparse_ffn_timings() {
-    let mut r = rng(51);
-    let (dim, ffn) = (576, 1536);
-    let ty = GgmlType::Q4_1;
-    let down = random_weights(&mut r, ty, dim, ffn);
-    let up = random_weights(&mut r, ty, ffn, dim);
-    let h = random_acts(&mut r, ffn);
-    let x = random_acts(&mut r, dim);
-    let t0 = Instant::now();
-    let wt = transpose_to_q8_0(ty, &down, dim, ffn).unwrap();
-    let transpose_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let features = CpuFeatures::detect();
-    let isa = AxpyIsa::select(&features);
-    println!(
-        "cpu: {}; axpy isa {}; transpose_to_q8_0 {dim}x{ffn} {ty}: {transpose_ms:.2} ms",
-        features.describe(),
-        isa.name()
-    );
-    let t0 = Instant::now();
-    let nm = NeuronMajor::from_weights(ty, &down, dim, ffn).unwrap();
-    println!(
-        "NeuronMajor::from_weights {dim}x{ffn} {ty}: {:.2} ms, {} KiB (q8_0 transpose {} KiB, {ty} {} KiB)",
-        t0.elapsed().as_secs_f64() * 1e3,
-        nm.bytes() / 1024,
-        wt.len() / 1024,
-        down.len() / 1024
-    );
-    let dk = dense_kernel(ty, dim, ffn);
-    let uk = dense_kernel(ty, ffn / 2, dim);
-    for threads in [1, 2] {
-        let pool = ThreadPool::new(threads);
-        let mut out = vec![0.0; dim];
-        let mut scratch = Vec::new();
-        let dense = time_us(2000, || dk.run(&pool, &down, &h, 1, &mut out, &mut scratch).unwrap());
-        println!("[{threads}t] dense {} down {dim}x{ffn}: {dense:.2} us", dk.name());
-        for pct in [100, 70, 50, 30] {
-            let n = ffn * pct / 100;
-            let idx = random_subset(&mut r, ffn, n);
-            let coef: Vec<f32> = idx.iter().map(|&i| h[i as usize]).collect();
-            for a in isas().into_iter().rev() {
-                let t = time_us(2000, || axpy_rows_q8_0_with(&pool, a, &wt, dim, &idx, &coef, &mut out).unwrap());
-                println!("[{threads}t] axpy_rows_q8_0 ({}) {pct}% ({n} neurons): {t:.2} us", a.name());
-            }
-            for a in isas().into_iter().rev() {
-                let t = time_us(2000, || nm.axpy_with(&pool, a, &idx, &coef, &mut out).unwrap());
-                println!("[{threads}t] NeuronMajor::axpy ({}) {pct}% ({n} neurons): {t:.2} us", a.name());
-            }
-            let t = time_us(2000, || nm.axpy_fast(&pool, &idx, &coef, &mut out).unwrap());
-            let how = if NeuronMajor::axpy_fast_is_int8() { "int8 avx512-vnni" } else { "f32 fallback" };
-            println!("[{threads}t] NeuronMajor::axpy_fast ({how}) {pct}% ({n} neurons): {t:.2} us");
-        }
-        let rb = ty.row_bytes(dim).unwrap();
-        let idx = random_subset(&mut r, ffn, ffn / 2);
-        let mut g = Vec::new();
-        let gather = time_us(2000, || gather_rows(&pool, &up, rb, &idx, &mut g).unwrap());
-        let mut up_out = vec![0.0; ffn / 2];
-        let upmv = time_us(2000, || uk.run(&pool, &g, &x, 1, &mut up_out, &mut scratch).unwrap());
-        let uk_full = dense_kernel(ty, ffn, dim);
-        let mut full_out = vec![0.0; ffn];
-        let upfull = time_us(2000, || uk_full.run(&pool, &up, &x, 1, &mut full_out, &mut scratch).unwrap());
-        println!(
-            "[{threads}t] gather_rows 50% of {ffn}x{dim} {ty} ({} KiB): {gather:.2} us; dense up on gathered: {upmv:.2} us; dense up full: {upfull:.2} us",
-            g.len() / 1024
-        );
-    }
-}
-
-/// Only the down projection at the SmolLM2 shape, 1 thread: dense matvec,
-/// f32 `NeuronMajor::axpy` and int8 `NeuronMajor::axpy_fast`.
-/// `cargo test --release -p spinfer-kernels --test sparse fast_axpy_timings -- --ignored --nocapture`
-#[test]
-#[ignore = "timing, run by hand"]
-fn fast_axpy_timings() {
-    let mut r = rng(52);
-    let (dim, ffn) = (576, 1536);
-    let pool = ThreadPool::new(1);
-    let h = random_acts(&mut r, ffn);
-    let mut out = vec![0.0; dim];
-    for ty in NM_TYPES {
-        let down = random_weights(&mut r, ty, dim, ffn);
-        let nm = NeuronMajor::from_weights(ty, &down, dim, ffn).unwrap();
-        let dk = dense_kernel(ty, dim, ffn);
-        let mut scratch = Vec::new();
-        let dense = time_us(3000, || dk.run(&pool, &down, &h, 1, &mut out, &mut scratch).unwrap());
-        let mut line = format!("[1t] {ty} {dim}x{ffn}: dense {} {dense:.2} us", dk.name());
-        for pct in [100, 70, 50] {
-            let idx = random_subset(&mut r, ffn, ffn * pct / 100);
-            let coef: Vec<f32> = idx.iter().map(|&i| h[i as usize]).collect();
-            let f = time_us(3000, || nm.axpy(&pool, &idx, &coef, &mut out).unwrap());
-            let q = time_us(3000, || nm.axpy_fast(&pool, &idx, &coef, &mut out).unwrap());
-            line += &format!(" | {pct}%: axpy {f:.2}, fast {q:.2}");
-        }
-        println!("{line}");
-    }
-}
-
-/// The down projection as decode sees it: 96 distinct 576x1536 Q4_1
-/// matrices (53 MB, more than the last-level cache), swept in turn, so
-/// every matrix comes from DRAM. Per matrix, the dense matvec against the
-/// integer AXPY at 70% and 50% kept; `SPINFER_THREADS` threads (default 2).
-/// `cargo test --release -p spinfer-kernels --test sparse streaming_axpy_timings -- --ignored --nocapture`
-#[test]
-#[ignore = "timing, run by hand"]
-fn streaming_axpy_timings() {
-    let mut r = rng(53);
-    let (dim, ffn) = (576, 1536);
-    let n_mats = std::env::var("SPINFER_MATRICES").ok().and_then(|s| s.parse().ok()).unwrap_or(96);
-    let threads = std::env::var("SPINFER_THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(2);
-    let pool = ThreadPool::new(threads);
-    let ty = GgmlType::Q4_1;
-    let h = random_acts(&mut r, ffn);
-    let mut out = vec![0.0; dim];
-    let mats: Vec<Vec<u8>> = (0..n_mats).map(|_| random_weights(&mut r, ty, dim, ffn)).collect();
-    let nms: Vec<NeuronMajor> = mats.iter().map(|w| NeuronMajor::from_weights(ty, w, dim, ffn).unwrap()).collect();
-    let dk = dense_kernel(ty, dim, ffn);
-    let mut scratch = Vec::new();
-    let subsets: Vec<(usize, Vec<u32>, Vec<f32>)> = [70, 50]
-        .into_iter()
-        .map(|pct| {
-            let idx = random_subset(&mut r, ffn, ffn * pct / 100);
-            let coef = idx.iter().map(|&i| h[i as usize]).collect();
-            (pct, idx, coef)
-        })
-        .collect();
-    // Interleaved sweeps: dense, then each subset, 15 rounds; the median of
-    // the per-round ratios to dense.
-    let mut dense_us = Vec::new();
-    let mut ratios = vec![Vec::new(); subsets.len()];
-    for _ in 0..15 {
-        let t = Instant::now();
-        for w in &mats {
-            dk.run(&pool, w, &h, 1, &mut out, &mut scratch).unwrap();
-        }
-        let d = t.elapsed().as_secs_f64() * 1e6 / n_mats as f64;
-        dense_us.push(d);
-        for (s, (_, idx, coef)) in subsets.iter().enumerate() {
-            let t = Instant::now();
-            for nm in &nms {
-                nm.axpy_fast(&pool, idx, coef, &mut out).unwrap();
-            }
-            ratios[s].push(t.elapsed().as_secs_f64() * 1e6 / n_mats as f64 / d);
-        }
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let mut line = format!("[{threads}t, {n_mats} matrices from DRAM] dense {:.2} us", median(&mut dense_us));
-    for ((pct, _, _), rs) in subsets.iter().zip(&mut ratios) {
-        line += &format!(" | {pct}% kept: {:.3} of dense", median(rs));
-    }
-    println!("{line}");
-}
-
-/// Timings, not a check (`cargo test --release -p spinfer-kernels --test
-/// sparse gathered_rows_timings -- --ignored --nocapture`): `run_rows` on
-/// half the rows of 64 SmolLM2 up projections (1536x576 Q4_1, 2 tokens as
-/// fast-mode decode, 2 threads, streamed from DRAM), as a fraction of the
-/// dense product, interleaved with it and with the contiguous half. Kept
-/// rows spread at random save little: the hardware prefetcher fetches the
-/// skipped neighbours anyway. Clustered rows (80% of the first half, 20%
-/// of the second) save more.
-#[test]
-#[ignore]
-fn gathered_rows_timings() {
-    let mut r = rng(99);
-    let ty = GgmlType::Q4_1;
-    let (rows, cols) = (1536, 576);
-    let pool = ThreadPool::new(2);
-    let mats: Vec<Vec<u8>> = (0..64).map(|_| random_weights(&mut r, ty, rows, cols)).collect();
-    let rb = ty.row_bytes(cols).unwrap();
-    let x = random_acts(&mut r, 2 * cols);
-    let (full, half) = (dense_kernel(ty, rows, cols), dense_kernel(ty, rows / 2, cols));
-    let random = random_subset(&mut r, rows, rows / 2);
-    let clustered: Vec<u32> =
-        (0..rows as u32).filter(|&i| r.random_range(0..10) < if (i as usize) < rows / 2 { 8 } else { 2 }).collect();
-    let (mut out, mut s) = (vec![0f32; 2 * rows], Vec::new());
-    for (name, idx) in [("random", &random), ("clustered", &clustered)] {
-        for round in 0..3 {
-            let mut t = [0u128; 3];
-            for i in 0..3000 {
-                let m = |k: usize| &mats[(i * 3 + k) % mats.len()];
-                let t0 = Instant::now();
-                full.run(&pool, m(0), &x, 2, &mut out, &mut s).unwrap();
-                t[0] += t0.elapsed().as_nanos();
-                let t0 = Instant::now();
-                half.run(&pool, &m(1)[..rows / 2 * rb], &x, 2, &mut out[..rows], &mut s).unwrap();
-                t[1] += t0.elapsed().as_nanos();
-                let t0 = Instant::now();
-                full.run_rows(&pool, m(2), idx, &x, 2, &mut out[..2 * idx.len()], &mut s).unwrap();
-                t[2] += t0.elapsed().as_nanos();
-            }
-            let f = |k: usize| t[k] as f64 / t[0] as f64;
-            eprintln!(
-                "{name} ({} of {rows} rows), round {round}: dense {} ns; contiguous half {:.2}, gathered {:.2} of dense",
-                idx.len(),
-                t[0] / 3000,
-                f(1),
-                f(2)
-            );
         }
     }
 }

@@ -4,8 +4,6 @@
 //! quantisation error), the I2_S repack, matmuls through `candidates()`,
 //! and shape errors. `ternary_speed` (ignored) prints timings.
 
-use std::time::Instant;
-
 use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -22,51 +20,11 @@ use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::quantize::quantize_row_q8_k_ref;
 
+mod kernels_common;
+use kernels_common::ternary::{TYPES, kernels, name, random_i2s, random_tq, weights};
+
 fn rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)
-}
-
-/// Offset of the f16 scale in a block.
-fn scale_offset(ty: GgmlType) -> usize {
-    match ty {
-        GgmlType::TQ1_0 => 52,
-        GgmlType::TQ2_0 => 64,
-        _ => unreachable!("{ty}"),
-    }
-}
-
-/// Random TQ weights: random code bytes (every byte decodes; TQ2_0 code 3
-/// included) and a random finite scale per block, or one scale per row
-/// when `per_row` (as BitNet checkpoints have).
-fn random_tq(r: &mut StdRng, ty: GgmlType, rows: usize, cols: usize, per_row: bool) -> Vec<u8> {
-    let rb = ty.row_bytes(cols).unwrap();
-    let mut w: Vec<u8> = (0..rows * rb).map(|_| r.random()).collect();
-    let off = scale_offset(ty);
-    for row in w.chunks_exact_mut(rb) {
-        let mut s = f16::from_f32(10f32.powf(r.random_range(-3.0f32..-0.5)));
-        for blk in row.chunks_exact_mut(ty.type_size()) {
-            if !per_row {
-                s = f16::from_f32(
-                    10f32.powf(r.random_range(-3.0f32..-0.5)) * if r.random_bool(0.2) { -1.0 } else { 1.0 },
-                );
-            }
-            blk[off..off + 2].copy_from_slice(&s.to_le_bytes());
-        }
-    }
-    w
-}
-
-/// TQ2_0 weights with values only in {-1, 0, 1} (codes 0..=2) and one scale
-/// per row, repacked to I2_S.
-fn random_i2s(r: &mut StdRng, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
-    let mut tq = random_tq(r, GgmlType::TQ2_0, rows, cols, true);
-    for blk in tq.chunks_exact_mut(66) {
-        for q in &mut blk[..64] {
-            *q = (0..4).fold(0u8, |a, l| a | (r.random_range(0u8..3) << (2 * l)));
-        }
-    }
-    let i2s = repack_tq2_0_to_i2s(&tq, rows, cols).unwrap();
-    (tq, i2s)
 }
 
 /// Signed activations with magnitudes varying per 256-block and a few
@@ -116,14 +74,6 @@ fn row_bytes(ty: Option<GgmlType>, cols: usize) -> usize {
     ty.map_or_else(|| i2s_row_bytes(cols).unwrap(), |t| t.row_bytes(cols).unwrap())
 }
 
-fn kernels(ty: Option<GgmlType>, rows: usize, cols: usize) -> Vec<Box<dyn MatmulKernel>> {
-    let f = CpuFeatures::detect();
-    match ty {
-        Some(t) => candidates(&MatmulDesc { wtype: t, act: ActType::Q8_K, rows, cols }, &f),
-        None => i2s_candidates(rows, cols, &f),
-    }
-}
-
 fn run(k: &dyn MatmulKernel, pool: &ThreadPool, w: &[u8], x: &[f32], n: usize, rows: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; n * rows];
     k.run(pool, w, x, n, &mut out, &mut Vec::new()).unwrap();
@@ -154,19 +104,6 @@ fn check(name: &str, got: &[f32], exp: &[f32], mag: &[f32], ctx: &str) {
     for (i, ((&g, &e), &m)) in got.iter().zip(exp).zip(mag).enumerate() {
         let ok = if exact { g == e } else { (g - e).abs() <= 1e-5 * m + 1e-30 };
         assert!(ok, "{name} {ctx}: out[{i}] = {g}, expected {e} (magnitude {m})");
-    }
-}
-
-const TYPES: [Option<GgmlType>; 3] = [Some(GgmlType::TQ1_0), Some(GgmlType::TQ2_0), None];
-
-fn name(ty: Option<GgmlType>) -> &'static str {
-    ty.map_or("i2_s", GgmlType::name)
-}
-
-fn weights(r: &mut StdRng, ty: Option<GgmlType>, rows: usize, cols: usize) -> Vec<u8> {
-    match ty {
-        Some(t) => random_tq(r, t, rows, cols, false),
-        None => random_i2s(r, rows, cols).1,
     }
 }
 
@@ -355,51 +292,6 @@ fn wrong_sizes_are_errors() {
             k.run(&pool, &w, &x, 2, &mut out, &mut s).unwrap();
             assert_eq!((s.capacity(), s.as_ptr()), (cap, ptr), "{name}");
             assert_eq!(out, first, "{name}: not deterministic");
-        }
-    }
-}
-
-/// Timings, one thread, best of 7 batches: ns per weight row for decode (1 token) and per
-/// (row, token) for a 16-token batch, for every ternary kernel and for the
-/// dequantise + f32 path (`ActType::F32`, precise mode) on the same
-/// weights. `cargo test --release -p spinfer-kernels --test ternary --
-/// --ignored --nocapture`.
-#[test]
-#[ignore = "timing, run by hand"]
-fn ternary_speed() {
-    let pool = ThreadPool::new(1);
-    let f = CpuFeatures::detect();
-    let mut r = rng(9);
-    let (rows, cols) = (2048, 2048);
-    let time = |k: &dyn MatmulKernel, w: &[u8], x: &[f32], n: usize| {
-        let mut out = vec![0.0; n * rows];
-        let mut s = Vec::new();
-        k.run(&pool, w, x, n, &mut out, &mut s).unwrap();
-        // The best of 7 batches of 10 calls (the machine may be busy).
-        (0..7)
-            .map(|_| {
-                let t0 = Instant::now();
-                for _ in 0..10 {
-                    k.run(&pool, w, x, n, &mut out, &mut s).unwrap();
-                }
-                t0.elapsed().as_nanos() as f64 / 10.0 / (rows * n) as f64
-            })
-            .fold(f64::INFINITY, f64::min)
-    };
-    for ty in TYPES {
-        let w = weights(&mut r, ty, rows, cols);
-        for n in [1, 16] {
-            let x = random_acts(&mut r, n * cols);
-            let mut line = format!("{:6} {rows}x{cols} n={n:2}:", name(ty));
-            for k in kernels(ty, rows, cols) {
-                line += &format!("  {} {:.1} ns", k.name(), time(k.as_ref(), &w, &x, n));
-            }
-            if let Some(t) = ty {
-                for k in candidates(&MatmulDesc { wtype: t, act: ActType::F32, rows, cols }, &f) {
-                    line += &format!("  {} {:.1} ns", k.name(), time(k.as_ref(), &w, &x, n));
-                }
-            }
-            eprintln!("{line}");
         }
     }
 }

@@ -2,15 +2,20 @@
 //! reference results.
 #![allow(dead_code, reason = "each test binary uses a subset")]
 
+pub mod ternary;
+
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::blocks::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::dot::scalar as dot;
-use spinfer_kernels::kernel::ActType;
+use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::quantize;
+use spinfer_kernels::sparse::AxpyIsa;
 
 pub fn rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)
@@ -168,4 +173,35 @@ pub fn test_cols(ty: GgmlType) -> Vec<usize> {
         32 => vec![32, 96, 544, 576],
         _ => vec![256, 768],
     }
+}
+
+/// The best (first) dense kernel for `ty` in fast mode.
+pub fn dense_kernel(ty: GgmlType, rows: usize, cols: usize) -> Box<dyn MatmulKernel> {
+    let desc = MatmulDesc { wtype: ty, act: ActType::fast_for(ty), rows, cols };
+    candidates(&desc, &CpuFeatures::detect()).into_iter().next().expect("no kernel")
+}
+
+/// `n` distinct sorted indices out of `0..total`.
+pub fn random_subset(r: &mut StdRng, total: usize, n: usize) -> Vec<u32> {
+    let mut all: Vec<u32> = (0..total as u32).collect();
+    for i in 0..n {
+        let j = r.random_range(i..total);
+        all.swap(i, j);
+    }
+    let mut v = all[..n].to_vec();
+    v.sort_unstable();
+    v
+}
+
+/// The AXPY instruction sets this CPU runs, scalar first.
+pub fn isas() -> Vec<AxpyIsa> {
+    let mut v = vec![AxpyIsa::Scalar];
+    let f = CpuFeatures::detect();
+    if f.has_avx2() {
+        v.push(AxpyIsa::Avx2);
+    }
+    if f.has_avx2() && f.avx512f {
+        v.push(AxpyIsa::Avx512);
+    }
+    v
 }
