@@ -36,10 +36,9 @@
 use crate::GgmlType;
 
 /// Fewest tokens for which the GEMM beats the dot-product tiles (decode and
-/// short prefills keep the existing path). Packing costs a pass over the
-/// weights that the tiles do not make; measured end to end on Zen 4
-/// (MiniLM, 2 threads, weights coming from DRAM), the tiles win at 16 tokens
-/// (by ~1.15x), tie at 64-128 and lose from ~256 on (by ~1.2-1.5x).
+/// short prefills keep the existing path): packing costs a pass over the
+/// weights that the tiles do not make (docs/benchmarks.md, "Design
+/// measurements cited by the code").
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) const MIN_TOKENS: usize = 128;
 

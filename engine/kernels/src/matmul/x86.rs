@@ -66,19 +66,12 @@ pub(super) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<
 }
 
 /// Weight rows per tile of the 512-bit legacy kernels. Four rows share
-/// each activation load, but their four interleaved streams read long rows
-/// from memory at less than half the speed of one row at a time on Zen 4:
-/// streaming 35 MB of Q4_1 matrices of 576 rows (2 threads, one token),
-/// four-row tiles took 3.9 ms at 1536 columns and 3.3-3.6 ms at 2048
-/// against 1.5-1.9 ms for single rows, while at 576 columns the two were
-/// level (1.3-1.7 ms) and at 768 single rows already won (1.6-1.7 against
-/// 1.8-1.9 ms). So dense decode-sized batches (up to `TMAX` tokens, where
-/// the weights stream) of the nibble formats take one row at a time above
-/// 640 columns (SmolLM2's `W_down`; every matrix of a model with a wider
-/// hidden size). Q8_0 (the 256-bit kernel) keeps four-row tiles, which
-/// stream its 49152 x 576 output matrix faster (2.1 against 3.4 ms), and
-/// so do gathered rows, whose four scattered rows per tile are
-/// prefetched ahead (`for_each_job_tile`).
+/// each activation load, but four interleaved streams read long rows from
+/// memory slower than one row at a time; so dense decode-sized batches (up
+/// to `TMAX` tokens) of the nibble formats take one row at a time above 640
+/// columns, while Q8_0 and gathered rows (prefetched ahead,
+/// `for_each_job_tile`) keep four-row tiles. Measurements:
+/// docs/benchmarks.md, "Design measurements cited by the code".
 fn nibble_rows(f: u8, job: &Job<'_>) -> usize {
     let dense_decode = job.idx.is_none() && job.n_tokens <= TMAX;
     if f != fmt::Q8_0 && job.desc.cols > 640 && dense_decode { 1 } else { 4 }

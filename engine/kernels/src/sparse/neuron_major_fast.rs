@@ -206,12 +206,9 @@ impl FastCoefs {
 }
 
 /// Runs with at least this many of their block's 32 neurons active read
-/// the whole block, the others with coefficient 0. Streamed from memory,
-/// rows skipped at random (144 bytes per thread's copy on SmolLM2) break the
-/// hardware prefetch streams and cost more than reading them: 70% of the
-/// neurons kept at random took 1.25× the time of all of them, 1.00–1.05×
-/// when read whole (`examples/down_rounds`), and input-magnitude 30% decode
-/// went from 0.946× dense to 0.968× and 0.988× (paired rounds).
+/// the whole block, the others with coefficient 0: rows skipped at random
+/// break the hardware prefetch streams and cost more than reading them
+/// (docs/benchmarks.md, "Design measurements cited by the code").
 pub(super) const WHOLE_FROM: usize = 16;
 
 /// Where the active neurons are cut in two halves, each summed on its own

@@ -5,11 +5,8 @@
 //! neuron's row (`opad / 2` bytes for 4-bit codes, 288 for `W_down` of
 //! SmolLM2-135M), so each thread's reads jump by the row stride. With a
 //! copy per thread, each thread reads whole, shorter rows of its own
-//! copy, one after the other. Streaming the weights from memory (64
-//! matrices of 576 x 1536 Q4_1 cycled, 70% of the neurons kept, 2 threads,
-//! `cargo bench -p spinfer-kernels --bench sparse_down`) the f32 AXPY took
-//! 1.73 ms with a copy per thread against 2.88 ms with one copy, and the
-//! int8 one 2.65 against 3.26 ms (the dense matvec: 4.35 ms).
+//! copy, one after the other, which streams faster (docs/benchmarks.md,
+//! "Design measurements cited by the code").
 //!
 //! The copies together hold the same bytes as one copy (the outputs are
 //! padded to 32 per copy, and every range starts at a multiple of 32, so
