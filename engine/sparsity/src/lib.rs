@@ -31,6 +31,7 @@ pub mod bundle;
 pub mod cache;
 mod error;
 pub mod lowrank;
+mod predictor;
 mod shared;
 pub mod sidecar;
 pub mod stats;
@@ -39,6 +40,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 pub use error::{Error, Result};
+pub use predictor::Predictor;
 pub use sidecar::{CalibrationInfo, LayerStats, LowRankFactors, LowRankInfo, ModelId, PredictorKind, Sidecar};
 
 use spinfer_kernels::GgmlType;
@@ -300,51 +302,6 @@ impl PackColumns {
 }
 
 /// The sparse FFN of a loaded model.
-/// The predictor a sparse FFN runs, with what it needs: the calibrated
-/// kinds read their per-layer numbers from [`SparseLayer`]; the low-rank
-/// predictor carries every layer's factors, a pack's its object.
-///
-/// Experimental (measured not to pay on the models here, docs/sparsity.md):
-/// `GateThreshold`, `TopK` and `Sentence` compute the full gate (or the
-/// whole prompt densely) before choosing, so they save only the up and down
-/// rows; they stay for the quality curves.
-pub enum Predictor {
-    /// Experimental: CATS's per-layer gate threshold.
-    GateThreshold,
-    /// Experimental: a fixed number of neurons per layer.
-    TopK,
-    /// TEAL on the down projection's input.
-    InputMagnitude,
-    /// Experimental: one mask per request.
-    Sentence,
-    /// One rank-r predictor per layer.
-    LowRank(Vec<LowRank>),
-    /// A pack's predictor (`--predictor pack:<pack>/<name>`).
-    Pack(Found<PredictorBox>),
-}
-
-impl Predictor {
-    /// Which kind it is (for reports and the per-token paths).
-    pub fn kind(&self) -> PredictorKind {
-        match self {
-            Predictor::GateThreshold => PredictorKind::GateThreshold,
-            Predictor::TopK => PredictorKind::TopK,
-            Predictor::InputMagnitude => PredictorKind::InputMagnitude,
-            Predictor::Sentence => PredictorKind::Sentence,
-            Predictor::LowRank(_) => PredictorKind::LowRank,
-            Predictor::Pack(_) => PredictorKind::Pack,
-        }
-    }
-
-    /// Bytes of the low-rank factors (0 for the others).
-    pub fn bytes(&self) -> usize {
-        match self {
-            Predictor::LowRank(l) => l.iter().map(LowRank::bytes).sum(),
-            _ => 0,
-        }
-    }
-}
-
 pub struct SparseFfn {
     pub predictor: Predictor,
     pub dense_above: f32,

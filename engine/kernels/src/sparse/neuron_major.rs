@@ -34,7 +34,7 @@ use crate::pool::{ThreadPool, chunk_aligned};
 use crate::{GgmlType, KernelError, Result};
 
 /// The int8 AXPY ([`NeuronMajor::axpy_fast`]).
-#[path = "neuron_major_fast.rs"]
+#[path = "neuron_major_fast/mod.rs"]
 mod fast;
 pub use fast::{QuantisedCoefs, QuantisedRun};
 
