@@ -45,7 +45,7 @@ run all cargo test --workspace --release --no-fail-fast
 # path as a whole-model check. `--workspace` with target filters keeps the
 # features of the first run, so nothing is rebuilt.
 kernel_tests=()
-for name in $(for f in engine/kernels/tests/*.rs plugins/cpu-*/tests/*.rs; do basename "$f" .rs; done | sort -u); do
+for name in $(for f in engine/kernels/tests/*.rs engine/sparse-kernels/tests/*.rs plugins/cpu-*/tests/*.rs; do basename "$f" .rs; done | sort -u); do
     kernel_tests+=(--test "$name")
 done
 for cap in avx2 scalar; do

@@ -39,6 +39,7 @@ fn dependencies() -> BTreeMap<String, BTreeSet<String>> {
 /// construction, and a new dependency upward fails this test.
 const LAYERS: &[(&str, &[&str])] = &[
     ("spinfer-kernels", &[]),
+    ("spinfer-sparse-kernels", &["spinfer-kernels"]),
     ("spinfer-formats", &["spinfer-kernels"]),
     ("spinfer-tokenizer", &["spinfer-formats"]),
     ("spinfer-kernel-select", &["spinfer-kernels", "spinfer-plugin-api", "spinfer-registry"]),
@@ -46,11 +47,21 @@ const LAYERS: &[(&str, &[&str])] = &[
         "spinfer-packs",
         &["spinfer-kernels", "spinfer-formats", "spinfer-kernel-select", "spinfer-plugin-api", "spinfer-registry"],
     ),
-    ("spinfer-sparsity", &["spinfer-kernels", "spinfer-formats", "spinfer-kernel-select", "spinfer-plugin-api"]),
+    (
+        "spinfer-sparsity",
+        &[
+            "spinfer-kernels",
+            "spinfer-sparse-kernels",
+            "spinfer-formats",
+            "spinfer-kernel-select",
+            "spinfer-plugin-api",
+        ],
+    ),
     (
         "spinfer-models",
         &[
             "spinfer-kernels",
+            "spinfer-sparse-kernels",
             "spinfer-formats",
             "spinfer-tokenizer",
             "spinfer-kernel-select",
@@ -147,9 +158,10 @@ fn only_the_packs_crate_opens_a_pack_library() {
 }
 
 #[test]
-fn the_kernels_crate_opens_no_file_and_reads_one_variable() {
+fn the_kernels_crates_open_no_file_and_read_one_variable() {
     let src = workspace().join("engine/kernels/src");
-    for (p, code) in sources(&src) {
+    let sparse = sources(&workspace().join("engine/sparse-kernels/src"));
+    for (p, code) in sources(&src).into_iter().chain(sparse) {
         if p == src.join("cpu.rs") {
             // The one place that reads the environment (SPINFER_CPU, once)
             // and asks the CPU what it has.
@@ -166,6 +178,7 @@ fn library_code_does_not_print() {
     let ws = workspace();
     let libs = [
         "engine/kernels/src",
+        "engine/sparse-kernels/src",
         "engine/formats/src",
         "engine/tokenizer/src",
         "engine/select/src",
@@ -226,6 +239,7 @@ fn no_library_crate_is_over_5000_lines() {
     let ws = workspace();
     for dir in [
         "engine/kernels",
+        "engine/sparse-kernels",
         "engine/formats",
         "engine/tokenizer",
         "engine/select",

@@ -302,7 +302,7 @@ fn sparse_gate_and_up_rows_run_through_the_pack() {
     // the scalar one's bits where the CPU has AVX-512 VNNI and VBMI; on
     // other CPUs it computes with exact f32 coefficients instead.)
     let (a, b) = (last_logits(&want), last_logits(&got));
-    if spinfer_kernels::sparse::NeuronMajor::axpy_fast_is_int8() {
+    if spinfer_sparse_kernels::NeuronMajor::axpy_fast_is_int8() {
         assert_eq!(max_abs_diff(&a, &b), 0.0, "sparse logits through cpu-portable differ from the built-in kernels");
     } else {
         assert!(max_abs_diff(&a, &b) < 0.05, "sparse logits through cpu-portable differ from the built-in kernels");
@@ -330,7 +330,7 @@ fn sparse_down_projection_runs_through_the_pack() {
         let want = Engine::load_with(&model, options.clone(), &KernelRegistry::builtin()).unwrap();
         let got = Engine::load_with(&model, options, &registry).unwrap();
         assert!(got.model.linears().all(|l| l.provider == pack.name()), "{precision:?}: dense kernels from the pack");
-        let int8_offered = spinfer_kernels::sparse::NeuronMajor::axpy_fast_is_int8();
+        let int8_offered = spinfer_sparse_kernels::NeuronMajor::axpy_fast_is_int8();
         let from_pack = precision == Precision::Precise || int8_offered;
         let provider = if from_pack { pack.name() } else { "cpu-builtin" };
         assert!(down_providers(&got).iter().all(|p| p == provider), "{precision:?}: {:?}", down_providers(&got));

@@ -111,7 +111,7 @@ pub trait MatmulKernel: Send + Sync {
     /// `GATHERED_COLUMN_AXPY`, which keep their own repack of `w`; the
     /// built-in kernels answer [`KernelError::NotOffered`] (the default):
     /// the engine's own sparse down projection runs on its exact
-    /// neuron-major repack (`crate::sparse::NeuronMajor`) instead.
+    /// neuron-major repack (`spinfer_sparse_kernels::NeuronMajor`) instead.
     ///
     /// [`KernelError::NotOffered`]: crate::KernelError::NotOffered
     #[allow(
@@ -131,4 +131,16 @@ pub trait MatmulKernel: Send + Sync {
         let _ = (pool, w, idx, x, n_tokens, out, scratch);
         Err(crate::KernelError::NotOffered { kernel: self.name().to_string(), op: "gathered-column axpy" })
     }
+}
+
+/// An error naming the first index of `idx` that is not below `n_rows`
+/// (the rows of a gathered product, the columns of a gathered AXPY).
+pub fn check_indices(op: &'static str, idx: &[u32], n_rows: usize) -> Result<()> {
+    if let Some((k, &i)) = idx.iter().enumerate().find(|&(_, &i)| i as usize >= n_rows) {
+        return Err(crate::KernelError::Shape {
+            op,
+            detail: format!("index {i} (position {k}) is out of range for {n_rows} rows"),
+        });
+    }
+    Ok(())
 }

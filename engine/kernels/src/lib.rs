@@ -19,7 +19,6 @@ pub mod matmul;
 pub mod pool;
 pub mod quantize;
 mod row_layout;
-pub mod sparse;
 pub mod split;
 mod types;
 pub mod vec;

@@ -729,7 +729,7 @@ mod tests {
                 out.fill(0.0);
                 return Ok(());
             }
-            spinfer_kernels::sparse::NeuronMajor::from_weights(GgmlType::Q4_1, w, out.len(), self.cols)?
+            spinfer_sparse_kernels::NeuronMajor::from_weights(GgmlType::Q4_1, w, out.len(), self.cols)?
                 .axpy_scalar(idx, x, out)
         }
     }

@@ -46,7 +46,7 @@ pub use sidecar::{CalibrationInfo, LayerStats, LowRankFactors, LowRankInfo, Mode
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::kernel::MatmulKernel;
 use spinfer_kernels::pool::ThreadPool;
-use spinfer_kernels::sparse::{NeuronMajorSplit, axpy_rows_q8_0, transpose_to_q8_0};
+use spinfer_sparse_kernels::{NeuronMajorSplit, axpy_rows_q8_0, transpose_to_q8_0};
 
 use self::bundle::{FfnBundle, FfnSource};
 use self::cache::CachePolicyKind;

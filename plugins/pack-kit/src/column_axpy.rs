@@ -25,9 +25,9 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::pool::ThreadPool;
-use spinfer_kernels::sparse::{AxpyIsa, NeuronMajor};
 use spinfer_plugin_api::abi_stable::std_types::{RResult, RSlice, RSliceMut};
 use spinfer_plugin_api::{ActType, Kernel, KernelDesc, Op, PackError, WeightType};
+use spinfer_sparse_kernels::{AxpyIsa, NeuronMajor};
 
 use crate::{CpuPack, ggml_type, guarded, to_pack_error};
 

@@ -25,7 +25,7 @@ use spinfer_plugin_api::{
     WeightType, check_abi, load_pack,
 };
 
-use spinfer_kernels::sparse::{AxpyIsa, NeuronMajor};
+use spinfer_sparse_kernels::{AxpyIsa, NeuronMajor};
 
 use crate::{COLUMN_AXPY_TYPES, CpuPack, ggml_type, isa_of, kernel_candidates, min_cols, offers_gathered_rows, op_for};
 

@@ -188,7 +188,7 @@ impl Kernel {
         let out_rows = idx.map_or(self.desc.rows, <[u32]>::len);
         self.validate(w, x, n_tokens, out, out_rows)?;
         if let Some(idx) = idx {
-            crate::sparse::check_indices("gathered-row matmul", idx, self.desc.rows)?;
+            crate::kernel::check_indices("gathered-row matmul", idx, self.desc.rows)?;
         }
         // `candidates` trusts the features it is given; make sure the CPU we
         // run on really has the instructions before executing them.

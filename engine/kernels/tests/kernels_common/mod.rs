@@ -15,7 +15,6 @@ use spinfer_kernels::dot::scalar as dot;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
 use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::quantize;
-use spinfer_kernels::sparse::AxpyIsa;
 
 pub fn rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)
@@ -190,18 +189,5 @@ pub fn random_subset(r: &mut StdRng, total: usize, n: usize) -> Vec<u32> {
     }
     let mut v = all[..n].to_vec();
     v.sort_unstable();
-    v
-}
-
-/// The AXPY instruction sets this CPU runs, scalar first.
-pub fn isas() -> Vec<AxpyIsa> {
-    let mut v = vec![AxpyIsa::Scalar];
-    let f = CpuFeatures::detect();
-    if f.has_avx2() {
-        v.push(AxpyIsa::Avx2);
-    }
-    if f.has_avx2() && f.avx512f {
-        v.push(AxpyIsa::Avx512);
-    }
     v
 }

@@ -4,7 +4,7 @@
 //! Under a budget the mapped GGUF FFN matrices are never read at run time.
 //! Instead each neuron `j` of each layer is one *record*: its `W_gate` row
 //! and `W_up` row in the file's quantised row format, and its `W_down`
-//! column as the exact integer codes of [`spinfer_kernels::sparse::NeuronMajor`]
+//! column as the exact integer codes of [`spinfer_sparse_kernels::NeuronMajor`]
 //! (4-bit types packed two per byte). The hottest records (highest
 //! calibrated `active_freq`, across all layers) are held in RAM; the rest
 //! are read on demand with positioned reads from the bundle file into a
@@ -44,7 +44,7 @@ use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk};
-use spinfer_kernels::sparse::{AxpyIsa, NeuronMajor, QuantisedCoefs};
+use spinfer_sparse_kernels::{AxpyIsa, NeuronMajor, QuantisedCoefs};
 
 mod file;
 
@@ -621,7 +621,7 @@ impl FfnBundle {
 
 #[cfg(test)]
 mod tests {
-    use spinfer_kernels::sparse::NeuronMajor;
+    use spinfer_sparse_kernels::NeuronMajor;
 
     use super::*;
     use crate::cache::{CachePolicyKind, policy};

@@ -208,7 +208,7 @@ impl Linear {
         }
         let row_bytes = self.w.bytes().len() / self.desc.rows;
         let mut rows = std::mem::take(&mut scratch.gathered);
-        spinfer_kernels::sparse::gather_rows(pool, self.w.bytes(), row_bytes, idx, &mut rows)?;
+        spinfer_sparse_kernels::gather_rows(pool, self.w.bytes(), row_bytes, idx, &mut rows)?;
         let r = self.forward_gathered(pool, x, n, &rows, idx, out, scratch);
         scratch.gathered = rows;
         r

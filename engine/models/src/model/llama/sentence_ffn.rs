@@ -60,8 +60,7 @@ impl Model {
             order.sort_unstable();
             m.idx = order;
             let rb = layer.w_gate.raw_weights().len() / ffn;
-            let gather =
-                |w: &[u8], dst: &mut Vec<u8>| spinfer_kernels::sparse::gather_rows(&s.pool, w, rb, &m.idx, dst);
+            let gather = |w: &[u8], dst: &mut Vec<u8>| spinfer_sparse_kernels::gather_rows(&s.pool, w, rb, &m.idx, dst);
             gather(layer.w_gate.raw_weights(), &mut m.gate)?;
             gather(layer.w_up.raw_weights(), &mut m.up)?;
             return layer.w_down.forward(&s.pool, &s.gate, n, &mut s.tmp, &mut s.scratch);

@@ -1,4 +1,6 @@
-//! Kernels for activation-sparse SwiGLU FFNs.
+//! `spinfer-sparse-kernels`: the kernels of activation-sparse SwiGLU FFNs,
+//! on top of `spinfer-kernels` (its block formats, quantisers, pool and CPU
+//! detection; its `KernelError` is this crate's error too).
 //!
 //! For `out = W_down · (silu(W_gate x) ⊙ (W_up x))` the engine computes the
 //! full gate, keeps a set of active neurons `idx` and then:
@@ -20,12 +22,13 @@
 //! ([`NeuronMajor::axpy`]); [`NeuronMajorSplit`] keeps one such copy per
 //! thread, each of a range of the outputs, which streams faster.
 
-use crate::blocks::{BlockQ8_0, QK};
-use crate::cpu::CpuFeatures;
-use crate::dequant::dequantize_row;
-use crate::pool::{ThreadPool, chunk};
-use crate::quantize::quantize_row_q8_0_ref;
-use crate::{GgmlType, KernelError, Result};
+use spinfer_kernels::blocks::{BlockQ8_0, QK};
+use spinfer_kernels::cpu::CpuFeatures;
+use spinfer_kernels::dequant::dequantize_row;
+use spinfer_kernels::kernel::check_indices;
+use spinfer_kernels::pool::{ThreadPool, chunk};
+use spinfer_kernels::quantize::quantize_row_q8_0_ref;
+use spinfer_kernels::{GgmlType, KernelError, Result};
 
 mod neuron_major;
 mod neuron_major_split;
@@ -110,14 +113,6 @@ pub fn gather_rows(pool: &ThreadPool, w: &[u8], row_bytes: usize, idx: &[u32], d
             d.copy_from_slice(&w[i * row_bytes..(i + 1) * row_bytes]);
         }
     });
-    Ok(())
-}
-
-/// An error naming the first index of `idx` that is not below `n_rows`.
-pub(crate) fn check_indices(op: &'static str, idx: &[u32], n_rows: usize) -> Result<()> {
-    if let Some((k, &i)) = idx.iter().enumerate().find(|&(_, &i)| i as usize >= n_rows) {
-        return Err(shape_err(op, format!("index {i} (position {k}) is out of range for {n_rows} rows")));
-    }
     Ok(())
 }
 
@@ -340,7 +335,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::Q8_0_BYTES;
-    use crate::pool::chunk;
+    use spinfer_kernels::pool::chunk;
 
     /// `f32(d) * c` for the f16 scale at `blk`, broadcast to every lane of
     /// an `__m128` (lane 0 is what callers broadcast further).

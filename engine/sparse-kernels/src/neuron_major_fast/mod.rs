@@ -38,10 +38,10 @@
 use std::cell::RefCell;
 
 use super::{GROUP, NeuronMajor};
-use crate::blocks::QK;
-use crate::pool::ThreadPool;
-use crate::sparse::shape_err;
-use crate::{GgmlType, Result};
+use crate::shape_err;
+use spinfer_kernels::blocks::QK;
+use spinfer_kernels::pool::ThreadPool;
+use spinfer_kernels::{GgmlType, Result};
 
 /// One run of active neurons inside one neuron block, quantised.
 #[derive(Clone, Copy, Debug)]
@@ -325,7 +325,7 @@ impl NeuronMajor {
     pub fn axpy_fast_is_int8() -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            let f = crate::cpu::CpuFeatures::detect();
+            let f = spinfer_kernels::cpu::CpuFeatures::detect();
             f.has_avx512() && f.avx512vbmi
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -503,7 +503,7 @@ mod tests {
         nm.axpy_fast_scalar(&idx, &coef, &mut out).unwrap();
         if NeuronMajor::axpy_fast_is_int8() {
             let mut simd = vec![f32::NAN; rows];
-            nm.axpy_fast(&crate::pool::ThreadPool::new(2), &idx, &coef, &mut simd).unwrap();
+            nm.axpy_fast(&spinfer_kernels::pool::ThreadPool::new(2), &idx, &coef, &mut simd).unwrap();
             assert_eq!(simd.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), compact);
         }
         assert_eq!(out.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), compact);

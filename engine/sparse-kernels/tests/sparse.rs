@@ -3,18 +3,22 @@
 //! scalar reference and against the dense f32 product), and the exact
 //! neuron-major form (`NeuronMajor`).
 
+#[path = "../../kernels/tests/kernels_common/mod.rs"]
 mod kernels_common;
+#[path = "sparse_common/mod.rs"]
+mod sparse_common;
 
 use half::f16;
 use kernels_common::*;
 use rand::Rng;
 use rand::rngs::StdRng;
+use sparse_common::isas;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
 use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
-use spinfer_kernels::sparse::{
+use spinfer_sparse_kernels::{
     AxpyIsa, NeuronMajor, axpy_rows_q8_0, axpy_rows_q8_0_scalar, axpy_rows_q8_0_with, gather_rows, transpose_to_q8_0,
 };
 

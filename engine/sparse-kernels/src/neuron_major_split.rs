@@ -15,9 +15,9 @@
 //! whatever the split: the results equal one copy's bit for bit.
 
 use super::{AXPY_PAR_MACS, SharedMut};
-use crate::pool::{ThreadPool, chunk_aligned};
-use crate::sparse::{AxpyIsa, NeuronMajor};
-use crate::{GgmlType, KernelError, Result};
+use crate::{AxpyIsa, NeuronMajor};
+use spinfer_kernels::pool::{ThreadPool, chunk_aligned};
+use spinfer_kernels::{GgmlType, KernelError, Result};
 
 /// One copy's AXPY: `(copy, pool, its outputs)`.
 type PartFn<'a> = dyn Fn(&NeuronMajor, &ThreadPool, &mut [f32]) -> Result<()> + Sync + 'a;
@@ -87,7 +87,7 @@ impl NeuronMajorSplit {
     /// [`NeuronMajor::axpy`] (f32 coefficients, the best implementation
     /// for this CPU): same contract, errors and results.
     pub fn axpy(&self, pool: &ThreadPool, idx: &[u32], coef: &[f32], out: &mut [f32]) -> Result<()> {
-        let isa = AxpyIsa::select(&crate::cpu::CpuFeatures::detect());
+        let isa = AxpyIsa::select(&spinfer_kernels::cpu::CpuFeatures::detect());
         self.run(pool, idx.len(), out, &|nm, p, o| nm.axpy_with(p, isa, idx, coef, o))
     }
 

@@ -6,7 +6,7 @@
 //! which is what survives this VM's minute-to-minute noise better than
 //! criterion's separate runs.
 //!
-//! `cargo run --release -p spinfer-kernels --example down_rounds -- [ROUNDS] [THREADS] [COPIES]`
+//! `cargo run --release -p spinfer-sparse-kernels --example down_rounds -- [ROUNDS] [THREADS] [COPIES]`
 //! (COPIES 2: the weights stay in L2, which shows the kernels' arithmetic).
 //! With `ONE_COPY=1` the AXPYs run on one `NeuronMajor` of all outputs
 //! instead of a copy per thread.
@@ -19,13 +19,13 @@ use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, MatmulDesc};
 use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
-use spinfer_kernels::sparse::{NeuronMajor, NeuronMajorSplit};
+use spinfer_sparse_kernels::{NeuronMajor, NeuronMajorSplit};
 
 const DIM: usize = 576;
 const FFN: usize = 1536;
 const COPIES: usize = 64;
 
-#[path = "../benches/support/mod.rs"]
+#[path = "../../kernels/benches/support/mod.rs"]
 mod support;
 
 /// The kept neurons: `keep`% of them, at random or in whole 32-neuron

@@ -5,9 +5,9 @@ use std::arch::x86_64::*;
 
 use super::super::{GROUP, NeuronMajor};
 use super::{FastCoefs, Run};
-use crate::GgmlType;
-use crate::pool::chunk;
-use crate::sparse::x86::prefetch_tile;
+use crate::x86::prefetch_tile;
+use spinfer_kernels::GgmlType;
+use spinfer_kernels::pool::chunk;
 
 /// How far past the current run, in active neurons, the rows are
 /// prefetched (their order is data-dependent, so the hardware

@@ -9,7 +9,7 @@
 //! are cycled, 35 MB against a 32 MB L3, so the weights stream from memory
 //! as in decode.
 //!
-//! `cargo bench -p spinfer-kernels --bench sparse_down`
+//! `cargo bench -p spinfer-sparse-kernels --bench sparse_down`
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -20,14 +20,14 @@ use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, MatmulDesc};
 use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
-use spinfer_kernels::sparse::{NeuronMajor, NeuronMajorSplit};
+use spinfer_sparse_kernels::{NeuronMajor, NeuronMajorSplit};
 
 const DIM: usize = 576;
 const FFN: usize = 1536;
 const COPIES: usize = 64;
 const THREADS: usize = 2;
 
-#[path = "support/mod.rs"]
+#[path = "../../kernels/benches/support/mod.rs"]
 mod support;
 
 fn bench(c: &mut Criterion) {

@@ -1,23 +1,26 @@
 //! Timing tables of the kernels, printed, not asserted (speed lives in
-//! benchmarks, not tests): `cargo bench -p spinfer-kernels --bench timings`
+//! benchmarks, not tests): `cargo bench -p spinfer-sparse-kernels --bench timings`
 //! runs them all, `-- NAME` one (sparse_ffn_timings, fast_axpy_timings,
 //! streaming_axpy_timings, gathered_rows_timings, gemm_throughput,
 //! ternary_speed). Numbers and what they showed: docs/benchmarks.md.
 
-#[path = "../tests/kernels_common/mod.rs"]
+#[path = "../../kernels/tests/kernels_common/mod.rs"]
 mod kernels_common;
+#[path = "../tests/sparse_common/mod.rs"]
+mod sparse_common;
 
 use std::time::Instant;
 
 use kernels_common::ternary::{TYPES as TERNARY_TYPES, kernels, name, weights};
 use kernels_common::*;
 use rand::Rng;
+use sparse_common::isas;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
 use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
-use spinfer_kernels::sparse::{AxpyIsa, NeuronMajor, axpy_rows_q8_0_with, gather_rows, transpose_to_q8_0};
+use spinfer_sparse_kernels::{AxpyIsa, NeuronMajor, axpy_rows_q8_0_with, gather_rows, transpose_to_q8_0};
 
 /// The exact neuron-major types.
 const NM_TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
@@ -58,7 +61,7 @@ fn time_us(iters: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// `cargo bench -p spinfer-kernels --bench timings -- sparse_ffn_timings`
+/// `cargo bench -p spinfer-sparse-kernels --bench timings -- sparse_ffn_timings`
 fn sparse_ffn_timings() {
     let mut r = rng(51);
     let (dim, ffn) = (576, 1536);
@@ -128,7 +131,7 @@ fn sparse_ffn_timings() {
 
 /// Only the down projection at the SmolLM2 shape, 1 thread: dense matvec,
 /// f32 `NeuronMajor::axpy` and int8 `NeuronMajor::axpy_fast`.
-/// `cargo bench -p spinfer-kernels --bench timings -- fast_axpy_timings`
+/// `cargo bench -p spinfer-sparse-kernels --bench timings -- fast_axpy_timings`
 fn fast_axpy_timings() {
     let mut r = rng(52);
     let (dim, ffn) = (576, 1536);
@@ -157,7 +160,7 @@ fn fast_axpy_timings() {
 /// matrices (53 MB, more than the last-level cache), swept in turn, so
 /// every matrix comes from DRAM. Per matrix, the dense matvec against the
 /// integer AXPY at 70% and 50% kept; `SPINFER_THREADS` threads (default 2).
-/// `cargo bench -p spinfer-kernels --bench timings -- streaming_axpy_timings`
+/// `cargo bench -p spinfer-sparse-kernels --bench timings -- streaming_axpy_timings`
 fn streaming_axpy_timings() {
     let mut r = rng(53);
     let (dim, ffn) = (576, 1536);
@@ -209,7 +212,7 @@ fn streaming_axpy_timings() {
     println!("{line}");
 }
 
-/// Timings (`cargo bench -p spinfer-kernels --bench timings --
+/// Timings (`cargo bench -p spinfer-sparse-kernels --bench timings --
 /// gathered_rows_timings`): `run_rows` on
 /// half the rows of 64 SmolLM2 up projections (1536x576 Q4_1, 2 tokens as
 /// fast-mode decode, 2 threads, streamed from DRAM), as a fraction of the
@@ -258,7 +261,7 @@ fn gathered_rows_timings() {
 }
 
 /// Throughput of the best kernel on MiniLM's shapes (not a check):
-/// `cargo bench -p spinfer-kernels --bench timings -- gemm_throughput`.
+/// `cargo bench -p spinfer-sparse-kernels --bench timings -- gemm_throughput`.
 fn gemm_throughput() {
     let mut r = rng(1);
     for threads in [1, 2] {
@@ -287,7 +290,7 @@ fn gemm_throughput() {
 /// Timings, one thread, best of 7 batches: ns per weight row for decode (1 token) and per
 /// (row, token) for a 16-token batch, for every ternary kernel and for the
 /// dequantise + f32 path (`ActType::F32`, precise mode) on the same
-/// weights. `cargo bench -p spinfer-kernels --bench timings -- ternary_speed`.
+/// weights. `cargo bench -p spinfer-sparse-kernels --bench timings -- ternary_speed`.
 fn ternary_speed() {
     let pool = ThreadPool::new(1);
     let f = CpuFeatures::detect();

@@ -28,10 +28,10 @@
 use half::f16;
 
 use super::{AXPY_PAR_MACS, AxpyIsa, SharedMut, shape_err};
-use crate::blocks::QK;
-use crate::cpu::CpuFeatures;
-use crate::pool::{ThreadPool, chunk_aligned};
-use crate::{GgmlType, KernelError, Result};
+use spinfer_kernels::blocks::QK;
+use spinfer_kernels::cpu::CpuFeatures;
+use spinfer_kernels::pool::{ThreadPool, chunk_aligned};
+use spinfer_kernels::{GgmlType, KernelError, Result};
 
 /// The int8 AXPY ([`NeuronMajor::axpy_fast`]).
 #[path = "neuron_major_fast/mod.rs"]
@@ -404,8 +404,8 @@ mod x86 {
 
     use super::super::x86::{PREFETCH, prefetch_tile};
     use super::{GROUP, NeuronMajor, QK};
-    use crate::GgmlType;
-    use crate::pool::chunk;
+    use spinfer_kernels::GgmlType;
+    use spinfer_kernels::pool::chunk;
 
     /// How a tile turns code bytes into integers.
     #[derive(Clone, Copy, PartialEq, Eq)]
