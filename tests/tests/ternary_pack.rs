@@ -76,14 +76,10 @@ fn ternary_model(uneven: bool) -> (tempfile::TempDir, GgufFile) {
         ("llama.vocab_size", u(VOCAB)),
     ];
     let ones: Vec<u8> = (0..DIM).flat_map(|_| 1.0f32.to_le_bytes()).collect();
-    let mut tensors: Vec<Tensor> = vec![(
-        "token_embd.weight".into(),
-        vec![DIM as u64, VOCAB as u64],
-        GgmlType::F32,
-        f32s(&mut r, DIM * VOCAB, 1.0),
-    )];
+    let (d, v) = (DIM as u64, VOCAB as u64);
+    let mut tensors = vec![Tensor::new("token_embd.weight", &[d, v], GgmlType::F32, f32s(&mut r, DIM * VOCAB, 1.0))];
     for norm in ["blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"] {
-        tensors.push((norm.into(), vec![DIM as u64], GgmlType::F32, ones.clone()));
+        tensors.push(Tensor::new(norm, &[d], GgmlType::F32, ones.clone()));
     }
     for p in PROJECTIONS {
         // (cols, rows) of each projection.
@@ -93,14 +89,9 @@ fn ternary_model(uneven: bool) -> (tempfile::TempDir, GgufFile) {
             _ => (DIM, DIM),
         };
         let data = tq2_0(&mut r, rows, cols, uneven && p == "ffn_down");
-        tensors.push((format!("blk.0.{p}.weight"), vec![cols as u64, rows as u64], GgmlType::TQ2_0, data));
+        tensors.push(Tensor::new(format!("blk.0.{p}.weight"), &[cols as u64, rows as u64], GgmlType::TQ2_0, data));
     }
-    tensors.push((
-        "output.weight".into(),
-        vec![DIM as u64, VOCAB as u64],
-        GgmlType::F32,
-        f32s(&mut r, DIM * VOCAB, 0.5),
-    ));
+    tensors.push(Tensor::new("output.weight", &[d, v], GgmlType::F32, f32s(&mut r, DIM * VOCAB, 0.5)));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ternary.gguf");
     std::fs::write(&path, build(&kv, &tensors)).unwrap();

@@ -4,79 +4,49 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use spinfer_formats::fixtures::gguf::{Tensor, Value, build};
+
 mod common;
 
-/// A tiny GGUF writer: metadata (key, type id, encoded value) and F32
-/// tensors (name, GGML dims).
+/// A GGUF file under construction: metadata and F32 tensors that a test
+/// then breaks (written by `spinfer_formats::fixtures::gguf`).
 struct Gguf {
-    kv: Vec<(String, u32, Vec<u8>)>,
-    tensors: Vec<(String, Vec<u64>, u32)>,
-}
-
-fn s(v: &str) -> Vec<u8> {
-    let mut b = (v.len() as u64).to_le_bytes().to_vec();
-    b.extend_from_slice(v.as_bytes());
-    b
+    kv: Vec<(String, Value)>,
+    tensors: Vec<Tensor>,
 }
 
 impl Gguf {
     /// A structurally valid one-layer llama with F32 weights.
     fn tiny_llama() -> Self {
-        let u32v = |x: u32| x.to_le_bytes().to_vec();
         let kv = vec![
-            ("general.architecture".into(), 8, s("llama")),
-            ("llama.block_count".into(), 4, u32v(1)),
-            ("llama.context_length".into(), 4, u32v(64)),
-            ("llama.embedding_length".into(), 4, u32v(32)),
-            ("llama.feed_forward_length".into(), 4, u32v(64)),
-            ("llama.attention.head_count".into(), 4, u32v(2)),
-            ("llama.attention.head_count_kv".into(), 4, u32v(1)),
-            ("llama.attention.layer_norm_rms_epsilon".into(), 6, 1e-5f32.to_le_bytes().to_vec()),
-            ("llama.vocab_size".into(), 4, u32v(32)),
+            ("general.architecture".into(), Value::Str("llama".into())),
+            ("llama.block_count".into(), Value::U32(1)),
+            ("llama.context_length".into(), Value::U32(64)),
+            ("llama.embedding_length".into(), Value::U32(32)),
+            ("llama.feed_forward_length".into(), Value::U32(64)),
+            ("llama.attention.head_count".into(), Value::U32(2)),
+            ("llama.attention.head_count_kv".into(), Value::U32(1)),
+            ("llama.attention.layer_norm_rms_epsilon".into(), Value::F32(1e-5)),
+            ("llama.vocab_size".into(), Value::U32(32)),
         ];
-        let t = |n: &str, d: &[u64]| (n.to_string(), d.to_vec(), 0u32);
         let tensors = vec![
-            t("token_embd.weight", &[32, 32]),
-            t("blk.0.attn_norm.weight", &[32]),
-            t("blk.0.attn_q.weight", &[32, 32]),
-            t("blk.0.attn_k.weight", &[32, 16]),
-            t("blk.0.attn_v.weight", &[32, 16]),
-            t("blk.0.attn_output.weight", &[32, 32]),
-            t("blk.0.ffn_norm.weight", &[32]),
-            t("blk.0.ffn_gate.weight", &[32, 64]),
-            t("blk.0.ffn_up.weight", &[32, 64]),
-            t("blk.0.ffn_down.weight", &[64, 32]),
-            t("output_norm.weight", &[32]),
+            Tensor::zeros("token_embd.weight", &[32, 32]),
+            Tensor::zeros("blk.0.attn_norm.weight", &[32]),
+            Tensor::zeros("blk.0.attn_q.weight", &[32, 32]),
+            Tensor::zeros("blk.0.attn_k.weight", &[32, 16]),
+            Tensor::zeros("blk.0.attn_v.weight", &[32, 16]),
+            Tensor::zeros("blk.0.attn_output.weight", &[32, 32]),
+            Tensor::zeros("blk.0.ffn_norm.weight", &[32]),
+            Tensor::zeros("blk.0.ffn_gate.weight", &[32, 64]),
+            Tensor::zeros("blk.0.ffn_up.weight", &[32, 64]),
+            Tensor::zeros("blk.0.ffn_down.weight", &[64, 32]),
+            Tensor::zeros("output_norm.weight", &[32]),
         ];
         Gguf { kv, tensors }
     }
 
     fn bytes(&self) -> Vec<u8> {
-        let mut b = b"GGUF".to_vec();
-        b.extend_from_slice(&3u32.to_le_bytes());
-        b.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
-        b.extend_from_slice(&(self.kv.len() as u64).to_le_bytes());
-        for (k, ty, v) in &self.kv {
-            b.extend_from_slice(&s(k));
-            b.extend_from_slice(&ty.to_le_bytes());
-            b.extend_from_slice(v);
-        }
-        let mut offset = 0u64;
-        for (name, dims, ty) in &self.tensors {
-            b.extend_from_slice(&s(name));
-            b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-            for d in dims {
-                b.extend_from_slice(&d.to_le_bytes());
-            }
-            b.extend_from_slice(&ty.to_le_bytes());
-            b.extend_from_slice(&offset.to_le_bytes());
-            offset += (dims.iter().product::<u64>() * 4).div_ceil(32) * 32;
-        }
-        while !b.len().is_multiple_of(32) {
-            b.push(0);
-        }
-        b.resize(b.len() + offset as usize, 0);
-        b
+        build(&self.kv, &self.tensors)
     }
 
     fn write(&self, dir: &Path, name: &str) -> PathBuf {
@@ -133,7 +103,7 @@ fn wrong_magic() {
 fn unknown_tensor_type() {
     let dir = tempfile::tempdir().unwrap();
     let mut g = Gguf::tiny_llama();
-    g.tensors[2].2 = 99;
+    g.tensors[2].ty = 99;
     let p = g.write(dir.path(), "m.gguf");
     assert_mentions(&generate(&p), &["m.gguf", "blk.0.attn_q.weight", "#99"]);
 }
@@ -153,7 +123,7 @@ fn offset_past_end_of_file() {
 fn missing_tensor() {
     let dir = tempfile::tempdir().unwrap();
     let mut g = Gguf::tiny_llama();
-    g.tensors.retain(|t| t.0 != "blk.0.ffn_up.weight");
+    g.tensors.retain(|t| t.name != "blk.0.ffn_up.weight");
     let p = g.write(dir.path(), "m.gguf");
     assert_mentions(&generate(&p), &["m.gguf", "blk.0.ffn_up.weight", "not found"]);
 }
@@ -162,7 +132,7 @@ fn missing_tensor() {
 fn shape_mismatch() {
     let dir = tempfile::tempdir().unwrap();
     let mut g = Gguf::tiny_llama();
-    g.tensors[8].1 = vec![32, 48];
+    g.tensors[8].dims = vec![32, 48];
     let p = g.write(dir.path(), "m.gguf");
     assert_mentions(&generate(&p), &["m.gguf", "blk.0.ffn_up.weight", "[32, 48]", "[32, 64]"]);
 }
@@ -171,7 +141,7 @@ fn shape_mismatch() {
 fn unsupported_architecture() {
     let dir = tempfile::tempdir().unwrap();
     let mut g = Gguf::tiny_llama();
-    g.kv[0].2 = s("mamba");
+    g.kv[0].1 = Value::Str("mamba".into());
     let p = g.write(dir.path(), "m.gguf");
     assert_mentions(&generate(&p), &["m.gguf", "unsupported architecture 'mamba'"]);
 }

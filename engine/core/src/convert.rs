@@ -533,62 +533,7 @@ mod tests {
     use super::*;
     use crate::loader::Loader;
     use crate::safetensors::SafetensorsModel;
-
-    enum Kv {
-        Str(&'static str),
-        U32(u32),
-        F32(f32),
-        Bool(bool),
-        Strs(Vec<&'static str>),
-        I32s(Vec<i32>),
-    }
-
-    /// A GGUF v3 file with F32 tensors.
-    fn gguf(kv: &[(String, Kv)], tensors: &[(&str, Vec<u64>, Vec<f32>)]) -> Vec<u8> {
-        let s = |b: &mut Vec<u8>, s: &str| {
-            b.extend_from_slice(&(s.len() as u64).to_le_bytes());
-            b.extend_from_slice(s.as_bytes());
-        };
-        let mut b = b"GGUF".to_vec();
-        b.extend_from_slice(&3u32.to_le_bytes());
-        b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
-        b.extend_from_slice(&(kv.len() as u64).to_le_bytes());
-        for (k, v) in kv {
-            s(&mut b, k);
-            let (ty, body): (u32, Vec<u8>) = match v {
-                Kv::Str(x) => (8, [&(x.len() as u64).to_le_bytes()[..], x.as_bytes()].concat()),
-                Kv::U32(x) => (4, x.to_le_bytes().to_vec()),
-                Kv::F32(x) => (6, x.to_le_bytes().to_vec()),
-                Kv::Bool(x) => (7, vec![u8::from(*x)]),
-                Kv::Strs(xs) => {
-                    let mut a = [8u32.to_le_bytes().to_vec(), (xs.len() as u64).to_le_bytes().to_vec()].concat();
-                    xs.iter().for_each(|x| s(&mut a, x));
-                    (9, a)
-                }
-                Kv::I32s(xs) => {
-                    let mut a = [5u32.to_le_bytes().to_vec(), (xs.len() as u64).to_le_bytes().to_vec()].concat();
-                    xs.iter().for_each(|x| a.extend_from_slice(&x.to_le_bytes()));
-                    (9, a)
-                }
-            };
-            b.extend_from_slice(&ty.to_le_bytes());
-            b.extend(body);
-        }
-        let mut off = 0u64;
-        for (name, dims, data) in tensors {
-            s(&mut b, name);
-            b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-            dims.iter().for_each(|d| b.extend_from_slice(&d.to_le_bytes()));
-            b.extend_from_slice(&0u32.to_le_bytes());
-            b.extend_from_slice(&off.to_le_bytes());
-            off += (data.len() as u64 * 4).next_multiple_of(32);
-        }
-        for (_, _, data) in tensors {
-            b.resize(b.len().next_multiple_of(32), 0);
-            data.iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
-        }
-        b
-    }
+    use spinfer_formats::fixtures::gguf::{Tensor, Value as Kv, build};
 
     fn vals(n: usize, seed: usize) -> Vec<f32> {
         (0..n).map(|i| ((i * 7 + seed * 13) % 23) as f32 * 0.37 - 3.1).collect()
@@ -601,7 +546,7 @@ mod tests {
     fn tiny_gguf(arch: &'static str, tok_model: &'static str) -> tempfile::NamedTempFile {
         let a = |k: &str| format!("{arch}.{k}");
         let kv = [
-            ("general.architecture".into(), Kv::Str(arch)),
+            ("general.architecture".into(), Kv::Str(arch.into())),
             (a("block_count"), Kv::U32(1)),
             (a("context_length"), Kv::U32(64)),
             (a("embedding_length"), Kv::U32(8)),
@@ -610,18 +555,18 @@ mod tests {
             (a("attention.head_count_kv"), Kv::U32(1)),
             (a("rope.freq_base"), Kv::F32(100000.0)),
             (a("attention.layer_norm_rms_epsilon"), Kv::F32(1e-5)),
-            ("tokenizer.ggml.model".into(), Kv::Str(tok_model)),
-            ("tokenizer.ggml.pre".into(), Kv::Str("smollm")),
-            ("tokenizer.ggml.tokens".into(), Kv::Strs(TOKENS.to_vec())),
+            ("tokenizer.ggml.model".into(), Kv::Str(tok_model.into())),
+            ("tokenizer.ggml.pre".into(), Kv::Str("smollm".into())),
+            ("tokenizer.ggml.tokens".into(), Kv::Strs(TOKENS.iter().map(|t| t.to_string()).collect())),
             ("tokenizer.ggml.token_type".into(), Kv::I32s(vec![3, 1, 1, 1, 1, 1, 1, 1, 1, 1])),
-            ("tokenizer.ggml.merges".into(), Kv::Strs(vec!["a b", "Ġ a", "Ġ ab", "1 2"])),
+            ("tokenizer.ggml.merges".into(), Kv::Strs(["a b", "Ġ a", "Ġ ab", "1 2"].map(String::from).to_vec())),
             ("tokenizer.ggml.bos_token_id".into(), Kv::U32(0)),
             ("tokenizer.ggml.eos_token_id".into(), Kv::U32(0)),
             ("tokenizer.ggml.add_bos_token".into(), Kv::Bool(false)),
         ];
         let t = |name: &'static str, dims: Vec<u64>, seed| {
             let n = dims.iter().product::<u64>() as usize;
-            (name, dims, vals(n, seed))
+            Tensor::f32(name, &dims, &vals(n, seed))
         };
         let mut tensors = vec![
             t("token_embd.weight", vec![8, 10], 0),
@@ -642,7 +587,7 @@ mod tests {
             tensors.push(t("blk.0.attn_v.bias", vec![4], 13));
         }
         let f = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(f.path(), gguf(&kv, &tensors)).unwrap();
+        std::fs::write(f.path(), build(&kv, &tensors)).unwrap();
         f
     }
 

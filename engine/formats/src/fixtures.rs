@@ -76,69 +76,104 @@ pub mod safetensors {
 }
 
 /// GGUF v3 files: typed metadata and tensors of any type, data aligned to
-/// the default 32 bytes.
+/// the default 32 bytes. Raw type ids and values are allowed, for files a
+/// test wants wrong.
 pub mod gguf {
     use spinfer_kernels::GgmlType;
 
     /// A metadata value.
+    #[derive(Clone, Debug)]
     pub enum Value {
         U32(u32),
         F32(f32),
         Bool(bool),
         Str(String),
         Strs(Vec<String>),
+        I32s(Vec<i32>),
+        /// A value of GGUF type id `.0`, encoded as `.1`.
+        Raw(u32, Vec<u8>),
     }
 
-    /// A tensor: name, GGML-order dims (innermost first), type, bytes.
-    pub type Tensor = (String, Vec<u64>, GgmlType, Vec<u8>);
+    /// A tensor: its name, GGML-order dims (innermost first), GGML type id
+    /// and bytes.
+    #[derive(Clone, Debug)]
+    pub struct Tensor {
+        pub name: String,
+        pub dims: Vec<u64>,
+        pub ty: u32,
+        pub data: Vec<u8>,
+    }
+
+    impl Tensor {
+        pub fn new(name: impl Into<String>, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> Self {
+            Self { name: name.into(), dims: dims.to_vec(), ty: ty as u32, data }
+        }
+
+        /// An F32 tensor of `values`.
+        pub fn f32(name: impl Into<String>, dims: &[u64], values: &[f32]) -> Self {
+            Self::new(name, dims, GgmlType::F32, values.iter().flat_map(|v| v.to_le_bytes()).collect())
+        }
+
+        /// An F32 tensor of zeros.
+        pub fn zeros(name: impl Into<String>, dims: &[u64]) -> Self {
+            let n = dims.iter().product::<u64>() as usize;
+            Self::new(name, dims, GgmlType::F32, vec![0; 4 * n])
+        }
+    }
 
     fn string(b: &mut Vec<u8>, s: &str) {
         b.extend_from_slice(&(s.len() as u64).to_le_bytes());
         b.extend_from_slice(s.as_bytes());
     }
 
+    fn value(b: &mut Vec<u8>, v: &Value) {
+        let (ty, body): (u32, Vec<u8>) = match v {
+            Value::U32(x) => (4, x.to_le_bytes().to_vec()),
+            Value::F32(x) => (6, x.to_le_bytes().to_vec()),
+            Value::Bool(x) => (7, vec![u8::from(*x)]),
+            Value::Str(s) => {
+                let mut body = Vec::new();
+                string(&mut body, s);
+                (8, body)
+            }
+            Value::Strs(xs) => {
+                let mut body = [8u32.to_le_bytes().to_vec(), (xs.len() as u64).to_le_bytes().to_vec()].concat();
+                xs.iter().for_each(|x| string(&mut body, x));
+                (9, body)
+            }
+            Value::I32s(xs) => {
+                let mut body = [5u32.to_le_bytes().to_vec(), (xs.len() as u64).to_le_bytes().to_vec()].concat();
+                xs.iter().for_each(|x| body.extend_from_slice(&x.to_le_bytes()));
+                (9, body)
+            }
+            Value::Raw(ty, body) => (*ty, body.clone()),
+        };
+        b.extend_from_slice(&ty.to_le_bytes());
+        b.extend(body);
+    }
+
     /// The bytes of a GGUF file with `kv` and `tensors`.
-    pub fn build(kv: &[(&str, Value)], tensors: &[Tensor]) -> Vec<u8> {
+    pub fn build<K: AsRef<str>>(kv: &[(K, Value)], tensors: &[Tensor]) -> Vec<u8> {
         let mut b = b"GGUF".to_vec();
         b.extend_from_slice(&3u32.to_le_bytes());
         b.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
         b.extend_from_slice(&(kv.len() as u64).to_le_bytes());
         for (k, v) in kv {
-            string(&mut b, k);
-            match v {
-                Value::U32(x) => {
-                    [&4u32.to_le_bytes()[..], &x.to_le_bytes()].iter().for_each(|p| b.extend_from_slice(p))
-                }
-                Value::F32(x) => {
-                    [&6u32.to_le_bytes()[..], &x.to_le_bytes()].iter().for_each(|p| b.extend_from_slice(p))
-                }
-                Value::Bool(x) => {
-                    [&7u32.to_le_bytes()[..], &[u8::from(*x)]].iter().for_each(|p| b.extend_from_slice(p))
-                }
-                Value::Str(s) => {
-                    b.extend_from_slice(&8u32.to_le_bytes());
-                    string(&mut b, s);
-                }
-                Value::Strs(xs) => {
-                    b.extend_from_slice(&9u32.to_le_bytes());
-                    b.extend_from_slice(&8u32.to_le_bytes());
-                    b.extend_from_slice(&(xs.len() as u64).to_le_bytes());
-                    xs.iter().for_each(|x| string(&mut b, x));
-                }
-            }
+            string(&mut b, k.as_ref());
+            value(&mut b, v);
         }
         let mut offset = 0u64;
-        for (name, dims, ty, data) in tensors {
-            string(&mut b, name);
-            b.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-            dims.iter().for_each(|d| b.extend_from_slice(&d.to_le_bytes()));
-            b.extend_from_slice(&(*ty as u32).to_le_bytes());
+        for t in tensors {
+            string(&mut b, &t.name);
+            b.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+            t.dims.iter().for_each(|d| b.extend_from_slice(&d.to_le_bytes()));
+            b.extend_from_slice(&t.ty.to_le_bytes());
             b.extend_from_slice(&offset.to_le_bytes());
-            offset += (data.len() as u64).next_multiple_of(32);
+            offset += (t.data.len() as u64).next_multiple_of(32);
         }
-        for (_, _, _, data) in tensors {
+        for t in tensors {
             b.resize(b.len().next_multiple_of(32), 0);
-            b.extend_from_slice(data);
+            b.extend_from_slice(&t.data);
         }
         b
     }
