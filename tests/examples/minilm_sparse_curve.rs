@@ -1,5 +1,5 @@
 //! The quality and speed curve of the sparse FFN on all-MiniLM-L6-v2
-//! (`engine/core/src/model/bert_sparse.rs`).
+//! (`engine/embed/src/experimental/bert_sparse.rs`).
 //!
 //! ```sh
 //! cargo run --release -p spinfer-tests --example minilm_sparse_curve -- \

@@ -1,4 +1,4 @@
-//! The sparse FFN of all-MiniLM-L6-v2 (`engine/core/src/model/bert_sparse.rs`):
+//! The sparse FFN of all-MiniLM-L6-v2 (`engine/embed/src/experimental/bert_sparse.rs`):
 //! calibration on WikiText-2, agreement with the dense embeddings, the
 //! keep-everything identity and sidecar errors. Run in release
 //! (`cargo test --release -p spinfer-tests --test minilm_sparse`).

@@ -8,7 +8,8 @@ pub mod provider;
 pub mod model {
     //! The models: the Llama family (`spinfer-models`) and BERT
     //! (`spinfer-embed`).
-    pub use spinfer_embed::{bert, bert_sparse};
+    pub use spinfer_embed::bert;
+    pub use spinfer_embed::experimental::bert_sparse;
     pub use spinfer_models::model::*;
 }
 pub mod sparse {

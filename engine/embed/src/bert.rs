@@ -26,7 +26,7 @@
 //! first projection in bf16 (bf16 weights and activations, f32 sums: twice
 //! the arithmetic per instruction of f32 and half the bytes), the FFN's
 //! down projection in f32. That one stays f32 because the sparse FFN
-//! ([`crate::bert_sparse`]) replaces exactly it, with f32 weights: the
+//! ([`crate::experimental::bert_sparse`]) replaces exactly it, with f32 weights: the
 //! packed f32 kernel sums `b + Σ_j h_j · W[:, j]` in the order of the
 //! sparse FFN's accumulation, so keeping every neuron gives the dense
 //! result bit for bit. (It has to be bit for bit: the bf16 rounding of the
@@ -223,7 +223,7 @@ pub struct BertModel {
     pub weights: Weights,
     path: PathBuf,
     /// The sparse FFN (`bert_sparse.rs`), when a sidecar is set.
-    pub sparse: Option<crate::bert_sparse::SparseFfn>,
+    pub sparse: Option<crate::experimental::bert_sparse::SparseFfn>,
 }
 
 impl BertModel {

@@ -38,7 +38,7 @@ pub struct EmbedderOptions {
     pub batch_size: usize,
     /// A sparse-FFN sidecar (`spinfer calibrate-embed`): the FFN's down
     /// projection runs over the kept neurons only
-    /// ([`crate::bert_sparse`]; also [`Embedder::load_sparsity`]).
+    /// ([`crate::experimental::bert_sparse`]; also [`Embedder::load_sparsity`]).
     pub sparsity: Option<PathBuf>,
     /// Run the encoder's Q/K/V, attention-output and FFN-up matmuls with
     /// bf16 weights and activations, and every matmul on weights packed
@@ -230,7 +230,7 @@ impl Embedder {
         &self.model
     }
 
-    /// For the sparse FFN's setup (`model/bert_sparse.rs`).
+    /// For the sparse FFN's setup (`experimental/bert_sparse.rs`).
     pub(crate) fn model_mut(&mut self) -> &mut BertModel {
         &mut self.model
     }

@@ -1,13 +1,12 @@
 //! spinfer's sentence embedders: a BERT encoder read from a
 //! sentence-transformers directory, pooling and normalisation as
-//! `SentenceTransformer.encode` computes them, and BERT's experimental
-//! sparse FFN with its calibration.
+//! `SentenceTransformer.encode` computes them, and (in [`experimental`])
+//! BERT's sparse FFN with its calibration.
 pub mod bert;
 mod bert_math;
-pub mod bert_sparse;
 pub mod embed;
-mod embed_sparsity;
 mod error;
+pub mod experimental;
 
 pub use embed::{Embedder, Embedding};
 pub use error::{Error, Result};

@@ -1,5 +1,5 @@
 //! BERT's hyper-parameters, read from HF `config.json`: a leaf the model
-//! (`bert.rs`) and its sparse FFN (`bert_sparse.rs`) share.
+//! (`bert.rs`) and its sparse FFN (`experimental/bert_sparse.rs`) share.
 
 use std::path::Path;
 

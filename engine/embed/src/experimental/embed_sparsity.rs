@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::sync::Mutex;
 
-use crate::bert_sparse::{BertCalibrationInfo, BertModelId, BertSparsity, Recorder, SparseFfn};
 use crate::embed::{Embedder, Embedding};
+use crate::experimental::bert_sparse::{BertCalibrationInfo, BertModelId, BertSparsity, Recorder, SparseFfn};
 use crate::{Error, Result};
 use spinfer_formats::safetensors::SafetensorsModel;
 use spinfer_sparsity::stats::BINS;

@@ -18,7 +18,7 @@
 //! count as their mean instead of zero, at no cost per token (`W2 m` is
 //! folded into the bias at load). Without `offsets` the correction is off.
 //!
-//! Calibration (`Embedder::calibrate_sparsity`, in `crate::embed_sparsity`) runs the dense model
+//! Calibration (`Embedder::calibrate_sparsity`, in `crate::experimental::embed_sparsity`) runs the dense model
 //! over real text with a recorder in the FFN hook: per layer, a
 //! log-histogram of `|h|` (the bins of [`spinfer_sparsity::stats`]), whose
 //! `target_sparsity` quantile becomes the layer's threshold (the same
