@@ -342,7 +342,7 @@ pub fn select_neurons(
         PredictorKind::InputMagnitude => layer.input_threshold,
         // Filtered by the gate threshold once the predicted gate rows ran.
         PredictorKind::LowRank => layer.threshold,
-        // Per request, not per token (see `model::llama::sentence_ffn`);
+        // Per request, not per token (see `model::llama::experimental`);
         // a pack predictor's mask comes from the pack.
         PredictorKind::Sentence | PredictorKind::Pack => return,
         PredictorKind::TopK => {

@@ -24,10 +24,10 @@ use spinfer_kernel_select::registry::KernelRegistry;
 use spinfer_plugin_api::PredictorSpec;
 use spinfer_sparsity::{self as sparse, ModelId, SparseFfn, SparsityOptions, SparsityStats};
 
+mod experimental;
 mod linear;
 #[cfg(test)]
 mod pack_fallback_tests;
-mod sentence_ffn;
 mod sparse_attn;
 mod sparse_ffn;
 
@@ -229,17 +229,17 @@ pub struct Session {
 /// Buffers and counters of the sparse FFN.
 #[derive(Default)]
 struct SparseScratch {
-    idx: Vec<u32>,                             // kept neurons of the current token, ascending
-    pred: Vec<u32>,                            // neurons the low-rank predictor keeps (before the gate)
-    mask: Vec<u8>,                             // a pack predictor's mask (ffn_dim)
-    measure_truth: bool,                       // compute the full gate to judge the predictor
-    truth: Vec<f32>,                           // |silu(gate)| in full (ffn_dim), when measuring
-    mags: Vec<f32>,                            // |activations| (top-K selection)
-    up: Vec<f32>,                              // up projection of the kept neurons (k)
-    h: Vec<f32>,                               // silu(gate) * up of the kept neurons (k)
-    keep: Vec<u32>,                            // positions in `pred` of the kept neurons (under a budget)
-    gathered: sparse::bundle::Gathered,        // records from the FFN bundle (under a budget)
-    sentence: Vec<sentence_ffn::SentenceMask>, // per layer: this request's mask (sentence-level)
+    idx: Vec<u32>,                                           // kept neurons of the current token, ascending
+    pred: Vec<u32>,                                          // neurons the low-rank predictor keeps (before the gate)
+    mask: Vec<u8>,                                           // a pack predictor's mask (ffn_dim)
+    measure_truth: bool,                                     // compute the full gate to judge the predictor
+    truth: Vec<f32>,                                         // |silu(gate)| in full (ffn_dim), when measuring
+    mags: Vec<f32>,                                          // |activations| (top-K selection)
+    up: Vec<f32>,                                            // up projection of the kept neurons (k)
+    h: Vec<f32>,                                             // silu(gate) * up of the kept neurons (k)
+    keep: Vec<u32>,                                          // positions in `pred` of the kept neurons (under a budget)
+    gathered: sparse::bundle::Gathered,                      // records from the FFN bundle (under a budget)
+    sentence: Vec<experimental::sentence_ffn::SentenceMask>, // per layer: this request's mask (sentence-level)
     stats: SparsityStats,
 }
 

@@ -7,14 +7,14 @@
 //! those rows and the down projection over those neurons only: no
 //! per-token prediction, no per-token gathering.
 
-use super::{Model, Session, grow};
 use crate::Result;
+use crate::model::llama::{Model, Session, grow};
 use crate::model::math;
 use spinfer_sparsity::SparseFfn;
 
 /// One layer's mask for the current request.
 #[derive(Default)]
-pub(super) struct SentenceMask {
+pub(in crate::model::llama) struct SentenceMask {
     /// Kept neurons, ascending.
     idx: Vec<u32>,
     /// Their gate rows and up rows, compact (k rows each, file format).
@@ -27,7 +27,13 @@ pub(super) struct SentenceMask {
 impl Model {
     /// Sentence-level FFN of layer `l` for the `n` tokens of this step,
     /// from `s.xn` into `s.tmp`.
-    pub(super) fn sentence_ffn(&self, s: &mut Session, l: usize, n: usize, sp: &SparseFfn) -> Result<()> {
+    pub(in crate::model::llama) fn sentence_ffn(
+        &self,
+        s: &mut Session,
+        l: usize,
+        n: usize,
+        sp: &SparseFfn,
+    ) -> Result<()> {
         let (dim, ffn) = (self.config.dim, self.config.ffn_dim);
         let layer = &self.weights.layers[l];
         let keep = sp.layers[l].keep.min(ffn);
@@ -91,7 +97,7 @@ impl Model {
             for x in s.xn[..n * dim].chunks_exact(dim) {
                 let (m, c) = (&sc.sentence[l], &mut sc.stats.layers[l]);
                 let th = sp.layers[l].threshold;
-                super::sparse_ffn::count_truth(
+                crate::model::llama::sparse_ffn::count_truth(
                     &layer.w_gate,
                     &s.pool,
                     x,
