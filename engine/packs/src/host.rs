@@ -42,6 +42,12 @@ pub fn abi_weight_type(t: GgmlType) -> WeightType {
     WeightType(t as u32)
 }
 
+/// The `spinfer-kernels` type of an ABI catalogue weight type; `None` for
+/// extension types such as `I2_S`, which have no GGML id.
+pub fn ggml_type(w: WeightType) -> Option<GgmlType> {
+    w.ggml_id().and_then(GgmlType::from_u32)
+}
+
 /// The ABI catalogue id of a `spinfer-kernels` activation type.
 pub fn abi_act_type(a: KActType) -> ActType {
     match a {

@@ -17,7 +17,9 @@ use spinfer_formats::tensor::{TensorData, TensorView};
 use spinfer_formats::{Error as FileError, Loader, ModelConfig, Result as FileResult};
 use spinfer_kernels::GgmlType;
 use spinfer_plugin_api::abi_stable::std_types::{ROption, RSliceMut};
-use spinfer_plugin_api::{LoaderBox, TensorFileBox, WeightType};
+use spinfer_plugin_api::{LoaderBox, TensorFileBox};
+
+use crate::host::ggml_type;
 
 /// One pack loader, named `"<pack>/<loader>"`.
 pub struct PackLoader {
@@ -120,11 +122,6 @@ impl PackModel {
     fn err(&self, detail: String) -> FileError {
         FileError::format(&self.path, format!("loader {}: {detail}", self.loader))
     }
-}
-
-/// The host type of a catalogue weight type (both number types as GGML).
-fn ggml_type(w: WeightType) -> Option<GgmlType> {
-    w.ggml_id().and_then(GgmlType::from_u32)
 }
 
 impl Loader for PackModel {

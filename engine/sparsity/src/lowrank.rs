@@ -12,8 +12,10 @@
 //! [`factors`] is the data-free variant (the gate's own top singular
 //! directions). Calibration then sets, per layer, the threshold on
 //! `|silu(ĝ)|` that recalls a target fraction of the truly active neurons.
-//! At run time both factors are Q8_0 matrices multiplied by the built-in
-//! kernels.
+//! At run time both factors are Q8_0 matrices multiplied by the kernels
+//! the registry resolves for them at load.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use spinfer_kernel_select::registry::{KernelRegistry, Resolved};
 use spinfer_kernels::GgmlType;
@@ -103,8 +105,8 @@ pub struct LowRank {
     /// The kernels of `P · x` and `Q · t`, resolved at load by the
     /// registry (pins and history apply), each with the built-in kernel
     /// that takes over if a pack's fails.
-    kp: Resolved,
-    kq: Resolved,
+    kp: Product,
+    kq: Product,
 }
 
 fn to_q8_0(x: &[f32]) -> Result<Vec<u8>> {
@@ -114,22 +116,34 @@ fn to_q8_0(x: &[f32]) -> Result<Vec<u8>> {
 }
 
 /// The Q8_0 × Q8_0 kernel of a `rows × cols` factor, from `registry`.
-fn kernel(registry: &KernelRegistry, rows: usize, cols: usize) -> Result<Resolved> {
-    Ok(registry.resolve(&MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows, cols })?)
+fn kernel(registry: &KernelRegistry, rows: usize, cols: usize) -> Result<Product> {
+    let k = registry.resolve(&MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows, cols })?;
+    Ok(Product { k, failed: AtomicBool::new(false) })
 }
 
-/// Runs `k` (or its fallback once it has failed) on one token.
-fn run(k: &Resolved, pool: &ThreadPool, w: &[u8], x: &[f32], out: &mut [f32], bytes: &mut Vec<u8>) -> Result<()> {
-    let err = |k: &dyn MatmulKernel, source| Error::Kernel { kernel: k.name().into(), source };
-    match k.kernel.run(pool, w, x, 1, out, bytes) {
-        Ok(()) => Ok(()),
-        Err(e) => match &k.fallback {
-            Some(fb) => {
-                tracing::error!(kernel = k.kernel.name(), "low-rank predictor: {e}; falling back to {}", fb.name());
+/// A factor's kernel with the built-in one that takes over, for good, the
+/// first time a pack's fails (as a model's `Linear` does).
+struct Product {
+    k: Resolved,
+    failed: AtomicBool,
+}
+
+impl Product {
+    /// Runs the kernel (or its fallback once it has failed) on one token.
+    fn run(&self, pool: &ThreadPool, w: &[u8], x: &[f32], out: &mut [f32], bytes: &mut Vec<u8>) -> Result<()> {
+        let err = |k: &dyn MatmulKernel, source| Error::Kernel { kernel: k.name().into(), source };
+        let k = &self.k;
+        match &k.fallback {
+            Some(fb) if self.failed.load(Ordering::Relaxed) => {
                 fb.run(pool, w, x, 1, out, bytes).map_err(|e| err(&**fb, e))
             }
-            None => Err(err(&*k.kernel, e)),
-        },
+            Some(fb) => k.kernel.run(pool, w, x, 1, out, bytes).or_else(|e| {
+                tracing::error!(kernel = k.kernel.name(), "low-rank predictor: {e}; falling back to {}", fb.name());
+                self.failed.store(true, Ordering::Relaxed);
+                fb.run(pool, w, x, 1, out, bytes).map_err(|e| err(&**fb, e))
+            }),
+            None => k.kernel.run(pool, w, x, 1, out, bytes).map_err(|e| err(&*k.kernel, e)),
+        }
     }
 }
 
@@ -171,8 +185,8 @@ impl LowRank {
         bytes: &mut Vec<u8>,
     ) -> Result<()> {
         t.resize(self.rank, 0.0);
-        run(&self.kp, pool, &self.p, x, t, bytes)?;
-        run(&self.kq, pool, &self.q, t, out, bytes)
+        self.kp.run(pool, &self.p, x, t, bytes)?;
+        self.kq.run(pool, &self.q, t, out, bytes)
     }
 
     /// The neurons this predictor keeps for `x`, ascending, into `pred`;

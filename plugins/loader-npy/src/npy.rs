@@ -8,7 +8,7 @@
 //! 'shape': (576, 49152), }`), then the elements in C order.
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
 /// Largest header accepted (numpy writes a few hundred bytes).
@@ -66,9 +66,9 @@ pub fn read_header(path: &Path) -> Result<Header, String> {
         return Err(bad(format!("the header ends at byte {data_offset}, past the file's {file_len}")));
     }
     let mut text = vec![0u8; header_len];
-    let mut f = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut skip = vec![0u8; header_start];
-    f.read_exact(&mut skip).and_then(|()| f.read_exact(&mut text)).map_err(|e| bad(e.to_string()))?;
+    f.seek(SeekFrom::Start(header_start as u64))
+        .and_then(|_| f.read_exact(&mut text))
+        .map_err(|e| bad(e.to_string()))?;
     let text = std::str::from_utf8(&text).map_err(|_| bad("the header is not text".into()))?;
     let (dtype, shape) = parse_dict(text).map_err(bad)?;
     let elements =
