@@ -162,18 +162,15 @@ fn engine(fuel: bool) -> std::result::Result<Engine, String> {
             std::thread::Builder::new()
                 .name("spinfer-wasm-epoch".into())
                 .spawn(move || {
-                    // Ticks at fixed wall-clock instants (no drift under
-                    // load), so epochs track elapsed time.
-                    let mut next = std::time::Instant::now();
+                    // At least one tick apart, never closer: a deadline of
+                    // n + 1 ticks then spans at least n full ticks, so a
+                    // kernel is never stopped before its budget. (Ticking on
+                    // a fixed grid would let a late tick and its on-time
+                    // successor land closer together and stop it early.)
                     while let Some(engine) = weak.upgrade() {
                         engine.increment_epoch();
                         drop(engine);
-                        next += EPOCH_TICK;
-                        let now = std::time::Instant::now();
-                        if next < now {
-                            next = now;
-                        }
-                        std::thread::sleep(next - now);
+                        std::thread::sleep(EPOCH_TICK);
                     }
                 })
                 .map_err(|e| format!("starting the wasm epoch ticker: {e}"))?;
