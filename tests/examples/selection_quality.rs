@@ -335,7 +335,7 @@ fn main() -> Result<()> {
         let t = Instant::now();
         let e = warm_load()?;
         warm.push(t.elapsed().as_secs_f64() * 1e3);
-        if !e.model.kernel_choices().iter().all(|l| matches!(l.choice, Choice::Measured)) {
+        if !e.model.kernel_choices().iter().all(|l| matches!(l.choice(), Choice::Measured)) {
             bail!("a warm-history load chose a kernel without its measurement");
         }
     }

@@ -157,6 +157,29 @@ fn only_the_packs_crate_opens_a_pack_library() {
     }
 }
 
+/// Every product the model runs per token is resolved once, at load,
+/// through the kernel registry: outside the registry itself, only the
+/// offline k-means of the sparse head's index build asks for a built-in
+/// kernel directly, and no engine code enumerates kernel candidates.
+#[test]
+fn products_are_resolved_at_load_through_the_registry() {
+    let ws = workspace();
+    for (p, code) in sources(&ws.join("engine")) {
+        let rel = p.strip_prefix(&ws).unwrap().to_string_lossy().to_string();
+        if rel.starts_with("engine/select/") || rel.starts_with("engine/kernels/") {
+            continue;
+        }
+        if rel != "engine/models/src/head/kmeans.rs" {
+            assert!(!code.contains("builtin_kernel("), "{rel} builds a kernel outside the registry");
+        }
+        // Packs bind their own kernels; the WASM pack's spot check keeps a
+        // one-row scalar reference built once per kernel.
+        if !rel.starts_with("engine/packs/") {
+            assert!(!code.contains("matmul::candidates("), "{rel} picks a kernel outside the registry");
+        }
+    }
+}
+
 #[test]
 fn the_kernels_crates_open_no_file_and_read_one_variable() {
     let src = workspace().join("engine/kernels/src");

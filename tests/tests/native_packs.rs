@@ -138,7 +138,7 @@ fn smollm2_through_each_pack_matches_builtin_kernels() {
             for lin in e.model.linears() {
                 let key = format!("{}*{}", lin.desc.wtype.name(), lin.desc.act.name());
                 if key == "q4_1*q8_1" || key == "q8_0*q8_0" {
-                    assert_eq!(lin.provider, provider, "{}", lin.name);
+                    assert_eq!(lin.provider(), provider, "{}", lin.name);
                     assert!(lin.kernel_name() == q41 || lin.kernel_name() == q80, "{}", lin.kernel_name());
                     pinned += 1;
                 }
@@ -286,12 +286,12 @@ fn sparse_gate_and_up_rows_run_through_the_pack() {
     let got = Engine::load_with(&model, options(Some(so)), &registry).unwrap();
     let mut through_pack = 0;
     for lin in got.model.linears().filter(|l| l.name.contains("ffn_gate") || l.name.contains("ffn_up")) {
-        assert_eq!(lin.rows_provider, pack.name(), "{}", lin.name);
+        assert_eq!(lin.rows_provider(), pack.name(), "{}", lin.name);
         through_pack += 1;
     }
     assert_eq!(through_pack, 2 * got.model.config.n_layers);
     for lin in want.model.linears().filter(|l| l.name.contains("ffn_up")) {
-        assert_eq!(lin.rows_provider, "cpu-builtin", "{}", lin.name);
+        assert_eq!(lin.rows_provider(), "cpu-builtin", "{}", lin.name);
     }
     // The down projection follows the dense product to the pack: its
     // scalar int8 AXPY.
@@ -329,7 +329,7 @@ fn sparse_down_projection_runs_through_the_pack() {
         let options = ModelOptions { precision, ctx: 64, threads: 2, sparsity: Some(so.clone()) };
         let want = Engine::load_with(&model, options.clone(), &KernelRegistry::builtin()).unwrap();
         let got = Engine::load_with(&model, options, &registry).unwrap();
-        assert!(got.model.linears().all(|l| l.provider == pack.name()), "{precision:?}: dense kernels from the pack");
+        assert!(got.model.linears().all(|l| l.provider() == pack.name()), "{precision:?}: dense kernels from the pack");
         let int8_offered = spinfer_sparse_kernels::NeuronMajor::axpy_fast_is_int8();
         let from_pack = precision == Precision::Precise || int8_offered;
         let provider = if from_pack { pack.name() } else { "cpu-builtin" };

@@ -18,7 +18,7 @@ use spinfer_engine::packs::{WasmLimits, WasmPack};
 use spinfer_engine::registry::{KernelProvider, KernelRegistry};
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{ActType, MatmulCall, MatmulDesc, MatmulKernel};
 use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_registry::{TrustPolicy, VerifiedPack, sha256_hex, verify_pack};
@@ -138,7 +138,7 @@ fn reference_pack_matches_the_builtin_precise_kernel() {
         let shapes: &[(usize, usize)] =
             if wtype == GgmlType::F32 { &[(37, 256), (5, 100), (3, 7)] } else { &[(37, 256), (9, 96)] };
         for &(rows, cols) in shapes {
-            let desc = MatmulDesc { wtype, act: ActType::F32, rows, cols };
+            let desc = MatmulDesc::dense(wtype, ActType::F32, rows, cols);
             let offered = pack.kernels_for(&desc);
             assert_eq!(offered.len(), 1, "{name} is offered for {rows}x{cols}");
             let k = &offered[0];
@@ -150,8 +150,8 @@ fn reference_pack_matches_the_builtin_precise_kernel() {
                 let x: Vec<f32> = (0..n_tokens * cols).map(|_| rng.f32()).collect();
                 let mut got = vec![0.0; n_tokens * rows];
                 let mut want = vec![0.0; n_tokens * rows];
-                k.run(&pool, &w, &x, n_tokens, &mut got, &mut Vec::new()).unwrap();
-                reference.run(&pool, &w, &x, n_tokens, &mut want, &mut Vec::new()).unwrap();
+                k.run(&pool, MatmulCall::dense(&w, &x, n_tokens, &mut got, &mut Vec::new())).unwrap();
+                reference.run(&pool, MatmulCall::dense(&w, &x, n_tokens, &mut want, &mut Vec::new())).unwrap();
                 // Relative to the output's RMS where a dot product cancels to ~0.
                 let rms = (want.iter().map(|v| v * v).sum::<f32>() / want.len() as f32).sqrt();
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
@@ -168,7 +168,7 @@ fn reference_pack_matches_the_builtin_precise_kernel() {
 #[test]
 fn kernels_are_offered_only_for_served_pairs() {
     let pack = load_pack();
-    let d = |wtype, act, cols| MatmulDesc { wtype, act, rows: 4, cols };
+    let d = |wtype, act, cols| MatmulDesc::dense(wtype, act, 4, cols);
     assert!(pack.kernels_for(&d(GgmlType::Q4_1, ActType::Q8_1, 64)).is_empty());
     assert!(pack.kernels_for(&d(GgmlType::Q4_0, ActType::F32, 64)).is_empty());
     assert!(pack.kernels_for(&d(GgmlType::Q8_0, ActType::F32, 40)).is_empty(), "not whole blocks");

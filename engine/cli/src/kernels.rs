@@ -94,10 +94,10 @@ fn print_choices(engine: &Engine, json: bool) {
                 serde_json::json!({
                     "op": describe(&l.desc),
                     "kernel": l.kernel_name(),
-                    "provider": l.provider,
-                    "rows_provider": l.rows_provider,
-                    "why": l.choice.to_string(),
-                    "alternatives": l.alternatives.iter().map(|(k, ns)| serde_json::json!({"kernel": k, "median_ns": ns})).collect::<Vec<_>>(),
+                    "provider": l.provider(),
+                    "rows_provider": l.rows_provider(),
+                    "why": l.choice().to_string(),
+                    "alternatives": l.alternatives().iter().map(|(k, ns)| serde_json::json!({"kernel": k, "median_ns": ns})).collect::<Vec<_>>(),
                 })
             })
             .collect();
@@ -110,11 +110,11 @@ fn print_choices(engine: &Engine, json: bool) {
     println!("cuda (spinfer-kernels-cuda): score {score}: {why}");
     for l in choices {
         println!("{}", describe(&l.desc));
-        println!("  -> {} ({}): {}", l.kernel_name(), l.provider, l.choice);
-        if l.rows_provider != l.provider {
-            println!("     gathered rows (sparse FFN): {}", l.rows_provider);
+        println!("  -> {} ({}): {}", l.kernel_name(), l.provider(), l.choice());
+        if l.rows_provider() != l.provider() {
+            println!("     gathered rows (sparse FFN): {}", l.rows_provider());
         }
-        for (k, ns) in &l.alternatives {
+        for (k, ns) in l.alternatives() {
             match ns {
                 Some(ns) => println!("     {k:<48} {:>10.1} µs", *ns as f64 / 1e3),
                 None => println!("     {k:<48} {:>10}", "-"),
@@ -128,7 +128,7 @@ fn print_choices(engine: &Engine, json: bool) {
             c.desc.rows,
             c.desc.cols,
             c.kernel_name(),
-            c.provider
+            c.provider()
         );
         let rows = h.rows.as_ref().unwrap_or(&engine.model.weights.output);
         println!(
@@ -136,7 +136,7 @@ fn print_choices(engine: &Engine, json: bool) {
             h.probes,
             h.index.clusters(),
             if h.rows.is_some() { "cluster-ordered copy" } else { "in place" },
-            rows.rows_provider
+            rows.rows_provider()
         );
     }
     if let Some(sp) = &engine.model.sparse {

@@ -22,7 +22,7 @@ fn records(n: usize) -> Vec<Record> {
     let host = Host::detect().fingerprint();
     (0..n)
         .map(|i| {
-            let desc = MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows: 64 + 32 * i, cols: 576 };
+            let desc = MatmulDesc::dense(GgmlType::Q4_1, ActType::Q8_1, 64 + 32 * i, 576);
             make_record(&host, &desc, Phase::Decode, 1, "cpu-builtin/x", Some(1000 + i as u64), None, 1 + i as u64)
         })
         .collect()

@@ -400,8 +400,8 @@ impl Engine {
                 op: describe(&l.desc),
                 tensor: l.name.clone(),
                 kernel: l.kernel_name().to_string(),
-                provider: l.provider.clone(),
-                choice: l.choice.to_string(),
+                provider: l.provider().to_string(),
+                choice: l.choice().to_string(),
                 fell_back: l.fell_back(),
             })
             .collect();

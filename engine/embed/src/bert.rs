@@ -38,7 +38,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use spinfer_kernels::dequant::dequantize_row;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{ActType, MatmulCall, MatmulDesc, MatmulKernel};
 use spinfer_kernels::matmul::gemm_packed::{Epilogue, PackedMatrix, PackedType, gemm_packed, packed_simd_available};
 use spinfer_kernels::matmul::{BLayout, sgemm};
 use spinfer_kernels::pool::SyncPtr;
@@ -93,7 +93,7 @@ impl Dense {
         let name = format!("{module}.weight");
         let t = loader.tensor(&name)?;
         check_dims(loader, &t, &[cols, rows])?;
-        let desc = MatmulDesc { wtype: t.ty, act: ActType::F32, rows, cols };
+        let desc = MatmulDesc::dense(t.ty, ActType::F32, rows, cols);
         let kernel = registry.resolve(&desc)?.kernel;
         let bias = load_vector(loader, &format!("{module}.bias"), rows)?;
         Ok(Self { name, w: t.data, bias, desc, kernel, packed: None, fused_bf16: false })
@@ -128,7 +128,7 @@ impl Dense {
         SCRATCH.with_borrow_mut(|scratch| -> Result<()> {
             for (xb, ob) in x[..n * cols].chunks(TOKEN_BLOCK * cols).zip(out.chunks_mut(TOKEN_BLOCK * rows)) {
                 self.kernel
-                    .run(pool, self.w.bytes(), xb, xb.len() / cols, ob, scratch)
+                    .run(pool, MatmulCall::dense(self.w.bytes(), xb, xb.len() / cols, ob, scratch))
                     .map_err(|source| Error::Kernel { kernel: self.kernel.name().to_string(), source })?;
             }
             Ok(())

@@ -11,7 +11,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use half::f16;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType, MatmulDesc};
+use spinfer_kernels::kernel::{ActType, MatmulCall, MatmulDesc};
 use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 
@@ -61,7 +61,7 @@ fn bench(c: &mut Criterion) {
             g.measurement_time(Duration::from_secs(2));
             g.sample_size(20);
             for (label, ty, act, rows, cols) in shapes {
-                let desc = MatmulDesc { wtype: ty, act, rows, cols };
+                let desc = MatmulDesc::dense(ty, act, rows, cols);
                 let kernels = candidates(&desc, &features);
                 let Some(k) = kernels.first() else { continue };
                 let w = weights(ty, rows, cols);
@@ -71,7 +71,8 @@ fn bench(c: &mut Criterion) {
                 g.throughput(Throughput::Bytes(w.len() as u64));
                 g.bench_function(format!("{label} [{}]", k.name()), |b| {
                     b.iter(|| {
-                        k.run(&pool, black_box(&w), black_box(&x), n_tokens, &mut out, &mut scratch).unwrap();
+                        k.run(&pool, MatmulCall::dense(black_box(&w), black_box(&x), n_tokens, &mut out, &mut scratch))
+                            .unwrap();
                     })
                 });
             }

@@ -14,7 +14,7 @@ pub enum KernelError {
     #[error("type {ty} is not supported by {what}")]
     Unsupported { ty: GgmlType, what: &'static str },
     /// The kernel does not offer this operation at all (e.g. the gathered
-    /// rows of [`crate::kernel::MatmulKernel::run_rows`]).
+    /// rows of a [`crate::kernel::Select::Rows`] call to a ternary kernel).
     #[error("kernel {kernel} does not offer {op}")]
     NotOffered { kernel: String, op: &'static str },
 

@@ -47,14 +47,120 @@ impl ActType {
     }
 }
 
+/// Which part of the weight matrix a product reads: the operation's form.
+/// The sparse output head's cluster row ranges are a [`Form::GatheredRows`]
+/// call whose list holds the ranges' rows: the row loop tiles runs of
+/// consecutive rows exactly as the dense product does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Form {
+    /// Every row: `out[t, r] = W[r, :] · x[t, :]`.
+    #[default]
+    Dense,
+    /// The rows `idx` (the sparse gate and up projections, the head's
+    /// clusters): `out[t, k] = W[idx[k], :] · x[t, :]`, read in place.
+    GatheredRows,
+    /// The AXPY over the columns `idx` (the sparse down projection):
+    /// `out[t, r] = Σ_j x[t, j] · W[r, idx[j]]`.
+    GatheredColumns,
+}
+
+impl Form {
+    /// `""`, `"gathered-row "` or `"gathered-column "`: the prefix of an
+    /// operation's name in reports, pins and logs.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Form::Dense => "",
+            Form::GatheredRows => "gathered-row ",
+            Form::GatheredColumns => "gathered-column ",
+        }
+    }
+}
+
 /// One matmul operation: `out[t, r] = sum_c W[r, c] * x[t, c]` with `W`
-/// of `rows x cols` elements of `wtype`, row-major.
+/// of `rows x cols` elements of `wtype`, row-major, read in `form`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulDesc {
     pub wtype: GgmlType,
     pub act: ActType,
     pub rows: usize,
     pub cols: usize,
+    pub form: Form,
+}
+
+impl MatmulDesc {
+    /// The dense product over a `rows x cols` matrix of `wtype`.
+    pub const fn dense(wtype: GgmlType, act: ActType, rows: usize, cols: usize) -> Self {
+        Self { wtype, act, rows, cols, form: Form::Dense }
+    }
+
+    /// The same matrix read in `form`.
+    pub const fn with_form(self, form: Form) -> Self {
+        Self { form, ..self }
+    }
+}
+
+/// What a call reads of the weights: all rows, or the listed rows or
+/// columns (the data of the descriptor's [`Form`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Select<'a> {
+    /// Every row of `w` (as many as it holds; see [`MatmulCall::w`]).
+    All,
+    /// The rows `idx` of `w`, in output order.
+    Rows(&'a [u32]),
+    /// The strictly ascending columns `idx` of `w`; `x` holds one
+    /// coefficient per listed column.
+    Columns(&'a [u32]),
+}
+
+impl Select<'_> {
+    /// The form this selection is a call of.
+    pub fn form(&self) -> Form {
+        match self {
+            Select::All => Form::Dense,
+            Select::Rows(_) => Form::GatheredRows,
+            Select::Columns(_) => Form::GatheredColumns,
+        }
+    }
+}
+
+/// One call of the kernel seam.
+pub struct MatmulCall<'a> {
+    /// The weights, row-major in the descriptor's `wtype`: all `rows` rows
+    /// of the matrix. A dense call may pass fewer whole rows (rows gathered
+    /// beforehand, e.g. from the FFN bundle); the built-in kernels serve
+    /// any row count, a pack's kernels may require exactly `rows`.
+    pub w: &'a [u8],
+    /// Which rows or columns the product reads.
+    pub select: Select<'a>,
+    /// `n_tokens` activation rows: `cols` values each, or one per listed
+    /// column for [`Select::Columns`].
+    pub x: &'a [f32],
+    pub n_tokens: usize,
+    /// `n_tokens` output rows: one value per row computed (all rows, the
+    /// listed rows, or all rows of the AXPY).
+    pub out: &'a mut [f32],
+    /// The kernel's reusable buffer (quantised activations); steady-state
+    /// calls do not allocate.
+    pub scratch: &'a mut Vec<u8>,
+}
+
+impl<'a> MatmulCall<'a> {
+    /// A dense call: every row of `w`.
+    pub fn dense(w: &'a [u8], x: &'a [f32], n_tokens: usize, out: &'a mut [f32], scratch: &'a mut Vec<u8>) -> Self {
+        Self { w, select: Select::All, x, n_tokens, out, scratch }
+    }
+
+    /// The same call, borrowed again (to retry it on another kernel).
+    pub fn reborrow(&mut self) -> MatmulCall<'_> {
+        MatmulCall {
+            w: self.w,
+            select: self.select,
+            x: self.x,
+            n_tokens: self.n_tokens,
+            out: self.out,
+            scratch: self.scratch,
+        }
+    }
 }
 
 /// A matmul implementation. Implementations are stateless apart from
@@ -63,74 +169,34 @@ pub trait MatmulKernel: Send + Sync {
     /// Stable identifier, e.g. `"avx512/q4_1*q8_1"`.
     fn name(&self) -> &str;
 
-    /// `out[t * rows + r] = dot(W[r, :], x[t * cols .. (t + 1) * cols])` for
-    /// `t in 0..n_tokens`. `w` holds `rows` rows of `desc.wtype`; `x` holds
-    /// `n_tokens * cols` f32 activations (quantised inside if the kernel's
-    /// activation type asks for it, using `scratch`); `out` holds
-    /// `n_tokens * rows` floats. Work is spread over `pool`.
-    fn run(
-        &self,
-        pool: &ThreadPool,
-        w: &[u8],
-        x: &[f32],
-        n_tokens: usize,
-        out: &mut [f32],
-        scratch: &mut Vec<u8>,
-    ) -> Result<()>;
-
-    /// The gathered-row product (the sparse up projection): `out[t *
-    /// idx.len() + k] = dot(W[idx[k], :], x[t * cols .. (t + 1) * cols])`,
-    /// reading only the rows `idx` of `w` (which holds all `rows` rows) in
-    /// place. Each value equals the dense product's row `idx[k]`. Kernels
-    /// that cannot address single rows return [`KernelError::NotOffered`]
-    /// (the default); callers then copy the rows and use [`Self::run`].
+    /// Runs `call` over `pool`:
+    ///
+    /// * [`Select::All`]: `out[t * rows + r] = dot(W[r, :], x[t * cols ..
+    ///   (t + 1) * cols])`;
+    /// * [`Select::Rows`]: `out[t * k + j] = dot(W[idx[j], :], x[t * cols
+    ///   ..])`, reading only the listed rows, each value equal to the dense
+    ///   product's row `idx[j]`;
+    /// * [`Select::Columns`]: `out[t * rows + r] = Σ_j x[t * k + j] · W[r,
+    ///   idx[j]]`.
+    ///
+    /// Activations are quantised inside if the kernel's activation type
+    /// asks for it, using `call.scratch`. A kernel answers
+    /// [`KernelError::NotOffered`] for a form it does not serve (the
+    /// registry offers kernels per form, so a resolved kernel is only
+    /// called in its own).
     ///
     /// [`KernelError::NotOffered`]: crate::KernelError::NotOffered
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "the kernel seam's call: weights, indices, activations, tokens, output, scratch; one call struct is issue 17's next step"
-    )]
-    fn run_rows(
-        &self,
-        pool: &ThreadPool,
-        w: &[u8],
-        idx: &[u32],
-        x: &[f32],
-        n_tokens: usize,
-        out: &mut [f32],
-        scratch: &mut Vec<u8>,
-    ) -> Result<()> {
-        let _ = (pool, w, idx, x, n_tokens, out, scratch);
-        Err(crate::KernelError::NotOffered { kernel: self.name().to_string(), op: "gathered-row matmul" })
-    }
+    fn run(&self, pool: &ThreadPool, call: MatmulCall<'_>) -> Result<()>;
+}
 
-    /// The gathered-column AXPY (the sparse down projection):
-    /// `out[t * rows + r] = Σ_j x[t * k + j] · W[r, idx[j]]` over the `k` strictly
-    /// ascending columns `idx` of `w` (all `rows x cols` of it, as the model
-    /// stores it). Served by pack kernels of the ABI's
-    /// `GATHERED_COLUMN_AXPY`, which keep their own repack of `w`; the
-    /// built-in kernels answer [`KernelError::NotOffered`] (the default):
-    /// the engine's own sparse down projection runs on its exact
-    /// neuron-major repack (`spinfer_sparse_kernels::NeuronMajor`) instead.
-    ///
-    /// [`KernelError::NotOffered`]: crate::KernelError::NotOffered
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "the kernel seam's call: weights, indices, activations, tokens, output, scratch; one call struct is issue 17's next step"
-    )]
-    fn run_columns(
-        &self,
-        pool: &ThreadPool,
-        w: &[u8],
-        idx: &[u32],
-        x: &[f32],
-        n_tokens: usize,
-        out: &mut [f32],
-        scratch: &mut Vec<u8>,
-    ) -> Result<()> {
-        let _ = (pool, w, idx, x, n_tokens, out, scratch);
-        Err(crate::KernelError::NotOffered { kernel: self.name().to_string(), op: "gathered-column axpy" })
-    }
+/// The error of a kernel asked for a form it does not serve.
+pub fn not_offered(kernel: &dyn MatmulKernel, form: Form) -> crate::KernelError {
+    let op = match form {
+        Form::Dense => "dense matmul",
+        Form::GatheredRows => "gathered-row matmul",
+        Form::GatheredColumns => "gathered-column axpy",
+    };
+    crate::KernelError::NotOffered { kernel: kernel.name().to_string(), op }
 }
 
 /// An error naming the first index of `idx` that is not below `n_rows`

@@ -10,14 +10,14 @@ use kernels_common::*;
 use rand::Rng;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{ActType, MatmulCall, MatmulDesc, MatmulKernel};
 use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 
 fn run(k: &dyn MatmulKernel, pool: &ThreadPool, w: &[u8], x: &[f32], n: usize, rows: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; n * rows];
     let mut scratch = Vec::new();
-    k.run(pool, w, x, n, &mut out, &mut scratch).unwrap();
+    k.run(pool, MatmulCall::dense(w, x, n, &mut out, &mut scratch)).unwrap();
     out
 }
 
@@ -28,7 +28,7 @@ fn check_shape(ty: GgmlType, rows: usize, cols: usize, n: usize, seed: u64, pool
     let mut r = rng(seed);
     let w = random_weights(&mut r, ty, rows, cols);
     let x: Vec<f32> = (0..n * cols).map(|_| r.random_range(-1.0f32..1.0)).collect();
-    let desc = MatmulDesc { wtype: ty, act: ActType::F32, rows, cols };
+    let desc = MatmulDesc::dense(ty, ActType::F32, rows, cols);
     let ks = candidates(&desc, &CpuFeatures::detect());
     let scalar = ks.iter().find(|k| k.name().starts_with("scalar")).expect("a scalar kernel");
     let exp = run(scalar.as_ref(), &pools[0], &w, &x, n, rows);

@@ -7,12 +7,12 @@ mod kernels_common;
 use kernels_common::*;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{ActType, MatmulCall, MatmulDesc, MatmulKernel};
 use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 
 fn kernels(ty: GgmlType, act: ActType, rows: usize, cols: usize) -> Vec<Box<dyn MatmulKernel>> {
-    let desc = MatmulDesc { wtype: ty, act, rows, cols };
+    let desc = MatmulDesc::dense(ty, act, rows, cols);
     candidates(&desc, &CpuFeatures::detect())
 }
 
@@ -20,7 +20,7 @@ fn kernels(ty: GgmlType, act: ActType, rows: usize, cols: usize) -> Vec<Box<dyn 
 fn run(k: &dyn MatmulKernel, pool: &ThreadPool, w: &[u8], x: &[f32], n: usize, rows: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; n * rows];
     let mut scratch = Vec::new();
-    k.run(pool, w, x, n, &mut out, &mut scratch).unwrap();
+    k.run(pool, MatmulCall::dense(w, x, n, &mut out, &mut scratch)).unwrap();
     out
 }
 
@@ -179,11 +179,11 @@ fn scratch_is_reused_without_growth() {
         for k in kernels(ty, act, rows, cols) {
             let mut out = vec![0.0; 4 * rows];
             let mut scratch = Vec::new();
-            k.run(&pool, &w, &x, 4, &mut out, &mut scratch).unwrap();
+            k.run(&pool, MatmulCall::dense(&w, &x, 4, &mut out, &mut scratch)).unwrap();
             let (cap, ptr) = (scratch.capacity(), scratch.as_ptr());
             let first = out.clone();
             for _ in 0..3 {
-                k.run(&pool, &w, &x, 4, &mut out, &mut scratch).unwrap();
+                k.run(&pool, MatmulCall::dense(&w, &x, 4, &mut out, &mut scratch)).unwrap();
                 assert_eq!(out, first, "{}: not deterministic", k.name());
             }
             assert_eq!((scratch.capacity(), scratch.as_ptr()), (cap, ptr), "{}", k.name());
@@ -204,17 +204,20 @@ fn wrong_sizes_are_errors() {
             let mut s = Vec::new();
             let mut out = vec![0.0; 2 * rows];
             let name = k.name().to_string();
-            assert!(k.run(&pool, &w[..w.len() - 1], &x, 2, &mut out, &mut s).is_err(), "{name}: short w");
+            assert!(
+                k.run(&pool, MatmulCall::dense(&w[..w.len() - 1], &x, 2, &mut out, &mut s)).is_err(),
+                "{name}: short w"
+            );
             let mut longer = w.clone();
             longer.push(0);
-            assert!(k.run(&pool, &longer, &x, 2, &mut out, &mut s).is_err(), "{name}: long w");
-            assert!(k.run(&pool, &w, &x[..cols], 2, &mut out, &mut s).is_err(), "{name}: short x");
-            assert!(k.run(&pool, &w, &x, 1, &mut out, &mut s).is_err(), "{name}: x/n mismatch");
-            assert!(k.run(&pool, &w, &x, 2, &mut out[..rows], &mut s).is_err(), "{name}: short out");
+            assert!(k.run(&pool, MatmulCall::dense(&longer, &x, 2, &mut out, &mut s)).is_err(), "{name}: long w");
+            assert!(k.run(&pool, MatmulCall::dense(&w, &x[..cols], 2, &mut out, &mut s)).is_err(), "{name}: short x");
+            assert!(k.run(&pool, MatmulCall::dense(&w, &x, 1, &mut out, &mut s)).is_err(), "{name}: x/n mismatch");
+            assert!(k.run(&pool, MatmulCall::dense(&w, &x, 2, &mut out[..rows], &mut s)).is_err(), "{name}: short out");
             let mut big = vec![0.0; 3 * rows];
-            assert!(k.run(&pool, &w, &x, 2, &mut big, &mut s).is_err(), "{name}: long out");
+            assert!(k.run(&pool, MatmulCall::dense(&w, &x, 2, &mut big, &mut s)).is_err(), "{name}: long out");
             let mut none: Vec<f32> = Vec::new();
-            assert!(k.run(&pool, &w, &[], 0, &mut none, &mut s).is_ok(), "{name}: zero tokens");
+            assert!(k.run(&pool, MatmulCall::dense(&w, &[], 0, &mut none, &mut s)).is_ok(), "{name}: zero tokens");
         }
     }
 }
@@ -234,11 +237,11 @@ fn unsupported_pairs_have_no_candidates() {
         (Q4_0, ActType::Q8_0, 40),
         (Q4_K, ActType::Q8_K, 320),
     ] {
-        let desc = MatmulDesc { wtype: ty, act, rows: 4, cols };
+        let desc = MatmulDesc::dense(ty, act, 4, cols);
         assert!(candidates(&desc, &f).is_empty(), "{ty} {act:?} {cols}");
     }
     // A CPU without SIMD still gets the scalar kernel.
-    let desc = MatmulDesc { wtype: Q4_1, act: ActType::Q8_1, rows: 4, cols: 64 };
+    let desc = MatmulDesc::dense(Q4_1, ActType::Q8_1, 4, 64);
     let ks = candidates(&desc, &CpuFeatures::default());
     assert_eq!(ks.len(), 1);
     assert!(ks[0].name().starts_with("scalar"));

@@ -15,7 +15,7 @@ use spinfer_kernels::dot::ternary::{
     dequantize_row_i2s, dot_i2s_q8_k, dot_tq1_0_q8_k, dot_tq2_0_q8_k, i2s_candidates, i2s_row_bytes, i2s_row_scale,
     repack_tq2_0_to_i2s,
 };
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{ActType, MatmulCall, MatmulDesc, MatmulKernel};
 use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::quantize::quantize_row_q8_k_ref;
@@ -76,7 +76,7 @@ fn row_bytes(ty: Option<GgmlType>, cols: usize) -> usize {
 
 fn run(k: &dyn MatmulKernel, pool: &ThreadPool, w: &[u8], x: &[f32], n: usize, rows: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; n * rows];
-    k.run(pool, w, x, n, &mut out, &mut Vec::new()).unwrap();
+    k.run(pool, MatmulCall::dense(w, x, n, &mut out, &mut Vec::new())).unwrap();
     out
 }
 
@@ -185,7 +185,7 @@ fn tq_matmul_through_candidates_fast_and_precise() {
         let w = random_tq(&mut r, ty, rows, cols, false);
         let x = random_acts(&mut r, n * cols);
         // Fast mode: the ternary kernels, best first.
-        let desc = MatmulDesc { wtype: ty, act: ActType::Q8_K, rows, cols };
+        let desc = MatmulDesc::dense(ty, ActType::Q8_K, rows, cols);
         let ks = candidates(&desc, &f);
         let best = if f.has_avx512() {
             "avx512"
@@ -198,7 +198,7 @@ fn tq_matmul_through_candidates_fast_and_precise() {
         let (exp, mag) = reference(Some(ty), &w, &x, n, rows, cols);
         check(ks[0].name(), &run(ks[0].as_ref(), &pool, &w, &x, n, rows), &exp, &mag, "candidates()[0]");
         // Precise mode: f32 activations through the generic dequantising path.
-        let desc = MatmulDesc { wtype: ty, act: ActType::F32, rows, cols };
+        let desc = MatmulDesc::dense(ty, ActType::F32, rows, cols);
         let ks = candidates(&desc, &f);
         assert!(!ks.is_empty(), "no precise kernel for {ty}");
         let rb = ty.row_bytes(cols).unwrap();
@@ -218,14 +218,11 @@ fn tq_matmul_through_candidates_fast_and_precise() {
     }
     // Ternary weights pair with Q8_K only.
     for act in [ActType::Q8_0, ActType::Q8_1] {
-        assert!(candidates(&MatmulDesc { wtype: GgmlType::TQ2_0, act, rows: 4, cols: 256 }, &f).is_empty());
+        assert!(candidates(&MatmulDesc::dense(GgmlType::TQ2_0, act, 4, 256), &f).is_empty());
     }
-    assert!(candidates(&MatmulDesc { wtype: GgmlType::TQ1_0, act: ActType::Q8_K, rows: 4, cols: 320 }, &f).is_empty());
+    assert!(candidates(&MatmulDesc::dense(GgmlType::TQ1_0, ActType::Q8_K, 4, 320), &f).is_empty());
     // A CPU without SIMD still gets the scalar kernel.
-    let ks = candidates(
-        &MatmulDesc { wtype: GgmlType::TQ1_0, act: ActType::Q8_K, rows: 4, cols: 256 },
-        &CpuFeatures::default(),
-    );
+    let ks = candidates(&MatmulDesc::dense(GgmlType::TQ1_0, ActType::Q8_K, 4, 256), &CpuFeatures::default());
     assert_eq!(ks.len(), 1);
     assert_eq!(ks[0].name(), "scalar/tq1_0*q8_K");
 }
@@ -278,18 +275,21 @@ fn wrong_sizes_are_errors() {
             let name = k.name().to_string();
             let mut s = Vec::new();
             let mut out = vec![0.0; 2 * rows];
-            assert!(k.run(&pool, &w[..w.len() - 1], &x, 2, &mut out, &mut s).is_err(), "{name}: short w");
+            assert!(
+                k.run(&pool, MatmulCall::dense(&w[..w.len() - 1], &x, 2, &mut out, &mut s)).is_err(),
+                "{name}: short w"
+            );
             let mut longer = w.clone();
             longer.push(0);
-            assert!(k.run(&pool, &longer, &x, 2, &mut out, &mut s).is_err(), "{name}: long w");
-            assert!(k.run(&pool, &w, &x[..cols], 2, &mut out, &mut s).is_err(), "{name}: short x");
-            assert!(k.run(&pool, &w, &x, 2, &mut out[..rows], &mut s).is_err(), "{name}: short out");
+            assert!(k.run(&pool, MatmulCall::dense(&longer, &x, 2, &mut out, &mut s)).is_err(), "{name}: long w");
+            assert!(k.run(&pool, MatmulCall::dense(&w, &x[..cols], 2, &mut out, &mut s)).is_err(), "{name}: short x");
+            assert!(k.run(&pool, MatmulCall::dense(&w, &x, 2, &mut out[..rows], &mut s)).is_err(), "{name}: short out");
             let mut none: Vec<f32> = Vec::new();
-            assert!(k.run(&pool, &w, &[], 0, &mut none, &mut s).is_ok(), "{name}: zero tokens");
+            assert!(k.run(&pool, MatmulCall::dense(&w, &[], 0, &mut none, &mut s)).is_ok(), "{name}: zero tokens");
             // Scratch is reused without growth.
-            k.run(&pool, &w, &x, 2, &mut out, &mut s).unwrap();
+            k.run(&pool, MatmulCall::dense(&w, &x, 2, &mut out, &mut s)).unwrap();
             let (cap, ptr, first) = (s.capacity(), s.as_ptr(), out.clone());
-            k.run(&pool, &w, &x, 2, &mut out, &mut s).unwrap();
+            k.run(&pool, MatmulCall::dense(&w, &x, 2, &mut out, &mut s)).unwrap();
             assert_eq!((s.capacity(), s.as_ptr()), (cap, ptr), "{name}");
             assert_eq!(out, first, "{name}: not deterministic");
         }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use spinfer_kernels::dot::ternary::repack_tq2_0_to_i2s;
-use spinfer_kernels::kernel::MatmulKernel;
+use spinfer_kernels::kernel::{MatmulCall, MatmulKernel, Select, not_offered};
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::{GgmlType, KernelError};
 
@@ -59,16 +59,13 @@ impl MatmulKernel for I2sFromTq2_0 {
         self.inner.name()
     }
 
-    fn run(
-        &self,
-        pool: &ThreadPool,
-        w: &[u8],
-        x: &[f32],
-        n_tokens: usize,
-        out: &mut [f32],
-        scratch: &mut Vec<u8>,
-    ) -> spinfer_kernels::Result<()> {
-        let i2s = self.i2s(w)?;
-        self.inner.run(pool, &i2s, x, n_tokens, out, scratch)
+    /// The dense product on the repacked weights (the only form it
+    /// serves).
+    fn run(&self, pool: &ThreadPool, call: MatmulCall<'_>) -> spinfer_kernels::Result<()> {
+        if !matches!(call.select, Select::All) {
+            return Err(not_offered(self, call.select.form()));
+        }
+        let i2s = self.i2s(call.w)?;
+        self.inner.run(pool, MatmulCall { w: &i2s, ..call })
     }
 }

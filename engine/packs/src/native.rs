@@ -27,7 +27,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
-use spinfer_kernels::kernel::{MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{Form, MatmulCall, MatmulDesc, MatmulKernel, Select, not_offered};
 use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk, chunk_aligned};
 use spinfer_kernels::{GgmlType, KernelError};
@@ -309,21 +309,25 @@ impl KernelProvider for NativePack {
         self.score
     }
 
-    /// The pack's kernels for `desc`: its `MAT_MUL` kernels of the weight
-    /// type; for ternary weights (TQ1_0, TQ2_0) its `TERNARY_MAT_MUL` ones,
-    /// and for TQ2_0 also its I2_S kernels, fed an exact repack of the
-    /// weights (`I2sFromTq2_0`).
+    /// The pack's kernels for `desc`, by form. Dense: its `MAT_MUL`
+    /// kernels of the weight type; for ternary weights (TQ1_0, TQ2_0) its
+    /// `TERNARY_MAT_MUL` ones, and for TQ2_0 also its I2_S kernels, fed an
+    /// exact repack of the weights (`I2sFromTq2_0`). Gathered rows: its
+    /// `GATHERED_ROW_MAT_VEC` kernels; gathered columns: its
+    /// `GATHERED_COLUMN_AXPY` ones.
     fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
         let (w, a) = (abi_weight_type(desc.wtype), abi_act_type(desc.act));
         let ternary = matches!(desc.wtype, GgmlType::TQ1_0 | GgmlType::TQ2_0);
-        let serves = |d: &KernelDesc| {
-            d.act == a
-                && d.accepts_shape(desc.rows, desc.cols)
-                && (d.op == Op::MAT_MUL || (ternary && d.op == Op::TERNARY_MAT_MUL))
-                && d.wtype == w
+        let op_serves = |op: Op| match desc.form {
+            Form::Dense => op == Op::MAT_MUL || (ternary && op == Op::TERNARY_MAT_MUL),
+            Form::GatheredRows => op == Op::GATHERED_ROW_MAT_VEC,
+            Form::GatheredColumns => op == Op::GATHERED_COLUMN_AXPY,
         };
+        let serves =
+            |d: &KernelDesc| d.act == a && d.accepts_shape(desc.rows, desc.cols) && op_serves(d.op) && d.wtype == w;
         let i2s = |d: &KernelDesc| {
             desc.wtype == GgmlType::TQ2_0
+                && desc.form == Form::Dense
                 && d.op == Op::TERNARY_MAT_MUL
                 && d.wtype == WeightType::I2_S
                 && d.act == a
@@ -335,30 +339,6 @@ impl KernelProvider for NativePack {
             out.push(Arc::new(I2sFromTq2_0::new(self.bind(d, k, desc), self.provider_name.clone(), desc.cols)));
         }
         out
-    }
-
-    fn rows_kernel(&self, desc: &MatmulDesc, name: &str) -> Option<Arc<dyn MatmulKernel>> {
-        let (w, a) = (abi_weight_type(desc.wtype), abi_act_type(desc.act));
-        self.kernels
-            .iter()
-            .find(|(d, _)| {
-                d.op == Op::GATHERED_ROW_MAT_VEC
-                    && d.wtype == w
-                    && d.act == a
-                    && d.accepts_shape(desc.rows, desc.cols)
-                    && self.kernel_name(d) == name
-            })
-            .map(|(d, k)| self.bind(d, k, desc))
-    }
-
-    fn columns_kernel(&self, desc: &MatmulDesc) -> Option<Arc<dyn MatmulKernel>> {
-        let (w, a) = (abi_weight_type(desc.wtype), abi_act_type(desc.act));
-        self.kernels
-            .iter()
-            .find(|(d, _)| {
-                d.op == Op::GATHERED_COLUMN_AXPY && d.wtype == w && d.act == a && d.accepts_shape(desc.rows, desc.cols)
-            })
-            .map(|(d, k)| self.bind(d, k, desc))
     }
 }
 
@@ -389,9 +369,9 @@ pub struct PackKernel {
     name: String,
     pack: String,
     kernel: Arc<KernelBox>,
-    /// What the pack kernel serves: `MAT_MUL` (dense, `run`),
-    /// `GATHERED_ROW_MAT_VEC` (`run_rows` through the ABI's `run_sparse`)
-    /// or `GATHERED_COLUMN_AXPY` (`run_columns`, likewise).
+    /// What the pack kernel serves: `MAT_MUL`/`TERNARY_MAT_MUL` (dense),
+    /// `GATHERED_ROW_MAT_VEC` (gathered rows, through the ABI's
+    /// `run_sparse`) or `GATHERED_COLUMN_AXPY` (gathered columns, likewise).
     op: Op,
     desc: MatmulDesc,
     /// Weight slices (address, length) already given to `prepare`.
@@ -435,19 +415,32 @@ impl MatmulKernel for PackKernel {
         &self.name
     }
 
+    /// The call in the pack kernel's own form (others answer
+    /// `NotOffered`).
+    fn run(&self, pool: &ThreadPool, call: MatmulCall<'_>) -> spinfer_kernels::Result<()> {
+        let MatmulCall { w, select, x, n_tokens, out, scratch: _ } = call;
+        match (self.op, select) {
+            (Op::GATHERED_ROW_MAT_VEC, Select::Rows(idx)) => self.run_rows(pool, w, idx, x, n_tokens, out),
+            (Op::GATHERED_COLUMN_AXPY, Select::Columns(idx)) => self.run_columns(pool, w, idx, x, n_tokens, out),
+            (Op::MAT_MUL | Op::TERNARY_MAT_MUL, Select::All) => self.run_dense(pool, w, x, n_tokens, out),
+            _ => Err(not_offered(self, select.form())),
+        }
+    }
+}
+
+impl PackKernel {
     /// Pack kernels are single-threaded (the pool does not cross the ABI),
     /// so the work is spread over the host's pool here: weight rows for up
     /// to `ROW_SPLIT_TOKENS` tokens (decode, including the fast mode's
     /// two activation planes), tokens for a larger batch (prefill). Each
     /// thread writes a disjoint part of `out`.
-    fn run(
+    fn run_dense(
         &self,
         pool: &ThreadPool,
         w: &[u8],
         x: &[f32],
         n_tokens: usize,
         out: &mut [f32],
-        _scratch: &mut Vec<u8>,
     ) -> spinfer_kernels::Result<()> {
         let (rows, cols) = (self.desc.rows, self.desc.cols);
         if !w.len().is_multiple_of(rows.max(1)) || x.len() != n_tokens * cols || out.len() != n_tokens * rows {
@@ -497,8 +490,7 @@ impl MatmulKernel for PackKernel {
         })
     }
 
-    /// The gathered-row form (a `GATHERED_ROW_MAT_VEC` kernel; others
-    /// answer `NotOffered`): the row list is split over the host's pool,
+    /// The gathered-row form (a `GATHERED_ROW_MAT_VEC` kernel): the row list is split over the host's pool,
     /// each thread asking the pack for its part through `run_sparse`.
     fn run_rows(
         &self,
@@ -508,11 +500,7 @@ impl MatmulKernel for PackKernel {
         x: &[f32],
         n_tokens: usize,
         out: &mut [f32],
-        _scratch: &mut Vec<u8>,
     ) -> spinfer_kernels::Result<()> {
-        if self.op != Op::GATHERED_ROW_MAT_VEC {
-            return Err(KernelError::NotOffered { kernel: self.name.clone(), op: "gathered-row matmul" });
-        }
         let (rows, cols, k) = (self.desc.rows, self.desc.cols, idx.len());
         if !w.len().is_multiple_of(rows.max(1)) || x.len() != n_tokens * cols || out.len() != n_tokens * k {
             return Err(KernelError::Shape {
@@ -546,8 +534,7 @@ impl MatmulKernel for PackKernel {
         })
     }
 
-    /// The gathered-column AXPY (a `GATHERED_COLUMN_AXPY` kernel; others
-    /// answer `NotOffered`): the rows of `W` are split over the host's
+    /// The gathered-column AXPY (a `GATHERED_COLUMN_AXPY` kernel): the rows of `W` are split over the host's
     /// pool in ranges starting at multiples of 32, each thread asking the
     /// pack for its range (a weight slice of its own, prepared once)
     /// through `run_sparse`.
@@ -559,11 +546,7 @@ impl MatmulKernel for PackKernel {
         x: &[f32],
         n_tokens: usize,
         out: &mut [f32],
-        _scratch: &mut Vec<u8>,
     ) -> spinfer_kernels::Result<()> {
-        if self.op != Op::GATHERED_COLUMN_AXPY {
-            return Err(KernelError::NotOffered { kernel: self.name.clone(), op: "gathered-column axpy" });
-        }
         let (rows, cols, k) = (self.desc.rows, self.desc.cols, idx.len());
         if rows == 0 || !w.len().is_multiple_of(rows) || x.len() != n_tokens * k || out.len() != n_tokens * rows {
             return Err(KernelError::Shape {

@@ -51,7 +51,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{ActType, Form, MatmulCall, MatmulDesc, MatmulKernel, Select, not_offered};
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::{GgmlType, KernelError};
 use spinfer_registry::{PackKind, VerifiedPack};
@@ -404,8 +404,10 @@ impl KernelProvider for WasmPack {
         u32::from(!self.is_disabled())
     }
 
+    /// Dense f32-activation kernels only (the WASM ABI has no gathered
+    /// forms).
     fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
-        if self.is_disabled() || desc.act != ActType::F32 {
+        if self.is_disabled() || desc.act != ActType::F32 || desc.form != Form::Dense {
             return Vec::new();
         }
         let Ok(row_bytes) = desc.wtype.row_bytes(desc.cols) else { return Vec::new() };
@@ -448,15 +450,11 @@ impl MatmulKernel for WasmKernel {
     /// Runs on the calling thread (the pool is not used); see the module
     /// docs for the copy and locking model. Pack failures come back as
     /// `KernelError::Pack` carrying the pack error's message.
-    fn run(
-        &self,
-        _pool: &ThreadPool,
-        w: &[u8],
-        x: &[f32],
-        n_tokens: usize,
-        out: &mut [f32],
-        _scratch: &mut Vec<u8>,
-    ) -> spinfer_kernels::Result<()> {
+    fn run(&self, _pool: &ThreadPool, call: MatmulCall<'_>) -> spinfer_kernels::Result<()> {
+        let MatmulCall { w, select, x, n_tokens, out, scratch: _ } = call;
+        if !matches!(select, Select::All) {
+            return Err(not_offered(self, select.form()));
+        }
         let d = &self.desc;
         let want = d.rows * self.row_bytes;
         if w.len() != want {
@@ -522,7 +520,7 @@ impl WasmKernel {
         let xt = &x[t * d.cols..(t + 1) * d.cols];
         let mut guard = reference.lock().unwrap_or_else(PoisonError::into_inner);
         let SpotReference { kernel, pool, scratch } = &mut *guard;
-        if kernel.run(pool, row, xt, 1, &mut want, scratch).is_err() {
+        if kernel.run(pool, MatmulCall::dense(row, xt, 1, &mut want, scratch)).is_err() {
             return Ok(());
         }
         let (got, want) = (out[t * d.rows + r], want[0]);
@@ -683,7 +681,7 @@ mod tests {
     use super::*;
     use crate::fixtures::{MATVEC_TRAPS_ON_BATCH, pack, wat_module};
 
-    const DESC: MatmulDesc = MatmulDesc { wtype: GgmlType::F32, act: ActType::F32, rows: 4, cols: 8 };
+    const DESC: MatmulDesc = MatmulDesc::dense(GgmlType::F32, ActType::F32, 4, 8);
 
     fn kernel(p: &WasmPack) -> Arc<dyn MatmulKernel> {
         p.kernels_for(&DESC).into_iter().next().expect("the pack offers its f32 kernel")
@@ -693,7 +691,7 @@ mod tests {
     fn run(k: &dyn MatmulKernel, w: &[u8]) -> spinfer_kernels::Result<Vec<f32>> {
         let x = vec![1.0f32; 8];
         let mut out = vec![0.0f32; 4];
-        k.run(&ThreadPool::new(1), w, &x, 1, &mut out, &mut Vec::new())?;
+        k.run(&ThreadPool::new(1), MatmulCall::dense(w, &x, 1, &mut out, &mut Vec::new()))?;
         Ok(out)
     }
 

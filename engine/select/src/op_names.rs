@@ -11,7 +11,8 @@ pub fn pin_key(w: spinfer_kernels::GgmlType, act: ActType) -> String {
     format!("{}*{}", w.name(), act.name())
 }
 
-/// Human-readable operation name, e.g. `"matmul q4_1*q8_1 1536x576"`.
+/// Human-readable operation name, e.g. `"matmul q4_1*q8_1 1536x576"` or
+/// `"gathered-row matmul q4_1*q8_1 1536x576"`.
 pub fn describe(desc: &MatmulDesc) -> String {
-    format!("matmul {} {}x{}", pin_key(desc.wtype, desc.act), desc.rows, desc.cols)
+    format!("{}matmul {} {}x{}", desc.form.prefix(), pin_key(desc.wtype, desc.act), desc.rows, desc.cols)
 }

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{Form, MatmulDesc, MatmulKernel};
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -23,7 +23,7 @@ use spinfer_kernels::pool::ThreadPool;
 use spinfer_plugin_api::{CachePolicyBox, PredictorBox, PredictorSpec};
 
 pub use crate::op_names::{BUILTIN, describe, pin_key};
-use crate::tuning::bench::{Phase, kernel_id, verify, verify_columns, verify_rows};
+use crate::tuning::bench::{Phase, kernel_id, verify};
 use crate::tuning::history::{HistoryStore, Host};
 use crate::tuning::select::{Reason, select};
 use crate::{Error, Result};
@@ -36,24 +36,12 @@ pub trait KernelProvider: Send + Sync {
     /// How well this provider suits the host; 0 = unsupported. Higher wins.
     fn score(&self) -> u32;
 
-    /// Kernels serving `desc`, best first; empty if unsupported.
+    /// Kernels serving `desc` in its form, best first; empty if
+    /// unsupported. A kernel offered for a gathered form should carry the
+    /// name of the provider's dense kernel it is the form of, so the
+    /// gathered product follows the dense choice (see
+    /// [`KernelRegistry::resolve_gathered`]).
     fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>>;
-
-    /// The gathered-row form ([`MatmulKernel::run_rows`]) of this
-    /// provider's kernel `name` for `desc`, if it has one.
-    fn rows_kernel(&self, desc: &MatmulDesc, name: &str) -> Option<Arc<dyn MatmulKernel>> {
-        let _ = (desc, name);
-        None
-    }
-
-    /// This provider's gathered-column AXPY
-    /// ([`MatmulKernel::run_columns`]) over `desc`'s matrix, best first,
-    /// if it has one; `desc.act` says which arithmetic (`F32` exact,
-    /// `Q8_0` int8 coefficients).
-    fn columns_kernel(&self, desc: &MatmulDesc) -> Option<Arc<dyn MatmulKernel>> {
-        let _ = desc;
-        None
-    }
 }
 
 /// Something that offers the sparse FFN's plugins: neuron predictors and
@@ -125,17 +113,10 @@ impl KernelProvider for CpuBuiltin {
     fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
         spinfer_kernels::matmul::candidates(desc, &self.features).into_iter().map(Arc::from).collect()
     }
-
-    /// Every built-in kernel computes row lists in place (the ternary ones
-    /// answer `NotOffered` at run time).
-    fn rows_kernel(&self, desc: &MatmulDesc, name: &str) -> Option<Arc<dyn MatmulKernel>> {
-        self.kernels_for(desc).into_iter().find(|k| k.name() == name)
-    }
 }
 
-/// The best built-in kernel for `desc`, for shapes that only exist at run
-/// time (gathered rows, predictor factors) and so were never resolved at
-/// load.
+/// The best built-in kernel for `desc`, outside any registry: for work
+/// done once, offline (the k-means of the sparse head's index build).
 pub fn builtin_kernel(desc: &MatmulDesc) -> Result<Box<dyn MatmulKernel>> {
     spinfer_kernels::matmul::candidates(desc, &CpuFeatures::detect())
         .into_iter()
@@ -157,6 +138,9 @@ pub enum Choice {
     NearestNeighbour { rows: usize, cols: usize, shapes: usize },
     /// No other candidate.
     OnlyCandidate,
+    /// A gathered form: the form of the dense product's kernel (or its
+    /// provider's), else the best built-in one.
+    FollowsDense,
 }
 
 impl std::fmt::Display for Choice {
@@ -170,6 +154,7 @@ impl std::fmt::Display for Choice {
                 write!(f, "nearest measured shapes ({shapes}, nearest {rows}x{cols})")
             }
             Choice::OnlyCandidate => f.write_str("only candidate"),
+            Choice::FollowsDense => f.write_str("follows the dense product"),
         }
     }
 }
@@ -273,49 +258,35 @@ impl KernelRegistry {
             .or_else(|| self.pins.get(&format!("matmul.{}", desc.wtype.name())))
     }
 
-    /// Whether a pack kernel computes the right function for `desc`:
-    /// checked once per (kernel, operation) against the scalar reference
-    /// on random data. Built-in kernels are trusted (tested in CI); a pack
-    /// kernel that disagrees is refused and reported, never used.
+    /// Whether a pack kernel computes the right function for `desc` (in
+    /// its form): checked once per (kernel, operation) against the scalar
+    /// reference on random data, and remembered. Built-in kernels are
+    /// trusted (tested in CI); a pack kernel that disagrees is refused and
+    /// reported, never used. Tall matrices are checked on a prefix of
+    /// their rows (256 plus the remainder modulo 64, so partial row tiles
+    /// are exercised too), with the provider's kernel for that shape: the
+    /// full 49152-row output matrix would cost tens of milliseconds per
+    /// kernel at every load.
     fn trusted(&self, p: &dyn KernelProvider, kernel: &Arc<dyn MatmulKernel>, desc: &MatmulDesc) -> bool {
         if p.name() == BUILTIN {
             return true;
         }
-        self.checked_once(p, kernel.as_ref(), desc, "", |small| {
-            match p.kernels_for(small).into_iter().find(|k| k.name() == kernel.name()) {
-                Some(k) if small.rows < desc.rows => verify(small, k.as_ref(), &ThreadPool::new(1)),
-                _ => verify(desc, kernel.as_ref(), &ThreadPool::new(1)),
-            }
-        })
-    }
-
-    /// The check of a pack kernel for `desc` (`form`: `""` for the dense
-    /// product, `"gathered-row "` for its row form, `"gathered-column "`
-    /// for the column AXPY), run once per kernel
-    /// and operation and remembered: `check` gets the shape to test. Tall
-    /// matrices are checked on a prefix of their rows (256 plus the
-    /// remainder modulo 64, so partial row tiles are exercised too), with
-    /// the provider's kernel for that shape: the full 49152-row output
-    /// matrix would cost tens of milliseconds per kernel at every load.
-    fn checked_once(
-        &self,
-        p: &dyn KernelProvider,
-        kernel: &dyn MatmulKernel,
-        desc: &MatmulDesc,
-        form: &str,
-        check: impl FnOnce(&MatmulDesc) -> Result<(), String>,
-    ) -> bool {
-        let key = (format!("{}#{}", kernel_id(p.name(), kernel), form.trim()), *desc);
+        let key = (kernel_id(p.name(), kernel.as_ref()), *desc);
         let mut cache = self.verified.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let r = cache.entry(key).or_insert_with(|| {
             let rows = if desc.rows > 320 { 256 + desc.rows % 64 } else { desc.rows };
-            let r = check(&MatmulDesc { rows, ..*desc });
+            let small = MatmulDesc { rows, ..*desc };
+            let pool = ThreadPool::new(1);
+            let r = match p.kernels_for(&small).into_iter().find(|k| k.name() == kernel.name()) {
+                Some(k) if small.rows < desc.rows => verify(&small, k.as_ref(), &pool),
+                _ => verify(desc, kernel.as_ref(), &pool),
+            };
             if let Err(why) = &r {
                 tracing::error!(
                     provider = p.name(),
                     kernel = kernel.name(),
                     op = %describe(desc),
-                    "pack {form}kernel refused: {why}"
+                    "pack kernel refused: {why}"
                 );
             }
             r
@@ -339,45 +310,42 @@ impl KernelRegistry {
             .collect()
     }
 
-    /// The kernel for the gathered-row products over `desc`'s matrix (the
-    /// sparse FFN's gate and up rows), given the dense choice `dense`: the
-    /// gathered-row form of that same kernel when its provider offers one
-    /// (checked once against the scalar reference on random rows), else
-    /// the built-in kernel. `None` when neither exists.
-    pub fn resolve_rows(&self, desc: &MatmulDesc, dense: &Resolved) -> Option<(String, Arc<dyn MatmulKernel>)> {
-        let provider = self.providers.iter().find(|p| p.name() == dense.provider);
-        if let Some(p) = provider
-            && let Some(k) = p.rows_kernel(desc, dense.kernel.name())
-            && (p.name() == BUILTIN || self.rows_trusted(p.as_ref(), &k, desc))
-        {
-            return Some((p.name().to_string(), k));
+    /// The kernel for `desc` in a gathered form, following the dense
+    /// product over the same matrix, served by `dense_kernel` of
+    /// `dense_provider`:
+    ///
+    /// * gathered rows: that provider's row form of the same kernel, else
+    ///   the best built-in kernel (which reads rows in place);
+    /// * gathered columns: that provider's column AXPY, else none (the
+    ///   engine's own neuron-major repack serves the built-in case).
+    ///
+    /// A pack kernel is checked once against the scalar reference in its
+    /// form and comes with the built-in kernel of the form, if any, as its
+    /// fallback. So pins, history and exclusions reach the gathered forms
+    /// through the dense choice.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoKernel`] when no provider serves the form.
+    pub fn resolve_gathered(&self, desc: &MatmulDesc, dense_provider: &str, dense_kernel: &str) -> Result<Resolved> {
+        if desc.form == Form::Dense {
+            return self.resolve(desc);
         }
-        builtin_kernel(desc).ok().map(|k| (BUILTIN.to_string(), Arc::from(k)))
-    }
-
-    /// As [`KernelRegistry::trusted`], for a pack's gathered-row kernel
-    /// (random rows against the scalar reference's dense product).
-    fn rows_trusted(&self, p: &dyn KernelProvider, k: &Arc<dyn MatmulKernel>, desc: &MatmulDesc) -> bool {
-        self.checked_once(p, k.as_ref(), desc, "gathered-row ", |small| {
-            let k = p.rows_kernel(small, k.name()).unwrap_or_else(|| Arc::clone(k));
-            verify_rows(small, k.as_ref(), &ThreadPool::new(1))
-        })
-    }
-
-    /// The pack kernel for the gathered-column AXPY over `desc`'s matrix
-    /// (the sparse FFN's down projection), given the provider of its dense
-    /// product: that provider's [`KernelProvider::columns_kernel`], checked
-    /// once against the scalar reference on random columns. `None` for the
-    /// built-in provider (the engine's own neuron-major repack serves it),
-    /// a provider without one, or one that computes the wrong function.
-    pub fn resolve_columns(&self, desc: &MatmulDesc, dense_provider: &str) -> Option<(String, Arc<dyn MatmulKernel>)> {
-        let p = self.providers.iter().find(|p| p.name() == dense_provider && p.name() != BUILTIN)?;
-        let k = p.columns_kernel(desc)?;
-        let trusted = self.checked_once(p.as_ref(), k.as_ref(), desc, "gathered-column ", |small| {
-            let k = p.columns_kernel(small).unwrap_or_else(|| Arc::clone(&k));
-            verify_columns(small, k.as_ref(), &ThreadPool::new(1))
+        let builtin = || self.builtin_kernel_for(desc).ok();
+        let own = self.usable().into_iter().find(|p| p.name() == dense_provider).and_then(|p| {
+            let offered = p.kernels_for(desc);
+            let k = match desc.form {
+                Form::GatheredRows => offered.into_iter().find(|k| k.name() == dense_kernel),
+                _ => offered.into_iter().next(),
+            }?;
+            self.trusted(p.as_ref(), &k, desc).then(|| (p.name().to_string(), k))
         });
-        trusted.then(|| (p.name().to_string(), k))
+        let (provider, kernel, fallback) = match own {
+            Some((provider, kernel)) if provider == BUILTIN => (provider, kernel, None),
+            Some((provider, kernel)) => (provider, kernel, builtin()),
+            None => (BUILTIN.to_string(), builtin().ok_or_else(|| Error::NoKernel { op: describe(desc) })?, None),
+        };
+        Ok(Resolved { kernel, provider, choice: Choice::FollowsDense, alternatives: Vec::new(), fallback })
     }
 
     /// The predictor called `name` (`"<pack>/<predictor>"`, or the bare
@@ -454,16 +422,34 @@ impl KernelRegistry {
     /// otherwise the fastest recorded in the history, otherwise the
     /// highest-scoring provider's best candidate. A pack kernel comes with
     /// the built-in kernel that replaces it if the pack fails.
+    ///
+    /// A gathered form is resolved as its dense product, then
+    /// [`KernelRegistry::resolve_gathered`].
     pub fn resolve(&self, desc: &MatmulDesc) -> Result<Resolved> {
+        if desc.form != Form::Dense {
+            let dense = self.resolve_kernel(&desc.with_form(Form::Dense))?;
+            return self.resolve_gathered(desc, &dense.provider, dense.kernel.name());
+        }
         let mut r = self.resolve_kernel(desc)?;
         if r.provider != BUILTIN {
-            r.fallback = self
-                .providers
-                .iter()
-                .find(|p| p.name() == BUILTIN)
-                .and_then(|p| p.kernels_for(desc).into_iter().next());
+            r.fallback = self.builtin_kernel_for(desc).ok();
         }
         Ok(r)
+    }
+
+    /// The built-in provider's best kernel for `desc`: in the dense form
+    /// it serves any number of rows of `desc.cols` columns, so products over
+    /// rows gathered beforehand use it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoKernel`] when the built-in kernels do not serve `desc`.
+    pub fn builtin_kernel_for(&self, desc: &MatmulDesc) -> Result<Arc<dyn MatmulKernel>> {
+        self.providers
+            .iter()
+            .find(|p| p.name() == BUILTIN)
+            .and_then(|p| p.kernels_for(desc).into_iter().next())
+            .ok_or_else(|| Error::NoKernel { op: describe(desc) })
     }
 
     fn resolve_kernel(&self, desc: &MatmulDesc) -> Result<Resolved> {
@@ -529,7 +515,7 @@ pub fn base_name(provider: &str) -> &str {
 mod tests {
     use super::*;
     use spinfer_kernels::GgmlType;
-    use spinfer_kernels::kernel::ActType;
+    use spinfer_kernels::kernel::{ActType, MatmulCall, Select, not_offered};
 
     /// A provider offering the scalar kernels under another name.
     struct Fake(&'static str, u32);
@@ -552,16 +538,8 @@ mod tests {
         fn name(&self) -> &str {
             "pfx:scalar/q4_1*q8_1"
         }
-        fn run(
-            &self,
-            pool: &spinfer_kernels::pool::ThreadPool,
-            w: &[u8],
-            x: &[f32],
-            n: usize,
-            out: &mut [f32],
-            scratch: &mut Vec<u8>,
-        ) -> spinfer_kernels::Result<()> {
-            self.0.run(pool, w, x, n, out, scratch)
+        fn run(&self, pool: &ThreadPool, call: MatmulCall<'_>) -> spinfer_kernels::Result<()> {
+            self.0.run(pool, call)
         }
     }
     impl KernelProvider for Prefixed {
@@ -576,26 +554,20 @@ mod tests {
         }
     }
 
-    /// A pack whose only kernel returns zeros.
-    struct Wrong;
-    struct Zeros;
+    /// A kernel named `name` that returns zeros in every form.
+    struct Zeros(&'static str);
     impl MatmulKernel for Zeros {
         fn name(&self) -> &str {
-            "zeros"
+            self.0
         }
-        fn run(
-            &self,
-            _: &spinfer_kernels::pool::ThreadPool,
-            _: &[u8],
-            _: &[f32],
-            _: usize,
-            out: &mut [f32],
-            _: &mut Vec<u8>,
-        ) -> spinfer_kernels::Result<()> {
-            out.fill(0.0);
+        fn run(&self, _: &ThreadPool, call: MatmulCall<'_>) -> spinfer_kernels::Result<()> {
+            call.out.fill(0.0);
             Ok(())
         }
     }
+
+    /// A pack whose only kernel returns zeros.
+    struct Wrong;
     impl KernelProvider for Wrong {
         fn name(&self) -> &str {
             "wrong@1.0.0#000000000000"
@@ -604,7 +576,7 @@ mod tests {
             1000
         }
         fn kernels_for(&self, _: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
-            vec![Arc::new(Zeros)]
+            vec![Arc::new(Zeros("zeros"))]
         }
     }
 
@@ -622,41 +594,11 @@ mod tests {
         assert!(err.contains("zeros") && err.contains("disagrees"), "{err}");
     }
 
-    const DESC: MatmulDesc = MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows: 64, cols: 64 };
+    const DESC: MatmulDesc = MatmulDesc::dense(GgmlType::Q4_1, ActType::Q8_1, 64, 64);
 
     /// A pack whose dense kernel is right but whose gathered-row form
     /// returns zeros.
     struct WrongRows;
-    struct RightDenseZeroRows(Arc<dyn MatmulKernel>);
-    impl MatmulKernel for RightDenseZeroRows {
-        fn name(&self) -> &str {
-            "right-dense"
-        }
-        fn run(
-            &self,
-            pool: &ThreadPool,
-            w: &[u8],
-            x: &[f32],
-            n: usize,
-            out: &mut [f32],
-            scratch: &mut Vec<u8>,
-        ) -> spinfer_kernels::Result<()> {
-            self.0.run(pool, w, x, n, out, scratch)
-        }
-        fn run_rows(
-            &self,
-            _: &ThreadPool,
-            _: &[u8],
-            _: &[u32],
-            _: &[f32],
-            _: usize,
-            out: &mut [f32],
-            _: &mut Vec<u8>,
-        ) -> spinfer_kernels::Result<()> {
-            out.fill(0.0);
-            Ok(())
-        }
-    }
     impl KernelProvider for WrongRows {
         fn name(&self) -> &str {
             "wrong-rows@1.0.0#000000000000"
@@ -665,30 +607,30 @@ mod tests {
             1000
         }
         fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
-            vec![Arc::new(RightDenseZeroRows(Arc::from(builtin_kernel(desc).unwrap())))]
-        }
-        fn rows_kernel(&self, desc: &MatmulDesc, name: &str) -> Option<Arc<dyn MatmulKernel>> {
-            self.kernels_for(desc).into_iter().find(|k| k.name() == name)
+            match desc.form {
+                Form::Dense => vec![Arc::new(Renamed(Arc::from(builtin_kernel(desc).unwrap())))],
+                _ => vec![Arc::new(Zeros("pfx:scalar/q4_1*q8_1"))],
+            }
         }
     }
 
     #[test]
     fn gathered_rows_follow_the_dense_choice_unless_they_are_wrong() {
+        let rows = DESC.with_form(Form::GatheredRows);
         let mut r = KernelRegistry::builtin();
         // The built-in provider: the gathered form of the pinned kernel.
         r.pin("q4_1*q8_1", "scalar/q4_1*q8_1");
-        let dense = r.resolve(&DESC).unwrap();
-        let (p, k) = r.resolve_rows(&DESC, &dense).unwrap();
-        assert_eq!((p.as_str(), k.name()), ("cpu-builtin", "scalar/q4_1*q8_1"));
+        let got = r.resolve(&rows).unwrap();
+        assert_eq!((got.provider.as_str(), got.choice), ("cpu-builtin", Choice::FollowsDense));
         // A pack whose dense kernel is right but its rows are not: its
         // dense kernel is used, its gathered rows never are.
         let mut r = KernelRegistry::builtin();
         r.add_provider(Arc::new(WrongRows));
         let dense = r.resolve(&DESC).unwrap();
         assert_eq!(dense.provider, "wrong-rows@1.0.0#000000000000");
-        let (p, k) = r.resolve_rows(&DESC, &dense).unwrap();
-        assert_eq!(p, "cpu-builtin");
-        assert_ne!(k.name(), "right-dense");
+        let got = r.resolve(&rows).unwrap();
+        assert_eq!(got.provider, "cpu-builtin");
+        assert_ne!(got.kernel.name(), "pfx:scalar/q4_1*q8_1");
     }
 
     /// A pack whose gathered-column AXPY is right (the engine's exact
@@ -704,33 +646,14 @@ mod tests {
         fn name(&self) -> &str {
             "axpy"
         }
-        fn run(
-            &self,
-            _: &ThreadPool,
-            _: &[u8],
-            _: &[f32],
-            _: usize,
-            _: &mut [f32],
-            _: &mut Vec<u8>,
-        ) -> spinfer_kernels::Result<()> {
-            unreachable!("the registry only checks the column form")
-        }
-        fn run_columns(
-            &self,
-            _: &ThreadPool,
-            w: &[u8],
-            idx: &[u32],
-            x: &[f32],
-            _: usize,
-            out: &mut [f32],
-            _: &mut Vec<u8>,
-        ) -> spinfer_kernels::Result<()> {
+        fn run(&self, _: &ThreadPool, call: MatmulCall<'_>) -> spinfer_kernels::Result<()> {
+            let Select::Columns(idx) = call.select else { return Err(not_offered(self, call.select.form())) };
             if self.zeros {
-                out.fill(0.0);
+                call.out.fill(0.0);
                 return Ok(());
             }
-            spinfer_sparse_kernels::NeuronMajor::from_weights(GgmlType::Q4_1, w, out.len(), self.cols)?
-                .axpy_scalar(idx, x, out)
+            spinfer_sparse_kernels::NeuronMajor::from_weights(GgmlType::Q4_1, call.w, call.out.len(), self.cols)?
+                .axpy_scalar(idx, call.x, call.out)
         }
     }
     impl KernelProvider for ColumnPack {
@@ -741,27 +664,30 @@ mod tests {
             1000
         }
         fn kernels_for(&self, desc: &MatmulDesc) -> Vec<Arc<dyn MatmulKernel>> {
-            vec![Arc::from(builtin_kernel(desc).unwrap())]
-        }
-        fn columns_kernel(&self, desc: &MatmulDesc) -> Option<Arc<dyn MatmulKernel>> {
-            let k = ColumnAxpy { zeros: self.zeros, cols: desc.cols };
-            (desc.act == ActType::F32).then(|| Arc::new(k) as Arc<dyn MatmulKernel>)
+            match desc.form {
+                Form::GatheredColumns if desc.act == ActType::F32 => {
+                    vec![Arc::new(ColumnAxpy { zeros: self.zeros, cols: desc.cols })]
+                }
+                Form::GatheredColumns => Vec::new(),
+                _ => vec![Arc::from(builtin_kernel(desc).unwrap())],
+            }
         }
     }
 
     #[test]
     fn column_axpy_follows_the_dense_provider_unless_it_is_wrong() {
-        let exact = MatmulDesc { act: ActType::F32, ..DESC };
+        let exact = MatmulDesc { act: ActType::F32, ..DESC }.with_form(Form::GatheredColumns);
         let mut r = KernelRegistry::builtin();
         r.add_provider(Arc::new(ColumnPack { zeros: false }));
         r.add_provider(Arc::new(ColumnPack { zeros: true }));
-        let (p, k) = r.resolve_columns(&exact, "columns@1.0.0#000000000000").expect("a checked column kernel");
-        assert_eq!((p.as_str(), k.name()), ("columns@1.0.0#000000000000", "axpy"));
+        let got = r.resolve_gathered(&exact, "columns@1.0.0#000000000000", "any").expect("a checked column kernel");
+        assert_eq!((got.provider.as_str(), got.kernel.name()), ("columns@1.0.0#000000000000", "axpy"));
         // Not offered for this arithmetic, not from the built-in provider
         // (its own repack serves it), never when it computes zeros.
-        assert!(r.resolve_columns(&DESC, "columns@1.0.0#000000000000").is_none());
-        assert!(r.resolve_columns(&exact, "cpu-builtin").is_none());
-        assert!(r.resolve_columns(&exact, "zero-columns@1.0.0#000000000000").is_none());
+        let q8 = DESC.with_form(Form::GatheredColumns);
+        assert!(r.resolve_gathered(&q8, "columns@1.0.0#000000000000", "any").is_err());
+        assert!(r.resolve_gathered(&exact, "cpu-builtin", "any").is_err());
+        assert!(r.resolve_gathered(&exact, "zero-columns@1.0.0#000000000000", "any").is_err());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType, MatmulDesc};
+use spinfer_kernels::kernel::{ActType, MatmulCall, MatmulDesc};
 use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_sparse_kernels::{NeuronMajor, NeuronMajorSplit};
@@ -51,13 +51,13 @@ fn bench(c: &mut Criterion) {
     g.warm_up_time(Duration::from_millis(500));
     g.measurement_time(Duration::from_secs(3));
     g.sample_size(20);
-    let desc = MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows: DIM, cols: FFN };
+    let desc = MatmulDesc::dense(GgmlType::Q4_1, ActType::Q8_1, DIM, FFN);
     let dense = candidates(&desc, &CpuFeatures::detect()).remove(0);
     let mut scratch = Vec::new();
     g.bench_function(format!("dense matvec [{}]", dense.name()), |b| {
         b.iter(|| {
             for w in &ws {
-                dense.run(&pool, black_box(w), &dense_x, 1, &mut out, &mut scratch).unwrap();
+                dense.run(&pool, MatmulCall::dense(black_box(w), &dense_x, 1, &mut out, &mut scratch)).unwrap();
             }
         })
     });

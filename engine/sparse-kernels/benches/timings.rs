@@ -17,7 +17,7 @@ use rand::Rng;
 use sparse_common::isas;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{ActType, MatmulCall, MatmulDesc, MatmulKernel, Select};
 use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_sparse_kernels::{AxpyIsa, NeuronMajor, axpy_rows_q8_0_with, gather_rows, transpose_to_q8_0};
@@ -95,7 +95,7 @@ fn sparse_ffn_timings() {
         let pool = ThreadPool::new(threads);
         let mut out = vec![0.0; dim];
         let mut scratch = Vec::new();
-        let dense = time_us(2000, || dk.run(&pool, &down, &h, 1, &mut out, &mut scratch).unwrap());
+        let dense = time_us(2000, || dk.run(&pool, MatmulCall::dense(&down, &h, 1, &mut out, &mut scratch)).unwrap());
         println!("[{threads}t] dense {} down {dim}x{ffn}: {dense:.2} us", dk.name());
         for pct in [100, 70, 50, 30] {
             let n = ffn * pct / 100;
@@ -118,10 +118,11 @@ fn sparse_ffn_timings() {
         let mut g = Vec::new();
         let gather = time_us(2000, || gather_rows(&pool, &up, rb, &idx, &mut g).unwrap());
         let mut up_out = vec![0.0; ffn / 2];
-        let upmv = time_us(2000, || uk.run(&pool, &g, &x, 1, &mut up_out, &mut scratch).unwrap());
+        let upmv = time_us(2000, || uk.run(&pool, MatmulCall::dense(&g, &x, 1, &mut up_out, &mut scratch)).unwrap());
         let uk_full = dense_kernel(ty, ffn, dim);
         let mut full_out = vec![0.0; ffn];
-        let upfull = time_us(2000, || uk_full.run(&pool, &up, &x, 1, &mut full_out, &mut scratch).unwrap());
+        let upfull =
+            time_us(2000, || uk_full.run(&pool, MatmulCall::dense(&up, &x, 1, &mut full_out, &mut scratch)).unwrap());
         println!(
             "[{threads}t] gather_rows 50% of {ffn}x{dim} {ty} ({} KiB): {gather:.2} us; dense up on gathered: {upmv:.2} us; dense up full: {upfull:.2} us",
             g.len() / 1024
@@ -143,7 +144,7 @@ fn fast_axpy_timings() {
         let nm = NeuronMajor::from_weights(ty, &down, dim, ffn).unwrap();
         let dk = dense_kernel(ty, dim, ffn);
         let mut scratch = Vec::new();
-        let dense = time_us(3000, || dk.run(&pool, &down, &h, 1, &mut out, &mut scratch).unwrap());
+        let dense = time_us(3000, || dk.run(&pool, MatmulCall::dense(&down, &h, 1, &mut out, &mut scratch)).unwrap());
         let mut line = format!("[1t] {ty} {dim}x{ffn}: dense {} {dense:.2} us", dk.name());
         for pct in [100, 70, 50] {
             let idx = random_subset(&mut r, ffn, ffn * pct / 100);
@@ -189,7 +190,7 @@ fn streaming_axpy_timings() {
     for _ in 0..15 {
         let t = Instant::now();
         for w in &mats {
-            dk.run(&pool, w, &h, 1, &mut out, &mut scratch).unwrap();
+            dk.run(&pool, MatmulCall::dense(w, &h, 1, &mut out, &mut scratch)).unwrap();
         }
         let d = t.elapsed().as_secs_f64() * 1e6 / n_mats as f64;
         dense_us.push(d);
@@ -213,7 +214,7 @@ fn streaming_axpy_timings() {
 }
 
 /// Timings (`cargo bench -p spinfer-sparse-kernels --bench timings --
-/// gathered_rows_timings`): `run_rows` on
+/// gathered_rows_timings`): a gathered-row call (`Select::Rows`) on
 /// half the rows of 64 SmolLM2 up projections (1536x576 Q4_1, 2 tokens as
 /// fast-mode decode, 2 threads, streamed from DRAM), as a fraction of the
 /// dense product, interleaved with it and with the contiguous half. Kept
@@ -239,13 +240,24 @@ fn gathered_rows_timings() {
             for i in 0..3000 {
                 let m = |k: usize| &mats[(i * 3 + k) % mats.len()];
                 let t0 = Instant::now();
-                full.run(&pool, m(0), &x, 2, &mut out, &mut s).unwrap();
+                full.run(&pool, MatmulCall::dense(m(0), &x, 2, &mut out, &mut s)).unwrap();
                 t[0] += t0.elapsed().as_nanos();
                 let t0 = Instant::now();
-                half.run(&pool, &m(1)[..rows / 2 * rb], &x, 2, &mut out[..rows], &mut s).unwrap();
+                half.run(&pool, MatmulCall::dense(&m(1)[..rows / 2 * rb], &x, 2, &mut out[..rows], &mut s)).unwrap();
                 t[1] += t0.elapsed().as_nanos();
                 let t0 = Instant::now();
-                full.run_rows(&pool, m(2), idx, &x, 2, &mut out[..2 * idx.len()], &mut s).unwrap();
+                full.run(
+                    &pool,
+                    MatmulCall {
+                        w: m(2),
+                        select: Select::Rows(idx),
+                        x: &x,
+                        n_tokens: 2,
+                        out: &mut out[..2 * idx.len()],
+                        scratch: &mut s,
+                    },
+                )
+                .unwrap();
                 t[2] += t0.elapsed().as_nanos();
             }
             let f = |k: usize| t[k] as f64 / t[0] as f64;
@@ -268,17 +280,17 @@ fn gemm_throughput() {
         let pool = ThreadPool::new(threads);
         for (rows, cols) in [(384, 384), (1536, 384), (384, 1536)] {
             let w = random_weights(&mut r, GgmlType::F32, rows, cols);
-            let desc = MatmulDesc { wtype: GgmlType::F32, act: ActType::F32, rows, cols };
+            let desc = MatmulDesc::dense(GgmlType::F32, ActType::F32, rows, cols);
             let k = candidates(&desc, &CpuFeatures::detect()).into_iter().next().unwrap();
             for n in [4, 16, 128, 2048] {
                 let x: Vec<f32> = (0..n * cols).map(|_| r.random_range(-1.0f32..1.0)).collect();
                 let mut out = vec![0.0; n * rows];
                 let mut scratch = Vec::new();
                 let reps = (2e9 / (2.0 * (n * rows * cols) as f64)).ceil() as usize;
-                k.run(&pool, &w, &x, n, &mut out, &mut scratch).unwrap();
+                k.run(&pool, MatmulCall::dense(&w, &x, n, &mut out, &mut scratch)).unwrap();
                 let t = std::time::Instant::now();
                 for _ in 0..reps {
-                    k.run(&pool, &w, &x, n, &mut out, &mut scratch).unwrap();
+                    k.run(&pool, MatmulCall::dense(&w, &x, n, &mut out, &mut scratch)).unwrap();
                 }
                 let gflops = 2.0 * (n * rows * cols * reps) as f64 / t.elapsed().as_secs_f64() / 1e9;
                 println!("{} threads={threads} {rows}x{cols} n={n}: {gflops:.1} GFLOP/s", k.name());
@@ -299,13 +311,13 @@ fn ternary_speed() {
     let time = |k: &dyn MatmulKernel, w: &[u8], x: &[f32], n: usize| {
         let mut out = vec![0.0; n * rows];
         let mut s = Vec::new();
-        k.run(&pool, w, x, n, &mut out, &mut s).unwrap();
+        k.run(&pool, MatmulCall::dense(w, x, n, &mut out, &mut s)).unwrap();
         // The best of 7 batches of 10 calls (the machine may be busy).
         (0..7)
             .map(|_| {
                 let t0 = Instant::now();
                 for _ in 0..10 {
-                    k.run(&pool, w, x, n, &mut out, &mut s).unwrap();
+                    k.run(&pool, MatmulCall::dense(w, x, n, &mut out, &mut s)).unwrap();
                 }
                 t0.elapsed().as_nanos() as f64 / 10.0 / (rows * n) as f64
             })
@@ -320,7 +332,7 @@ fn ternary_speed() {
                 line += &format!("  {} {:.1} ns", k.name(), time(k.as_ref(), &w, &x, n));
             }
             if let Some(t) = ty {
-                for k in candidates(&MatmulDesc { wtype: t, act: ActType::F32, rows, cols }, &f) {
+                for k in candidates(&MatmulDesc::dense(t, ActType::F32, rows, cols), &f) {
                     line += &format!("  {} {:.1} ns", k.name(), time(k.as_ref(), &w, &x, n));
                 }
             }

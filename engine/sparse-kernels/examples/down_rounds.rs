@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType, MatmulDesc};
+use spinfer_kernels::kernel::{ActType, MatmulCall, MatmulDesc};
 use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_sparse_kernels::{NeuronMajor, NeuronMajorSplit};
@@ -57,7 +57,7 @@ fn main() {
         ws.iter().map(|w| NeuronMajor::from_weights(GgmlType::Q4_1, w, DIM, FFN).unwrap()).collect();
     let one_copy = std::env::var_os("ONE_COPY").is_some();
     let coef_all: Vec<f32> = (0..FFN).map(|i| (i as f32 * 0.1).sin()).collect();
-    let desc = MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows: DIM, cols: FFN };
+    let desc = MatmulDesc::dense(GgmlType::Q4_1, ActType::Q8_1, DIM, FFN);
     let dense = candidates(&desc, &CpuFeatures::detect()).remove(0);
 
     let sets: Vec<(String, Vec<u32>)> = vec![
@@ -86,7 +86,7 @@ fn main() {
             t[v] = if v == 0 {
                 time(&mut || {
                     for w in &ws {
-                        dense.run(&pool, black_box(w), &x, 1, &mut out, &mut scratch).unwrap();
+                        dense.run(&pool, MatmulCall::dense(black_box(w), &x, 1, &mut out, &mut scratch)).unwrap();
                     }
                 })
             } else {

@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use sparse_common::isas;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{ActType, MatmulCall, MatmulDesc, MatmulKernel, Select};
 use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_sparse_kernels::{
@@ -30,7 +30,7 @@ fn cols_for(ty: GgmlType) -> usize {
 
 fn matvec(k: &dyn MatmulKernel, pool: &ThreadPool, w: &[u8], x: &[f32], rows: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; rows];
-    k.run(pool, w, x, 1, &mut out, &mut Vec::new()).unwrap();
+    k.run(pool, MatmulCall::dense(w, x, 1, &mut out, &mut Vec::new())).unwrap();
     out
 }
 
@@ -73,7 +73,7 @@ fn gathered_matvec_is_bitwise_the_dense_matvec() {
     }
 }
 
-/// `MatmulKernel::run_rows` (rows read in place, no copy) gives, for every
+/// a gathered-row call (`Select::Rows`, rows read in place, no copy) gives, for every
 /// kernel of every instruction set, in fast and precise mode, for 1, 2
 /// (fast mode's two planes) and 5 tokens, exactly the dense product's rows:
 /// sorted subsets with runs, unsorted and repeated indices.
@@ -85,13 +85,13 @@ fn run_rows_is_bitwise_the_dense_rows() {
         let (rows, cols) = (300, cols_for(ty));
         let w = random_weights(&mut r, ty, rows, cols);
         for act in [ActType::fast_for(ty), ActType::F32] {
-            let desc = MatmulDesc { wtype: ty, act, rows, cols };
+            let desc = MatmulDesc::dense(ty, act, rows, cols);
             for k in candidates(&desc, &CpuFeatures::detect()) {
                 for n_tokens in [1, 2, 5] {
                     let x = random_acts(&mut r, n_tokens * cols);
                     let pool = &pools[n_tokens % pools.len()];
                     let mut dense = vec![f32::NAN; n_tokens * rows];
-                    k.run(pool, &w, &x, n_tokens, &mut dense, &mut Vec::new()).unwrap();
+                    k.run(pool, MatmulCall::dense(&w, &x, n_tokens, &mut dense, &mut Vec::new())).unwrap();
                     let mut shuffled: Vec<u32> = (0..40).map(|_| r.random_range(0..rows as u32)).collect();
                     shuffled.extend([0, rows as u32 - 1, 0]);
                     let mut sets: Vec<Vec<u32>> = [1, 7, 150, 299].map(|n| random_subset(&mut r, rows, n)).into();
@@ -99,7 +99,18 @@ fn run_rows_is_bitwise_the_dense_rows() {
                     sets.push(shuffled);
                     for idx in &sets {
                         let mut got = vec![f32::NAN; n_tokens * idx.len()];
-                        k.run_rows(pool, &w, idx, &x, n_tokens, &mut got, &mut Vec::new()).unwrap();
+                        k.run(
+                            pool,
+                            MatmulCall {
+                                w: &w,
+                                select: Select::Rows(idx),
+                                x: &x,
+                                n_tokens,
+                                out: &mut got,
+                                scratch: &mut Vec::new(),
+                            },
+                        )
+                        .unwrap();
                         let want: Vec<f32> = (0..n_tokens)
                             .flat_map(|t| idx.iter().map(move |&i| t * rows + i as usize))
                             .map(|p| dense[p])
@@ -117,9 +128,29 @@ fn run_rows_is_bitwise_the_dense_rows() {
                 // Bad input is an error, not a panic or a short write.
                 let x = random_acts(&mut r, cols);
                 let mut out = vec![0f32; 2];
-                let err = k.run_rows(&pools[1], &w, &[0, rows as u32], &x, 1, &mut out, &mut Vec::new());
+                let err = k.run(
+                    &pools[1],
+                    MatmulCall {
+                        w: &w,
+                        select: Select::Rows(&[0, rows as u32]),
+                        x: &x,
+                        n_tokens: 1,
+                        out: &mut out,
+                        scratch: &mut Vec::new(),
+                    },
+                );
                 assert!(err.unwrap_err().to_string().contains("out of range"), "{}", k.name());
-                let err = k.run_rows(&pools[1], &w, &[0, 1, 2], &x, 1, &mut out, &mut Vec::new());
+                let err = k.run(
+                    &pools[1],
+                    MatmulCall {
+                        w: &w,
+                        select: Select::Rows(&[0, 1, 2]),
+                        x: &x,
+                        n_tokens: 1,
+                        out: &mut out,
+                        scratch: &mut Vec::new(),
+                    },
+                );
                 assert!(err.unwrap_err().to_string().contains("output holds 2 values"), "{}", k.name());
             }
         }

@@ -44,7 +44,7 @@ pub use predictor::Predictor;
 pub use sidecar::{CalibrationInfo, LayerStats, LowRankFactors, LowRankInfo, ModelId, PredictorKind, Sidecar};
 
 use spinfer_kernels::GgmlType;
-use spinfer_kernels::kernel::MatmulKernel;
+use spinfer_kernels::kernel::{MatmulCall, MatmulKernel, Select};
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_sparse_kernels::{NeuronMajorSplit, axpy_rows_q8_0, transpose_to_q8_0};
 
@@ -234,7 +234,7 @@ impl ColumnAxpy {
 }
 
 /// A layer's `W_down` or `W_o` column AXPY from a pack
-/// ([`KernelRegistry::resolve_columns`]): the pack's kernel is called with
+/// ([`KernelRegistry::resolve_gathered`]): the pack's kernel is called with
 /// the model's matrix. If it fails, the engine makes its own copy then and
 /// uses it for the rest of the process.
 pub struct PackColumns {
@@ -283,7 +283,10 @@ impl PackColumns {
         if let Some(fb) = self.fallback.get() {
             return fb.axpy(pool, dim, w, idx, coef, out, mode);
         }
-        match self.kernel.run_columns(pool, w, idx, coef, 1, out, &mut Vec::new()) {
+        // Pack column kernels keep their own buffers: the empty scratch
+        // never allocates.
+        let call = MatmulCall { w, select: Select::Columns(idx), x: coef, n_tokens: 1, out, scratch: &mut Vec::new() };
+        match self.kernel.run(pool, call) {
             Ok(()) => Ok(()),
             // The pack kernel logged why; the built-in copy from now on.
             Err(e @ spinfer_kernels::KernelError::Pack { .. }) => {
@@ -475,7 +478,7 @@ pub struct LayerWeights<'a> {
     /// `W_down`, `dim × ffn_dim`.
     pub down: (GgmlType, &'a [u8]),
     /// A pack's gathered-column AXPY for `W_down` (provider, kernel),
-    /// from [`KernelRegistry::resolve_columns`]: no copy is made then.
+    /// from [`KernelRegistry::resolve_gathered`]: no copy is made then.
     pub down_pack: Option<(String, Arc<dyn MatmulKernel>)>,
     /// `W_o`, `dim × q_dim`.
     pub wo: (GgmlType, &'a [u8]),
@@ -685,19 +688,8 @@ mod tests {
         fn name(&self) -> &str {
             "failing"
         }
-        fn run(&self, _: &ThreadPool, _: &[u8], _: &[f32], _: usize, _: &mut [f32], _: &mut Vec<u8>) -> KResult {
-            unreachable!("only the column form is called")
-        }
-        fn run_columns(
-            &self,
-            _: &ThreadPool,
-            _: &[u8],
-            _: &[u32],
-            _: &[f32],
-            _: usize,
-            _: &mut [f32],
-            _: &mut Vec<u8>,
-        ) -> KResult {
+        fn run(&self, _: &ThreadPool, call: MatmulCall<'_>) -> KResult {
+            assert!(matches!(call.select, Select::Columns(_)), "only the column form is called");
             Err(KernelError::Pack { pack: "p".into(), kernel: "failing".into(), detail: "run_sparse: boom".into() })
         }
     }

@@ -15,12 +15,11 @@
 //! At run time both factors are Q8_0 matrices multiplied by the kernels
 //! the registry resolves for them at load.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use spinfer_kernel_select::registry::{KernelRegistry, Resolved};
+use spinfer_kernel_select::BoundKernel;
+use spinfer_kernel_select::registry::KernelRegistry;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::blocks::BlockQ8_0;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{ActType, MatmulCall, MatmulDesc};
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::quantize::quantize_row_q8_0_ref;
 use spinfer_kernels::vec::dot;
@@ -105,8 +104,8 @@ pub struct LowRank {
     /// The kernels of `P · x` and `Q · t`, resolved at load by the
     /// registry (pins and history apply), each with the built-in kernel
     /// that takes over if a pack's fails.
-    kp: Product,
-    kq: Product,
+    kp: BoundKernel,
+    kq: BoundKernel,
 }
 
 fn to_q8_0(x: &[f32]) -> Result<Vec<u8>> {
@@ -116,35 +115,21 @@ fn to_q8_0(x: &[f32]) -> Result<Vec<u8>> {
 }
 
 /// The Q8_0 × Q8_0 kernel of a `rows × cols` factor, from `registry`.
-fn kernel(registry: &KernelRegistry, rows: usize, cols: usize) -> Result<Product> {
-    let k = registry.resolve(&MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows, cols })?;
-    Ok(Product { k, failed: AtomicBool::new(false) })
+fn kernel(registry: &KernelRegistry, rows: usize, cols: usize) -> Result<BoundKernel> {
+    Ok(registry.resolve(&MatmulDesc::dense(GgmlType::Q8_0, ActType::Q8_0, rows, cols))?.into())
 }
 
-/// A factor's kernel with the built-in one that takes over, for good, the
-/// first time a pack's fails (as a model's `Linear` does).
-struct Product {
-    k: Resolved,
-    failed: AtomicBool,
-}
-
-impl Product {
-    /// Runs the kernel (or its fallback once it has failed) on one token.
-    fn run(&self, pool: &ThreadPool, w: &[u8], x: &[f32], out: &mut [f32], bytes: &mut Vec<u8>) -> Result<()> {
-        let err = |k: &dyn MatmulKernel, source| Error::Kernel { kernel: k.name().into(), source };
-        let k = &self.k;
-        match &k.fallback {
-            Some(fb) if self.failed.load(Ordering::Relaxed) => {
-                fb.run(pool, w, x, 1, out, bytes).map_err(|e| err(&**fb, e))
-            }
-            Some(fb) => k.kernel.run(pool, w, x, 1, out, bytes).or_else(|e| {
-                tracing::error!(kernel = k.kernel.name(), "low-rank predictor: {e}; falling back to {}", fb.name());
-                self.failed.store(true, Ordering::Relaxed);
-                fb.run(pool, w, x, 1, out, bytes).map_err(|e| err(&**fb, e))
-            }),
-            None => k.kernel.run(pool, w, x, 1, out, bytes).map_err(|e| err(&*k.kernel, e)),
-        }
-    }
+/// `out = W · x` for one token on `k`.
+fn product(
+    k: &BoundKernel,
+    pool: &ThreadPool,
+    w: &[u8],
+    x: &[f32],
+    out: &mut [f32],
+    bytes: &mut Vec<u8>,
+) -> Result<()> {
+    k.run(pool, "low-rank predictor", MatmulCall::dense(w, x, 1, out, bytes))
+        .map_err(|source| Error::Kernel { kernel: k.active().name().into(), source })
 }
 
 impl LowRank {
@@ -185,8 +170,8 @@ impl LowRank {
         bytes: &mut Vec<u8>,
     ) -> Result<()> {
         t.resize(self.rank, 0.0);
-        self.kp.run(pool, &self.p, x, t, bytes)?;
-        self.kq.run(pool, &self.q, t, out, bytes)
+        product(&self.kp, pool, &self.p, x, t, bytes)?;
+        product(&self.kq, pool, &self.q, t, out, bytes)
     }
 
     /// The neurons this predictor keeps for `x`, ascending, into `pred`;

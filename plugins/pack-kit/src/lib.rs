@@ -35,7 +35,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::dot::ternary;
-use spinfer_kernels::kernel::{self as sk, MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{self as sk, MatmulCall, MatmulDesc, MatmulKernel, Select};
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::{GgmlType, KernelError, QK_K};
 use spinfer_plugin_api::abi_stable::prefix_type::PrefixTypeTrait;
@@ -90,7 +90,7 @@ pub fn op_for(w: WeightType) -> Op {
 }
 
 /// Whether the kernels for `w` also compute a list of rows in place
-/// (`MatmulKernel::run_rows`, served as [`Op::GATHERED_ROW_MAT_VEC`]):
+/// (a `Select::Rows` call, served as [`Op::GATHERED_ROW_MAT_VEC`]):
 /// every type but the ternary ones.
 pub fn offers_gathered_rows(w: WeightType) -> bool {
     op_for(w) == Op::MAT_MUL
@@ -116,7 +116,7 @@ pub fn kernel_candidates(
         return if a == ActType::Q8_K { ternary::i2s_candidates(rows, cols, features) } else { Vec::new() };
     }
     let (Some(wtype), Some(act)) = (ggml_type(w), kernel_act(a)) else { return Vec::new() };
-    spinfer_kernels::matmul::candidates(&MatmulDesc { wtype, act, rows, cols }, features)
+    spinfer_kernels::matmul::candidates(&MatmulDesc::dense(wtype, act, rows, cols), features)
 }
 
 // === The pack ===
@@ -373,7 +373,9 @@ impl CpuKernel {
         out: &mut [f32],
     ) -> Result<(), PackError> {
         let k = self.for_shape(rows, cols)?;
-        SCRATCH.with_borrow_mut(|scratch| k.run(&self.pool, w, x, n_tokens, out, scratch)).map_err(to_pack_error)
+        SCRATCH
+            .with_borrow_mut(|scratch| k.run(&self.pool, MatmulCall::dense(w, x, n_tokens, out, scratch)))
+            .map_err(to_pack_error)
     }
 
     fn guarded(&self, what: &str, f: impl FnOnce() -> Result<(), PackError>) -> RResult<(), PackError> {
@@ -396,7 +398,9 @@ impl CpuKernel {
         }
         let k = self.for_shape(rows, cols)?;
         SCRATCH
-            .with_borrow_mut(|scratch| k.run_rows(&self.pool, w, idx, x, n_tokens, out, scratch))
+            .with_borrow_mut(|scratch| {
+                k.run(&self.pool, MatmulCall { w, select: Select::Rows(idx), x, n_tokens, out, scratch })
+            })
             .map_err(to_pack_error)
     }
 }

@@ -17,6 +17,7 @@ use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use spinfer_kernels::dot::ternary::i2s_row_bytes;
+use spinfer_kernels::kernel::MatmulCall;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_plugin_api::abi_stable::library::lib_header_from_path;
 use spinfer_plugin_api::abi_stable::std_types::{RSliceMut, RVec};
@@ -96,7 +97,7 @@ pub fn reference(
         .find(|k| k.name() == name)
         .unwrap_or_else(|| panic!("spinfer-kernels has no {name}"));
     let mut out = vec![0.0; n_tokens * rows];
-    k.run(&ThreadPool::new(2), wb, x, n_tokens, &mut out, &mut Vec::new()).unwrap();
+    k.run(&ThreadPool::new(2), MatmulCall::dense(wb, x, n_tokens, &mut out, &mut Vec::new())).unwrap();
     out
 }
 

@@ -76,7 +76,7 @@ fuzz_target!(|data: &[u8]| {
     let Some(mut h) = ok("history", HistoryStore::open(&path)) else { return };
     let n = h.records().count();
     assert_eq!(n, h.len());
-    let desc = MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows: 576, cols: 576 };
+    let desc = MatmulDesc::dense(GgmlType::Q4_1, ActType::Q8_1, 576, 576);
     let host = h.records().next().map(|r| r.host.clone()).unwrap_or_default();
     let _ = h.nearest(&host, &desc, Phase::Decode, 4);
     let _ = h.records_for(&host, &desc, Phase::Prefill);

@@ -46,7 +46,7 @@ use half::f16;
 
 use crate::blocks::{BlockQ8K, BlockTQ1_0, BlockTQ2_0};
 use crate::cpu::CpuFeatures;
-use crate::kernel::{MatmulDesc, MatmulKernel};
+use crate::kernel::{MatmulCall, MatmulDesc, MatmulKernel, Select, not_offered};
 use crate::matmul::common::{Isa, OutPtr, pack_tokens, scratch_aligned};
 use crate::pool::{ThreadPool, chunk};
 use crate::quantize;
@@ -366,15 +366,11 @@ impl MatmulKernel for I2sKernel {
         self.name
     }
 
-    fn run(
-        &self,
-        pool: &ThreadPool,
-        w: &[u8],
-        x: &[f32],
-        n_tokens: usize,
-        out: &mut [f32],
-        scratch: &mut Vec<u8>,
-    ) -> Result<()> {
+    fn run(&self, pool: &ThreadPool, call: MatmulCall<'_>) -> Result<()> {
+        let MatmulCall { w, select, x, n_tokens, out, scratch } = call;
+        if !matches!(select, Select::All) {
+            return Err(not_offered(self, select.form()));
+        }
         let (rows, cols) = (self.rows, self.cols);
         let shape = |detail: String| Err(KernelError::Shape { op: "i2_s matmul", detail });
         if w.len() != rows * self.row_bytes {

@@ -38,7 +38,7 @@ pub(crate) mod common;
 pub(crate) use common::{Isa, OutPtr, SharedBuf, broadcast_work, for_each_tile, pack_tokens, scratch_aligned};
 
 use crate::cpu::CpuFeatures;
-use crate::kernel::{ActType, MatmulDesc, MatmulKernel};
+use crate::kernel::{ActType, Form, MatmulCall, MatmulDesc, MatmulKernel, Select, not_offered};
 use crate::pool::{ThreadPool, chunk_aligned};
 use crate::{GgmlType, KernelError, Result};
 
@@ -71,11 +71,20 @@ fn simd_supported(isa: Isa, wtype: GgmlType, act: ActType) -> bool {
 }
 
 /// Every kernel in this crate that serves `desc` on a CPU with `features`,
-/// best first (AVX-512, AVX2, scalar). Empty for unsupported pairs and for
-/// rows that are not a whole number of blocks.
+/// best first (AVX-512, AVX2, scalar). Empty for unsupported pairs, for
+/// rows that are not a whole number of blocks, and for the forms this
+/// crate does not serve: gathered columns (the engine's sparse down
+/// projection runs on its own neuron-major repack) and gathered rows of
+/// the ternary kernels.
 pub fn candidates(desc: &MatmulDesc, features: &CpuFeatures) -> Vec<Box<dyn MatmulKernel>> {
     let mut v: Vec<Box<dyn MatmulKernel>> = Vec::new();
-    if !is_supported_pair(desc.wtype, desc.act) || desc.wtype.row_bytes(desc.cols).is_err() {
+    let ternary = desc.act == ActType::Q8_K && matches!(desc.wtype, GgmlType::TQ1_0 | GgmlType::TQ2_0);
+    let form_served = match desc.form {
+        Form::Dense => true,
+        Form::GatheredRows => !ternary,
+        Form::GatheredColumns => false,
+    };
+    if !form_served || !is_supported_pair(desc.wtype, desc.act) || desc.wtype.row_bytes(desc.cols).is_err() {
         return v;
     }
     let mut isas = Vec::new();
@@ -116,26 +125,37 @@ impl Kernel {
         Self { name, desc, isa, row_bytes }
     }
 
-    /// Checks the buffers of a call computing `out_rows` output rows.
-    fn validate(&self, w: &[u8], x: &[f32], n_tokens: usize, out: &[f32], out_rows: usize) -> Result<()> {
+    /// Checks the buffers of `call`; returns the weight rows it holds and
+    /// the output rows it computes.
+    fn validate(&self, call: &MatmulCall<'_>) -> Result<(usize, usize)> {
         let d = &self.desc;
-        let want = d.rows * self.row_bytes;
-        if w.len() != want {
+        let (w, x, n_tokens) = (call.w, call.x, call.n_tokens);
+        if self.row_bytes == 0 || w.len() % self.row_bytes != 0 {
+            let want = d.rows * self.row_bytes;
             return Err(KernelError::BufferSize { ty: d.wtype, n: d.rows * d.cols, want, got: w.len() });
         }
+        let w_rows = w.len() / self.row_bytes;
+        let out_rows = match call.select {
+            Select::All => w_rows,
+            Select::Rows(idx) => {
+                crate::kernel::check_indices("gathered-row matmul", idx, w_rows)?;
+                idx.len()
+            }
+            Select::Columns(_) => return Err(not_offered(self, Form::GatheredColumns)),
+        };
         if x.len() != n_tokens * d.cols {
             return Err(KernelError::Shape {
                 op: "matmul",
                 detail: format!("activations hold {} values, expected {n_tokens} tokens x {} columns", x.len(), d.cols),
             });
         }
-        if out.len() != n_tokens * out_rows {
+        if call.out.len() != n_tokens * out_rows {
             return Err(KernelError::Shape {
                 op: "matmul",
-                detail: format!("output holds {} values, expected {n_tokens} tokens x {out_rows} rows", out.len()),
+                detail: format!("output holds {} values, expected {n_tokens} tokens x {out_rows} rows", call.out.len()),
             });
         }
-        Ok(())
+        Ok((w_rows, out_rows))
     }
 }
 
@@ -144,69 +164,31 @@ impl MatmulKernel for Kernel {
         &self.name
     }
 
-    fn run(
-        &self,
-        pool: &ThreadPool,
-        w: &[u8],
-        x: &[f32],
-        n_tokens: usize,
-        out: &mut [f32],
-        scratch: &mut Vec<u8>,
-    ) -> Result<()> {
-        self.run_job(pool, w, None, x, n_tokens, out, scratch)
-    }
-
-    fn run_rows(
-        &self,
-        pool: &ThreadPool,
-        w: &[u8],
-        idx: &[u32],
-        x: &[f32],
-        n_tokens: usize,
-        out: &mut [f32],
-        scratch: &mut Vec<u8>,
-    ) -> Result<()> {
-        self.run_job(pool, w, Some(idx), x, n_tokens, out, scratch)
-    }
-}
-
-impl Kernel {
-    /// [`MatmulKernel::run`] (`idx == None`) and
-    /// [`MatmulKernel::run_rows`]: validates the call and runs it with this
-    /// kernel's instruction set.
-    #[allow(clippy::too_many_arguments, reason = "the kernel seam's call plus the optional row list")]
-    fn run_job(
-        &self,
-        pool: &ThreadPool,
-        w: &[u8],
-        idx: Option<&[u32]>,
-        x: &[f32],
-        n_tokens: usize,
-        out: &mut [f32],
-        scratch: &mut Vec<u8>,
-    ) -> Result<()> {
-        let out_rows = idx.map_or(self.desc.rows, <[u32]>::len);
-        self.validate(w, x, n_tokens, out, out_rows)?;
-        if let Some(idx) = idx {
-            crate::kernel::check_indices("gathered-row matmul", idx, self.desc.rows)?;
-        }
+    /// Validates the call and runs it with this kernel's instruction set.
+    fn run(&self, pool: &ThreadPool, call: MatmulCall<'_>) -> Result<()> {
+        let (w_rows, out_rows) = self.validate(&call)?;
         // `candidates` trusts the features it is given; make sure the CPU we
         // run on really has the instructions before executing them.
         if !self.isa.available() {
             return Err(KernelError::Unsupported { ty: self.desc.wtype, what: "this cpu (missing simd features)" });
         }
+        let MatmulCall { w, select, x, n_tokens, out, scratch } = call;
         if n_tokens == 0 || out_rows == 0 {
             return Ok(());
         }
+        let idx = match select {
+            Select::Rows(idx) => Some(idx),
+            _ => None,
+        };
+        let desc = MatmulDesc { rows: w_rows, ..self.desc };
         if self.desc.act == ActType::Q8_K && matches!(self.desc.wtype, GgmlType::TQ1_0 | GgmlType::TQ2_0) {
             if idx.is_some() {
-                return Err(KernelError::NotOffered { kernel: self.name.clone(), op: "gathered-row matmul" });
+                return Err(not_offered(self, Form::GatheredRows));
             }
             let out = OutPtr(out.as_mut_ptr());
-            return crate::dot::ternary::run(self.isa, pool, &self.desc, self.row_bytes, w, x, n_tokens, out, scratch);
+            return crate::dot::ternary::run(self.isa, pool, &desc, self.row_bytes, w, x, n_tokens, out, scratch);
         }
-        let job =
-            Job { desc: self.desc, row_bytes: self.row_bytes, w, idx, x, n_tokens, out: OutPtr(out.as_mut_ptr()) };
+        let job = Job { desc, row_bytes: self.row_bytes, w, idx, x, n_tokens, out: OutPtr(out.as_mut_ptr()) };
         match self.isa {
             Isa::Scalar => scalar::run(pool, &job, scratch),
             #[cfg(target_arch = "x86_64")]

@@ -176,7 +176,7 @@ pub fn test_cols(ty: GgmlType) -> Vec<usize> {
 
 /// The best (first) dense kernel for `ty` in fast mode.
 pub fn dense_kernel(ty: GgmlType, rows: usize, cols: usize) -> Box<dyn MatmulKernel> {
-    let desc = MatmulDesc { wtype: ty, act: ActType::fast_for(ty), rows, cols };
+    let desc = MatmulDesc::dense(ty, ActType::fast_for(ty), rows, cols);
     candidates(&desc, &CpuFeatures::detect()).into_iter().next().expect("no kernel")
 }
 

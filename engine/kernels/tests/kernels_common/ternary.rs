@@ -56,7 +56,7 @@ pub fn random_i2s(r: &mut StdRng, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>
 pub fn kernels(ty: Option<GgmlType>, rows: usize, cols: usize) -> Vec<Box<dyn MatmulKernel>> {
     let f = CpuFeatures::detect();
     match ty {
-        Some(t) => candidates(&MatmulDesc { wtype: t, act: ActType::Q8_K, rows, cols }, &f),
+        Some(t) => candidates(&MatmulDesc::dense(t, ActType::Q8_K, rows, cols), &f),
         None => i2s_candidates(rows, cols, &f),
     }
 }

@@ -12,7 +12,7 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use spinfer_kernels::GgmlType;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{ActType, MatmulCall, MatmulDesc, MatmulKernel};
 use spinfer_kernels::pool::ThreadPool;
 
 use crate::{Error, Result};
@@ -38,12 +38,7 @@ pub(crate) fn normalize_rows(v: &mut [f32], d: usize) -> Vec<f32> {
 
 /// The f32 × f32 GEMM kernel for `k` centroids of width `d`.
 fn gemm(k: usize, d: usize) -> Result<Box<dyn MatmulKernel>> {
-    Ok(spinfer_kernel_select::registry::builtin_kernel(&MatmulDesc {
-        wtype: GgmlType::F32,
-        act: ActType::F32,
-        rows: k,
-        cols: d,
-    })?)
+    Ok(spinfer_kernel_select::registry::builtin_kernel(&MatmulDesc::dense(GgmlType::F32, ActType::F32, k, d))?)
 }
 
 /// Calls `each(row, scores)` with the affinities of every row of `rows`
@@ -62,7 +57,7 @@ pub(crate) fn score_all(
     for (b, batch) in rows.chunks(BATCH * d).enumerate() {
         let m = batch.len() / d;
         kernel
-            .run(pool, w, batch, m, &mut out[..m * k], &mut scratch)
+            .run(pool, MatmulCall::dense(w, batch, m, &mut out[..m * k], &mut scratch))
             .map_err(|source| Error::Kernel { kernel: kernel.name().into(), source })?;
         for (i, s) in out[..m * k].chunks_exact(k).enumerate() {
             each(b * BATCH + i, s);

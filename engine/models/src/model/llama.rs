@@ -8,7 +8,6 @@
 //! / `llm_build_gemma3`.
 
 use spinfer_kernels::dequant::dequantize_row;
-use spinfer_kernels::kernel::MatmulDesc;
 use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk};
 
@@ -32,7 +31,7 @@ mod sparse_attn;
 mod sparse_ffn;
 
 pub use linear::Linear;
-pub(crate) use linear::{Scratch, grow};
+pub(crate) use linear::{GatheredRows, Scratch, grow};
 
 /// Most tokens one pass through the layers takes in a model with local
 /// attention: a longer [`Model::forward`] runs in steps of this many, so
@@ -401,10 +400,9 @@ impl Model {
                         down: (l.w_down.desc.wtype, l.w_down.w.bytes()),
                         // The pack that serves the dense product serves the
                         // sparse one too, if it has the column form.
-                        down_pack: registry
-                            .resolve_columns(&MatmulDesc { act: axpy.act(), ..l.w_down.desc }, &l.w_down.provider),
+                        down_pack: l.w_down.columns_kernel(registry, axpy.act()),
                         wo: (l.wo.desc.wtype, l.wo.w.bytes()),
-                        wo_pack: registry.resolve_columns(&MatmulDesc { act: axpy.act(), ..l.wo.desc }, &l.wo.provider),
+                        wo_pack: l.wo.columns_kernel(registry, axpy.act()),
                     })
                     .collect();
                 // A pack's predictor, built for this model.

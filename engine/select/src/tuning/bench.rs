@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{ActType, Form, MatmulCall, MatmulDesc, MatmulKernel, Select};
 use spinfer_kernels::pool::ThreadPool;
 
 /// Which inference phase a measurement represents.
@@ -124,7 +124,7 @@ pub fn benchmark(
         done += 1;
         progress(done, total, &kernel_id(&candidates[i].0, candidates[i].1.as_ref()));
     };
-    let reference = spinfer_kernels::matmul::candidates(desc, &CpuFeatures::default()).pop();
+    let reference = spinfer_kernels::matmul::candidates(&desc.with_form(Form::Dense), &CpuFeatures::default()).pop();
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let w = random_weights(&mut rng, desc.wtype, desc.rows, desc.cols);
     let mut out = Vec::with_capacity(total);
@@ -158,7 +158,9 @@ struct Run<'a> {
 impl Run<'_> {
     /// Runs `kernel` once into `y`.
     fn once(&mut self, kernel: &dyn MatmulKernel, y: &mut [f32]) -> Result<(), String> {
-        kernel.run(self.pool, self.w, &self.x, self.n_tokens, y, &mut self.scratch).map_err(|e| format!("error: {e}"))
+        kernel
+            .run(self.pool, MatmulCall::dense(self.w, &self.x, self.n_tokens, y, &mut self.scratch))
+            .map_err(|e| format!("error: {e}"))
     }
 
     /// `kernel`'s output for `rows` output rows.
@@ -302,7 +304,7 @@ fn reference_case(
     pool: &ThreadPool,
     keep: impl Fn(usize) -> bool,
 ) -> Result<ReferenceCase, String> {
-    let reference = spinfer_kernels::matmul::candidates(desc, &CpuFeatures::default())
+    let reference = spinfer_kernels::matmul::candidates(&desc.with_form(Form::Dense), &CpuFeatures::default())
         .pop()
         .ok_or_else(|| "no scalar reference kernel serves this operation".to_string())?;
     let mut rng = StdRng::seed_from_u64(seed);
@@ -314,53 +316,53 @@ fn reference_case(
         }
     }
     let mut want = vec![0.0f32; desc.rows];
-    reference.run(pool, &w, &x, 1, &mut want, &mut Vec::new()).map_err(|e| format!("reference: {e}"))?;
+    reference
+        .run(pool, MatmulCall::dense(&w, &x, 1, &mut want, &mut Vec::new()))
+        .map_err(|e| format!("reference: {e}"))?;
     Ok((w, x, want))
 }
 
-/// Runs `kernel` once on random data of `desc`'s shape (one token) and
-/// compares it with the scalar reference; `Err` says how it disagreed.
+/// Runs `kernel` once on random data of `desc`'s shape (one token), in
+/// `desc`'s form, and compares it with the scalar reference; `Err` says how
+/// it disagreed.
+///
+/// * dense: every row;
+/// * gathered rows: every third row, in reverse order, with one repeated,
+///   against those rows of the reference's dense product;
+/// * gathered columns: every third column, against the reference's exact
+///   dense product of an input that is zero outside those columns (so
+///   `desc.act` only sets the tolerance).
 pub fn verify(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -> Result<(), String> {
-    let (w, x, want) = reference_case(desc, 0x5eed, pool, |_| true)?;
-    let mut got = vec![f32::NAN; desc.rows];
-    kernel.run(pool, &w, &x, 1, &mut got, &mut Vec::new()).map_err(|e| format!("error: {e}"))?;
-    compare(&got, &want, desc.act)
-}
-
-/// As [`verify`], for the gathered-row product ([`MatmulKernel::run_rows`]):
-/// every third row, in reverse order, with one repeated, against those
-/// rows of the scalar reference's dense product.
-///
-/// # Errors
-///
-/// As [`verify`].
-pub fn verify_rows(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -> Result<(), String> {
-    let (w, x, dense) = reference_case(desc, 0x5eed + 1, pool, |_| true)?;
-    let mut idx: Vec<u32> = (0..desc.rows as u32).rev().step_by(3).collect();
-    idx.push(idx[0]);
-    let want: Vec<f32> = idx.iter().map(|&i| dense[i as usize]).collect();
-    let mut got = vec![f32::NAN; idx.len()];
-    kernel.run_rows(pool, &w, &idx, &x, 1, &mut got, &mut Vec::new()).map_err(|e| format!("error: {e}"))?;
-    compare(&got, &want, desc.act)
-}
-
-/// As [`verify`], for the gathered-column AXPY
-/// ([`MatmulKernel::run_columns`], the sparse down projection): every third
-/// column, against the scalar reference's exact dense product of an input
-/// that is zero outside those columns (so `desc.act` only sets the
-/// tolerance).
-///
-/// # Errors
-///
-/// As [`verify`].
-pub fn verify_columns(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -> Result<(), String> {
-    let exact = MatmulDesc { act: ActType::F32, ..*desc };
-    let (w, x, want) = reference_case(&exact, 0x5eed + 2, pool, |c| c % 3 == 1)?;
-    let idx: Vec<u32> = (0..desc.cols as u32).filter(|c| c % 3 == 1).collect();
-    let coef: Vec<f32> = idx.iter().map(|&c| x[c as usize]).collect();
-    let mut got = vec![f32::NAN; desc.rows];
-    kernel.run_columns(pool, &w, &idx, &coef, 1, &mut got, &mut Vec::new()).map_err(|e| format!("error: {e}"))?;
-    compare(&got, &want, desc.act)
+    let scratch = &mut Vec::new();
+    match desc.form {
+        Form::Dense => {
+            let (w, x, want) = reference_case(desc, 0x5eed, pool, |_| true)?;
+            let mut got = vec![f32::NAN; desc.rows];
+            kernel.run(pool, MatmulCall::dense(&w, &x, 1, &mut got, scratch)).map_err(|e| format!("error: {e}"))?;
+            compare(&got, &want, desc.act)
+        }
+        Form::GatheredRows => {
+            let (w, x, dense) = reference_case(desc, 0x5eed + 1, pool, |_| true)?;
+            let mut idx: Vec<u32> = (0..desc.rows as u32).rev().step_by(3).collect();
+            idx.push(idx[0]);
+            let want: Vec<f32> = idx.iter().map(|&i| dense[i as usize]).collect();
+            let mut got = vec![f32::NAN; idx.len()];
+            let call = MatmulCall { w: &w, select: Select::Rows(&idx), x: &x, n_tokens: 1, out: &mut got, scratch };
+            kernel.run(pool, call).map_err(|e| format!("error: {e}"))?;
+            compare(&got, &want, desc.act)
+        }
+        Form::GatheredColumns => {
+            let exact = MatmulDesc { act: ActType::F32, ..*desc };
+            let (w, x, want) = reference_case(&exact, 0x5eed + 2, pool, |c| c % 3 == 1)?;
+            let idx: Vec<u32> = (0..desc.cols as u32).filter(|c| c % 3 == 1).collect();
+            let coef: Vec<f32> = idx.iter().map(|&c| x[c as usize]).collect();
+            let mut got = vec![f32::NAN; desc.rows];
+            let call =
+                MatmulCall { w: &w, select: Select::Columns(&idx), x: &coef, n_tokens: 1, out: &mut got, scratch };
+            kernel.run(pool, call).map_err(|e| format!("error: {e}"))?;
+            compare(&got, &want, desc.act)
+        }
+    }
 }
 
 /// Offsets of the f16 scale fields inside one block of `ty`.
@@ -436,15 +438,8 @@ mod tests {
         fn name(&self) -> &str {
             "zeros"
         }
-        fn run(
-            &self,
-            _: &ThreadPool,
-            _: &[u8],
-            _: &[f32],
-            _: usize,
-            out: &mut [f32],
-            _: &mut Vec<u8>,
-        ) -> spinfer_kernels::Result<()> {
+        fn run(&self, _: &ThreadPool, call: MatmulCall<'_>) -> spinfer_kernels::Result<()> {
+            let MatmulCall { out, .. } = call;
             out.fill(0.0);
             Ok(())
         }
@@ -457,7 +452,7 @@ mod tests {
     #[test]
     fn rejects_wrong_kernel_and_times_real_ones() {
         let pool = ThreadPool::new(2);
-        let desc = MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows: 64, cols: 256 };
+        let desc = MatmulDesc::dense(GgmlType::Q4_1, ActType::Q8_1, 64, 256);
         let mut cands = KernelRegistry::builtin().candidates(&desc);
         let n_real = cands.len();
         cands.push(("fake".to_string(), Arc::new(Zeros)));
@@ -486,25 +481,17 @@ mod tests {
         fn name(&self) -> &str {
             if self.1.is_zero() { "fast" } else { "slow" }
         }
-        fn run(
-            &self,
-            pool: &ThreadPool,
-            w: &[u8],
-            x: &[f32],
-            n: usize,
-            out: &mut [f32],
-            scratch: &mut Vec<u8>,
-        ) -> spinfer_kernels::Result<()> {
+        fn run(&self, pool: &ThreadPool, call: MatmulCall<'_>) -> spinfer_kernels::Result<()> {
             self.2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             std::thread::sleep(self.1);
-            self.0.run(pool, w, x, n, out, scratch)
+            self.0.run(pool, call)
         }
     }
 
     #[test]
     fn rounds_time_contenders_only_after_the_first() {
         let pool = ThreadPool::new(1);
-        let desc = MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows: 32, cols: 64 };
+        let desc = MatmulDesc::dense(GgmlType::Q8_0, ActType::Q8_0, 32, 64);
         let real: Arc<dyn MatmulKernel> = KernelRegistry::builtin().candidates(&desc).remove(0).1;
         let fast = Arc::new(Counted(Arc::clone(&real), std::time::Duration::ZERO, 0.into()));
         let slow = Arc::new(Counted(real, std::time::Duration::from_millis(2), 0.into()));
@@ -531,7 +518,7 @@ mod tests {
         let opts = BenchOptions { warmup: 0, runs: 1, rounds: 1, prefill_tokens: 4, seed: 3 };
         for wtype in [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K] {
             for act in [ActType::F32, ActType::fast_for(wtype)] {
-                let desc = MatmulDesc { wtype, act, rows: 16, cols: 256 };
+                let desc = MatmulDesc::dense(wtype, act, 16, 256);
                 let m = benchmark(&desc, &reg.candidates(&desc), &pool, &opts, &mut |_, _, _| {});
                 assert!(!m.is_empty());
                 for x in m {

@@ -531,7 +531,7 @@ mod tests {
     use super::*;
 
     fn desc(rows: usize, cols: usize) -> MatmulDesc {
-        MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows, cols }
+        MatmulDesc::dense(GgmlType::Q4_1, ActType::Q8_1, rows, cols)
     }
 
     #[test]
@@ -756,7 +756,7 @@ mod tests {
             h.record(&make_record(host, &desc(r, c), Phase::Decode, 1, "x/k", Some(1), None, 1)).unwrap();
         }
         // Same shape, different type or host: must be filtered out.
-        let q8 = MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows: 2048, cols: 1024 };
+        let q8 = MatmulDesc::dense(GgmlType::Q8_0, ActType::Q8_0, 2048, 1024);
         h.record(&make_record(host, &q8, Phase::Decode, 1, "x/k", Some(1), None, 1)).unwrap();
         h.record(&make_record("host-b", &desc(2048, 1024), Phase::Decode, 1, "x/k", Some(1), None, 1)).unwrap();
         let near = h.nearest(host, &desc(2048, 1024), Phase::Decode, 2);

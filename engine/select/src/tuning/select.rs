@@ -238,8 +238,8 @@ mod tests {
 
     #[test]
     fn synthetic_descs_cover_each_type_once_without_the_model_shapes() {
-        let q41 = |rows, cols| MatmulDesc { wtype: GgmlType::Q4_1, act: ActType::Q8_1, rows, cols };
-        let q80 = |rows, cols| MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows, cols };
+        let q41 = |rows, cols| MatmulDesc::dense(GgmlType::Q4_1, ActType::Q8_1, rows, cols);
+        let q80 = |rows, cols| MatmulDesc::dense(GgmlType::Q8_0, ActType::Q8_0, rows, cols);
         let model = [q41(576, 576), q41(512, 1024), q41(576, 576), q80(49152, 576)];
         let extra = synthetic_descs(&model);
         let grid = spinfer_registry::synthetic_shapes(32, &[]);
@@ -258,15 +258,7 @@ mod tests {
         fn name(&self) -> &str {
             self.0
         }
-        fn run(
-            &self,
-            _: &ThreadPool,
-            _: &[u8],
-            _: &[f32],
-            _: usize,
-            _: &mut [f32],
-            _: &mut Vec<u8>,
-        ) -> spinfer_kernels::Result<()> {
+        fn run(&self, _: &ThreadPool, _: spinfer_kernels::kernel::MatmulCall<'_>) -> spinfer_kernels::Result<()> {
             Ok(())
         }
     }
@@ -276,7 +268,7 @@ mod tests {
     }
 
     fn desc(rows: usize, cols: usize) -> MatmulDesc {
-        MatmulDesc { wtype: GgmlType::Q4_0, act: ActType::Q8_0, rows, cols }
+        MatmulDesc::dense(GgmlType::Q4_0, ActType::Q8_0, rows, cols)
     }
 
     fn rec(d: &MatmulDesc, id: &str, ns: Option<u64>, date: u64) -> Record {
@@ -394,7 +386,7 @@ mod tests {
         let mut h = HistoryStore::open(dir.path().join("h.redb")).unwrap();
         let reg = KernelRegistry::builtin();
         let pool = ThreadPool::new(2);
-        let d = MatmulDesc { wtype: GgmlType::Q8_0, act: ActType::Q8_0, rows: 64, cols: 256 };
+        let d = MatmulDesc::dense(GgmlType::Q8_0, ActType::Q8_0, 64, 256);
         let opts = BenchOptions { warmup: 1, runs: 3, rounds: 2, prefill_tokens: 8, seed: 1 };
         let mut last = (0, 0);
         let out = tune_with(&reg, &[d, d], &pool, &mut h, &opts, &mut |done, total, _| last = (done, total)).unwrap();

@@ -3,10 +3,8 @@
 //! fallback and the two-plane activations of [`Precision::Fast`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use spinfer_kernels::KernelError;
-use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
+use spinfer_kernels::kernel::{ActType, Form, MatmulCall, MatmulDesc, MatmulKernel, Select};
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::split::split_hi_lo;
 
@@ -15,7 +13,8 @@ use crate::model::{check_dims, load_vector};
 use crate::{Error, Result};
 use spinfer_formats::loader::Loader;
 use spinfer_formats::tensor::TensorData;
-use spinfer_kernel_select::registry::{Choice, KernelRegistry};
+use spinfer_kernel_select::BoundKernel;
+use spinfer_kernel_select::registry::{BUILTIN, Choice, KernelRegistry};
 
 /// A weight matrix bound to the kernel that multiplies by it.
 pub struct Linear {
@@ -23,34 +22,25 @@ pub struct Linear {
     pub name: String,
     pub(crate) w: TensorData,
     pub desc: MatmulDesc,
-    kernel: Arc<dyn MatmulKernel>,
-    /// The built-in kernel that takes over if a pack kernel fails.
-    fallback: Option<Arc<dyn MatmulKernel>>,
-    /// Set once the pack kernel has failed: later calls go straight to the
-    /// fallback.
-    failed: AtomicBool,
-    pub provider: String,
-    pub choice: Choice,
-    /// The other candidates and their recorded decode medians (ns).
-    pub alternatives: Vec<(String, Option<u64>)>,
+    /// The dense product's kernel (with the built-in fallback of a pack's).
+    dense: BoundKernel,
+    /// The gathered-row products' kernel (the sparse gate and up
+    /// projections and the sparse head read their rows in place): the row
+    /// form of the dense kernel when its pack offers one, else the best
+    /// built-in one; `None` where no kernel serves the form (ternary
+    /// weights), and such products run on a compact copy of the rows.
+    rows: Option<BoundKernel>,
+    /// The built-in kernel of the dense form, which serves any number of
+    /// rows: the products over rows gathered beforehand (the FFN bundle
+    /// under a memory budget, the compact copy above).
+    compact: Arc<dyn MatmulKernel>,
     bias: Option<Vec<f32>>,
     /// Feed activations as two 8-bit planes (see [`Precision::Fast`]).
     two_planes: bool,
-    /// The kernel of the gathered-row products (the sparse gate and up
-    /// projections read their kept rows in place): the gathered-row form
-    /// of `kernel` when its pack offers one, else the built-in kernel
-    /// ([`KernelRegistry::resolve_rows`]).
-    rows_kernel: Option<Arc<dyn MatmulKernel>>,
-    /// Who provides `rows_kernel`.
-    pub rows_provider: String,
-    /// For a pack's `rows_kernel`: the built-in kernel that takes over if
-    /// it fails.
-    rows_fallback: Option<Arc<dyn MatmulKernel>>,
-    /// Set once the pack's gathered-row kernel has failed.
-    rows_failed: AtomicBool,
 }
 
-/// One matmul call: `(x, n tokens, out, kernel scratch)`.
+/// One matmul call on `(x, n tokens, out, kernel scratch)`, the weights
+/// and row selection already bound.
 type RunFn<'a> = dyn Fn(&[f32], usize, &mut [f32], &mut Vec<u8>) -> Result<()> + 'a;
 
 /// Reusable buffers of the matmul calls.
@@ -86,7 +76,7 @@ impl Linear {
     }
 
     /// A matrix of `rows × cols` weights of type `ty` (no bias), bound to
-    /// the kernel `registry` picks for it.
+    /// the kernels `registry` picks for its dense and gathered-row forms.
     pub(crate) fn from_tensor(
         registry: &KernelRegistry,
         precision: Precision,
@@ -96,34 +86,23 @@ impl Linear {
         rows: usize,
         cols: usize,
     ) -> Result<Self> {
-        let t = spinfer_formats::tensor::TensorView { name: name.to_string(), ty, dims: vec![cols, rows], data };
         let act = match precision {
-            Precision::Fast | Precision::Int8 => ActType::fast_for(t.ty),
+            Precision::Fast | Precision::Int8 => ActType::fast_for(ty),
             Precision::Precise => ActType::F32,
         };
-        let two_planes = precision == Precision::Fast && act != ActType::F32;
-        let desc = MatmulDesc { wtype: t.ty, act, rows, cols };
-        let r = registry.resolve(&desc)?;
-        let (rows_provider, rows_kernel) = registry.resolve_rows(&desc, &r).unzip();
-        let rows_fallback = (rows_provider.as_deref().is_some_and(|p| p != spinfer_kernel_select::registry::BUILTIN))
-            .then(|| spinfer_kernel_select::registry::builtin_kernel(&desc).ok().map(Arc::from))
-            .flatten();
+        let desc = MatmulDesc::dense(ty, act, rows, cols);
+        let dense = registry.resolve(&desc)?;
+        let gathered = desc.with_form(Form::GatheredRows);
+        let rows_kernel = registry.resolve_gathered(&gathered, &dense.provider, dense.kernel.name()).ok();
         Ok(Self {
             name: name.to_string(),
-            w: t.data,
+            w: data,
             desc,
-            kernel: r.kernel,
-            fallback: r.fallback,
-            failed: AtomicBool::new(false),
-            provider: r.provider,
-            choice: r.choice,
-            alternatives: r.alternatives,
-            rows_kernel,
-            rows_provider: rows_provider.unwrap_or_default(),
-            rows_fallback,
-            rows_failed: AtomicBool::new(false),
+            compact: registry.builtin_kernel_for(&desc)?,
+            dense: dense.into(),
+            rows: rows_kernel.map(BoundKernel::from),
             bias: None,
-            two_planes,
+            two_planes: precision == Precision::Fast && act != ActType::F32,
         })
     }
 
@@ -136,22 +115,11 @@ impl Linear {
         out: &mut [f32],
         scratch: &mut Scratch,
     ) -> Result<()> {
+        let w = self.w.bytes();
         let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
-            let w = self.w.bytes();
-            let err = |k: &dyn MatmulKernel, source| Error::Kernel { kernel: k.name().to_string(), source };
-            match &self.fallback {
-                Some(fb) if self.failed.load(Ordering::Relaxed) => {
-                    fb.run(pool, w, x, n, out, bytes).map_err(|e| err(&**fb, e))
-                }
-                Some(fb) => self.kernel.run(pool, w, x, n, out, bytes).or_else(|e| {
-                    // A failing pack disables itself; its operations move to
-                    // the built-in kernels for the rest of the process.
-                    tracing::error!(tensor = %self.name, kernel = self.kernel.name(), "{e}; falling back to {}", fb.name());
-                    self.failed.store(true, Ordering::Relaxed);
-                    fb.run(pool, w, x, n, out, bytes).map_err(|e| err(&**fb, e))
-                }),
-                None => self.kernel.run(pool, w, x, n, out, bytes).map_err(|e| err(&*self.kernel, e)),
-            }
+            self.dense
+                .run(pool, &self.name, MatmulCall::dense(w, x, n, out, bytes))
+                .map_err(|source| Error::Kernel { kernel: self.dense.active().name().into(), source })
         };
         let rows = self.desc.rows;
         self.matmul(&run, rows, x, n, &mut out[..n * rows], scratch)?;
@@ -167,9 +135,9 @@ impl Linear {
 
     /// The gathered-row product: `out[t, k] = W[idx[k], :] · x[t, :] (+ b)`,
     /// only the rows `idx` (the sparse gate and up projections). The
-    /// built-in kernel of the same operation reads the rows in place
-    /// (`MatmulKernel::run_rows`), so the numbers equal the dense product's
-    /// rows; a kernel that cannot address single rows gets a compact copy.
+    /// gathered-row kernel reads the rows in place, so the numbers equal
+    /// the dense product's rows; where no kernel serves the form, a compact
+    /// copy of the rows goes to [`Linear::forward_gathered`].
     pub(crate) fn forward_rows(
         &self,
         pool: &ThreadPool,
@@ -183,63 +151,46 @@ impl Linear {
         if k == 0 {
             return Ok(());
         }
-        let pack_failed = self.rows_failed.load(Ordering::Relaxed);
-        let kernels = [(!pack_failed).then_some(self.rows_kernel.as_ref()).flatten(), self.rows_fallback.as_ref()];
-        for kernel in kernels.into_iter().flatten() {
+        if let Some(kernel) = &self.rows {
             let w = self.w.bytes();
-            let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
+            let run = |x: &[f32], n: usize, out: &mut [f32], scratch: &mut Vec<u8>| {
+                let call = MatmulCall { w, select: Select::Rows(idx), x, n_tokens: n, out, scratch };
                 kernel
-                    .run_rows(pool, w, idx, x, n, out, bytes)
-                    .map_err(|source| Error::Kernel { kernel: kernel.name().into(), source })
+                    .run(pool, &self.name, call)
+                    .map_err(|source| Error::Kernel { kernel: kernel.active().name().into(), source })
             };
-            match self.matmul(&run, k, x, n, &mut out[..n * k], scratch) {
-                Ok(()) => {
-                    self.add_row_bias(idx, n, out);
-                    return Ok(());
-                }
-                Err(Error::Kernel { source: KernelError::NotOffered { .. }, .. }) => break,
-                // A pack's kernel failed: the built-in one from now on
-                // (the pack kernel logged why).
-                Err(Error::Kernel { source: KernelError::Pack { .. }, .. }) if self.rows_fallback.is_some() => {
-                    self.rows_failed.store(true, Ordering::Relaxed);
-                }
-                Err(e) => return Err(e),
-            }
+            self.matmul(&run, k, x, n, &mut out[..n * k], scratch)?;
+            self.add_row_bias(idx, n, out);
+            return Ok(());
         }
         let row_bytes = self.w.bytes().len() / self.desc.rows;
         let mut rows = std::mem::take(&mut scratch.gathered);
         spinfer_sparse_kernels::gather_rows(pool, self.w.bytes(), row_bytes, idx, &mut rows)?;
-        let r = self.forward_gathered(pool, x, n, &rows, idx, out, scratch);
+        let r = self.forward_gathered(pool, GatheredRows { x, n, rows: &rows, idx }, out, scratch);
         scratch.gathered = rows;
         r
     }
 
-    /// [`Linear::forward_rows`] on rows already gathered: `rows` holds
-    /// `W[idx[k], :]` for each `k`, in this matrix's format (e.g. from the
+    /// [`Linear::forward_rows`] on rows already gathered (e.g. from the
     /// FFN bundle under a memory budget; this matrix's own bytes are not
-    /// read).
-    #[allow(clippy::too_many_arguments, reason = "a matmul call: pool, input, rows and their indices, output, scratch")]
+    /// read), with the built-in kernel resolved at load.
     pub(crate) fn forward_gathered(
         &self,
         pool: &ThreadPool,
-        x: &[f32],
-        n: usize,
-        rows: &[u8],
-        idx: &[u32],
+        g: GatheredRows<'_>,
         out: &mut [f32],
         scratch: &mut Scratch,
     ) -> Result<()> {
+        let GatheredRows { x, n, rows, idx } = g;
         let k = idx.len();
         if k == 0 {
             return Ok(());
         }
-        let desc = MatmulDesc { rows: k, ..self.desc };
-        let kernel = spinfer_kernel_select::registry::builtin_kernel(&desc)?;
-        let rows = &rows[..desc.wtype.row_bytes(desc.cols)? * k];
+        let rows = &rows[..self.desc.wtype.row_bytes(self.desc.cols)? * k];
         let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
-            kernel
-                .run(pool, rows, x, n, out, bytes)
-                .map_err(|source| Error::Kernel { kernel: kernel.name().into(), source })
+            self.compact
+                .run(pool, MatmulCall::dense(rows, x, n, out, bytes))
+                .map_err(|source| Error::Kernel { kernel: self.compact.name().into(), source })
         };
         self.matmul(&run, k, x, n, &mut out[..n * k], scratch)?;
         self.add_row_bias(idx, n, out);
@@ -287,8 +238,46 @@ impl Linear {
         Ok(())
     }
 
+    /// The gathered-column AXPY over this matrix (the sparse down
+    /// projection) in the arithmetic `act`, from the pack that serves the
+    /// dense product, if it has that form
+    /// ([`KernelRegistry::resolve_gathered`]); `None` leaves it to the
+    /// engine's own neuron-major repack.
+    pub(crate) fn columns_kernel(
+        &self,
+        registry: &KernelRegistry,
+        act: ActType,
+    ) -> Option<(String, Arc<dyn MatmulKernel>)> {
+        let desc = MatmulDesc { act, ..self.desc }.with_form(Form::GatheredColumns);
+        let r = registry.resolve_gathered(&desc, self.provider(), self.kernel_name()).ok()?;
+        Some((r.provider, r.kernel))
+    }
+
+    /// The dense product's kernel.
     pub fn kernel_name(&self) -> &str {
-        self.kernel.name()
+        self.dense.chosen().name()
+    }
+
+    /// Who provides the dense product's kernel.
+    pub fn provider(&self) -> &str {
+        self.dense.provider()
+    }
+
+    /// Why the dense product's kernel was chosen.
+    pub fn choice(&self) -> Choice {
+        self.dense.choice()
+    }
+
+    /// The dense product's other candidates and their recorded decode
+    /// medians (ns).
+    pub fn alternatives(&self) -> &[(String, Option<u64>)] {
+        self.dense.alternatives()
+    }
+
+    /// Who provides the gathered-row kernel (`cpu-builtin` for the compact
+    /// copy where none serves the form).
+    pub fn rows_provider(&self) -> &str {
+        self.rows.as_ref().map_or(BUILTIN, BoundKernel::provider)
     }
 
     /// The weight bytes, in the file's format.
@@ -299,13 +288,23 @@ impl Linear {
     /// Whether the chosen (pack) kernel failed and the built-in fallback
     /// now serves this matrix.
     pub fn fell_back(&self) -> bool {
-        self.failed.load(Ordering::Relaxed)
+        self.dense.has_failed_over()
     }
 
     /// Bytes of weights read per token.
     pub fn weight_bytes(&self) -> usize {
         self.w.bytes().len()
     }
+}
+
+/// Rows gathered beforehand for [`Linear::forward_gathered`]: `rows` holds
+/// `W[idx[k], :]` for each `k`, in the matrix's format, and `x` the `n`
+/// tokens' activations.
+pub(crate) struct GatheredRows<'a> {
+    pub x: &'a [f32],
+    pub n: usize,
+    pub rows: &'a [u8],
+    pub idx: &'a [u32],
 }
 
 /// Grows `v` to at least `n` elements (buffers are never shrunk).

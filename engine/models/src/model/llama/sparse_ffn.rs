@@ -3,7 +3,7 @@
 //! down-projection columns. Under a memory budget the same arithmetic runs
 //! on records gathered from the FFN bundle (see [`spinfer_sparsity::bundle`]).
 
-use super::{Linear, Model, Scratch, Session, grow};
+use super::{GatheredRows, Linear, Model, Scratch, Session, grow};
 use crate::model::math;
 use crate::{Error, Result};
 use spinfer_kernel_select::registry::Found;
@@ -182,15 +182,8 @@ impl Model {
             b.gather(l, &sc.pred, &mut sc.gathered, &mut sc.stats.cache)?;
             // Exact gate values of the predicted neurons, filtered by the
             // gate threshold.
-            layer.w_gate.forward_gathered(
-                &s.pool,
-                x,
-                1,
-                &sc.gathered.gate,
-                &sc.pred,
-                &mut sc.up[..k],
-                &mut s.scratch,
-            )?;
+            let gate = GatheredRows { x, n: 1, rows: &sc.gathered.gate, idx: &sc.pred };
+            layer.w_gate.forward_gathered(&s.pool, gate, &mut sc.up[..k], &mut s.scratch)?;
             math::silu(&mut sc.up[..k]);
             sc.idx.clear();
             sc.keep.clear();
@@ -208,7 +201,8 @@ impl Model {
             counters.active += k as u64;
             sc.gathered.compact(&sc.keep, up_row, down_col);
             // Up projection on the kept records.
-            layer.w_up.forward_gathered(&s.pool, x, 1, &sc.gathered.up, &sc.idx, &mut sc.up[..k], &mut s.scratch)?;
+            let up = GatheredRows { x, n: 1, rows: &sc.gathered.up, idx: &sc.idx };
+            layer.w_up.forward_gathered(&s.pool, up, &mut sc.up[..k], &mut s.scratch)?;
             for ((h, &j), &u) in sc.h[..k].iter_mut().zip(&sc.idx).zip(&sc.up[..k]) {
                 *h = act[j as usize] * u;
             }

@@ -8,7 +8,7 @@
 //! per-token prediction, no per-token gathering.
 
 use crate::Result;
-use crate::model::llama::{Model, Session, grow};
+use crate::model::llama::{GatheredRows, Model, Session, grow};
 use crate::model::math;
 use spinfer_sparsity::SparseFfn;
 
@@ -77,8 +77,10 @@ impl Model {
         counters.active += (n * k) as u64;
         grow(&mut s.gate, n * k);
         grow(&mut s.up, n * k);
-        layer.w_gate.forward_gathered(&s.pool, &s.xn, n, &m.gate, &m.idx, &mut s.gate[..n * k], &mut s.scratch)?;
-        layer.w_up.forward_gathered(&s.pool, &s.xn, n, &m.up, &m.idx, &mut s.up[..n * k], &mut s.scratch)?;
+        let gate = GatheredRows { x: &s.xn, n, rows: &m.gate, idx: &m.idx };
+        layer.w_gate.forward_gathered(&s.pool, gate, &mut s.gate[..n * k], &mut s.scratch)?;
+        let up = GatheredRows { x: &s.xn, n, rows: &m.up, idx: &m.idx };
+        layer.w_up.forward_gathered(&s.pool, up, &mut s.up[..n * k], &mut s.scratch)?;
         math::swiglu(&mut s.gate[..n * k], &s.up[..n * k]);
         for t in 0..n {
             let out = &mut s.tmp[t * dim..(t + 1) * dim];
