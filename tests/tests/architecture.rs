@@ -38,7 +38,8 @@ fn dependencies() -> BTreeMap<String, BTreeSet<String>> {
 /// A crate uses only crates listed before it: the layering has no cycle by
 /// construction, and a new dependency upward fails this test.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("spinfer-kernels", &[]),
+    ("spinfer-kernel-base", &[]),
+    ("spinfer-kernels", &["spinfer-kernel-base"]),
     ("spinfer-sparse-kernels", &["spinfer-kernels"]),
     ("spinfer-formats", &["spinfer-kernels"]),
     ("spinfer-tokenizer", &["spinfer-formats"]),
@@ -182,10 +183,10 @@ fn products_are_resolved_at_load_through_the_registry() {
 
 #[test]
 fn the_kernels_crates_open_no_file_and_read_one_variable() {
-    let src = workspace().join("engine/kernels/src");
-    let sparse = sources(&workspace().join("engine/sparse-kernels/src"));
-    for (p, code) in sources(&src).into_iter().chain(sparse) {
-        if p == src.join("cpu.rs") {
+    let base = workspace().join("engine/kernel-base/src");
+    let others = ["engine/kernels/src", "engine/sparse-kernels/src"].map(|d| sources(&workspace().join(d)));
+    for (p, code) in sources(&base).into_iter().chain(others.into_iter().flatten()) {
+        if p == base.join("cpu.rs") {
             // The one place that reads the environment (SPINFER_CPU, once)
             // and asks the CPU what it has.
             continue;
@@ -229,7 +230,7 @@ fn library_code_does_not_print() {
 /// Source files still over the 700-line limit (tests excluded), each to
 /// be split; the list may only shrink: a file that fits is an error here
 /// until it is taken off.
-const OVER_700: &[&str] = &["engine/kernels/src/sparse/neuron_major_fast.rs", "engine/kernels/src/matmul/gemm_f32.rs"];
+const OVER_700: &[&str] = &[];
 
 #[test]
 fn no_source_file_is_over_700_lines() {
@@ -255,30 +256,34 @@ fn no_source_file_is_over_700_lines() {
 
 /// Library crates still over the 5,000-line limit (tests excluded); the
 /// list may only shrink, as [`OVER_700`].
-const OVER_5000: &[&str] = &["engine/kernels"];
+const OVER_5000: &[&str] = &[];
+
+/// Every library crate of the workspace: a folder with a `src/lib.rs`
+/// under `engine/` or `plugins/`, or one of the top-level library folders.
+fn library_crates(ws: &Path) -> Vec<String> {
+    let mut out: Vec<String> = ["registry", "plugin-api", "kernels-cuda"].map(String::from).to_vec();
+    for parent in ["engine", "plugins"] {
+        for e in std::fs::read_dir(ws.join(parent)).unwrap() {
+            let p = e.unwrap().path();
+            if p.join("src/lib.rs").is_file() {
+                out.push(p.strip_prefix(ws).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    out.sort();
+    out
+}
 
 #[test]
 fn no_library_crate_is_over_5000_lines() {
     let ws = workspace();
-    for dir in [
-        "engine/kernels",
-        "engine/sparse-kernels",
-        "engine/formats",
-        "engine/tokenizer",
-        "engine/select",
-        "engine/packs",
-        "engine/sparsity",
-        "engine/models",
-        "engine/embed",
-        "engine/core",
-        "engine/gpu",
-        "kernels-cuda",
-        "registry",
-        "plugin-api",
-    ] {
+    let crates = library_crates(&ws);
+    assert!(crates.iter().any(|c| c == "engine/kernels") && crates.len() > 10, "{crates:?}");
+    for dir in &crates {
         let n: usize = sources(&ws.join(dir).join("src")).iter().map(|(_, c)| lines(c)).sum();
-        let listed = OVER_5000.contains(&dir);
+        let listed = OVER_5000.contains(&dir.as_str());
         assert!(n <= 5000 || listed, "{dir}: {n} lines (at most 5000; split the crate)");
         assert!(n > 5000 || !listed, "{dir}: {n} lines now: take it off OVER_5000");
+        eprintln!("{dir}: {n} lines");
     }
 }

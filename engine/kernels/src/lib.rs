@@ -1,5 +1,7 @@
-//! spinfer's CPU compute layer: GGML block formats, dequantisation, activation
-//! quantisation, dot products and multi-threaded matvec/matmul.
+//! spinfer's CPU kernels: dot products and multi-threaded matvec/matmul
+//! over GGML blocks, on top of `spinfer-kernel-base` (block formats,
+//! dequantisation, activation quantisation, the thread pool and the kernel
+//! seam), whose modules are re-exported here at their old paths.
 //!
 //! Every kernel has a portable scalar reference; SIMD variants (AVX2,
 //! AVX-512/VNNI) are chosen at run time from [`cpu::CpuFeatures`] and are
@@ -9,19 +11,8 @@
 //! shapes and returns numbers. The engine decides which kernel serves which
 //! operation (its kernel seam); this crate offers the candidates.
 
-pub mod blocks;
-pub mod cpu;
-pub mod dequant;
 pub mod dot;
-mod error;
-pub mod kernel;
 pub mod matmul;
-pub mod pool;
-pub mod quantize;
-mod row_layout;
-pub mod split;
-mod types;
-pub mod vec;
 
-pub use error::{KernelError, Result};
-pub use types::{GgmlType, QK_K};
+pub use spinfer_kernel_base::{GgmlType, KernelError, QK_K, Result};
+pub use spinfer_kernel_base::{blocks, cpu, dequant, kernel, pool, quantize, split, vec};

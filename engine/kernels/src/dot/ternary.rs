@@ -44,13 +44,13 @@
 use bytemuck::Pod;
 use half::f16;
 
+use crate::QK_K;
 use crate::blocks::{BlockQ8K, BlockTQ1_0, BlockTQ2_0};
 use crate::cpu::CpuFeatures;
 use crate::kernel::{MatmulCall, MatmulDesc, MatmulKernel, Select, not_offered};
 use crate::matmul::common::{Isa, OutPtr, pack_tokens, scratch_aligned};
 use crate::pool::{ThreadPool, chunk};
 use crate::quantize;
-use crate::types::QK_K;
 use crate::{GgmlType, KernelError, Result};
 
 /// Iterates over the blocks of a weight row (unaligned bytes).
