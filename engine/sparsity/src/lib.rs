@@ -30,6 +30,7 @@
 pub mod bundle;
 pub mod cache;
 mod error;
+pub mod experimental;
 pub mod lowrank;
 mod predictor;
 mod shared;
@@ -331,7 +332,9 @@ impl SparseFfn {
 
 /// Selects the neurons to keep for one token of one layer, ascending, into
 /// `idx`. `act` is `silu(gate)`, or for [`PredictorKind::InputMagnitude`]
-/// the down projection's input `silu(gate) · up`. `mags` is scratch.
+/// the down projection's input `silu(gate) · up`. `mags` is scratch (the
+/// experimental top-k's). Pack and sentence-level masks are chosen
+/// elsewhere: `idx` is left empty for them.
 pub fn select_neurons(
     predictor: PredictorKind,
     layer: &SparseLayer,
@@ -339,41 +342,26 @@ pub fn select_neurons(
     idx: &mut Vec<u32>,
     mags: &mut Vec<f32>,
 ) {
-    idx.clear();
-    let threshold = match predictor {
-        PredictorKind::GateThreshold => layer.threshold,
-        PredictorKind::InputMagnitude => layer.input_threshold,
-        // Filtered by the gate threshold once the predicted gate rows ran.
-        PredictorKind::LowRank => layer.threshold,
-        // Per request, not per token (see `model::llama::experimental`);
-        // a pack predictor's mask comes from the pack.
-        PredictorKind::Sentence | PredictorKind::Pack => return,
-        PredictorKind::TopK => {
-            let k = layer.keep.min(act.len());
-            if k == 0 {
-                return;
-            }
-            if k == act.len() {
-                idx.extend(0..act.len() as u32);
-                return;
-            }
-            // The k-th largest magnitude; neurons at or above it in index
-            // order (ties beyond k are dropped from the end).
-            mags.clear();
-            mags.extend(act.iter().map(|a| a.abs()));
-            let (_, kth, _) = mags.select_nth_unstable_by(act.len() - k, f32::total_cmp);
-            let kth = *kth;
-            for (j, a) in act.iter().enumerate() {
-                if a.abs() >= kth && idx.len() < k {
-                    idx.push(j as u32);
-                }
-            }
-            return;
-        }
-    };
+    match predictor {
+        PredictorKind::InputMagnitude => select_above(layer.input_threshold, act, idx),
+        // The low-rank prediction is filtered by the gate threshold once
+        // the predicted gate rows ran.
+        PredictorKind::LowRank => select_above(layer.threshold, act, idx),
+        PredictorKind::GateThreshold => experimental::gate_threshold(layer, act, idx),
+        PredictorKind::TopK => experimental::top_k(layer, act, idx, mags),
+        // Per request, not per token (see the models crate's
+        // `model::llama::experimental`); a pack predictor's mask comes
+        // from the pack.
+        PredictorKind::Sentence | PredictorKind::Pack => idx.clear(),
+    }
+}
+
+/// The indices `j` with `|act[j]| > threshold`, ascending, into `idx`.
+pub fn select_above(threshold: f32, act: &[f32], idx: &mut Vec<u32>) {
     // Branch-free (about a third of the neurons fail the test, at
     // random): every index is written, and the count moves past the kept
     // ones only.
+    idx.clear();
     idx.resize(act.len(), 0);
     let mut k = 0;
     for (j, a) in act.iter().enumerate() {

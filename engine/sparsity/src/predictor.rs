@@ -15,13 +15,16 @@ use crate::lowrank::LowRank;
 /// whole prompt densely) before choosing, so they save only the up and down
 /// rows; they stay for the quality curves.
 pub enum Predictor {
-    /// Experimental: CATS's per-layer gate threshold.
+    /// Experimental ([`crate::experimental::gate_threshold`]): CATS's
+    /// per-layer gate threshold.
     GateThreshold,
-    /// Experimental: a fixed number of neurons per layer.
+    /// Experimental ([`crate::experimental::top_k`]): a fixed number of
+    /// neurons per layer.
     TopK,
     /// TEAL on the down projection's input.
     InputMagnitude,
-    /// Experimental: one mask per request.
+    /// Experimental (the models crate's `model::llama::experimental`): one
+    /// mask per request.
     Sentence,
     /// One rank-r predictor per layer.
     LowRank(Vec<LowRank>),
