@@ -1,68 +1,12 @@
-//! Shared helpers for spinfer's end-to-end tests: where the models and the
-//! reference data are.
+//! Shared helpers for spinfer's end-to-end tests: the reference data, and
+//! (from `spinfer-test-support`) where the models are.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use serde::Deserialize;
 
-/// The workspace root.
-pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
-}
-
-/// `tests/data/<rel>`.
-pub fn data(rel: &str) -> PathBuf {
-    workspace().join("tests/data").join(rel)
-}
-
-/// The SmolLM2-135M-Instruct Q4_1 GGUF: `$SPINFER_MODEL` or
-/// `models/SmolLM2-135M-Instruct.Q4_1.gguf`. `None` (the test should skip)
-/// when absent outside CI; in CI (`CI` set) a missing model is a failure,
-/// so a broken download can never turn the suite green.
-pub fn smollm2() -> Option<PathBuf> {
-    model_file("SPINFER_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf")
-}
-
-/// `$env` or `<workspace>/default` if that file exists; else `None` with a
-/// message outside CI, a panic in CI.
-fn model_file(env: &str, default: &str) -> Option<PathBuf> {
-    let p = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| workspace().join(default));
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("{} is missing in CI: scripts/fetch-models.sh should have fetched it", p.display());
-    }
-    eprintln!("skipping: {} not found (run scripts/fetch-models.sh)", p.display());
-    None
-}
-
-/// The Gemma 3 270M Q4_K_M GGUF: `$SPINFER_GEMMA_MODEL` or
-/// `models/gemma-3-270m-Q4_K_M.gguf`. `None` (the test should skip, saying
-/// so) when absent outside CI; a failure in CI, as for [`smollm2`].
-pub fn gemma3() -> Option<PathBuf> {
-    model_file("SPINFER_GEMMA_MODEL", "models/gemma-3-270m-Q4_K_M.gguf")
-}
-
-/// The all-MiniLM-L6-v2 sentence-transformers directory:
-/// `$SPINFER_EMBED_MODEL` or `models/all-MiniLM-L6-v2`. `None` (the test
-/// should skip, saying so) when absent outside CI; a failure in CI, as for
-/// [`smollm2`].
-pub fn minilm() -> Option<PathBuf> {
-    let p = std::env::var_os("SPINFER_EMBED_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("models/all-MiniLM-L6-v2"));
-    if p.join("model.safetensors").exists() {
-        return Some(p);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("{} is missing in CI: scripts/fetch-models.sh should have fetched it", p.display());
-    }
-    eprintln!("skipping: {} not found (run scripts/fetch-models.sh)", p.display());
-    None
-}
+pub use spinfer_test_support::{data, gemma3, minilm, profile_dir, smollm2, workspace};
 
 #[derive(Deserialize)]
 pub struct Reference {
@@ -120,46 +64,16 @@ pub fn top_k(x: &[f32], k: usize) -> Vec<u32> {
     idx
 }
 
-/// `target/<profile>`, from the running test executable's path
-/// (`target/<profile>/deps/<test>-<hash>`).
-pub fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable's path");
-    exe.parent().and_then(Path::parent).expect("test executable inside target/<profile>/deps").to_path_buf()
-}
-
 /// Builds the shipped native pack libraries (cpu-simd, cpu-portable,
-/// loader-npy) for
-/// the running test's profile and returns the profile directory holding
-/// them. `cargo test` does not reliably leave an up-to-date cdylib there
-/// (as plugins/cpu-portable/tests/dlopen.rs notes), so this runs `cargo
-/// build`, a no-op when they are fresh; once per test binary.
+/// loader-npy) for the running test's profile and returns the profile
+/// directory holding them; once per test binary.
 pub fn built_pack_libs() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = profile_dir();
-        let profile = match dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") => "dev".to_string(),
-            Some(name) => name.to_string(),
-            None => panic!("cannot tell the cargo profile from {}", dir.display()),
-        };
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "-p",
-                "spinfer-pack-cpu-simd",
-                "-p",
-                "spinfer-pack-cpu-portable",
-                "-p",
-                "spinfer-pack-loader-npy",
-            ])
-            .args(["--profile", &profile])
-            .arg("--target-dir")
-            .arg(dir.parent().expect("target dir"))
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("running cargo build");
-        assert!(status.success(), "cargo build of the packs (profile {profile}) failed");
-        dir
+        spinfer_test_support::build_packages(&[
+            "spinfer-pack-cpu-simd",
+            "spinfer-pack-cpu-portable",
+            "spinfer-pack-loader-npy",
+        ])
     })
 }

@@ -9,7 +9,7 @@
 //! 270 MB (BF16), so each test makes its own under the target directory's
 //! scratch space, one at a time ([`export`]), and deletes it when done.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 
 use spinfer_engine::convert::{OutDType, gguf_to_safetensors};
@@ -21,18 +21,7 @@ use spinfer_engine::tensor::TensorView;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::dequant::dequantize_row;
 
-fn model_path() -> Option<PathBuf> {
-    let p = match std::env::var_os("SPINFER_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("note: skipping, {} not found (set SPINFER_MODEL)", p.display());
-        None
-    }
-}
+use spinfer_tests::smollm2 as model_path;
 
 /// The GGUF and one export of it; the export is deleted on drop.
 struct Exported {

@@ -6,8 +6,6 @@ use std::process::Command;
 
 use spinfer_formats::fixtures::gguf::{Tensor, Value, build};
 
-mod common;
-
 /// A GGUF file under construction: metadata and F32 tensors that a test
 /// then breaks (written by `spinfer_formats::fixtures::gguf`).
 struct Gguf {
@@ -173,7 +171,7 @@ fn non_utf8_prompt_file() {
 
 #[test]
 fn context_overflow() {
-    let Some(model) = common::smollm2() else { return };
+    let Some(model) = spinfer_test_support::smollm2() else { return };
     let long = "word ".repeat(100);
     let e = fails(&["generate", "-m", model.to_str().unwrap(), "-p", &long, "-c", "16", "-n", "4", "--quiet"]);
     assert_mentions(&e, &["context overflow", "16"]);
@@ -199,7 +197,7 @@ fn bad_head_arguments() {
     let e = fails(&["generate", "-m", m, "-p", "x", "--head-index", junk.to_str().unwrap(), "--head-probes", "0"]);
     assert_mentions(&e, &["--head-probes"]);
     // Index files are read once the model has loaded.
-    let Some(model) = common::smollm2() else { return };
+    let Some(model) = spinfer_test_support::smollm2() else { return };
     let m = model.to_str().unwrap();
     let missing = dir.path().join("none.spinfer-head");
     let e = fails(&["generate", "-m", m, "-p", "x", "--head-index", missing.to_str().unwrap(), "--quiet"]);

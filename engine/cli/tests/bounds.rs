@@ -11,8 +11,6 @@ use spinfer_engine::generate::GenerateParams;
 use spinfer_engine::model::ModelOptions;
 use spinfer_engine::sampling::SamplerParams;
 
-mod common;
-
 fn spinfer(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_spinfer")).args(args).output().unwrap()
 }
@@ -61,7 +59,7 @@ fn still_usable(model: &Path) {
 
 #[test]
 fn huge_block_count_is_refused_naming_the_key() {
-    let Some(model) = common::smollm2() else { return };
+    let Some(model) = spinfer_test_support::smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
     let bad = patch_u32(&model, dir.path(), "llama.block_count", i32::MAX as u32);
     let bad_s = bad.to_str().unwrap();
@@ -85,7 +83,7 @@ fn huge_block_count_is_refused_naming_the_key() {
 
 #[test]
 fn head_count_and_sizes_are_checked_against_tensor_shapes() {
-    let Some(model) = common::smollm2() else { return };
+    let Some(model) = spinfer_test_support::smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
     let cases = [
         ("llama.attention.head_count", u32::MAX, "blk.0.attn_q.weight"),
@@ -109,7 +107,7 @@ fn head_count_and_sizes_are_checked_against_tensor_shapes() {
 
 #[test]
 fn huge_ctx_is_refused_with_the_flag_and_the_bytes() {
-    let Some(model) = common::smollm2() else { return };
+    let Some(model) = spinfer_test_support::smollm2() else { return };
     let m = model.to_str().unwrap();
     for ctx in ["4294967296", "18446744073709551615", "100000000"] {
         let t = std::time::Instant::now();
@@ -142,7 +140,7 @@ fn huge_ctx_is_refused_with_the_flag_and_the_bytes() {
 
 #[test]
 fn ctx_above_the_trained_context_is_allowed_with_a_warning() {
-    let Some(model) = common::smollm2() else { return };
+    let Some(model) = spinfer_test_support::smollm2() else { return };
     let out =
         spinfer(&["generate", "-m", model.to_str().unwrap(), "-p", "hi", "-n", "1", "-c", "16384", "--temp", "0"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -152,7 +150,7 @@ fn ctx_above_the_trained_context_is_allowed_with_a_warning() {
 
 #[test]
 fn sizing_flags_are_validated() {
-    let Some(model) = common::smollm2() else { return };
+    let Some(model) = spinfer_test_support::smollm2() else { return };
     let m = model.to_str().unwrap();
     let gen_with = |extra: &[&str]| {
         let mut args = vec!["generate", "-m", m, "-p", "hi", "-n", "1", "--quiet"];
@@ -184,12 +182,7 @@ fn sizing_flags_are_validated() {
 
 #[test]
 fn huge_bert_layer_count_is_refused_naming_the_key() {
-    let minilm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/all-MiniLM-L6-v2");
-    let minilm = std::env::var_os("SPINFER_EMBED_MODEL").map(PathBuf::from).unwrap_or(minilm);
-    if !minilm.join("model.safetensors").exists() {
-        assert!(std::env::var_os("CI").is_none(), "{} missing in CI", minilm.display());
-        return;
-    }
+    let Some(minilm) = spinfer_test_support::minilm() else { return };
     // The model directory with every file linked but config.json, whose
     // layer count claims 2^31 - 1.
     let dir = tempfile::tempdir().unwrap();

@@ -1,26 +1,8 @@
 //! `spinfer embed` and `spinfer eval-sts`: output contracts and bad input.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The all-MiniLM-L6-v2 directory (`$SPINFER_EMBED_MODEL` or the
-/// workspace's `models/`); `None` to skip when absent locally, a failure
-/// when absent in CI.
-fn minilm() -> Option<PathBuf> {
-    let model = std::env::var_os("SPINFER_EMBED_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("models/all-MiniLM-L6-v2"));
-    if model.join("model.safetensors").exists() {
-        return Some(model);
-    }
-    assert!(std::env::var_os("CI").is_none(), "{} missing in CI", model.display());
-    eprintln!("skipping: {} not found (run scripts/fetch-models.sh)", model.display());
-    None
-}
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use spinfer_test_support::{minilm, workspace};
 
 fn spinfer(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_spinfer")).args(args).output().unwrap()

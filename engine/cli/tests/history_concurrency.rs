@@ -13,8 +13,6 @@ use spinfer_engine::tuning::{Phase, Record};
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::kernel::{ActType, MatmulDesc};
 
-mod common;
-
 const LOCK_MESSAGES: [&str; 2] = ["already open", "Cannot acquire lock"];
 const SKIPPED: &str = "running without kernel history";
 
@@ -59,7 +57,7 @@ fn stderr(o: &Output) -> String {
 
 #[test]
 fn eight_processes_started_at_once_all_succeed() {
-    let Some(model) = common::smollm2() else { return };
+    let Some(model) = spinfer_test_support::smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
     let history = seeded_history(dir.path(), 50);
     // 8 readers through `kernels --history`, and 8 generations whose config
@@ -84,7 +82,7 @@ fn eight_processes_started_at_once_all_succeed() {
 
 #[test]
 fn readers_wait_for_a_writer_then_all_succeed() {
-    let Some(model) = common::smollm2() else { return };
+    let Some(model) = spinfer_test_support::smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
     let history = seeded_history(dir.path(), 10);
     // A writer holds the store for 1 s while 8 readers start: they wait for
@@ -105,7 +103,7 @@ fn readers_wait_for_a_writer_then_all_succeed() {
 
 #[test]
 fn a_reader_that_cannot_get_the_store_runs_without_history_and_says_so_once() {
-    let Some(model) = common::smollm2() else { return };
+    let Some(model) = spinfer_test_support::smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
     let history = seeded_history(dir.path(), 10);
     let writer = HistoryStore::open_writer(&history).unwrap();

@@ -4,11 +4,9 @@
 
 use std::process::Command;
 
-mod common;
-
 #[test]
 fn peak_rss_at_512_context_is_file_size_plus_100mb() {
-    let Some(model) = common::smollm2() else { return };
+    let Some(model) = spinfer_test_support::smollm2() else { return };
     // ~400 prompt tokens + 100 generated fill most of the 512 context.
     let prompt = "The history of the city is long and complicated. ".repeat(40);
     let out = Command::new(env!("CARGO_BIN_EXE_spinfer"))

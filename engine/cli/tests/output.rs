@@ -7,8 +7,6 @@ use std::process::{Command, Output};
 
 use spinfer_engine::tuning::select::TIE_MARGIN;
 
-mod common;
-
 fn spinfer(args: &[&str]) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_spinfer")).args(args).output().unwrap();
     assert!(out.status.success(), "spinfer {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -21,7 +19,7 @@ fn stdout(o: &Output) -> String {
 
 #[test]
 fn generate_quiet_prints_exactly_the_continuation() {
-    let Some(m) = common::smollm2() else { return };
+    let Some(m) = spinfer_test_support::smollm2() else { return };
     let m = m.to_str().unwrap();
     let o = spinfer(&["generate", "-m", m, "-p", "The capital of France is", "-n", "1", "--temp", "0", "--quiet"]);
     assert_eq!(stdout(&o), " Paris");
@@ -34,7 +32,7 @@ fn generate_quiet_prints_exactly_the_continuation() {
 
 #[test]
 fn generate_stops_at_stop_string() {
-    let Some(m) = common::smollm2() else { return };
+    let Some(m) = spinfer_test_support::smollm2() else { return };
     let o = spinfer(&[
         "generate",
         "-m",
@@ -54,7 +52,7 @@ fn generate_stops_at_stop_string() {
 
 #[test]
 fn perplexity_last_line_is_ppl() {
-    let Some(m) = common::smollm2() else { return };
+    let Some(m) = spinfer_test_support::smollm2() else { return };
     let text =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/wikitext-2-raw/wiki.test.head.raw");
     let o = spinfer(&[
@@ -89,7 +87,7 @@ fn perplexity_last_line_is_ppl() {
 
 #[test]
 fn bench_json_has_the_documented_keys() {
-    let Some(m) = common::smollm2() else { return };
+    let Some(m) = spinfer_test_support::smollm2() else { return };
     let o = spinfer(&["bench", "-m", m.to_str().unwrap(), "-t", "1", "-r", "1", "--json", "--int8"]);
     let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     for k in ["pp128", "pp512", "tg128"] {
@@ -100,7 +98,7 @@ fn bench_json_has_the_documented_keys() {
 
 #[test]
 fn inspect_lists_hyper_parameters_and_tensors() {
-    let Some(m) = common::smollm2() else { return };
+    let Some(m) = spinfer_test_support::smollm2() else { return };
     let out = stdout(&spinfer(&["inspect", m.to_str().unwrap()]));
     for needle in ["architecture: llama", "layers             30", "gpt2-bpe", "blk.0.ffn_down.weight", "q4_1"] {
         assert!(out.contains(needle), "inspect output lacks {needle:?}");
@@ -120,7 +118,7 @@ fn help_exists_for_every_command() {
 
 #[test]
 fn tune_records_history_that_kernels_then_uses() {
-    let Some(m) = common::smollm2() else { return };
+    let Some(m) = spinfer_test_support::smollm2() else { return };
     let m = m.to_str().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let hist = dir.path().join("history");
@@ -151,7 +149,7 @@ fn tune_records_history_that_kernels_then_uses() {
 
 #[test]
 fn bench_vs_dense_reports_the_paired_ratio() {
-    let Some(m) = common::smollm2() else { return };
+    let Some(m) = spinfer_test_support::smollm2() else { return };
     let m = m.to_str().unwrap();
     // Without a sidecar there is nothing to compare: a clear error.
     let o =
@@ -211,7 +209,7 @@ fn bench_vs_dense_reports_the_paired_ratio() {
 /// cannot run (CI: no build feature or no driver), score 0 and the reason.
 #[test]
 fn kernels_lists_the_cuda_provider_with_its_score() {
-    let Some(m) = common::smollm2() else { return };
+    let Some(m) = spinfer_test_support::smollm2() else { return };
     let out = stdout(&spinfer(&["kernels", "-m", m.to_str().unwrap()]));
     let line = out.lines().find(|l| l.starts_with("cuda (spinfer-kernels-cuda): score ")).expect("a cuda line");
     match spinfer_kernels_cuda::probe() {

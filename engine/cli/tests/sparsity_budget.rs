@@ -6,8 +6,6 @@
 use std::path::Path;
 use std::process::Command;
 
-mod common;
-
 /// SmolLM2-135M Q4_1: everything in the file except the 30 layers' gate,
 /// up and down matrices (3 × 552,960 bytes each): token embedding (also
 /// the tied output projection, read in full every token), attention,
@@ -29,7 +27,7 @@ fn generate(model: &Path, sidecar: &Path, budget: Option<&str>) -> serde_json::V
 
 #[test]
 fn a_20mb_ffn_budget_holds_in_peak_rss() {
-    let Some(model) = common::smollm2() else { return };
+    let Some(model) = spinfer_test_support::smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
     let sidecar = dir.path().join("s.spinfer");
     let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/wikitext-2-raw/wiki.test.raw");

@@ -680,15 +680,10 @@ mod tests {
     /// `tokenizer.json` (skipped when either file is absent).
     #[test]
     fn smollm2_tokenizer_matches_reference() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let model = root.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let Some(model) = spinfer_test_support::smollm2() else { return };
         // The model's tokenizer.json, copied into the repository with its
         // licence (tests/data/README.md).
-        let reference = root.join("tests/data/smollm2-135m-instruct/tokenizer.json");
-        if !model.exists() || !reference.exists() {
-            eprintln!("skipping: {} or {} is absent", model.display(), reference.display());
-            return;
-        }
+        let reference = spinfer_test_support::data("smollm2-135m-instruct/tokenizer.json");
         let ours = tokenizer_json(&GgufFile::open(&model).unwrap()).unwrap();
         let theirs = std::fs::read_to_string(reference).unwrap();
         let (o, t): (Value, Value) = (serde_json::from_str(&ours).unwrap(), serde_json::from_str(&theirs).unwrap());

@@ -16,6 +16,7 @@ mod error;
 pub mod kernel;
 pub mod pool;
 pub mod quantize;
+pub mod random;
 mod row_layout;
 pub mod split;
 mod types;

@@ -10,10 +10,8 @@
 //! a pack's dlopen tests.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
-use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use spinfer_kernels::dot::ternary::i2s_row_bytes;
@@ -39,12 +37,12 @@ pub fn rng(seed: u64) -> StdRng {
 }
 
 /// `rows` random rows of `cols` weights of a [`CHECKED_TYPES`] type:
-/// random quant bytes with finite scales (f16 fields of the GGML blocks,
-/// the f32 row scale of I2_S).
+/// the kernels' generator (`spinfer_kernels::random`) for GGML types;
+/// random codes with an f32 row scale for I2_S.
 ///
 /// # Panics
 ///
-/// For other types.
+/// For a type without a GGML block format other than I2_S.
 pub fn random_weights(r: &mut StdRng, w: WeightType, rows: usize, cols: usize) -> Vec<u8> {
     if w == WeightType::I2_S {
         let rb = i2s_row_bytes(cols).unwrap();
@@ -55,21 +53,7 @@ pub fn random_weights(r: &mut StdRng, w: WeightType, rows: usize, cols: usize) -
         return v;
     }
     let ty = ggml_type(w).unwrap_or_else(|| panic!("random_weights: {w} has no GGML type"));
-    let scale_fields: &[usize] = match w {
-        WeightType::Q4_1 => &[0, 2],
-        WeightType::Q4_0 | WeightType::Q8_0 => &[0],
-        WeightType::TQ1_0 => &[52],
-        WeightType::TQ2_0 => &[64],
-        _ => panic!("random_weights: {w} not handled"),
-    };
-    let mut v: Vec<u8> = (0..ty.row_bytes(cols).unwrap() * rows).map(|_| r.random()).collect();
-    for blk in v.chunks_exact_mut(ty.type_size()) {
-        for &off in scale_fields {
-            let s = f16::from_f32(r.random_range(-0.05f32..0.05));
-            blk[off..off + 2].copy_from_slice(&s.to_le_bytes());
-        }
-    }
-    v
+    spinfer_kernels::random::weights(r, ty, rows, cols)
 }
 
 /// `n` random activations in `-2..2`.
@@ -386,44 +370,16 @@ pub fn check_module(module: PackModuleRef, pack: &CpuPack) -> RVec<KernelBox> {
     kernels
 }
 
-/// `target/<profile>`, from the running test executable's path
-/// (`target/<profile>/deps/<test>-<hash>`).
-pub fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).expect("test executable inside target/<profile>/deps").to_path_buf()
-}
-
 /// `package`'s library (`target/<profile>/<lib_file>`), built for the
-/// running test's profile. `cargo test` builds the crate for the tests to
-/// link against but does not reliably leave an up-to-date cdylib in
-/// `target/<profile>` (a stale one from an older build would be tested
-/// instead), so this runs `cargo build` for the same profile, a no-op when
-/// the library is fresh. `manifest_dir` is the calling crate's
-/// `CARGO_MANIFEST_DIR`. Built once per test binary (a test binary tests
-/// one pack).
-pub fn pack_library(package: &str, lib_file: &str, manifest_dir: &str) -> &'static Path {
+/// running test's profile (`spinfer_test_support::build_packages`); once
+/// per test binary (a test binary tests one pack).
+pub fn pack_library(package: &str, lib_file: &str) -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| build_pack_library(package, lib_file, manifest_dir))
-}
-
-fn build_pack_library(package: &str, lib_file: &str, manifest_dir: &str) -> PathBuf {
-    let dir = profile_dir();
-    let profile = match dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev".to_string(),
-        Some(name) => name.to_string(),
-        None => panic!("cannot tell the cargo profile from {}", dir.display()),
-    };
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let status = Command::new(cargo)
-        .args(["build", "-p", package, "--profile", &profile, "--target-dir"])
-        .arg(dir.parent().expect("target dir"))
-        .current_dir(manifest_dir)
-        .status()
-        .expect("running cargo build");
-    assert!(status.success(), "cargo build -p {package} --profile {profile} failed");
-    let lib = dir.join(lib_file);
-    assert!(lib.exists(), "{} was not built", lib.display());
-    lib
+    LIB.get_or_init(|| {
+        let lib = spinfer_test_support::build_packages(&[package]).join(lib_file);
+        assert!(lib.exists(), "{} was not built", lib.display());
+        lib
+    })
 }
 
 /// The root module of the library at `lib`, loaded as `abi_stable` loads
@@ -450,7 +406,7 @@ macro_rules! dlopen_tests {
     ($package:literal, $lib_file:literal, $check:path) => {
         /// The pack library, freshly built for this test's profile.
         fn library() -> &'static ::std::path::Path {
-            $crate::testing::pack_library($package, $lib_file, env!("CARGO_MANIFEST_DIR"))
+            $crate::testing::pack_library($package, $lib_file)
         }
 
         #[test]

@@ -6,7 +6,6 @@
 //! `models/SmolLM2-135M-Instruct.Q4_1.gguf`. When it is missing the model
 //! tests skip (saying so), except in CI (`CI` set) where they fail.
 
-use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -20,21 +19,7 @@ const PROMPT: &str = "The capital of France is";
 /// Model tests run one at a time: each request uses every core.
 static MODEL: Mutex<()> = Mutex::new(());
 
-/// As `spinfer_tests::smollm2()`.
-fn smollm2() -> Option<PathBuf> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let p = std::env::var_os("SPINFER_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace.join("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("{} is missing in CI: scripts/fetch-models.sh should have fetched it", p.display());
-    }
-    eprintln!("skipping: {} not found (run scripts/fetch-models.sh)", p.display());
-    None
-}
+use spinfer_test_support::smollm2;
 
 fn backend() -> Box<dyn LlmBackend> {
     Box::new(SpinferBackend::new())

@@ -1,10 +1,10 @@
 //! Shared helpers for the kernel tests: random weights/activations and
 //! reference results.
-#![allow(dead_code, reason = "each test binary uses a subset")]
+#![allow(dead_code, unused_imports, reason = "each test binary uses a subset")]
 
 pub mod ternary;
 
-use half::{bf16, f16};
+use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use spinfer_kernels::GgmlType;
@@ -20,54 +20,9 @@ pub fn rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)
 }
 
-/// Offsets of the f16 scale fields inside one block of `ty`.
-fn scale_offsets(ty: GgmlType) -> &'static [usize] {
-    use GgmlType::*;
-    match ty {
-        Q4_0 | Q5_0 | Q8_0 => &[0],
-        Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
-        Q2_K => &[80, 82],
-        Q3_K => &[108],
-        Q6_K => &[208],
-        _ => &[],
-    }
-}
-
-/// A random f16 scale: sign, magnitudes over ~3 decades.
-fn rand_scale(r: &mut StdRng, signed: bool) -> f16 {
-    let mag = 10f32.powf(r.random_range(-3.5f32..-1.0));
-    let s = if signed && r.random_bool(0.3) { -mag } else { mag };
-    f16::from_f32(s)
-}
-
-/// `rows` random rows of `cols` elements of `ty`: random quant bytes with
-/// valid, finite f16 scales (or random finite floats for F32/F16/BF16).
-pub fn random_weights(r: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
-    let n = rows * cols;
-    match ty {
-        GgmlType::F32 => (0..n).flat_map(|_| rand_val(r).to_le_bytes()).collect(),
-        GgmlType::F16 => (0..n).flat_map(|_| f16::from_f32(rand_val(r)).to_le_bytes()).collect(),
-        GgmlType::BF16 => (0..n).flat_map(|_| bf16::from_f32(rand_val(r)).to_le_bytes()).collect(),
-        _ => {
-            let rb = ty.row_bytes(cols).unwrap();
-            let mut w: Vec<u8> = (0..rows * rb).map(|_| r.random()).collect();
-            let bs = ty.type_size();
-            for blk in w.chunks_exact_mut(bs) {
-                for (i, &off) in scale_offsets(ty).iter().enumerate() {
-                    // Minimums (second field) may be negative.
-                    let s = rand_scale(r, i == 1 || ty == GgmlType::Q6_K);
-                    blk[off..off + 2].copy_from_slice(&s.to_le_bytes());
-                }
-            }
-            w
-        }
-    }
-}
-
-fn rand_val(r: &mut StdRng) -> f32 {
-    let mag = 10f32.powf(r.random_range(-2.0f32..0.5));
-    r.random_range(-1.0f32..1.0) * mag
-}
+/// `rows` random rows of `cols` elements of `ty` (the kernels' one
+/// generator, which the registry's check of pack kernels also uses).
+pub use spinfer_kernels::random::weights as random_weights;
 
 /// `n` random activations: signed, magnitudes varying per 32-block, a few
 /// outliers, never all zero.

@@ -8,11 +8,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use half::{bf16, f16};
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
-use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, Form, MatmulCall, MatmulDesc, MatmulKernel, Select};
 use spinfer_kernels::pool::ThreadPool;
@@ -126,12 +124,17 @@ pub fn benchmark(
     };
     let reference = spinfer_kernels::matmul::candidates(&desc.with_form(Form::Dense), &CpuFeatures::default()).pop();
     let mut rng = StdRng::seed_from_u64(opts.seed);
-    let w = random_weights(&mut rng, desc.wtype, desc.rows, desc.cols);
+    let w = spinfer_kernels::random::weights(&mut rng, desc.wtype, desc.rows, desc.cols);
     let mut out = Vec::with_capacity(total);
     for phase in Phase::ALL {
         let n_tokens = opts.tokens(phase, desc.act);
-        let mut run =
-            Run { pool, w: &w, x: random_acts(&mut rng, n_tokens * desc.cols), n_tokens, scratch: Vec::new() };
+        let mut run = Run {
+            pool,
+            w: &w,
+            x: spinfer_kernels::random::acts(&mut rng, n_tokens * desc.cols),
+            n_tokens,
+            scratch: Vec::new(),
+        };
         // The reference result; if the reference itself cannot run, every
         // candidate is rejected (nothing can be verified).
         let want = match &reference {
@@ -308,8 +311,8 @@ fn reference_case(
         .pop()
         .ok_or_else(|| "no scalar reference kernel serves this operation".to_string())?;
     let mut rng = StdRng::seed_from_u64(seed);
-    let w = random_weights(&mut rng, desc.wtype, desc.rows, desc.cols);
-    let mut x = random_acts(&mut rng, desc.cols);
+    let w = spinfer_kernels::random::weights(&mut rng, desc.wtype, desc.rows, desc.cols);
+    let mut x = spinfer_kernels::random::acts(&mut rng, desc.cols);
     for (c, v) in x.iter_mut().enumerate() {
         if !keep(c) {
             *v = 0.0;
@@ -365,72 +368,11 @@ pub fn verify(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -
     }
 }
 
-/// Offsets of the f16 scale fields inside one block of `ty`.
-fn scale_offsets(ty: GgmlType) -> &'static [usize] {
-    use GgmlType::*;
-    match ty {
-        Q4_0 | Q5_0 | Q8_0 => &[0],
-        Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
-        Q2_K => &[80, 82],
-        Q3_K => &[108],
-        Q6_K => &[208],
-        _ => &[],
-    }
-}
-
-/// `rows` random rows of `cols` elements of `ty`: random quant bytes with
-/// finite, moderate f16 scales (random finite floats for F32/F16/BF16).
-pub(crate) fn random_weights(r: &mut StdRng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
-    let n = rows * cols;
-    let val = |r: &mut StdRng| r.random_range(-1.0f32..1.0) * 10f32.powf(r.random_range(-2.0f32..0.5));
-    match ty {
-        GgmlType::F32 => (0..n).flat_map(|_| val(r).to_le_bytes()).collect(),
-        GgmlType::F16 => (0..n).flat_map(|_| f16::from_f32(val(r)).to_le_bytes()).collect(),
-        GgmlType::BF16 => (0..n).flat_map(|_| bf16::from_f32(val(r)).to_le_bytes()).collect(),
-        _ => {
-            let Ok(rb) = ty.row_bytes(cols) else { return Vec::new() };
-            let mut w: Vec<u8> = (0..rows * rb).map(|_| r.random()).collect();
-            if matches!(ty, GgmlType::TQ1_0 | GgmlType::TQ2_0) {
-                // Ternary: one scale per row, in the f16 that ends each
-                // block (a BitNet tensor's scale is per tensor), so the
-                // rows also repack exactly to I2_S.
-                for row in w.chunks_exact_mut(rb) {
-                    let d = f16::from_f32(10f32.powf(r.random_range(-2.0f32..0.0))).to_le_bytes();
-                    row.chunks_exact_mut(ty.type_size()).for_each(|b| b[ty.type_size() - 2..].copy_from_slice(&d));
-                }
-                return w;
-            }
-            for blk in w.chunks_exact_mut(ty.type_size()) {
-                for (i, &off) in scale_offsets(ty).iter().enumerate() {
-                    // Minimums (second field) and Q6_K scales may be negative.
-                    let mag = 10f32.powf(r.random_range(-3.5f32..-1.0));
-                    let neg = (i == 1 || ty == GgmlType::Q6_K) && r.random_bool(0.3);
-                    let s = f16::from_f32(if neg { -mag } else { mag });
-                    blk[off..off + 2].copy_from_slice(&s.to_le_bytes());
-                }
-            }
-            w
-        }
-    }
-}
-
-/// `n` random activations in [-1, 1) with a magnitude per 32-block.
-pub(crate) fn random_acts(r: &mut StdRng, n: usize) -> Vec<f32> {
-    let mut scale = 1.0f32;
-    (0..n)
-        .map(|i| {
-            if i % 32 == 0 {
-                scale = 10f32.powf(r.random_range(-1.0f32..0.5));
-            }
-            r.random_range(-1.0f32..1.0) * scale
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::registry::KernelRegistry;
+    use spinfer_kernels::GgmlType;
 
     /// A deliberately wrong kernel: writes zeros.
     struct Zeros;

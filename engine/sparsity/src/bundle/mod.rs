@@ -626,26 +626,10 @@ mod tests {
     use super::*;
     use crate::cache::{CachePolicyKind, policy};
 
-    /// Random blocks of `ty` with finite f16 scales (and minimums).
+    /// Random blocks of `ty` with finite scales (the kernels' generator).
     fn random_matrix(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
-        let mut st = seed;
-        let mut next = move || {
-            st ^= st << 13;
-            st ^= st >> 7;
-            st ^= st << 17;
-            st
-        };
-        let rb = ty.row_bytes(cols).unwrap();
-        let mut w: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
-        for blk in w.chunks_exact_mut(ty.type_size()) {
-            let d = f16::from_f32((next() % 1000) as f32 / 1e5 - 0.005).to_le_bytes();
-            blk[..2].copy_from_slice(&d);
-            if ty == GgmlType::Q4_1 {
-                let m = f16::from_f32((next() % 1000) as f32 / 1e4 - 0.05).to_le_bytes();
-                blk[2..4].copy_from_slice(&m);
-            }
-        }
-        w
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed);
+        spinfer_kernels::random::weights(&mut rng, ty, rows, cols)
     }
 
     fn check(ty: GgmlType, budget_records: Option<usize>) {
