@@ -156,7 +156,13 @@ fn print_row(level: &str, predictor: &str, r: &Row, dense: Option<&Row>) {
 
 fn main() -> Result<()> {
     let a = parse_args()?;
-    let options = |sparsity| ModelOptions { precision: Precision::Fast, ctx: 512, threads: a.threads, sparsity };
+    let options = |sparsity| ModelOptions {
+        precision: Precision::Fast,
+        ctx: 512,
+        threads: a.threads,
+        sparsity,
+        mem_budget: None,
+    };
     let dense = Engine::load(&a.model, options(None))?;
     let text = wikitext()?;
     let eval_tokens = dense.tokenizer.encode(&text, false)?;

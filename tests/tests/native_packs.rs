@@ -117,7 +117,7 @@ fn smollm2_through_each_pack_matches_builtin_kernels() {
     }
 
     for precision in [Precision::Int8, Precision::Fast] {
-        let options = ModelOptions { precision, ctx: 64, threads: 2, sparsity: None };
+        let options = ModelOptions { precision, ctx: 64, threads: 2, sparsity: None, mem_budget: None };
         let default = last_logits(&Engine::load_with(&model, options.clone(), &KernelRegistry::builtin()).unwrap());
         for (pack, isa) in &packs {
             // The built-in provider pinned to the same kernels of
@@ -227,7 +227,7 @@ fn untrusted_signer_is_refused() {
 fn gt50_sidecar(model: &Path, dir: &Path) -> SparsityOptions {
     let builtin = Engine::load_with(
         model,
-        ModelOptions { precision: Precision::Fast, ctx: 128, threads: 2, sparsity: None },
+        ModelOptions { precision: Precision::Fast, ctx: 128, threads: 2, sparsity: None, mem_budget: None },
         &KernelRegistry::builtin(),
     )
     .unwrap();
@@ -271,7 +271,8 @@ fn attn_output_providers(e: &Engine) -> Vec<String> {
 fn sparse_gate_and_up_rows_run_through_the_pack() {
     let Some(model) = smollm2() else { return };
     let root = tempfile::tempdir().unwrap();
-    let options = |sparsity| ModelOptions { precision: Precision::Fast, ctx: 64, threads: 2, sparsity };
+    let options =
+        |sparsity| ModelOptions { precision: Precision::Fast, ctx: 64, threads: 2, sparsity, mem_budget: None };
     let so = gt50_sidecar(&model, root.path());
 
     // The scalar kernels, built in and from cpu-portable.
@@ -326,7 +327,7 @@ fn sparse_down_projection_runs_through_the_pack() {
     let mut registry = KernelRegistry::builtin();
     registry.add_provider(Arc::clone(&pack) as Arc<dyn KernelProvider>);
     for precision in [Precision::Precise, Precision::Fast] {
-        let options = ModelOptions { precision, ctx: 64, threads: 2, sparsity: Some(so.clone()) };
+        let options = ModelOptions { precision, ctx: 64, threads: 2, sparsity: Some(so.clone()), mem_budget: None };
         let want = Engine::load_with(&model, options.clone(), &KernelRegistry::builtin()).unwrap();
         let got = Engine::load_with(&model, options, &registry).unwrap();
         assert!(got.model.linears().all(|l| l.provider() == pack.name()), "{precision:?}: dense kernels from the pack");

@@ -13,7 +13,8 @@ fn ppl(precision: Precision) -> Option<(f64, usize)> {
 }
 
 fn ppl_of(model: &std::path::Path, precision: Precision) -> Option<(f64, usize)> {
-    let e = Engine::load(model, ModelOptions { precision, ctx: 512, threads: 2, sparsity: None }).unwrap();
+    let e = Engine::load(model, ModelOptions { precision, ctx: 512, threads: 2, sparsity: None, mem_budget: None })
+        .unwrap();
     let text = std::fs::read_to_string(data("wikitext-2-raw/wiki.test.raw")).unwrap().replace("\r\n", "\n");
     let tokens = e.tokenizer.encode(&text, false).unwrap();
     let mut s = e.new_session();

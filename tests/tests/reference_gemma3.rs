@@ -12,7 +12,10 @@ mod refcheck;
 
 fn engine(precision: Precision, ctx: usize) -> Option<Engine> {
     let path = gemma3()?;
-    Some(Engine::load(path, ModelOptions { precision, ctx, threads: 2, sparsity: None }).expect("model loads"))
+    Some(
+        Engine::load(path, ModelOptions { precision, ctx, threads: 2, sparsity: None, mem_budget: None })
+            .expect("model loads"),
+    )
 }
 
 /// The reference ran every prompt with `<bos>`.

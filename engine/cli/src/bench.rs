@@ -34,6 +34,13 @@ pub struct BenchArgs {
     /// more).
     #[arg(long)]
     pub vs_dense: bool,
+    /// Which tests to run: any of pp128, pp512, tg (comma-separated;
+    /// default all three).
+    #[arg(long, value_delimiter = ',')]
+    pub tests: Vec<String>,
+    /// Tokens the decode test generates (its name is `tg<N>`).
+    #[arg(long = "gen", default_value_t = 128)]
+    pub gen_tokens: usize,
     #[arg(skip)]
     pub quiet: bool,
 }
@@ -41,8 +48,33 @@ pub struct BenchArgs {
 /// Most `--reps` accepted (each is a full pp512 + tg128 run).
 const MAX_REPS: usize = 10_000;
 
-/// (name, prompt tokens, generated tokens)
-const TESTS: [(&str, usize, usize); 3] = [("pp128", 128, 0), ("pp512", 512, 0), ("tg128", 0, 128)];
+/// Most tokens `--gen` accepts (the bench session's context is 1024).
+const MAX_GEN: usize = 1000;
+
+/// The tests `a` asks for: (name, prompt tokens, generated tokens).
+fn tests(a: &BenchArgs) -> Result<Vec<(String, usize, usize)>> {
+    if !(1..=MAX_GEN).contains(&a.gen_tokens) {
+        anyhow::bail!("--gen must be between 1 and {MAX_GEN}, got {}", a.gen_tokens);
+    }
+    let all = [
+        ("pp128".to_string(), 128, 0),
+        ("pp512".to_string(), 512, 0),
+        (format!("tg{}", a.gen_tokens), 0, a.gen_tokens),
+    ];
+    if a.tests.is_empty() {
+        return Ok(all.to_vec());
+    }
+    let mut out = Vec::new();
+    for t in &a.tests {
+        match t.as_str() {
+            "pp128" => out.push(all[0].clone()),
+            "pp512" => out.push(all[1].clone()),
+            "tg" => out.push(all[2].clone()),
+            other => anyhow::bail!("--tests: unknown test '{other}' (pp128, pp512, tg)"),
+        }
+    }
+    Ok(out)
+}
 
 pub fn run(mut a: BenchArgs) -> Result<()> {
     a.quiet = a.common.quiet;
@@ -52,20 +84,27 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     if a.vs_dense {
         return vs_dense(&a);
     }
-    let engine = crate::commands::load(&a.common, Some(1024))?;
+    let tests = tests(&a)?;
+    // The context the tests need (the warm-up's 32 tokens are reset), so
+    // a memory budget pays only for the KV cache they use.
+    let ctx = tests.iter().map(|&(_, pp, tg)| pp + tg).max().unwrap_or(0).max(32).next_multiple_of(64);
+    let engine = crate::commands::load(&a.common, Some(ctx))?;
     let mut session = engine.model.new_session();
     let tokens = bench_tokens(&engine);
     warm_up(&engine, &mut session, &tokens)?;
+    session.reset_stream_stats();
 
     let reps = a.reps.max(1);
-    let bar = progress(a.common.quiet || a.common.json, (TESTS.len() * reps) as u64, "runs");
+    let bar = progress(a.common.quiet || a.common.json, (tests.len() * reps) as u64, "runs");
     let mut results = Vec::new();
-    for (name, pp, tg) in TESTS {
+    let mut decoded = 0;
+    for (name, pp, tg) in tests {
         let mut rates = Vec::with_capacity(reps);
         for _ in 0..reps {
             let rate = if pp > 0 {
                 prefill(&engine, &mut session, &tokens[..pp])?
             } else {
+                decoded += tg;
                 decode(&engine, &mut session, tg)?
             };
             rates.push(rate);
@@ -84,6 +123,15 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         obj.insert("peak_rss_bytes".into(), serde_json::json!(rss));
         obj.insert("threads".into(), serde_json::json!(engine.model.options.threads));
         obj.insert("bytes_per_token".into(), serde_json::json!(bytes_per_token(&engine, &session)));
+        if let Some(st) = session.stream_stats() {
+            // Every step of every test streamed: per decoded token when
+            // only decode ran.
+            obj.insert("storage_bytes_read".into(), serde_json::json!(st.bytes_read));
+            obj.insert("storage_prefetch_hits".into(), serde_json::json!(st.prefetch_hits));
+            obj.insert("storage_stalls".into(), serde_json::json!(st.stalls));
+            obj.insert("storage_stall_seconds".into(), serde_json::json!(st.stall_time.as_secs_f64()));
+            obj.insert("decoded_tokens".into(), serde_json::json!(decoded));
+        }
         if let Some(h) = head_bytes(&engine, &session) {
             obj.insert("head_bytes_per_token".into(), serde_json::json!(h));
             obj.insert("dense_head_bytes".into(), serde_json::json!(engine.model.weights.output.weight_bytes()));
@@ -104,6 +152,15 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         }
         if let Some(rss) = rss {
             println!("peak RSS: {:.1} MiB", rss as f64 / (1 << 20) as f64);
+        }
+        if let Some(st) = session.stream_stats() {
+            println!(
+                "read from storage: {:.1} MB ({} prefetch hits, {} stalls, {:.2} s waiting)",
+                st.bytes_read as f64 / 1e6,
+                st.prefetch_hits,
+                st.stalls,
+                st.stall_time.as_secs_f64()
+            );
         }
         if let Some(h) = head_bytes(&engine, &session) {
             println!(

@@ -70,6 +70,11 @@ pub struct CommonArgs {
     /// (default: an eighth of the index's clusters).
     #[arg(long)]
     pub head_probes: Option<usize>,
+    /// Hold weights, KV cache and work buffers within this many MB (10^6
+    /// bytes): what does not fit is read from storage per step, ahead of
+    /// need, and kept out of the page cache (`[memory] budget_mb`).
+    #[arg(long)]
+    pub mem_budget_mb: Option<f64>,
     /// Print only the result on stdout.
     #[arg(short, long)]
     pub quiet: bool,
@@ -137,6 +142,15 @@ impl CommonArgs {
             && !(b.is_finite() && b > 0.0)
         {
             bail!("--ffn-budget-mb must be a positive number, got {b}");
+        }
+        if let Some(b) = self.mem_budget_mb {
+            if !(b.is_finite() && b > 0.0 && b <= spinfer_engine::config::MAX_BUDGET_MB) {
+                bail!(
+                    "--mem-budget-mb must be a positive number of MB up to {}, got {b}",
+                    spinfer_engine::config::MAX_BUDGET_MB
+                );
+            }
+            c.memory = Some(spinfer_engine::config::MemorySection { budget_mb: b });
         }
         if let Some(p) = &self.cache_policy {
             check_cache_policy(p)

@@ -32,6 +32,19 @@ pub struct Config {
     pub sparsity: Option<SparsitySection>,
     /// The output head; absent: dense.
     pub head: Option<HeadSection>,
+    /// One memory budget for weights, KV cache and work buffers; absent:
+    /// the model file is mapped whole.
+    pub memory: Option<MemorySection>,
+}
+
+/// `[memory]`: decode within a memory budget.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MemorySection {
+    /// Bytes held for weights, KV cache and work buffers, in MB (10^6
+    /// bytes). What does not fit is read from storage per step, ahead of
+    /// need; the process's code is outside the budget.
+    pub budget_mb: f64,
 }
 
 /// Which output head computes the next-token logits.
@@ -82,6 +95,9 @@ pub struct SparsitySection {
     /// `"freq-lru"` (default), or a pack's policy as `"pack:<pack>/<name>"`.
     pub cache_policy: Option<String>,
 }
+
+/// The largest `memory.budget_mb` accepted (1 PB): beyond any machine.
+pub const MAX_BUDGET_MB: f64 = 1e9;
 
 /// At most 80 characters of `s`: what error messages quote of a setting.
 /// The name after `pack:` in a predictor or cache policy setting.
@@ -208,6 +224,11 @@ impl Config {
                 return Err("sparsity.dense_above must be between 0 and 1".into());
             }
         }
+        if let Some(m) = &self.memory
+            && !(m.budget_mb.is_finite() && m.budget_mb > 0.0 && m.budget_mb <= MAX_BUDGET_MB)
+        {
+            return Err(format!("memory.budget_mb must be a positive number of MB up to {MAX_BUDGET_MB}"));
+        }
         if let Some(h) = &self.head {
             if h.mode == HeadMode::Sparse && h.index.is_none() {
                 return Err("head.mode = \"sparse\" needs head.index (written by `spinfer calibrate-head`)".into());
@@ -258,6 +279,7 @@ impl Config {
         if let Some(t) = self.model.threads {
             o.threads = t;
         }
+        o.mem_budget = self.memory.as_ref().map(|m| (m.budget_mb * 1e6) as u64);
         o.sparsity = self.sparsity.as_ref().map(|sp| {
             let mut so = SparsityOptions::new(&sp.file);
             so.predictor = sp.predictor.as_deref().and_then(PredictorKind::parse);
@@ -365,6 +387,20 @@ mod tests {
             }
         }
         assert!(seen >= 2, "expected example configs in docs/, found {seen}");
+    }
+
+    #[test]
+    fn memory_section() {
+        let base = "[model]\npath = \"m.gguf\"\n";
+        let c = parse(&format!("{base}[memory]\nbudget_mb = 60\n")).unwrap();
+        assert_eq!(c.model_options().mem_budget, Some(60_000_000));
+        assert_eq!(parse(base).unwrap().model_options().mem_budget, None);
+        for bad in ["0", "-5", "1e12", "nan"] {
+            let e = parse(&format!("{base}[memory]\nbudget_mb = {bad}\n")).unwrap_err().to_string();
+            assert!(e.contains("memory.budget_mb"), "{bad}: {e}");
+        }
+        let e = parse(&format!("{base}[memory]\nbudget = 60\n")).unwrap_err().to_string();
+        assert!(e.contains("budget"), "{e}");
     }
 
     #[test]

@@ -145,6 +145,9 @@ pub struct TensorInfo {
 pub struct GgufFile {
     path: PathBuf,
     mmap: Arc<Mmap>,
+    /// The open file `mmap` maps (tensors read from it under a memory
+    /// budget).
+    file: Arc<File>,
     pub version: u32,
     pub metadata: BTreeMap<String, Value>,
     /// In file order.
@@ -173,10 +176,10 @@ impl GgufFile {
         // model files are not modified while loaded (as with llama.cpp and
         // candle); a concurrent truncation would be the user's error.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
-        Self::parse(path, Arc::new(mmap))
+        Self::parse(path, Arc::new(mmap), Arc::new(file))
     }
 
-    fn parse(path: PathBuf, mmap: Arc<Mmap>) -> Result<Self> {
+    fn parse(path: PathBuf, mmap: Arc<Mmap>, file: Arc<File>) -> Result<Self> {
         let mut r = Reader { buf: &mmap[..], pos: 0, path: &path };
         let magic = r.bytes(4, "magic")?;
         if magic != MAGIC {
@@ -279,7 +282,7 @@ impl GgufFile {
                 }
             }
         }
-        Ok(Self { path, mmap, version, metadata, tensors, index, data_offset: data_offset as usize })
+        Ok(Self { path, mmap, file, version, metadata, tensors, index, data_offset: data_offset as usize })
     }
 
     pub fn path(&self) -> &Path {
@@ -343,7 +346,7 @@ impl GgufFile {
             name: info.name.clone(),
             ty: info.ty,
             dims: info.dims.clone(),
-            data: TensorData::mapped(self.mmap.clone(), start, info.size),
+            data: TensorData::mapped_file(self.mmap.clone(), self.file.clone(), start, info.size),
         })
     }
 }

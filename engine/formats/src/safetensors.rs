@@ -84,6 +84,8 @@ fn split_layer_name<'a>(name: &'a str, prefix: &str) -> Option<(usize, &'a str, 
 struct Shard {
     path: PathBuf,
     map: Arc<Mmap>,
+    /// The open file `map` maps.
+    file: Arc<File>,
 }
 
 struct Entry {
@@ -250,7 +252,7 @@ impl SafetensorsModel {
             self.tensors.insert(key.clone(), entry);
             self.order.push(key);
         }
-        self.shards.push(Shard { path, map: Arc::new(map) });
+        self.shards.push(Shard { path, map: Arc::new(map), file: Arc::new(file) });
         Ok(shard)
     }
 
@@ -299,7 +301,12 @@ impl Loader for SafetensorsModel {
         if dims.is_empty() {
             dims.push(1);
         }
-        Ok(TensorView { name: name.to_string(), ty, dims, data: TensorData::mapped(shard.map.clone(), e.start, e.len) })
+        Ok(TensorView {
+            name: name.to_string(),
+            ty,
+            dims,
+            data: TensorData::mapped_file(shard.map.clone(), shard.file.clone(), e.start, e.len),
+        })
     }
 
     fn has_tensor(&self, name: &str) -> bool {

@@ -1,6 +1,7 @@
 //! Weight tensors as the loaders hand them to the model: a type, a shape and
 //! bytes that are borrowed from a memory map (zero-copy) or owned.
 
+use std::fs::File;
 use std::sync::Arc;
 
 use memmap2::Mmap;
@@ -12,7 +13,14 @@ pub struct TensorData(Repr);
 
 #[derive(Clone)]
 enum Repr {
-    Mapped { map: Arc<Mmap>, start: usize, len: usize },
+    /// A window of a mapping of a whole file (offset `start` in the file
+    /// too); `file` is the open file it maps, for positioned reads.
+    Mapped {
+        map: Arc<Mmap>,
+        file: Option<Arc<File>>,
+        start: usize,
+        len: usize,
+    },
     Owned(Arc<[u8]>),
 }
 
@@ -21,16 +29,54 @@ impl TensorData {
     /// inside it.
     pub fn mapped(map: Arc<Mmap>, start: usize, len: usize) -> Self {
         debug_assert!(start + len <= map.len());
-        TensorData(Repr::Mapped { map, start, len })
+        TensorData(Repr::Mapped { map, file: None, start, len })
+    }
+
+    /// A window of `map`, a mapping of all of `file` from offset 0: the
+    /// bytes can also be read from `file` at `start` (streaming under a
+    /// memory budget reads the same open file, never a path opened again).
+    pub fn mapped_file(map: Arc<Mmap>, file: Arc<File>, start: usize, len: usize) -> Self {
+        debug_assert!(start + len <= map.len());
+        TensorData(Repr::Mapped { map, file: Some(file), start, len })
+    }
+
+    /// The open file and offset these bytes can be read from, when they are
+    /// a window of a file mapping that knows its file.
+    pub fn file_range(&self) -> Option<(&Arc<File>, u64)> {
+        match &self.0 {
+            Repr::Mapped { file: Some(f), start, .. } => Some((f, *start as u64)),
+            _ => None,
+        }
     }
 
     pub fn owned(bytes: Vec<u8>) -> Self {
         TensorData(Repr::Owned(bytes.into()))
     }
 
+    /// A copy of these bytes in memory (one allocation). From a file
+    /// mapping, the copy goes in pieces and each piece's pages are released
+    /// once copied, so the copy never holds the mapped pages and the copied
+    /// ones at the same time (what a memory budget counts).
+    pub fn to_owned_released(&self) -> Self {
+        let src = self.bytes();
+        let mut dst = Arc::<[u8]>::new_uninit_slice(src.len());
+        let slots = Arc::get_mut(&mut dst).expect("a fresh Arc is unique");
+        for (d, s) in slots.chunks_mut(1 << 20).zip(src.chunks(1 << 20)) {
+            for (a, &b) in d.iter_mut().zip(s) {
+                a.write(b);
+            }
+            if self.is_mapped() {
+                // SAFETY: `s` lies inside a read-only file mapping.
+                unsafe { release_pages(s) };
+            }
+        }
+        // SAFETY: every byte was written above (the chunks cover `src`).
+        TensorData(Repr::Owned(unsafe { dst.assume_init() }))
+    }
+
     pub fn bytes(&self) -> &[u8] {
         match &self.0 {
-            Repr::Mapped { map, start, len } => &map[*start..*start + *len],
+            Repr::Mapped { map, start, len, .. } => &map[*start..*start + *len],
             Repr::Owned(b) => b,
         }
     }

@@ -11,7 +11,9 @@ pub mod generate;
 pub mod head;
 pub mod model;
 pub mod perplexity;
+pub mod placement;
 pub mod sampling;
+pub mod stream;
 
 pub use error::{Error, Result};
 pub use model::{Model, ModelOptions, Precision, Session};

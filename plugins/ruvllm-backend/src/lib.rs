@@ -175,6 +175,7 @@ impl SpinferBackend {
                     })
                 }
             },
+            mem_budget: None,
         };
         Engine::load(path, options).map_err(|e| convert::load_error(model_id, e))
     }

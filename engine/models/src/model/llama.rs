@@ -25,6 +25,7 @@ use spinfer_sparsity::{self as sparse, ModelId, SparseFfn, SparsityOptions, Spar
 
 mod experimental;
 mod linear;
+mod memory;
 #[cfg(test)]
 mod pack_fallback_tests;
 mod sparse_attn;
@@ -32,6 +33,7 @@ mod sparse_ffn;
 
 pub use linear::Linear;
 pub(crate) use linear::{GatheredRows, Scratch, grow};
+pub use memory::{BUDGET_STEP, MemoryPlan};
 
 /// Most tokens one pass through the layers takes in a model with local
 /// attention: a longer [`Model::forward`] runs in steps of this many, so
@@ -48,6 +50,10 @@ pub struct ModelOptions {
     pub threads: usize,
     /// Run the FFN sparse with a calibration sidecar (`None`: dense).
     pub sparsity: Option<SparsityOptions>,
+    /// Hold weights, KV cache and work buffers within this many bytes,
+    /// streaming from storage what does not fit (`None`: everything mapped;
+    /// see [`crate::placement`]).
+    pub mem_budget: Option<u64>,
 }
 
 /// Most worker threads a session may start (`--threads`, `[model] threads`).
@@ -134,6 +140,7 @@ impl Default for ModelOptions {
             ctx: 2048,
             threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             sparsity: None,
+            mem_budget: None,
         }
     }
 }
@@ -186,6 +193,8 @@ pub struct Model {
     rope_local: Option<RopeTable>,
     /// The sparse output head for next-token logits ([`Model::set_sparse_head`]).
     pub head: Option<SparseHead>,
+    /// Under a memory budget: what is resident and what is streamed.
+    pub memory: Option<MemoryPlan>,
 }
 
 /// Per-request state: the KV cache, the position, and reusable activation
@@ -212,6 +221,7 @@ pub struct Session {
     gate: Vec<f32>,        // (n, ffn_dim)
     up: Vec<f32>,          // (n, ffn_dim)
     tmp: Vec<f32>,         // projection output before the residual add (n, dim)
+    embd_row: Vec<u8>,     // a token's embedding row read from storage (under a memory budget)
     hidden: Vec<f32>,      // final-normed hidden states of the last forward call (tokens, dim)
     last_tokens: usize,    // tokens of the last forward call
     logits: Vec<f32>,      // (rows requested, vocab)
@@ -434,8 +444,10 @@ impl Model {
         }
         let rope = RopeTable::new(c.head_dim, c.rope_theta, options.ctx)?;
         let rope_local = c.sliding_window.map(|w| RopeTable::new(c.head_dim, w.rope_theta, options.ctx)).transpose()?;
-        let weights = Weights { token_embd, layers, output_norm, output };
-        Ok(Self { weights, config: c, options, sparse, rope, rope_local, head: None })
+        let mut weights = Weights { token_embd, layers, output_norm, output };
+        // Under a memory budget: what stays in memory, what is read per step.
+        let memory = options.mem_budget.map(|b| Self::place(&mut weights, &c, &options, b)).transpose()?;
+        Ok(Self { weights, config: c, options, sparse, rope, rope_local, head: None, memory })
     }
 
     /// A fresh session with an empty KV cache of `options.ctx` positions.
@@ -469,10 +481,11 @@ impl Model {
             gate: Vec::new(),
             up: Vec::new(),
             tmp: Vec::new(),
+            embd_row: Vec::new(),
             hidden: Vec::new(),
             last_tokens: 0,
             logits: Vec::new(),
-            scratch: Scratch::default(),
+            scratch: Scratch { stream: self.new_streamer(), ..Scratch::default() },
             head: HeadScratch::default(),
             sparse: SparseScratch {
                 stats: SparsityStats {
@@ -491,7 +504,8 @@ impl Model {
     /// Runs `tokens` through the model at the session's next positions and
     /// appends them to its KV cache. Afterwards the final-normed hidden
     /// states of these tokens are ready for [`Model::logits`]. A model with
-    /// local attention takes them in steps of at most [`UBATCH`].
+    /// local attention takes them in steps of at most [`UBATCH`], one under a
+    /// memory budget in steps of [`BUDGET_STEP`] (which bounds its buffers).
     pub fn forward(&self, s: &mut Session, tokens: &[u32]) -> Result<()> {
         let c = &self.config;
         let n = tokens.len();
@@ -509,7 +523,11 @@ impl Model {
         }
         grow(&mut s.hidden, n * c.dim);
         s.last_tokens = n;
-        let step = if c.sliding_window.is_some() { UBATCH } else { n };
+        let step = match (&self.memory, c.sliding_window) {
+            (Some(_), _) => BUDGET_STEP,
+            (None, Some(_)) => UBATCH,
+            (None, None) => n,
+        };
         for (i, part) in tokens.chunks(step).enumerate() {
             self.forward_step(s, part, i * step)?;
         }
@@ -540,7 +558,9 @@ impl Model {
         let copy = self.head.as_ref().filter(|_| c.tied_embeddings);
         for (t, &tok) in tokens.iter().enumerate() {
             let id = tok as usize;
+            let from_storage = self.embedding_row_from_storage(s, id, row_bytes)?;
             let src = match copy.and_then(|h| h.row_bytes(tok)) {
+                _ if from_storage => &s.embd_row[..],
                 Some(row) => row,
                 None => &embd.data.bytes()[id * row_bytes..(id + 1) * row_bytes],
             };
@@ -671,6 +691,13 @@ impl Model {
         probes: usize,
         registry: &KernelRegistry,
     ) -> Result<()> {
+        if index.is_some() && self.memory.is_some() {
+            return Err(Error::InvalidArgument(
+                "the sparse output head under --mem-budget-mb / [memory] budget_mb is not built yet (it keeps its \
+                 own copy of the head in memory): use the dense head with a memory budget"
+                    .into(),
+            ));
+        }
         self.head = index
             .map(|i| SparseHead::new(&self.config, &self.weights.output, i, probes, registry, self.options.precision))
             .transpose()?;

@@ -2,6 +2,7 @@
 //! gathered rows, or rows already gathered), with the pack kernel's
 //! fallback and the two-plane activations of [`Precision::Fast`].
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use spinfer_kernels::kernel::{ActType, Form, MatmulCall, MatmulDesc, MatmulKernel, Select};
@@ -10,6 +11,7 @@ use spinfer_kernels::split::split_hi_lo;
 
 use crate::model::precision::Precision;
 use crate::model::{check_dims, load_vector};
+use crate::stream::Streamer;
 use crate::{Error, Result};
 use spinfer_formats::loader::Loader;
 use spinfer_formats::tensor::TensorData;
@@ -37,6 +39,9 @@ pub struct Linear {
     bias: Option<Vec<f32>>,
     /// Feed activations as two 8-bit planes (see [`Precision::Fast`]).
     two_planes: bool,
+    /// Under a memory budget, a matrix read from storage per step: its row
+    /// chunks and their items in the session streamer's cycle.
+    pub(crate) streamed: Option<Vec<(Range<usize>, usize)>>,
 }
 
 /// One matmul call on `(x, n tokens, out, kernel scratch)`, the weights
@@ -54,6 +59,10 @@ pub(crate) struct Scratch {
     pub(crate) planes_out: Vec<f32>,
     /// Rows gathered for a sparse product.
     pub(crate) gathered: Vec<u8>,
+    /// A streamed chunk's output for several tokens (n, chunk rows).
+    pub(crate) chunk_out: Vec<f32>,
+    /// The session's weight streamer, under a memory budget.
+    pub(crate) stream: Option<Streamer>,
 }
 
 impl Linear {
@@ -103,6 +112,7 @@ impl Linear {
             rows: rows_kernel.map(BoundKernel::from),
             bias: None,
             two_planes: precision == Precision::Fast && act != ActType::F32,
+            streamed: None,
         })
     }
 
@@ -115,14 +125,19 @@ impl Linear {
         out: &mut [f32],
         scratch: &mut Scratch,
     ) -> Result<()> {
-        let w = self.w.bytes();
-        let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
-            self.dense
-                .run(pool, &self.name, MatmulCall::dense(w, x, n, out, bytes))
-                .map_err(|source| Error::Kernel { kernel: self.dense.active().name().into(), source })
-        };
         let rows = self.desc.rows;
-        self.matmul(&run, rows, x, n, &mut out[..n * rows], scratch)?;
+        match &self.streamed {
+            Some(chunks) => self.forward_streamed(pool, chunks, x, n, &mut out[..n * rows], scratch)?,
+            None => {
+                let w = self.w.bytes();
+                let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
+                    self.dense
+                        .run(pool, &self.name, MatmulCall::dense(w, x, n, out, bytes))
+                        .map_err(|source| Error::Kernel { kernel: self.dense.active().name().into(), source })
+                };
+                self.matmul(&run, rows, x, n, &mut out[..n * rows], scratch)?;
+            }
+        }
         if let Some(b) = &self.bias {
             for row in out[..n * rows].chunks_exact_mut(rows) {
                 for (o, bi) in row.iter_mut().zip(b) {
@@ -130,6 +145,71 @@ impl Linear {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// [`Linear::forward`] of a matrix streamed under a memory budget: each
+    /// chunk of rows comes from the session's streamer (read ahead of
+    /// need) and is multiplied as a matrix of its own. The built-in dense
+    /// kernel serves any number of rows, so each row's value is the one the
+    /// whole-matrix product gives (chunks start at multiples of 64 rows,
+    /// the same tiles); a pack kernel may need the whole matrix, so the
+    /// chunks of a pack's matrix run on the built-in kernel.
+    fn forward_streamed(
+        &self,
+        pool: &ThreadPool,
+        chunks: &[(Range<usize>, usize)],
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        let Some(stream) = scratch.stream.take() else {
+            return Err(Error::InvalidArgument(format!(
+                "{}: the matrix is streamed under the memory budget, but this call has no session streamer",
+                self.name
+            )));
+        };
+        let r = self.run_chunks(pool, &stream, chunks, x, n, out, scratch);
+        scratch.stream = Some(stream);
+        r
+    }
+
+    #[allow(clippy::too_many_arguments, reason = "forward_streamed's call plus the streamer taken out of the scratch")]
+    fn run_chunks(
+        &self,
+        pool: &ThreadPool,
+        stream: &Streamer,
+        chunks: &[(Range<usize>, usize)],
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        let kernel = if self.dense.provider() == BUILTIN { self.dense.active() } else { &*self.compact };
+        let rows = self.desc.rows;
+        let mut part = std::mem::take(&mut scratch.chunk_out);
+        for (range, item) in chunks {
+            let bytes = stream.acquire(*item)?;
+            let w = bytes.bytes();
+            let run = |x: &[f32], n: usize, out: &mut [f32], scratch: &mut Vec<u8>| {
+                kernel
+                    .run(pool, MatmulCall::dense(w, x, n, out, scratch))
+                    .map_err(|source| Error::Kernel { kernel: kernel.name().into(), source })
+            };
+            let k = range.len();
+            if n == 1 {
+                self.matmul(&run, k, x, 1, &mut out[range.clone()], scratch)?;
+            } else {
+                grow(&mut part, n * k);
+                self.matmul(&run, k, x, n, &mut part[..n * k], scratch)?;
+                for (t, p) in part[..n * k].chunks_exact(k).enumerate() {
+                    out[t * rows + range.start..t * rows + range.end].copy_from_slice(p);
+                }
+            }
+            stream.release(bytes);
+        }
+        scratch.chunk_out = part;
         Ok(())
     }
 

@@ -1,0 +1,204 @@
+//! The model under a memory budget ([`crate::placement`]): which matrices
+//! are copied into memory and which are read from storage per step, the
+//! session's streamer, and token-embedding rows read from storage.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use spinfer_formats::config::ModelConfig;
+use spinfer_formats::tensor::{TensorData, release_pages};
+
+use super::{Linear, Model, ModelOptions, Session, Weights, session_bytes};
+use crate::placement::{Fixed, Matrix, Placement, plan};
+use crate::stream::{Item, StreamStats, Streamer, drop_cached};
+use crate::{Error, Result};
+
+/// Tokens per forward step under a budget: bounds the activation buffers
+/// (a prompt runs in steps of this many, each streaming the weights once).
+pub const BUDGET_STEP: usize = 64;
+
+/// How a loaded model keeps within its memory budget.
+pub struct MemoryPlan {
+    pub placement: Placement,
+    /// The streamed items, in the order the forward pass uses them.
+    items: Arc<[Item]>,
+    /// The token embedding's file and offset when its rows are read from
+    /// storage (`None`: they come from a resident copy).
+    embd: Option<(Arc<File>, u64)>,
+}
+
+impl MemoryPlan {
+    /// Bytes read from storage per step for the matrices.
+    pub fn streamed_bytes(&self) -> u64 {
+        self.placement.streamed_bytes
+    }
+}
+
+/// What one session needs besides the weights, under a budget: the KV cache
+/// and tables, and activations for steps of [`BUDGET_STEP`] tokens plus one
+/// row of logits (with the fast mode's two planes).
+fn fixed(c: &ModelConfig, options: &ModelOptions) -> Result<Fixed> {
+    let session = session_bytes(c, options.ctx, options.threads.max(1))
+        .ok_or_else(|| Error::InvalidArgument(format!("context size {}: the KV cache size overflows", options.ctx)))?;
+    let (q_dim, kv_dim) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+    let per_token = 4 * c.dim + 2 * q_dim + 2 * kv_dim + 2 * c.ffn_dim;
+    // The fast mode's two-plane inputs and outputs of the widest product
+    // of a step, and one row of logits with its two planes.
+    let widest = c.dim.max(c.ffn_dim).max(q_dim);
+    let planes = 4 * widest;
+    let floats = BUDGET_STEP * (per_token + planes) + 3 * c.vocab_size;
+    Ok(Fixed { session, work: 4 * floats as u64 })
+}
+
+/// Every matrix of the model in the order the forward pass multiplies by
+/// it.
+fn forward_order(weights: &mut Weights) -> Vec<&mut Linear> {
+    let mut out = Vec::new();
+    for l in &mut weights.layers {
+        out.extend([&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w_gate, &mut l.w_up, &mut l.w_down]);
+    }
+    out.push(&mut weights.output);
+    out
+}
+
+impl Model {
+    /// Places `weights` under `budget` bytes: resident matrices are copied
+    /// to memory and their file pages released; streamed ones get their
+    /// chunks' items in the streamer's cycle.
+    pub(super) fn place(
+        weights: &mut Weights,
+        c: &ModelConfig,
+        options: &ModelOptions,
+        budget: u64,
+    ) -> Result<MemoryPlan> {
+        if options.sparsity.is_some() {
+            return Err(Error::InvalidArgument(
+                "--mem-budget-mb / [memory] budget_mb with a sparse FFN is not built yet: use --ffn-budget-mb for \
+                 the sparse FFN, or run dense under the memory budget"
+                    .into(),
+            ));
+        }
+        let fixed = fixed(c, options)?;
+        let mut linears = forward_order(weights);
+        let mut matrices = Vec::with_capacity(linears.len());
+        for l in &linears {
+            let rows = l.desc.rows;
+            matrices.push(Matrix { name: l.name.clone(), rows, row_bytes: l.w.bytes().len() / rows.max(1) });
+        }
+        let placement = plan(budget, fixed, &matrices)?;
+        let mut items = Vec::new();
+        for ((l, m), streamed) in linears.iter_mut().zip(&matrices).zip(&placement.streamed) {
+            let Some(chunks) = streamed else {
+                make_resident(l);
+                continue;
+            };
+            let Some((file, start)) = l.w.file_range().map(|(f, s)| (Arc::clone(f), s)) else {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: this tensor is not a window of a model file, so it cannot be streamed under the memory \
+                     budget; raise --mem-budget-mb",
+                    l.name
+                )));
+            };
+            let what: Arc<str> = Arc::from(l.name.as_str());
+            let mut bound = Vec::with_capacity(chunks.len());
+            for r in chunks {
+                let item = Item {
+                    file: Arc::clone(&file),
+                    what: Arc::clone(&what),
+                    offset: start + (r.start * m.row_bytes) as u64,
+                    len: r.len() * m.row_bytes,
+                };
+                bound.push((r.clone(), items.len()));
+                items.push(item);
+            }
+            release(&l.w);
+            l.streamed = Some(bound);
+        }
+        drop(linears);
+        // Rows of the token embedding: from the resident head when tied,
+        // else read from storage one row per token.
+        let embd = if c.tied_embeddings && weights.output.streamed.is_none() {
+            weights.token_embd.data = weights.output.w.clone();
+            None
+        } else {
+            release(&weights.token_embd.data);
+            weights.token_embd.data.file_range().map(|(f, s)| (Arc::clone(f), s))
+        };
+        tracing::info!(
+            budget = placement.budget,
+            resident = placement.resident_bytes,
+            streamed_per_step = placement.streamed_bytes,
+            ring = placement.ring_bytes,
+            "memory budget placed"
+        );
+        Ok(MemoryPlan { placement, items: items.into(), embd })
+    }
+
+    /// The streamer a new session needs, if any matrix is streamed (`None`
+    /// with an error logged if it cannot start: the first streamed product
+    /// then fails with a clear error).
+    pub(super) fn new_streamer(&self) -> Option<Streamer> {
+        let plan = self.memory.as_ref().filter(|m| !m.items.is_empty())?;
+        match Streamer::new(Arc::clone(&plan.items), plan.placement.slots) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::error!("cannot start the weight streamer: {e}");
+                None
+            }
+        }
+    }
+
+    /// Token `id`'s embedding row, read from storage into `s.embd_row` when
+    /// the plan says so; `None` when it comes from memory.
+    pub(super) fn embedding_row_from_storage(&self, s: &mut Session, id: usize, row_bytes: usize) -> Result<bool> {
+        let Some((file, start)) = self.memory.as_ref().and_then(|m| m.embd.as_ref()) else { return Ok(false) };
+        s.embd_row.resize(row_bytes, 0);
+        let offset = start + (id * row_bytes) as u64;
+        file.read_exact_at(&mut s.embd_row, offset).map_err(|e| {
+            Error::InvalidArgument(format!("token_embd.weight: reading row {id} ({row_bytes} bytes at {offset}): {e}"))
+        })?;
+        drop_cached(file, offset, row_bytes);
+        if let Some(st) = &s.scratch.stream {
+            st.count_read(row_bytes);
+        }
+        Ok(true)
+    }
+}
+
+impl Session {
+    /// Counters of the weights streamed from storage (`None` when the model
+    /// runs without a memory budget, or all of it fits).
+    pub fn stream_stats(&self) -> Option<StreamStats> {
+        self.scratch.stream.as_ref().map(Streamer::stats)
+    }
+
+    /// Zeroes the streaming counters.
+    pub fn reset_stream_stats(&self) {
+        if let Some(s) = &self.scratch.stream {
+            s.reset_stats();
+        }
+    }
+}
+
+/// Copies `l`'s weights to memory and releases its file pages.
+fn make_resident(l: &mut Linear) {
+    if !l.w.is_mapped() {
+        return;
+    }
+    let copy = l.w.to_owned_released();
+    release(&l.w);
+    l.w = copy;
+}
+
+/// Drops the mapped pages of `data` from this process and the page cache.
+fn release(data: &TensorData) {
+    if !data.is_mapped() {
+        return;
+    }
+    // SAFETY: `data` is a window of a read-only file mapping.
+    unsafe { release_pages(data.bytes()) };
+    if let Some((file, start)) = data.file_range() {
+        drop_cached(file, start, data.bytes().len());
+    }
+}

@@ -1,0 +1,104 @@
+//! Decode under one memory budget (`ModelOptions::mem_budget`,
+//! `--mem-budget-mb`): placement changes where weights live, never the
+//! result; a budget too small is a clear error; a storage failure is an
+//! error, not a panic.
+
+use std::path::Path;
+
+use spinfer_engine::Engine;
+use spinfer_engine::model::{ModelOptions, Precision};
+use spinfer_tests::{gemma3, reference, smollm2};
+
+fn load(path: &Path, precision: Precision, mem_budget: Option<u64>) -> Engine {
+    Engine::load(path, ModelOptions { precision, ctx: 128, threads: 2, sparsity: None, mem_budget }).unwrap()
+}
+
+/// The prompt's last logits and 12 greedy tokens after it.
+fn run(e: &Engine, prompt: &[u32]) -> (Vec<f32>, Vec<u32>) {
+    let mut s = e.model.new_session();
+    let logits = e.model.forward_last(&mut s, prompt).unwrap().to_vec();
+    let mut tok = argmax(&logits);
+    let mut greedy = vec![tok];
+    for _ in 0..11 {
+        e.model.forward(&mut s, &[tok]).unwrap();
+        tok = argmax(e.model.next_token_logits(&mut s).unwrap());
+        greedy.push(tok);
+    }
+    let st = s.stream_stats();
+    if e.model.memory.as_ref().is_some_and(|m| m.placement.streams()) {
+        let st = st.expect("a streaming session has stream counters");
+        assert!(st.bytes_read > 0 && st.prefetch_hits + st.stalls > 0, "{st:?}");
+    }
+    (logits, greedy)
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    x.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32
+}
+
+/// Budgets that stream part of the model (and, the smallest, most of it):
+/// the logits and greedy tokens are those of the unbudgeted engine, bit for
+/// bit, in each precision.
+fn identical_under_budgets(path: &Path, prompt: &[u32], budgets_mb: &[u64]) {
+    for precision in [Precision::Fast, Precision::Precise, Precision::Int8] {
+        let want = run(&load(path, precision, None), prompt);
+        for &mb in budgets_mb {
+            let e = load(path, precision, Some(mb * 1_000_000));
+            let plan = &e.model.memory.as_ref().expect("a memory plan").placement;
+            assert!(plan.streams(), "{mb} MB: nothing streamed, the test checks nothing");
+            let got = run(&e, prompt);
+            assert_eq!(got.1, want.1, "{precision:?}, {mb} MB: greedy tokens differ");
+            assert!(got.0 == want.0, "{precision:?}, {mb} MB: logits differ from the unbudgeted engine's");
+        }
+    }
+}
+
+#[test]
+fn smollm2_under_a_budget_gives_the_unbudgeted_logits_and_text() {
+    let Some(path) = smollm2() else { return };
+    let prompt = &reference().prompts[0].input_ids;
+    identical_under_budgets(&path, prompt, &[70, 30]);
+}
+
+#[test]
+fn gemma3_under_a_budget_gives_the_unbudgeted_logits_and_text() {
+    let Some(path) = gemma3() else { return };
+    let prompt = &spinfer_tests::gemma3_reference().prompts[0].input_ids;
+    identical_under_budgets(&path, prompt, &[120]);
+}
+
+#[test]
+fn a_budget_below_the_least_names_both_figures() {
+    let Some(path) = smollm2() else { return };
+    let options = ModelOptions { ctx: 128, threads: 2, mem_budget: Some(1_000_000), ..ModelOptions::default() };
+    let Err(e) = Engine::load(&path, options) else { panic!("1 MB is too small") };
+    let e = e.to_string();
+    assert!(e.contains("--mem-budget-mb") && e.contains("1.0 MB") && e.contains("need at least"), "{e}");
+}
+
+/// The model file is truncated under a loaded, streaming engine: the next
+/// step's read fails with an error naming the tensor, the process goes on.
+#[test]
+fn a_model_file_truncated_underneath_is_an_error() {
+    let Some(path) = smollm2() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("model.gguf");
+    std::fs::copy(&path, &copy).unwrap();
+    let e = load(&copy, Precision::Fast, Some(30_000_000));
+    let mut s = e.model.new_session();
+    e.model.forward(&mut s, &[1, 2, 3]).unwrap();
+    let len = std::fs::metadata(&copy).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&copy).unwrap().set_len(len / 4).unwrap();
+    let mut err = None;
+    for _ in 0..4 {
+        match e.model.forward(&mut s, &[4]).and_then(|()| e.model.next_token_logits(&mut s).map(drop)) {
+            Ok(()) => {}
+            Err(x) => {
+                err = Some(x.to_string());
+                break;
+            }
+        }
+    }
+    let err = err.expect("reading past the end of the truncated file fails");
+    assert!(err.contains("reading") && err.contains(".weight"), "{err}");
+}
