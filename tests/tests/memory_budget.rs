@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use spinfer_engine::Engine;
+use spinfer_engine::generate::GenerateParams;
 use spinfer_engine::model::{ModelOptions, Precision};
 use spinfer_tests::{gemma3, reference, smollm2};
 
@@ -65,6 +66,26 @@ fn gemma3_under_a_budget_gives_the_unbudgeted_logits_and_text() {
     let Some(path) = gemma3() else { return };
     let prompt = &spinfer_tests::gemma3_reference().prompts[0].input_ids;
     identical_under_budgets(&path, prompt, &[120]);
+}
+
+/// The engine's metrics sum what its requests read from storage.
+#[test]
+fn engine_metrics_count_what_requests_read_from_storage() {
+    let Some(path) = smollm2() else { return };
+    let unbudgeted = load(&path, Precision::Fast, None);
+    let params = GenerateParams { max_tokens: 6, ..GenerateParams::default() };
+    unbudgeted.generate("The capital of France is", &params).unwrap();
+    assert!(unbudgeted.metrics().storage.is_none(), "nothing is streamed without a budget");
+    let e = load(&path, Precision::Fast, Some(30_000_000));
+    let out = e.generate("The capital of France is", &params).unwrap();
+    let per_step = e.model.memory.as_ref().unwrap().streamed_bytes();
+    let st = e.metrics().storage.expect("storage counters under a streaming budget");
+    // Every forward step reads the streamed matrices once (the prompt is
+    // one step of up to 64 tokens, then one per generated token but the
+    // last): at least that, and not more than one ring's read-ahead above.
+    let steps = out.tokens.len() as u64;
+    assert!(st.bytes_read >= per_step * steps, "{st:?}, {per_step} per step, {steps} steps");
+    assert!(st.bytes_read <= per_step * (steps + 1) + 8_000_000, "{st:?}, {per_step} per step, {steps} steps");
 }
 
 #[test]

@@ -19,8 +19,9 @@ use clap::Args;
 use spinfer_engine::Engine;
 use spinfer_engine::model::Session;
 
-use crate::commands::{CommonArgs, load_config, peak_rss_bytes, progress};
+use crate::commands::{CommonArgs, load_config, progress};
 use crate::paired::Paired;
+use crate::report::peak_rss_bytes;
 
 #[derive(Args)]
 pub struct BenchArgs {

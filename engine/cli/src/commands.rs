@@ -3,7 +3,6 @@
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -11,12 +10,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 use spinfer_engine::config::{
     Config, HeadMode, HeadSection, PrecisionSetting, SparsitySection, check_cache_policy, check_predictor,
 };
-use spinfer_engine::generate::{GenerateParams, StopReason};
+use spinfer_engine::generate::GenerateParams;
 use spinfer_engine::model::llama::MAX_THREADS;
-use spinfer_engine::model::{ModelOptions, Precision, Session};
+use spinfer_engine::model::{ModelOptions, Precision};
 
 use spinfer_engine::sampling::SamplerParams;
 use spinfer_engine::{Engine, perplexity};
+
+use crate::report::{Output, print_generation, print_sparsity_stats, print_storage_stats, sparsity_json, storage_json};
 
 /// Options every model-running command shares.
 #[derive(Args, Clone)]
@@ -277,11 +278,12 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     };
     // Argument errors before the (slower) model load.
     params.sampler.validate()?;
+    let output = Output { json: a.common.json, quiet: a.common.quiet };
     if a.device == Device::Cuda {
         refuse_cpu_only_flags(&a)?;
         let path = a.common.model.as_ref().context("--device cuda needs --model FILE.gguf")?;
         let g = crate::gpu::generate(path, a.ctx.unwrap_or(2048), &prompt, &params, !a.common.json)?;
-        return print_generation(&a, &g, serde_json::Value::Null);
+        return print_generation(output, &g, serde_json::Value::Null, serde_json::Value::Null);
     }
     let engine = load(&a.common, a.ctx)?;
     let mut session = engine.model.new_session();
@@ -304,9 +306,10 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
             ControlFlow::Continue(())
         },
     )?;
-    print_generation(&a, &g, sparsity_json(&engine, &session))?;
+    print_generation(output, &g, sparsity_json(&engine, &session), storage_json(&session, g.tokens.len()))?;
     if a.stats && !a.common.json {
         print_sparsity_stats(&engine, &session);
+        print_storage_stats(&session, g.tokens.len());
     }
     Ok(())
 }
@@ -329,179 +332,6 @@ fn refuse_cpu_only_flags(a: &GenerateArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Prints a generation's end: the JSON object with --json (`sparsity` under
-/// its key), else a line of statistics on stderr unless --quiet.
-fn print_generation(
-    a: &GenerateArgs,
-    g: &spinfer_engine::generate::Generation,
-    sparsity: serde_json::Value,
-) -> Result<()> {
-    let mut stdout = std::io::stdout().lock();
-    if a.common.json {
-        let v = serde_json::json!({
-            "text": g.text,
-            "tokens": g.tokens,
-            "prompt_tokens": g.prompt_tokens,
-            "stop_reason": format!("{:?}", g.stop_reason),
-            "peak_rss_bytes": peak_rss_bytes(),
-            "prefill_tokens_per_second": g.prefill_tokens_per_second(),
-            "decode_tokens_per_second": g.decode_tokens_per_second(),
-            "timings_ms": {
-                "tokenize": ms(g.timings.tokenize),
-                "prefill": ms(g.timings.prefill),
-                "decode": ms(g.timings.decode),
-                "sample": ms(g.timings.sample),
-            },
-            "sparsity": sparsity,
-        });
-        writeln!(stdout, "{v}")?;
-    } else if !a.common.quiet {
-        writeln!(stdout)?;
-        let why = match g.stop_reason {
-            StopReason::EndOfGeneration => "end of generation",
-            StopReason::StopString => "stop string",
-            StopReason::MaxTokens => "token limit",
-            StopReason::ContextFull => "context full",
-            StopReason::Cancelled => "cancelled",
-        };
-        eprintln!(
-            "\n[{} prompt tokens: {:.1} tok/s prefill | {} generated: {:.1} tok/s decode | stopped: {why}]",
-            g.prompt_tokens,
-            g.prefill_tokens_per_second(),
-            g.tokens.len(),
-            g.decode_tokens_per_second()
-        );
-    }
-    Ok(())
-}
-
-/// The session's sparse-FFN statistics as JSON (`null` when dense).
-pub fn sparsity_json(engine: &Engine, session: &Session) -> serde_json::Value {
-    let Some(sp) = &engine.model.sparse else { return serde_json::Value::Null };
-    let st = session.sparsity_stats();
-    let layers: Vec<_> = st
-        .layers
-        .iter()
-        .enumerate()
-        .map(|(l, c)| {
-            let attn = (c.attn_tokens > 0).then(|| c.attn_active as f64 / (c.attn_tokens as f64 * st.attn_dim as f64));
-            serde_json::json!({"layer": l, "tokens": c.tokens, "active_fraction": st.active_fraction(l),
-                "dense_tokens": c.dense, "attn_active_fraction": attn,
-                "recall": st.recall(l), "precision": st.precision(l)})
-        })
-        .collect();
-    let budget = sp.bundle.as_ref().map(|b| {
-        let r = b.report();
-        let counters = |c: &spinfer_engine::sparse::CacheCounters| {
-            serde_json::json!({"hot": c.hot, "hits": c.hits, "misses": c.misses, "hit_rate": c.hit_rate(),
-                "bytes_read": c.bytes_read, "reads": c.reads})
-        };
-        serde_json::json!({
-            "file": b.path,
-            "budget_bytes": r.budget,
-            "fixed_bytes": r.fixed,
-            "hot_bytes": r.hot,
-            "hot_neurons": r.hot_neurons,
-            "cache_bytes": r.cache,
-            "cache_slots": r.cache_slots,
-            "total_neurons": r.total_neurons,
-            "record_bytes": r.record,
-            "policy": r.policy,
-            "session": counters(&st.cache),
-            "engine": counters(&b.totals()),
-        })
-    });
-    serde_json::json!({
-        "sidecar": sp.path,
-        "predictor": sp.predictor.kind().name(),
-        "target_sparsity": sp.sidecar.target_sparsity,
-        "active_fraction": st.mean_active_fraction(),
-        "attn_sparsity": sp.sidecar.attn_sparsity,
-        "attn_active_fraction": st.mean_attn_active_fraction(),
-        "recall": st.mean_recall_precision().map(|r| r.0),
-        "precision": st.mean_recall_precision().map(|r| r.1),
-        "layers": layers,
-        "budget": budget,
-    })
-}
-
-/// Per-layer sparse-FFN statistics on stderr.
-fn print_sparsity_stats(engine: &Engine, session: &Session) {
-    let Some(sp) = &engine.model.sparse else {
-        eprintln!("[dense FFN: no --sparsity sidecar]");
-        return;
-    };
-    let st = session.sparsity_stats();
-    eprintln!(
-        "[sparse FFN: {} predictor, target sparsity {:.2}; kept {:.1}% of neurons on average]",
-        sp.predictor.kind().name(),
-        sp.sidecar.target_sparsity,
-        100.0 * st.mean_active_fraction()
-    );
-    if let Some(a) = sp.sidecar.attn_sparsity {
-        eprintln!(
-            "[sparse attention output: target sparsity {a:.2}; kept {:.1}% of W_o's inputs on average]",
-            100.0 * st.mean_attn_active_fraction()
-        );
-    }
-    if let Some((recall, precision)) = st.mean_recall_precision() {
-        eprintln!(
-            "[against the full gate (|silu(gate)| above the sidecar's threshold, computed for --stats): \
-             recall {:.1}%, precision {:.1}%]",
-            100.0 * recall,
-            100.0 * precision
-        );
-    }
-    eprintln!("layer  tokens  kept%  dense-tokens  attn-kept%  recall%  precision%");
-    let pct = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{:.1}", 100.0 * v));
-    for (l, c) in st.layers.iter().enumerate() {
-        let attn = if c.attn_tokens > 0 {
-            format!("{:.1}", 100.0 * c.attn_active as f64 / (c.attn_tokens as f64 * st.attn_dim as f64))
-        } else {
-            "-".into()
-        };
-        eprintln!(
-            "{l:>5}  {:>6}  {:>5.1}  {:>12}  {attn:>10}  {:>7}  {:>10}",
-            c.tokens,
-            100.0 * st.active_fraction(l),
-            c.dense,
-            pct(st.recall(l)),
-            pct(st.precision(l))
-        );
-    }
-    if let Some(b) = &sp.bundle {
-        let r = b.report();
-        let mb = |x: usize| x as f64 / 1e6;
-        eprintln!(
-            "[FFN budget {:.1} MB: {:.1} MB fixed (predictor, scales, maps), {:.1} MB hot ({} of {} neurons), \
-             {:.1} MB cold cache ({} slots, {}); cold neurons from {}]",
-            mb(r.budget),
-            mb(r.fixed),
-            mb(r.hot),
-            r.hot_neurons,
-            r.total_neurons,
-            mb(r.cache),
-            r.cache_slots,
-            r.policy,
-            b.path.display()
-        );
-        let c = &st.cache;
-        eprintln!(
-            "[records: {} hot, {} cache hits, {} misses (hit rate {:.1}%), {:.1} MB read in {} reads]",
-            c.hot,
-            c.hits,
-            c.misses,
-            100.0 * c.hit_rate(),
-            c.bytes_read as f64 / 1e6,
-            c.reads
-        );
-    }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 #[derive(Args)]
@@ -685,12 +515,4 @@ pub fn progress(hidden: bool, len: u64, unit: &str) -> ProgressBar {
             .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
     bar
-}
-
-/// Peak resident set size of this process (Linux `VmHWM`).
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }

@@ -13,6 +13,7 @@ mod head;
 mod kernels;
 mod pack;
 mod paired;
+mod report;
 
 use std::process::ExitCode;
 

@@ -13,6 +13,10 @@ use std::process::Command;
 const FFN_BYTES: u64 = 30 * 3 * 552_960;
 
 fn generate(model: &Path, sidecar: &Path, budget: Option<&str>) -> serde_json::Value {
+    generate_with(model, sidecar, budget, &[])
+}
+
+fn generate_with(model: &Path, sidecar: &Path, budget: Option<&str>, extra: &[&str]) -> serde_json::Value {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_spinfer"));
     cmd.args(["generate", "-m", model.to_str().unwrap(), "--sparsity", sidecar.to_str().unwrap()])
         .args(["--predictor", "low-rank", "-p", "The history of the city is long and complicated.", "-n", "32"])
@@ -20,6 +24,7 @@ fn generate(model: &Path, sidecar: &Path, budget: Option<&str>) -> serde_json::V
     if let Some(b) = budget {
         cmd.args(["--ffn-budget-mb", b]);
     }
+    cmd.args(extra);
     let out = cmd.output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
@@ -86,4 +91,12 @@ fn a_20mb_ffn_budget_holds_in_peak_rss() {
         rss(&free),
         FFN_BYTES - budget
     );
+
+    // One memory budget for everything (--mem-budget-mb): the FFN bundle
+    // takes its share, attention and head stream what does not fit; the
+    // tokens are still the unbudgeted run's, and the RSS stays within the
+    // whole budget plus the same 80 MB for the rest of the process.
+    let whole = generate_with(&model, &sidecar, None, &["--mem-budget-mb", "60"]);
+    assert_eq!(whole["tokens"], free["tokens"], "one memory budget changes where weights live, not the result");
+    assert!(rss(&whole) < 60_000_000 + 80_000_000, "peak RSS {} under --mem-budget-mb 60", rss(&whole));
 }

@@ -37,13 +37,15 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::config::Config;
 use crate::generate::{self, GenerateParams, StopReason, Timings};
 use crate::gguf::GgufFile;
 use crate::head::HeadIndex;
 use crate::loader::Loader;
+use crate::metrics::{Counters, ratio};
+pub use crate::metrics::{KernelInfo, Metrics, Output, RequestMetrics};
 use crate::model::bert::l2_normalize;
 use crate::model::{Model, ModelOptions, Session};
 use crate::registry::KernelRegistry;
@@ -233,6 +235,7 @@ impl Engine {
                 c.sparse_active += active;
                 c.sparse_slots += slots;
             }
+            c.add_storage(&session);
         }
         Ok(Output { text: generation.text, tokens: generation.tokens, stop_reason: generation.stop_reason, metrics })
     }
@@ -294,6 +297,7 @@ impl Engine {
             c.sparse_active += active;
             c.sparse_slots += slots;
         }
+        c.add_storage(&session);
         Ok(logits)
     }
 
@@ -381,6 +385,7 @@ impl Engine {
                     c.sparse_active += active;
                     c.sparse_slots += slots;
                 }
+                c.add_storage(s);
             }
             out.push(v);
         }
@@ -416,6 +421,7 @@ impl Engine {
             decoded_tokens: c.decoded_tokens,
             timings: Timings { tokenize: c.tokenize, prefill: c.prefill, decode: c.decode, sample: c.sample },
             sparse_kept_fraction: self.model.sparse.as_ref().map(|_| ratio(c.sparse_active, c.sparse_slots)),
+            storage: c.storage,
             kernels,
             truncated_inputs: c.truncated_inputs,
         }
@@ -442,137 +448,6 @@ impl Engine {
             Some(id) => Err(Error::InvalidArgument(format!("token id {id} is outside the vocabulary (size {vocab})"))),
             None => Ok(()),
         }
-    }
-}
-
-fn ratio(a: u64, b: u64) -> f64 {
-    if b == 0 { 1.0 } else { a as f64 / b as f64 }
-}
-
-/// The result of one generation request.
-#[derive(Clone, Debug)]
-pub struct Output {
-    /// The generated continuation (a stop string excluded).
-    pub text: String,
-    /// Generated token ids (an end-of-generation token is not included).
-    pub tokens: Vec<u32>,
-    pub stop_reason: StopReason,
-    pub metrics: RequestMetrics,
-}
-
-/// What one request cost.
-#[derive(Clone, Debug, Default)]
-pub struct RequestMetrics {
-    pub prompt_tokens: usize,
-    pub generated_tokens: usize,
-    /// Time per phase (tokenize, prefill, decode, sample).
-    pub timings: Timings,
-    /// Wall time of the whole call (session set-up included).
-    pub total: Duration,
-    /// Mean fraction of FFN neurons kept per token and layer, when the
-    /// model runs sparse.
-    pub sparse_kept_fraction: Option<f64>,
-}
-
-impl RequestMetrics {
-    /// Prompt tokens per second of prefill.
-    pub fn prefill_tokens_per_second(&self) -> f64 {
-        per_second(self.prompt_tokens as u64, self.timings.prefill)
-    }
-
-    /// Decoded tokens per second (tokens after the first, which comes from
-    /// the prefill's logits).
-    pub fn decode_tokens_per_second(&self) -> f64 {
-        per_second(self.generated_tokens.saturating_sub(1) as u64, self.timings.decode)
-    }
-}
-
-fn per_second(n: u64, t: Duration) -> f64 {
-    let s = t.as_secs_f64();
-    if s > 0.0 { n as f64 / s } else { 0.0 }
-}
-
-/// Cumulative counters of an [`Engine`] since load.
-#[derive(Clone, Debug, Default)]
-pub struct Metrics {
-    /// Successful calls: generations, logits, and one per embedded text.
-    pub requests: u64,
-    pub generate_requests: u64,
-    /// Texts embedded.
-    pub embed_requests: u64,
-    /// Generations cancelled by their caller.
-    pub cancelled: u64,
-    /// Calls that returned an error.
-    pub errors: u64,
-    /// Tokens prefilled: prompts, [`Engine::logits`] inputs, embedded texts.
-    pub prompt_tokens: u64,
-    pub generated_tokens: u64,
-    /// Tokens run through the decode step (generated tokens but the first
-    /// of each request).
-    pub decoded_tokens: u64,
-    /// Time per phase, summed over requests (concurrent requests each
-    /// count their own time).
-    pub timings: Timings,
-    /// Mean fraction of FFN neurons kept per token and layer over all
-    /// requests, when the model runs sparse (`None`: dense).
-    pub sparse_kept_fraction: Option<f64>,
-    /// The kernel chosen for each distinct operation.
-    pub kernels: Vec<KernelInfo>,
-    /// Embedded texts longer than the context, cut to it (each also logged
-    /// as a warning).
-    pub truncated_inputs: u64,
-}
-
-impl Metrics {
-    pub fn prefill_tokens_per_second(&self) -> f64 {
-        per_second(self.prompt_tokens, self.timings.prefill)
-    }
-
-    pub fn decode_tokens_per_second(&self) -> f64 {
-        per_second(self.decoded_tokens, self.timings.decode)
-    }
-}
-
-/// The kernel bound to one operation (weight type, activation, shape).
-#[derive(Clone, Debug)]
-pub struct KernelInfo {
-    /// E.g. `matmul q4_1*q8_1 576x576`.
-    pub op: String,
-    /// The first tensor of the model using it.
-    pub tensor: String,
-    pub kernel: String,
-    pub provider: String,
-    /// Why it was chosen.
-    pub choice: String,
-    /// Whether it failed and the built-in fallback took over.
-    pub fell_back: bool,
-}
-
-#[derive(Clone, Debug, Default)]
-struct Counters {
-    requests: u64,
-    generate_requests: u64,
-    embed_requests: u64,
-    cancelled: u64,
-    errors: u64,
-    prompt_tokens: u64,
-    generated_tokens: u64,
-    decoded_tokens: u64,
-    tokenize: Duration,
-    prefill: Duration,
-    decode: Duration,
-    sample: Duration,
-    sparse_active: u64,
-    sparse_slots: u64,
-    truncated_inputs: u64,
-}
-
-impl Counters {
-    fn add_timings(&mut self, t: &Timings) {
-        self.tokenize += t.tokenize;
-        self.prefill += t.prefill;
-        self.decode += t.decode;
-        self.sample += t.sample;
     }
 }
 

@@ -4,6 +4,7 @@ pub mod convert;
 pub mod engine;
 mod error;
 pub mod inspect;
+pub mod metrics;
 pub mod provider;
 pub mod model {
     //! The models: the Llama family (`spinfer-models`) and BERT
@@ -22,6 +23,6 @@ pub use error::{Error, Result};
 pub use spinfer_embed::embed;
 pub use spinfer_formats::{gguf, loader, safetensors, tensor};
 pub use spinfer_kernel_select::{registry, tuning};
-pub use spinfer_models::{calibrate, generate, head, perplexity, sampling};
+pub use spinfer_models::{calibrate, generate, head, perplexity, placement, sampling, stream};
 pub use spinfer_packs as packs;
 pub use spinfer_tokenizer as tokenizer;

@@ -385,7 +385,14 @@ impl Model {
         // activations do: exact in precise mode, integer otherwise.
         let axpy =
             if options.precision == Precision::Precise { sparse::AxpyMode::Exact } else { sparse::AxpyMode::Int8 };
-        let mut sparse = match &options.sparsity {
+        // Under a memory budget a sparse FFN is served from its bundle,
+        // with a share of the budget.
+        let split = memory::split_budget(&c, &options, &layers, &output)?;
+        let sparsity = match &split {
+            Some((o, _)) => Some(o),
+            None => options.sparsity.as_ref(),
+        };
+        let mut sparse = match sparsity {
             Some(o) if o.ffn_budget_bytes.is_some() => {
                 // Under a memory budget the FFN matrices are read once, to
                 // write the bundle (if missing), and their pages released:
@@ -400,7 +407,15 @@ impl Model {
                         mapped: l.w_gate.w.is_mapped() && l.w_up.w.is_mapped() && l.w_down.w.is_mapped(),
                     })
                     .collect();
-                Some(sparse::build_budgeted(o, registry, &id, &src, dim, c.ffn_dim)?)
+                let built = sparse::build_budgeted(o, registry, &id, &src, dim, c.ffn_dim);
+                Some(built.map_err(|e| match (&split, options.mem_budget) {
+                    (Some(_), Some(b)) => Error::InvalidArgument(format!(
+                        "{e} (the FFN's share of the memory budget of {:.1} MB: raise --mem-budget-mb, or give \
+                         the FFN its own with --ffn-budget-mb)",
+                        b as f64 / 1e6
+                    )),
+                    _ => e.into(),
+                })?)
             }
             Some(o) => {
                 let id = ModelId::of(&c, loader)?;
@@ -446,7 +461,11 @@ impl Model {
         let rope_local = c.sliding_window.map(|w| RopeTable::new(c.head_dim, w.rope_theta, options.ctx)).transpose()?;
         let mut weights = Weights { token_embd, layers, output_norm, output };
         // Under a memory budget: what stays in memory, what is read per step.
-        let memory = options.mem_budget.map(|b| Self::place(&mut weights, &c, &options, b)).transpose()?;
+        let memory = match (options.mem_budget, &split) {
+            (Some(_), Some((_, rest))) => Some(Self::place(&mut weights, &c, &options, *rest, true)?),
+            (Some(b), None) => Some(Self::place(&mut weights, &c, &options, b, false)?),
+            (None, _) => None,
+        };
         Ok(Self { weights, config: c, options, sparse, rope, rope_local, head: None, memory })
     }
 

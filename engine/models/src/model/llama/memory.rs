@@ -13,6 +13,7 @@ use super::{Linear, Model, ModelOptions, Session, Weights, session_bytes};
 use crate::placement::{Fixed, Matrix, Placement, plan};
 use crate::stream::{Item, StreamStats, Streamer, drop_cached};
 use crate::{Error, Result};
+use spinfer_sparsity as sparse;
 
 /// Tokens per forward step under a budget: bounds the activation buffers
 /// (a prompt runs in steps of this many, each streaming the weights once).
@@ -51,15 +52,56 @@ fn fixed(c: &ModelConfig, options: &ModelOptions) -> Result<Fixed> {
     Ok(Fixed { session, work: 4 * floats as u64 })
 }
 
-/// Every matrix of the model in the order the forward pass multiplies by
-/// it.
-fn forward_order(weights: &mut Weights) -> Vec<&mut Linear> {
+/// Every matrix the forward pass multiplies by through [`Linear::forward`],
+/// in that order: with a sparse FFN served from its bundle, the FFN
+/// matrices are not (the bundle's records are).
+fn forward_order(weights: &mut Weights, ffn_in_bundle: bool) -> Vec<&mut Linear> {
     let mut out = Vec::new();
     for l in &mut weights.layers {
-        out.extend([&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w_gate, &mut l.w_up, &mut l.w_down]);
+        out.extend([&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo]);
+        if !ffn_in_bundle {
+            out.extend([&mut l.w_gate, &mut l.w_up, &mut l.w_down]);
+        }
     }
     out.push(&mut weights.output);
     out
+}
+
+/// Under a memory budget with a sparse FFN: the sparsity options with the
+/// FFN bundle's share of the budget (`ffn_budget_bytes`), and the share
+/// left for the rest. The rest's matrices (attention, head) are read in
+/// full every token when streamed, the FFN's cold records only when their
+/// neurons fire, so the rest comes first: the FFN gets what is left once
+/// all of it fits, and at least 40% of the room besides the fixed part
+/// and the read-ahead ring otherwise. An FFN budget the operator set
+/// explicitly is kept and taken out of the memory budget.
+pub(super) fn split_budget(
+    c: &ModelConfig,
+    options: &ModelOptions,
+    layers: &[super::Layer],
+    output: &Linear,
+) -> Result<Option<(sparse::SparsityOptions, u64)>> {
+    let (Some(budget), Some(o)) = (options.mem_budget, &options.sparsity) else { return Ok(None) };
+    let f = fixed(c, options)?;
+    let ring = (crate::placement::MAX_SLOTS * crate::placement::CHUNK_BYTES) as u64;
+    let rest: u64 =
+        layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo]).chain([output]).map(|l| l.weight_bytes() as u64).sum();
+    let room = budget.saturating_sub(f.session + f.work + ring);
+    let ffn = match o.ffn_budget_bytes {
+        Some(b) => b as u64,
+        None => room.saturating_sub(rest).max(room * 2 / 5),
+    };
+    if ffn >= budget {
+        return Err(Error::InvalidArgument(format!(
+            "the FFN budget ({:.1} MB, --ffn-budget-mb) leaves nothing of the memory budget ({:.1} MB, \
+             --mem-budget-mb) for the rest of the model",
+            ffn as f64 / 1e6,
+            budget as f64 / 1e6
+        )));
+    }
+    let mut o = o.clone();
+    o.ffn_budget_bytes = Some(ffn as usize);
+    Ok(Some((o, budget - ffn)))
 }
 
 impl Model {
@@ -71,16 +113,10 @@ impl Model {
         c: &ModelConfig,
         options: &ModelOptions,
         budget: u64,
+        ffn_in_bundle: bool,
     ) -> Result<MemoryPlan> {
-        if options.sparsity.is_some() {
-            return Err(Error::InvalidArgument(
-                "--mem-budget-mb / [memory] budget_mb with a sparse FFN is not built yet: use --ffn-budget-mb for \
-                 the sparse FFN, or run dense under the memory budget"
-                    .into(),
-            ));
-        }
         let fixed = fixed(c, options)?;
-        let mut linears = forward_order(weights);
+        let mut linears = forward_order(weights, ffn_in_bundle);
         let mut matrices = Vec::with_capacity(linears.len());
         for l in &linears {
             let rows = l.desc.rows;
