@@ -4,12 +4,13 @@
 //! The budget covers the weights, the session's KV cache and work buffers
 //! and the read-ahead ring; the process's code is outside it. Dense decode
 //! reads every byte of every matrix once per token, so the bytes read from
-//! storage per token are the bytes not resident, whichever matrices those
-//! are: the plan keeps as many resident as fit and spreads the streamed
-//! ones evenly through the forward order (so the I/O thread reads while the
-//! compute works on resident ones). Large matrices are streamed in chunks
-//! of whole rows (multiples of 64 rows, so every row is computed by the
-//! same tile code as in the whole-matrix product), which bounds the ring.
+//! storage per token are the bytes not resident, whichever those are. Each
+//! matrix is cut into chunks of whole rows (multiples of 64 rows, so every
+//! row is computed by the same tile code as in the whole-matrix product;
+//! at most [`CHUNK_BYTES`], which bounds the ring); the plan keeps as many
+//! chunks resident as fit and spreads the streamed ones evenly through the
+//! forward order (so the I/O threads read while the compute works on
+//! resident ones).
 //! The token embedding is never streamed whole: a token reads its one row.
 
 use std::ops::Range;
@@ -48,11 +49,16 @@ pub struct Fixed {
     pub work: u64,
 }
 
-/// The plan: per matrix (forward order) resident or streamed in row chunks.
+/// A chunk of a matrix's rows and whether it is resident.
+pub type RowChunk = (Range<usize>, bool);
+
+/// The plan: per matrix (forward order) resident, or in row chunks each
+/// resident or streamed.
 #[derive(Clone, Debug)]
 pub struct Placement {
-    /// Per matrix: `None` resident, or its streamed row chunks.
-    pub streamed: Vec<Option<Vec<Range<usize>>>>,
+    /// Per matrix: `None` wholly resident, or its row chunks, each resident
+    /// (`true`) or streamed (at least one streamed).
+    pub streamed: Vec<Option<Vec<RowChunk>>>,
     /// Ring buffers of the read-ahead (0 when nothing streams).
     pub slots: usize,
     /// Bytes of the resident matrices.
@@ -128,32 +134,36 @@ pub fn plan(budget: u64, fixed: Fixed, matrices: &[Matrix]) -> Result<Placement>
     let slots = (2 + (spare / 4 / max_chunk.max(1)) as usize).min(MAX_SLOTS);
     let ring = slots as u64 * max_chunk;
     let room = budget.saturating_sub(base + ring);
-    // Spread: resident while the running credit of `room / total` of each
-    // matrix's bytes covers it (Bresenham over the forward order).
+    // Spread over the chunks in forward order: resident while the running
+    // credit of `room / total` of each chunk's bytes covers it (Bresenham),
+    // then fill what is left (a large chunk can leave credit unused).
     let share = room as f64 / total.max(1) as f64;
     let mut credit = 0.0f64;
     let mut resident_bytes = 0u64;
-    let mut streamed = Vec::with_capacity(matrices.len());
-    for (m, cs) in matrices.iter().zip(chunked) {
-        let b = m.bytes() as u64;
-        credit += share * b as f64;
-        if credit >= b as f64 && resident_bytes + b <= room {
-            credit -= b as f64;
-            resident_bytes += b;
-            streamed.push(None);
-        } else {
-            streamed.push(Some(cs));
+    let mut units: Vec<Vec<(Range<usize>, bool)>> =
+        chunked.into_iter().map(|cs| cs.into_iter().map(|c| (c, false)).collect()).collect();
+    for (m, cs) in matrices.iter().zip(units.iter_mut()) {
+        for (r, keep) in cs.iter_mut() {
+            let b = (r.len() * m.row_bytes) as u64;
+            credit += share * b as f64;
+            if credit >= b as f64 && resident_bytes + b <= room {
+                credit -= b as f64;
+                resident_bytes += b;
+                *keep = true;
+            }
         }
     }
-    // What the spread left over (a large matrix near the end can leave a
-    // credit it could not use): fill it with streamed matrices that fit.
-    for (m, st) in matrices.iter().zip(streamed.iter_mut()) {
-        let b = m.bytes() as u64;
-        if st.is_some() && resident_bytes + b <= room {
-            resident_bytes += b;
-            *st = None;
+    for (m, cs) in matrices.iter().zip(units.iter_mut()) {
+        for (r, keep) in cs.iter_mut() {
+            let b = (r.len() * m.row_bytes) as u64;
+            if !*keep && resident_bytes + b <= room {
+                resident_bytes += b;
+                *keep = true;
+            }
         }
     }
+    let streamed: Vec<_> =
+        units.into_iter().map(|cs| if cs.iter().all(|&(_, keep)| keep) { None } else { Some(cs) }).collect();
     Ok(Placement {
         streamed,
         slots,
@@ -197,10 +207,23 @@ mod tests {
         let used = p.fixed.session + p.fixed.work + p.ring_bytes + p.resident_bytes;
         assert!(used <= budget, "{used} > {budget}");
         assert_eq!(p.resident_bytes + p.streamed_bytes, 12 * 64_000);
-        // No two resident matrices in a row while others stream: spread.
+        // No three resident matrices in a row while others stream: spread.
         let resident: Vec<bool> = p.streamed.iter().map(Option::is_none).collect();
         assert!(resident.iter().any(|&r| r) && resident.iter().any(|&r| !r), "{resident:?}");
         assert!(resident.windows(3).all(|w| !(w[0] && w[1] && w[2])), "{resident:?}");
+    }
+
+    #[test]
+    fn a_large_matrix_is_part_resident_chunk_by_chunk() {
+        // One 4 MiB matrix (four 1 MiB chunks), a 2 MiB ring and room for
+        // one and a half chunks.
+        let big = m(4 * 1024, 1024);
+        let budget = 2_000 + 2 * (1 << 20) + 3 * (1 << 19);
+        let p = plan(budget, FIXED, &[big]).unwrap();
+        let cs = p.streamed[0].as_ref().expect("partly streamed");
+        let kept = cs.iter().filter(|&&(_, keep)| keep).count();
+        assert!((1..cs.len()).contains(&kept), "{cs:?}");
+        assert_eq!(p.resident_bytes, kept as u64 * (1 << 20));
     }
 
     #[test]

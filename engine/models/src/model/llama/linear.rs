@@ -40,8 +40,8 @@ pub struct Linear {
     /// Feed activations as two 8-bit planes (see [`Precision::Fast`]).
     two_planes: bool,
     /// Under a memory budget, a matrix read from storage per step: its row
-    /// chunks and their items in the session streamer's cycle.
-    pub(crate) streamed: Option<Vec<(Range<usize>, usize)>>,
+    /// chunks, each resident or an item of the session streamer's cycle.
+    pub(crate) streamed: Option<Vec<(Range<usize>, Chunk)>>,
 }
 
 /// One matmul call on `(x, n tokens, out, kernel scratch)`, the weights
@@ -158,7 +158,7 @@ impl Linear {
     fn forward_streamed(
         &self,
         pool: &ThreadPool,
-        chunks: &[(Range<usize>, usize)],
+        chunks: &[(Range<usize>, Chunk)],
         x: &[f32],
         n: usize,
         out: &mut [f32],
@@ -180,7 +180,7 @@ impl Linear {
         &self,
         pool: &ThreadPool,
         stream: &Streamer,
-        chunks: &[(Range<usize>, usize)],
+        chunks: &[(Range<usize>, Chunk)],
         x: &[f32],
         n: usize,
         out: &mut [f32],
@@ -189,9 +189,16 @@ impl Linear {
         let kernel = if self.dense.provider() == BUILTIN { self.dense.active() } else { &*self.compact };
         let rows = self.desc.rows;
         let mut part = std::mem::take(&mut scratch.chunk_out);
-        for (range, item) in chunks {
-            let bytes = stream.acquire(*item)?;
-            let w = bytes.bytes();
+        for (range, chunk) in chunks {
+            let held = match chunk {
+                Chunk::Streamed(item) => Some(stream.acquire(*item)?),
+                Chunk::Resident(_) => None,
+            };
+            let w: &[u8] = match (chunk, &held) {
+                (_, Some(h)) => h.bytes(),
+                (Chunk::Resident(b), None) => b,
+                (Chunk::Streamed(_), None) => &[],
+            };
             let run = |x: &[f32], n: usize, out: &mut [f32], scratch: &mut Vec<u8>| {
                 kernel
                     .run(pool, MatmulCall::dense(w, x, n, out, scratch))
@@ -207,7 +214,9 @@ impl Linear {
                     out[t * rows + range.start..t * rows + range.end].copy_from_slice(p);
                 }
             }
-            stream.release(bytes);
+            if let Some(h) = held {
+                stream.release(h);
+            }
         }
         scratch.chunk_out = part;
         Ok(())
@@ -375,6 +384,14 @@ impl Linear {
     pub fn weight_bytes(&self) -> usize {
         self.w.bytes().len()
     }
+}
+
+/// Where a chunk of a streamed matrix's rows comes from.
+pub(crate) enum Chunk {
+    /// Copied into memory at load.
+    Resident(Arc<[u8]>),
+    /// Read from storage every step: this item of the streamer's cycle.
+    Streamed(usize),
 }
 
 /// Rows gathered beforehand for [`Linear::forward_gathered`]: `rows` holds

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use spinfer_formats::config::ModelConfig;
 use spinfer_formats::tensor::{TensorData, release_pages};
 
+use super::linear::Chunk;
 use super::{Linear, Model, ModelOptions, Session, Weights, session_bytes};
 use crate::placement::{Fixed, Matrix, Placement, plan};
 use crate::stream::{Item, StreamStats, Streamer, drop_cached};
@@ -138,14 +139,19 @@ impl Model {
             };
             let what: Arc<str> = Arc::from(l.name.as_str());
             let mut bound = Vec::with_capacity(chunks.len());
-            for r in chunks {
+            for (r, keep) in chunks {
+                let bytes = r.start * m.row_bytes..r.end * m.row_bytes;
+                if *keep {
+                    bound.push((r.clone(), Chunk::Resident(copy_released(&l.w.bytes()[bytes]))));
+                    continue;
+                }
                 let item = Item {
                     file: Arc::clone(&file),
                     what: Arc::clone(&what),
-                    offset: start + (r.start * m.row_bytes) as u64,
-                    len: r.len() * m.row_bytes,
+                    offset: start + bytes.start as u64,
+                    len: bytes.len(),
                 };
-                bound.push((r.clone(), items.len()));
+                bound.push((r.clone(), Chunk::Streamed(items.len())));
                 items.push(item);
             }
             release(&l.w);
@@ -215,6 +221,18 @@ impl Session {
             s.reset_stats();
         }
     }
+}
+
+/// A copy of `bytes` (a window of a read-only file mapping) in memory,
+/// each megabyte's mapped pages released once copied.
+fn copy_released(bytes: &[u8]) -> Arc<[u8]> {
+    let mut out = Vec::with_capacity(bytes.len());
+    for part in bytes.chunks(1 << 20) {
+        out.extend_from_slice(part);
+        // SAFETY: `part` lies inside a read-only file mapping.
+        unsafe { release_pages(part) };
+    }
+    out.into()
 }
 
 /// Copies `l`'s weights to memory and releases its file pages.
