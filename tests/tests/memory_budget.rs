@@ -7,8 +7,10 @@ use std::path::Path;
 
 use spinfer_engine::Engine;
 use spinfer_engine::generate::GenerateParams;
+use spinfer_engine::head::{HeadBuildOptions, HeadCalibration, HeadIndex};
 use spinfer_engine::model::{ModelOptions, Precision};
-use spinfer_tests::{gemma3, reference, smollm2};
+use spinfer_engine::registry::KernelRegistry;
+use spinfer_tests::{data, gemma3, reference, smollm2};
 
 fn load(path: &Path, precision: Precision, mem_budget: Option<u64>) -> Engine {
     Engine::load(path, ModelOptions { precision, ctx: 128, threads: 2, sparsity: None, mem_budget }).unwrap()
@@ -66,6 +68,42 @@ fn gemma3_under_a_budget_gives_the_unbudgeted_logits_and_text() {
     let Some(path) = gemma3() else { return };
     let prompt = &spinfer_tests::gemma3_reference().prompts[0].input_ids;
     identical_under_budgets(&path, prompt, &[120]);
+}
+
+/// With the sparse output head, the dense head leaves the streamed cycle;
+/// next-token logits and greedy tokens are still the unbudgeted engine's
+/// (with the same sparse head).
+#[test]
+fn the_sparse_head_under_a_budget_gives_the_unbudgeted_logits() {
+    let Some(path) = smollm2() else { return };
+    let mut plain = load(&path, Precision::Fast, None);
+    let text = String::from_utf8_lossy(&std::fs::read(data("wikitext-2-raw/wiki.test.raw")).unwrap()[300_000..])
+        .replace("\r\n", "\n");
+    let tokens = plain.tokenizer.encode(&text, false).unwrap();
+    let mut s = plain.new_session();
+    let calib = HeadCalibration::from_tokens(&plain.model, &mut s, &tokens, 2048, 1024).unwrap();
+    let o = HeadBuildOptions { cluster_rows: 16, iters: 2, ..HeadBuildOptions::default() };
+    let idx = HeadIndex::build(&plain.model, s.pool(), &o, &calib, &mut |_, _| {}).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("smol.spinfer-head");
+    idx.save(&file).unwrap();
+    let want_model = HeadIndex::model_of(&plain.model);
+    let registry = KernelRegistry::builtin();
+    plain.model.set_sparse_head(Some(idx), 64, &registry).unwrap();
+    let mut budgeted = load(&path, Precision::Fast, Some(30_000_000));
+    let before = budgeted.model.memory.as_ref().unwrap().streamed_bytes();
+    budgeted.model.set_sparse_head(Some(HeadIndex::load(&file, &want_model).unwrap()), 64, &registry).unwrap();
+    let after = budgeted.model.memory.as_ref().unwrap().streamed_bytes();
+    assert!(after < before, "the dense head is no longer streamed: {before} -> {after} bytes per step");
+    let prompt = &reference().prompts[0].input_ids;
+    let (want, got) = (run(&plain, prompt), run(&budgeted, prompt));
+    assert_eq!(got.1, want.1, "greedy tokens differ");
+    let next = |e: &Engine| {
+        let mut s = e.model.new_session();
+        e.model.forward(&mut s, prompt).unwrap();
+        e.model.next_token_logits(&mut s).unwrap().to_vec()
+    };
+    assert!(next(&plain) == next(&budgeted), "sparse-head logits differ under the budget");
 }
 
 /// The engine's metrics sum what its requests read from storage.

@@ -710,12 +710,12 @@ impl Model {
         probes: usize,
         registry: &KernelRegistry,
     ) -> Result<()> {
-        if index.is_some() && self.memory.is_some() {
-            return Err(Error::InvalidArgument(
-                "the sparse output head under --mem-budget-mb / [memory] budget_mb is not built yet (it keeps its \
-                 own copy of the head in memory): use the dense head with a memory budget"
-                    .into(),
-            ));
+        // Under a memory budget the dense head leaves the streamed cycle:
+        // next-token logits come from the sparse head.
+        if index.is_some()
+            && let Some(plan) = &mut self.memory
+        {
+            plan.drop_output(&mut self.weights.output);
         }
         self.head = index
             .map(|i| SparseHead::new(&self.config, &self.weights.output, i, probes, registry, self.options.precision))

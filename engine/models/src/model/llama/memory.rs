@@ -35,6 +35,35 @@ impl MemoryPlan {
     pub fn streamed_bytes(&self) -> u64 {
         self.placement.streamed_bytes
     }
+
+    /// Takes the dense head `output` (last in the forward order, so its
+    /// streamed items end the cycle) out of the streamed cycle, for a sparse
+    /// head that computes next-token logits from its own rows: its resident
+    /// chunks are freed and it is no longer read per step. Dense logits
+    /// (`Model::logits`, perplexity) then read it through the file mapping,
+    /// outside the budget.
+    pub(super) fn drop_output(&mut self, output: &mut Linear) {
+        let Some(chunks) = output.streamed.take() else { return };
+        let row_bytes = output.weight_bytes() / output.desc.rows.max(1);
+        let mut first = None;
+        for (r, c) in &chunks {
+            let bytes = (r.len() * row_bytes) as u64;
+            match c {
+                Chunk::Streamed(i) => {
+                    first = Some(first.map_or(*i, |f: usize| f.min(*i)));
+                    self.placement.streamed_bytes -= bytes;
+                }
+                Chunk::Resident(_) => self.placement.resident_bytes -= bytes,
+            }
+        }
+        if let Some(f) = first {
+            self.items = self.items[..f].to_vec().into();
+        }
+        if let Some(last) = self.placement.streamed.last_mut() {
+            *last = None;
+        }
+        tracing::info!(streamed_per_step = self.placement.streamed_bytes, "the dense head leaves the streamed cycle");
+    }
 }
 
 /// What one session needs besides the weights, under a budget: the KV cache
