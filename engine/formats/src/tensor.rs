@@ -53,14 +53,24 @@ impl TensorData {
         TensorData(Repr::Owned(bytes.into()))
     }
 
-    /// A copy of these bytes in memory (one allocation). From a file
-    /// mapping, the copy goes in pieces and each piece's pages are released
-    /// once copied, so the copy never holds the mapped pages and the copied
-    /// ones at the same time (what a memory budget counts).
-    pub fn to_owned_released(&self) -> Self {
-        let src = self.bytes();
+    /// Bytes already shared in memory.
+    pub fn shared(bytes: Arc<[u8]>) -> Self {
+        TensorData(Repr::Owned(bytes))
+    }
+
+    /// A copy of `self.bytes()[range]` in memory (one allocation). From a
+    /// file mapping, the copy goes in pieces and each piece's pages are
+    /// released once copied, so the copy never holds the mapped pages and
+    /// the copied ones at the same time (what a memory budget counts).
+    ///
+    /// # Panics
+    ///
+    /// If `range` is not inside the bytes.
+    pub fn copy_released(&self, range: std::ops::Range<usize>) -> Arc<[u8]> {
+        let src = &self.bytes()[range];
         let mut dst = Arc::<[u8]>::new_uninit_slice(src.len());
-        let slots = Arc::get_mut(&mut dst).expect("a fresh Arc is unique");
+        // A fresh Arc is unique; were it not, the plain copy below serves.
+        let Some(slots) = Arc::get_mut(&mut dst) else { return Arc::from(src) };
         for (d, s) in slots.chunks_mut(1 << 20).zip(src.chunks(1 << 20)) {
             for (a, &b) in d.iter_mut().zip(s) {
                 a.write(b);
@@ -71,7 +81,7 @@ impl TensorData {
             }
         }
         // SAFETY: every byte was written above (the chunks cover `src`).
-        TensorData(Repr::Owned(unsafe { dst.assume_init() }))
+        unsafe { dst.assume_init() }
     }
 
     pub fn bytes(&self) -> &[u8] {

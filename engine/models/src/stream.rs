@@ -227,8 +227,7 @@ impl Streamer {
     }
 
     /// Gives back the item acquired last; its buffer takes a later read.
-    pub fn release(&self, bytes: ItemBytes) {
-        let ItemBytes { .. } = bytes;
+    pub fn release(&self, _bytes: ItemBytes) {
         let sh = &*self.shared;
         let k = sh.bufs.len() as u64;
         let mut st = sh.lock();

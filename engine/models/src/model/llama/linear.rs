@@ -61,8 +61,9 @@ pub(crate) struct Scratch {
     pub(crate) gathered: Vec<u8>,
     /// A streamed chunk's output for several tokens (n, chunk rows).
     pub(crate) chunk_out: Vec<f32>,
-    /// The session's weight streamer, under a memory budget.
-    pub(crate) stream: Option<Streamer>,
+    /// The session's weight streamer, under a memory budget (shared so a
+    /// product can hold it while it lends the rest of the scratch out).
+    pub(crate) stream: Option<Arc<Streamer>>,
 }
 
 impl Linear {
@@ -164,40 +165,20 @@ impl Linear {
         out: &mut [f32],
         scratch: &mut Scratch,
     ) -> Result<()> {
-        let Some(stream) = scratch.stream.take() else {
+        let Some(stream) = scratch.stream.clone() else {
             return Err(Error::InvalidArgument(format!(
                 "{}: the matrix is streamed under the memory budget, but this call has no session streamer",
                 self.name
             )));
         };
-        let r = self.run_chunks(pool, &stream, chunks, x, n, out, scratch);
-        scratch.stream = Some(stream);
-        r
-    }
-
-    #[allow(clippy::too_many_arguments, reason = "forward_streamed's call plus the streamer taken out of the scratch")]
-    fn run_chunks(
-        &self,
-        pool: &ThreadPool,
-        stream: &Streamer,
-        chunks: &[(Range<usize>, Chunk)],
-        x: &[f32],
-        n: usize,
-        out: &mut [f32],
-        scratch: &mut Scratch,
-    ) -> Result<()> {
         let kernel = if self.dense.provider() == BUILTIN { self.dense.active() } else { &*self.compact };
         let rows = self.desc.rows;
         let mut part = std::mem::take(&mut scratch.chunk_out);
-        for (range, chunk) in chunks {
-            let held = match chunk {
-                Chunk::Streamed(item) => Some(stream.acquire(*item)?),
-                Chunk::Resident(_) => None,
-            };
-            let w: &[u8] = match (chunk, &held) {
-                (_, Some(h)) => h.bytes(),
-                (Chunk::Resident(b), None) => b,
-                (Chunk::Streamed(_), None) => &[],
+        let mut each = |range: &Range<usize>, chunk: &Chunk| -> Result<()> {
+            let mut held = None;
+            let w: &[u8] = match chunk {
+                Chunk::Resident(b) => b,
+                Chunk::Streamed(item) => held.insert(stream.acquire(*item)?).bytes(),
             };
             let run = |x: &[f32], n: usize, out: &mut [f32], scratch: &mut Vec<u8>| {
                 kernel
@@ -217,9 +198,11 @@ impl Linear {
             if let Some(h) = held {
                 stream.release(h);
             }
-        }
+            Ok(())
+        };
+        let r = chunks.iter().try_for_each(|(range, chunk)| each(range, chunk));
         scratch.chunk_out = part;
-        Ok(())
+        r
     }
 
     /// The gathered-row product: `out[t, k] = W[idx[k], :] · x[t, :] (+ b)`,

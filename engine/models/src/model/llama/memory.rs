@@ -171,7 +171,7 @@ impl Model {
             for (r, keep) in chunks {
                 let bytes = r.start * m.row_bytes..r.end * m.row_bytes;
                 if *keep {
-                    bound.push((r.clone(), Chunk::Resident(copy_released(&l.w.bytes()[bytes]))));
+                    bound.push((r.clone(), Chunk::Resident(l.w.copy_released(bytes))));
                     continue;
                 }
                 let item = Item {
@@ -209,10 +209,10 @@ impl Model {
     /// The streamer a new session needs, if any matrix is streamed (`None`
     /// with an error logged if it cannot start: the first streamed product
     /// then fails with a clear error).
-    pub(super) fn new_streamer(&self) -> Option<Streamer> {
+    pub(super) fn new_streamer(&self) -> Option<Arc<Streamer>> {
         let plan = self.memory.as_ref().filter(|m| !m.items.is_empty())?;
         match Streamer::new(Arc::clone(&plan.items), plan.placement.slots) {
-            Ok(s) => Some(s),
+            Ok(s) => Some(Arc::new(s)),
             Err(e) => {
                 tracing::error!("cannot start the weight streamer: {e}");
                 None
@@ -241,7 +241,7 @@ impl Session {
     /// Counters of the weights streamed from storage (`None` when the model
     /// runs without a memory budget, or all of it fits).
     pub fn stream_stats(&self) -> Option<StreamStats> {
-        self.scratch.stream.as_ref().map(Streamer::stats)
+        self.scratch.stream.as_deref().map(Streamer::stats)
     }
 
     /// Zeroes the streaming counters.
@@ -252,24 +252,12 @@ impl Session {
     }
 }
 
-/// A copy of `bytes` (a window of a read-only file mapping) in memory,
-/// each megabyte's mapped pages released once copied.
-fn copy_released(bytes: &[u8]) -> Arc<[u8]> {
-    let mut out = Vec::with_capacity(bytes.len());
-    for part in bytes.chunks(1 << 20) {
-        out.extend_from_slice(part);
-        // SAFETY: `part` lies inside a read-only file mapping.
-        unsafe { release_pages(part) };
-    }
-    out.into()
-}
-
 /// Copies `l`'s weights to memory and releases its file pages.
 fn make_resident(l: &mut Linear) {
     if !l.w.is_mapped() {
         return;
     }
-    let copy = l.w.to_owned_released();
+    let copy = TensorData::shared(l.w.copy_released(0..l.w.bytes().len()));
     release(&l.w);
     l.w = copy;
 }
