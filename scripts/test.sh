@@ -9,6 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-models.sh
+# The official OpenAI client, which the server tests talk to spinfer serve with.
+python3 -c 'import openai' 2>/dev/null ||
+    python3 -m pip install --quiet --disable-pip-version-check 'openai==3.57.0'
 # Installs the wasm32 target when it is missing.
 kernels-wasm/build.sh target/wasm-packs/spinfer_kernels_wasm.wasm
 cargo fmt --all -- --check

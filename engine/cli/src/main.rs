@@ -14,6 +14,7 @@ mod kernels;
 mod pack;
 mod paired;
 mod report;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -56,6 +57,8 @@ enum Command {
     EvalSts(embed::EvalStsArgs),
     /// Fit sparse-FFN thresholds for a sentence-embedding model on real text (JSON sidecar).
     CalibrateEmbed(embed::CalibrateEmbedArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (continuous batching).
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -71,6 +74,7 @@ fn main() -> ExitCode {
         Command::Embed(a) => a.common.quiet,
         Command::EvalSts(a) => a.common.quiet || a.json,
         Command::CalibrateEmbed(a) => a.common.quiet,
+        Command::Serve(a) => a.quiet,
         Command::Inspect(_) | Command::Convert(_) | Command::Pack(_) => false,
     };
     init_logging(quiet);
@@ -89,6 +93,7 @@ fn main() -> ExitCode {
         Command::Embed(a) => embed::embed(a),
         Command::EvalSts(a) => embed::eval_sts(a),
         Command::CalibrateEmbed(a) => embed::calibrate_embed(a),
+        Command::Serve(a) => serve::serve(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

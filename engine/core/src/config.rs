@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::model::{ModelOptions, Precision};
+pub use crate::server_config::ServerSection;
 use crate::{Error, Result};
 use spinfer_sparsity::cache::CachePolicyKind;
 use spinfer_sparsity::{PredictorKind, SparsityOptions};
@@ -35,6 +36,9 @@ pub struct Config {
     /// One memory budget for weights, KV cache and work buffers; absent:
     /// the model file is mapped whole.
     pub memory: Option<MemorySection>,
+    /// `spinfer serve`'s listener, scheduling and guards.
+    #[serde(default)]
+    pub server: ServerSection,
 }
 
 /// `[memory]`: decode within a memory budget.
@@ -185,6 +189,9 @@ impl Config {
         if let Some(p) = c.head.as_mut().and_then(|h| h.index.as_mut()) {
             abs(p);
         }
+        if let Some(p) = c.server.api_keys_file.as_mut() {
+            abs(p);
+        }
         Ok(c)
     }
 
@@ -237,6 +244,7 @@ impl Config {
                 return Err("head.probes must be at least 1".into());
             }
         }
+        self.server.validate()?;
         let w = &self.wasm;
         for (key, v, max) in [
             ("max_memory_mb", w.max_memory_mb, MAX_WASM_MEMORY_MB),

@@ -60,6 +60,9 @@ pub use spinfer_packs::PackStatus;
 pub struct Engine {
     pub model: Model,
     pub tokenizer: Tokenizer,
+    /// The model's chat template (Jinja): GGUF `tokenizer.chat_template`,
+    /// or `chat_template` of a checkpoint's `tokenizer_config.json`.
+    chat_template: Option<String>,
     path: PathBuf,
     file_size: usize,
     /// Cumulative counters of the requests served (see [`Engine::metrics`]).
@@ -105,23 +108,26 @@ impl Engine {
             ));
         }
         // Weights first: a malformed model is reported before its tokenizer.
-        let (loader, model, tokenizer) = if let Some(pack) = pack_loader_for(path, loaders) {
+        let (loader, model, tokenizer, chat_template) = if let Some(pack) = pack_loader_for(path, loaders) {
             tracing::info!(path = %path.display(), loader = pack.name(), "opening the model with a pack's loader");
             let m = pack.open(path)?;
             let model = Model::load(&m, registry, options)?;
             let tok = Tokenizer::from_json_file(&path.join("tokenizer.json"))?;
-            (Box::new(m) as Box<dyn Loader>, model, tok)
+            let template = chat_template_of_dir(path)?;
+            (Box::new(m) as Box<dyn Loader>, model, tok, template)
         } else if is_safetensors(path) {
             let st = SafetensorsModel::open(path)?;
             let model = Model::load(&st, registry, options)?;
             let dir = if path.is_dir() { path } else { path.parent().unwrap_or(Path::new(".")) };
             let tok = Tokenizer::from_json_file(&dir.join("tokenizer.json"))?;
-            (Box::new(st) as Box<dyn Loader>, model, tok)
+            let template = chat_template_of_dir(dir)?;
+            (Box::new(st) as Box<dyn Loader>, model, tok, template)
         } else {
             let g = GgufFile::open(path)?;
             let model = Model::load(&g, registry, options)?;
             let tok = Tokenizer::from_gguf(&g)?;
-            (Box::new(g) as Box<dyn Loader>, model, tok)
+            let template = g.get("tokenizer.chat_template").and_then(|v| v.as_str()).map(str::to_string);
+            (Box::new(g) as Box<dyn Loader>, model, tok, template)
         };
         if tokenizer.vocab_size() > model.config.vocab_size {
             return Err(Error::Tokenizer(format!(
@@ -134,6 +140,7 @@ impl Engine {
         Ok(Self {
             model,
             tokenizer,
+            chat_template,
             path: path.to_path_buf(),
             file_size: loader.file_size(),
             counters: Mutex::new(Counters::default()),
@@ -163,6 +170,11 @@ impl Engine {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The model's chat template (Jinja source), if it ships one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
     }
 
     /// Bytes of the model's weight files.
@@ -551,6 +563,23 @@ fn pack_loader_for<'a>(path: &Path, loaders: &'a [PackLoader]) -> Option<&'a Pac
 }
 
 /// A directory or a `.safetensors` file is read as a safetensors checkpoint.
+/// Largest `tokenizer_config.json` read for its chat template.
+const MAX_TOKENIZER_CONFIG: u64 = 16 << 20;
+
+/// `chat_template` of `dir/tokenizer_config.json`, if the file exists and
+/// has one (a string; the list form of older checkpoints is not read).
+fn chat_template_of_dir(dir: &Path) -> Result<Option<String>> {
+    let path = dir.join("tokenizer_config.json");
+    let Ok(meta) = std::fs::metadata(&path) else { return Ok(None) };
+    if meta.len() > MAX_TOKENIZER_CONFIG {
+        return Err(Error::format(&path, format!("{} bytes: larger than {MAX_TOKENIZER_CONFIG}", meta.len())));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::format(&path, format!("invalid JSON: {e}")))?;
+    Ok(v.get("chat_template").and_then(|t| t.as_str()).map(str::to_string))
+}
+
 pub fn is_safetensors(path: &Path) -> bool {
     path.is_dir() || path.extension().is_some_and(|e| e == "safetensors")
 }

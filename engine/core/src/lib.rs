@@ -6,6 +6,7 @@ mod error;
 pub mod inspect;
 pub mod metrics;
 pub mod provider;
+mod server_config;
 pub mod model {
     //! The models: the Llama family (`spinfer-models`) and BERT
     //! (`spinfer-embed`).

@@ -36,6 +36,14 @@ pub enum Error {
     Sparsity(#[from] spinfer_sparsity::Error),
 }
 
+impl From<spinfer_storage::Error> for Error {
+    fn from(e: spinfer_storage::Error) -> Self {
+        match e {
+            spinfer_storage::Error::InvalidArgument(m) => Error::InvalidArgument(m),
+        }
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {

@@ -141,16 +141,9 @@ pub fn generate_with(
 ) -> Result<Generation> {
     let mut timings = Timings::default();
     let t0 = Instant::now();
-    let add_bos = params.add_bos.unwrap_or_else(|| tokenizer.add_bos_default());
-    let prompt_ids = tokenizer.encode(prompt, add_bos)?;
+    let prompt_ids = encode_prompt(tokenizer, prompt, params.add_bos, session.ctx())?;
     timings.tokenize = t0.elapsed();
-    if prompt_ids.is_empty() {
-        return Err(Error::InvalidArgument("the prompt is empty (no tokens to condition on)".into()));
-    }
-    if prompt_ids.len() > session.ctx() {
-        return Err(Error::ContextOverflow { needed: prompt_ids.len(), ctx: session.ctx() });
-    }
-    let mut sampler = Sampler::new(params.sampler.clone())?;
+    let mut cont = Continuation::new(tokenizer, params, &prompt_ids)?;
     session.reset();
 
     // Prefill: the whole prompt as one batch.
@@ -159,61 +152,141 @@ pub fn generate_with(
     let mut logits = session.next_token_logits()?.to_vec();
     timings.prefill = t.elapsed();
 
-    let mut history = prompt_ids.clone();
-    let mut out = StopWatcher::new(&params.stop);
-    let mut decoder = StreamDecoder::new(tokenizer);
-    let mut tokens = Vec::new();
-    let mut stop_reason = StopReason::MaxTokens;
-    while tokens.len() < params.max_tokens {
+    loop {
         let ts = Instant::now();
-        let next = sampler.sample(&logits, &history);
+        let next = cont.next(&logits, session.pos(), session.ctx(), on_text)?;
         timings.sample += ts.elapsed();
-        if tokenizer.eog_ids().contains(&next) {
-            stop_reason = StopReason::EndOfGeneration;
-            break;
-        }
-        tokens.push(next);
-        history.push(next);
-        let piece = decoder.push(next)?;
-        match out.push(&piece, on_text) {
-            Some(reason) => {
-                stop_reason = reason;
-                break;
-            }
-            None if tokens.len() == params.max_tokens => break,
-            None => {}
-        }
-        if session.pos() >= session.ctx() {
-            stop_reason = StopReason::ContextFull;
-            break;
-        }
+        let Some(next) = next else { break };
         let ts = Instant::now();
         session.forward(&[next])?;
         logits.copy_from_slice(session.next_token_logits()?);
         timings.decode += ts.elapsed();
     }
-    if stop_reason != StopReason::StopString && stop_reason != StopReason::Cancelled {
-        let rest = decoder.finish();
-        if let Some(reason) = out.push(&rest, on_text) {
-            stop_reason = reason;
-        }
-        out.flush(on_text);
+    let (text, tokens, stop_reason) = cont.finish(on_text);
+    Ok(Generation { text, tokens, prompt_tokens: prompt_ids.len(), stop_reason, timings })
+}
+
+/// The prompt's token ids (BOS per `add_bos`, else the tokenizer's
+/// default), checked to be non-empty and to fit a context of `ctx`.
+pub fn encode_prompt(tokenizer: &Tokenizer, prompt: &str, add_bos: Option<bool>, ctx: usize) -> Result<Vec<u32>> {
+    let add_bos = add_bos.unwrap_or_else(|| tokenizer.add_bos_default());
+    let ids = tokenizer.encode(prompt, add_bos)?;
+    if ids.is_empty() {
+        return Err(Error::InvalidArgument("the prompt is empty (no tokens to condition on)".into()));
     }
-    Ok(Generation { text: out.text, tokens, prompt_tokens: prompt_ids.len(), stop_reason, timings })
+    if ids.len() > ctx {
+        return Err(Error::ContextOverflow { needed: ids.len(), ctx });
+    }
+    Ok(ids)
+}
+
+/// One request's side of the generation loop, apart from the model: it
+/// samples each next token from the logits it is given, turns tokens into
+/// text, watches for stop strings and the token budget. The loop above
+/// drives one with one session; a server drives many with one batched
+/// forward step ([`crate::model::Model::forward_batch`]).
+pub struct Continuation<'t> {
+    tokenizer: &'t Tokenizer,
+    sampler: Sampler,
+    history: Vec<u32>,
+    out: StopWatcher,
+    decoder: StreamDecoder<'t>,
+    tokens: Vec<u32>,
+    max_tokens: usize,
+    stop_reason: Option<StopReason>,
+}
+
+impl<'t> Continuation<'t> {
+    /// A continuation of `prompt_ids` with `params`' sampler, stop strings
+    /// and token budget.
+    pub fn new(tokenizer: &'t Tokenizer, params: &GenerateParams, prompt_ids: &[u32]) -> Result<Self> {
+        Ok(Self {
+            tokenizer,
+            sampler: Sampler::new(params.sampler.clone())?,
+            history: prompt_ids.to_vec(),
+            out: StopWatcher::new(params.stop.clone()),
+            decoder: StreamDecoder::new(tokenizer),
+            tokens: Vec::new(),
+            max_tokens: params.max_tokens,
+            stop_reason: (params.max_tokens == 0).then_some(StopReason::MaxTokens),
+        })
+    }
+
+    /// Chooses the next token from `logits` (those after the last token
+    /// run, the model's cache holding `pos` of `ctx` positions) and hands
+    /// the text that became final to `on_text`. `Some(token)`: run it and
+    /// call again with its logits; `None`: the continuation is over.
+    pub fn next(
+        &mut self,
+        logits: &[f32],
+        pos: usize,
+        ctx: usize,
+        on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<Option<u32>> {
+        if self.stop_reason.is_some() {
+            return Ok(None);
+        }
+        let next = self.sampler.sample(logits, &self.history);
+        if self.tokenizer.eog_ids().contains(&next) {
+            return Ok(self.stop(StopReason::EndOfGeneration));
+        }
+        self.tokens.push(next);
+        self.history.push(next);
+        let piece = self.decoder.push(next)?;
+        if let Some(reason) = self.out.push(&piece, on_text) {
+            return Ok(self.stop(reason));
+        }
+        if self.tokens.len() >= self.max_tokens {
+            return Ok(self.stop(StopReason::MaxTokens));
+        }
+        if pos >= ctx {
+            return Ok(self.stop(StopReason::ContextFull));
+        }
+        Ok(Some(next))
+    }
+
+    /// Ends the continuation early (a cancelled request).
+    pub fn cancel(&mut self) {
+        self.stop_reason.get_or_insert(StopReason::Cancelled);
+    }
+
+    fn stop(&mut self, reason: StopReason) -> Option<u32> {
+        self.stop_reason = Some(reason);
+        None
+    }
+
+    /// Tokens generated so far (an end-of-generation token excluded).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Flushes the text held back (unless a stop string or a cancel ended
+    /// it) and returns the whole text, the tokens and why it stopped.
+    pub fn finish(mut self, on_text: &mut dyn FnMut(&str) -> ControlFlow<()>) -> (String, Vec<u32>, StopReason) {
+        let mut reason = self.stop_reason.unwrap_or(StopReason::MaxTokens);
+        if reason != StopReason::StopString && reason != StopReason::Cancelled {
+            let rest = self.decoder.finish();
+            if let Some(r) = self.out.push(&rest, on_text) {
+                reason = r;
+            }
+            self.out.flush(on_text);
+        }
+        (self.out.text, self.tokens, reason)
+    }
 }
 
 /// Accumulates generated text, holding back the tail that could still turn
 /// into a stop string, so streamed text never contains one.
-struct StopWatcher<'a> {
-    stops: &'a [String],
+struct StopWatcher {
+    stops: Vec<String>,
     text: String,
     /// Bytes of `text` already handed to the callback.
     emitted: usize,
     hold: usize,
 }
 
-impl<'a> StopWatcher<'a> {
-    fn new(stops: &'a [String]) -> Self {
+impl StopWatcher {
+    fn new(stops: Vec<String>) -> Self {
         let hold = stops.iter().map(|s| s.len()).max().unwrap_or(0).saturating_sub(1);
         Self { stops, text: String::new(), emitted: 0, hold }
     }
@@ -259,8 +332,7 @@ mod tests {
     use super::*;
 
     fn run(stops: &[&str], pieces: &[&str]) -> (String, String, Option<StopReason>) {
-        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
-        let mut w = StopWatcher::new(&stops);
+        let mut w = StopWatcher::new(stops.iter().map(|s| s.to_string()).collect());
         let mut streamed = String::new();
         let mut reason = None;
         for p in pieces {

@@ -11,9 +11,8 @@ pub mod generate;
 pub mod head;
 pub mod model;
 pub mod perplexity;
-pub mod placement;
 pub mod sampling;
-pub mod stream;
 
 pub use error::{Error, Result};
 pub use model::{Model, ModelOptions, Precision, Session};
+pub use spinfer_storage::{placement, stream};

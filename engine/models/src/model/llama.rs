@@ -8,8 +8,6 @@
 //! / `llm_build_gemma3`.
 
 use spinfer_kernels::dequant::dequantize_row;
-use spinfer_kernels::pool::SyncPtr;
-use spinfer_kernels::pool::{ThreadPool, chunk};
 
 use super::config::{FfnAct, ModelConfig, RopeStyle};
 use super::math::{self, RopeTable};
@@ -21,19 +19,25 @@ use spinfer_formats::loader::Loader;
 use spinfer_formats::tensor::TensorView;
 use spinfer_kernel_select::registry::KernelRegistry;
 use spinfer_plugin_api::PredictorSpec;
-use spinfer_sparsity::{self as sparse, ModelId, SparseFfn, SparsityOptions, SparsityStats};
+use spinfer_sparsity::{self as sparse, ModelId, SparseFfn, SparsityOptions};
 
+mod batch;
 mod experimental;
+mod kv;
 mod linear;
 mod memory;
 #[cfg(test)]
 mod pack_fallback_tests;
+mod session;
 mod sparse_attn;
 mod sparse_ffn;
 
+pub use kv::KvCache;
+use kv::RowPos;
 pub use linear::Linear;
 pub(crate) use linear::{GatheredRows, Scratch, grow};
 pub use memory::{BUDGET_STEP, MemoryPlan};
+pub use session::Session;
 
 /// Most tokens one pass through the layers takes in a model with local
 /// attention: a longer [`Model::forward`] runs in steps of this many, so
@@ -197,141 +201,6 @@ pub struct Model {
     pub memory: Option<MemoryPlan>,
 }
 
-/// Per-request state: the KV cache, the position, and reusable activation
-/// buffers (grown on demand, never shrunk, so decode allocates nothing).
-pub struct Session {
-    pool: ThreadPool,
-    /// Number of tokens already in the cache.
-    pos: usize,
-    ctx: usize,
-    /// The local layers' window (0: every layer is global).
-    window: usize,
-    kv_dim: usize,
-    kv_start: Vec<usize>,  // per layer: its first position slot in the caches
-    kv_len: Vec<usize>,    // per layer: its slots (`kv_positions`); position p in slot p % len
-    key_cache: Vec<f32>,   // (layer slots, kv_dim)
-    value_cache: Vec<f32>, // (layer slots, kv_dim)
-    x: Vec<f32>,           // residual stream (n, dim)
-    xn: Vec<f32>,          // normalised input of the current step (n, dim)
-    q: Vec<f32>,           // (n, n_heads * head_dim)
-    k: Vec<f32>,           // (n, kv_dim)
-    v: Vec<f32>,           // (n, kv_dim)
-    att: Vec<f32>,         // attention output (n, n_heads * head_dim)
-    scores: Vec<f32>,      // per-thread attention scores (threads, ctx)
-    gate: Vec<f32>,        // (n, ffn_dim)
-    up: Vec<f32>,          // (n, ffn_dim)
-    tmp: Vec<f32>,         // projection output before the residual add (n, dim)
-    embd_row: Vec<u8>,     // a token's embedding row read from storage (under a memory budget)
-    hidden: Vec<f32>,      // final-normed hidden states of the last forward call (tokens, dim)
-    last_tokens: usize,    // tokens of the last forward call
-    logits: Vec<f32>,      // (rows requested, vocab)
-    scratch: Scratch,      // matmul buffers
-    head: HeadScratch,     // sparse head buffers and counters
-    sparse: SparseScratch, // sparse FFN buffers and counters
-    /// Called in each dense FFN with `(layer, input, gate, up)`
-    /// (calibration collects its statistics here).
-    ffn_probe: Option<FfnProbe>,
-    /// Called in each layer with `(layer, attention output)`.
-    attn_probe: Option<AttnProbe>,
-}
-
-/// Buffers and counters of the sparse FFN.
-#[derive(Default)]
-struct SparseScratch {
-    idx: Vec<u32>,                                           // kept neurons of the current token, ascending
-    pred: Vec<u32>,                                          // neurons the low-rank predictor keeps (before the gate)
-    mask: Vec<u8>,                                           // a pack predictor's mask (ffn_dim)
-    measure_truth: bool,                                     // compute the full gate to judge the predictor
-    truth: Vec<f32>,                                         // |silu(gate)| in full (ffn_dim), when measuring
-    mags: Vec<f32>,                                          // |activations| (top-K selection)
-    up: Vec<f32>,                                            // up projection of the kept neurons (k)
-    h: Vec<f32>,                                             // silu(gate) * up of the kept neurons (k)
-    keep: Vec<u32>,                                          // positions in `pred` of the kept neurons (under a budget)
-    gathered: sparse::bundle::Gathered,                      // records from the FFN bundle (under a budget)
-    sentence: Vec<experimental::sentence_ffn::SentenceMask>, // per layer: this request's mask (sentence-level)
-    stats: SparsityStats,
-}
-
-impl Session {
-    /// Tokens currently in the KV cache.
-    pub fn pos(&self) -> usize {
-        self.pos
-    }
-
-    /// The session's context size.
-    pub fn ctx(&self) -> usize {
-        self.ctx
-    }
-
-    /// Forgets the cached tokens (the buffers are kept).
-    pub fn reset(&mut self) {
-        self.pos = 0;
-    }
-
-    /// Drops cached tokens after `pos` (e.g. to re-run a suffix). A local
-    /// (sliding-window) layer keeps [`UBATCH`]` - 1` positions beyond its
-    /// window: going back further than that is an error (the positions it
-    /// would need again are overwritten), and the session is unchanged.
-    pub fn truncate(&mut self, pos: usize) -> Result<()> {
-        // Only a ring shorter than the context wraps (and overwrites).
-        let slack = self.kv_len.iter().filter(|&&len| len < self.ctx).map(|&len| len - self.window).min();
-        if let Some(slack) = slack
-            && self.pos.saturating_sub(pos) > slack
-        {
-            return Err(Error::InvalidArgument(format!(
-                "cannot go back {} positions: this model's local attention layers keep {slack} positions beyond \
-                 their window",
-                self.pos - pos
-            )));
-        }
-        self.pos = self.pos.min(pos);
-        Ok(())
-    }
-
-    pub fn pool(&self) -> &ThreadPool {
-        &self.pool
-    }
-
-    /// What the sparse FFN did in this session (empty when dense).
-    pub fn sparsity_stats(&self) -> &SparsityStats {
-        &self.sparse.stats
-    }
-
-    /// Also computes, for the predictors that choose before the gate
-    /// (low-rank, pack, sentence-level), every token's full gate and counts
-    /// how many truly active neurons (`|silu(gate)|` above the sidecar's
-    /// gate threshold) the predictor selected: `SparsityStats::recall` and
-    /// `precision`. Costs a dense gate projection per token and layer
-    /// (`generate --stats`); never changes the output.
-    pub fn set_measure_recall(&mut self, on: bool) {
-        self.sparse.measure_truth = on;
-    }
-
-    /// What the sparse output head did in this session.
-    pub fn head_stats(&self) -> &HeadStats {
-        &self.head.stats
-    }
-
-    /// Resets the sparse FFN counters.
-    pub fn reset_sparsity_stats(&mut self) {
-        self.sparse.stats.layers.iter_mut().for_each(|c| *c = Default::default());
-        self.sparse.stats.cache = Default::default();
-    }
-
-    /// Installs (or removes) a probe called in every dense FFN with
-    /// `(layer, input, gate, up)` before the activation. Not called when
-    /// the model runs sparse.
-    pub fn set_ffn_probe(&mut self, probe: Option<FfnProbe>) {
-        self.ffn_probe = probe;
-    }
-
-    /// Installs (or removes) a probe called in every layer with `(layer,
-    /// attention output)` before the output projection.
-    pub fn set_attn_probe(&mut self, probe: Option<AttnProbe>) {
-        self.attn_probe = probe;
-    }
-}
-
 impl Model {
     /// Binds every weight to a kernel chosen by `registry`.
     pub fn load(loader: &dyn Loader, registry: &KernelRegistry, options: ModelOptions) -> Result<Self> {
@@ -469,96 +338,64 @@ impl Model {
         Ok(Self { weights, config: c, options, sparse, rope, rope_local, head: None, memory })
     }
 
-    /// A fresh session with an empty KV cache of `options.ctx` positions.
-    pub fn new_session(&self) -> Session {
-        let c = &self.config;
-        let kv_dim = c.n_kv_heads * c.head_dim;
-        let ctx = self.options.ctx;
-        let threads = self.options.threads.max(1);
-        let kv_len: Vec<usize> = (0..c.n_layers).map(|l| kv_positions(c, l, ctx)).collect();
-        let kv_start: Vec<usize> = kv_len.iter().scan(0, |at, &len| Some(std::mem::replace(at, *at + len))).collect();
-        let slots: usize = kv_len.iter().sum();
-        // The caches are zero-initialised allocations: the OS maps their
-        // pages lazily, so memory is only committed for positions used.
-        Session {
-            pool: ThreadPool::new(threads),
-            pos: 0,
-            ctx,
-            window: c.sliding_window.map_or(0, |w| w.window),
-            kv_dim,
-            kv_start,
-            kv_len,
-            key_cache: vec![0.0; slots * kv_dim],
-            value_cache: vec![0.0; slots * kv_dim],
-            x: Vec::new(),
-            xn: Vec::new(),
-            q: Vec::new(),
-            k: Vec::new(),
-            v: Vec::new(),
-            att: Vec::new(),
-            scores: vec![0.0; threads * ctx],
-            gate: Vec::new(),
-            up: Vec::new(),
-            tmp: Vec::new(),
-            embd_row: Vec::new(),
-            hidden: Vec::new(),
-            last_tokens: 0,
-            logits: Vec::new(),
-            scratch: Scratch { stream: self.new_streamer(), ..Scratch::default() },
-            head: HeadScratch::default(),
-            sparse: SparseScratch {
-                stats: SparsityStats {
-                    ffn_dim: c.ffn_dim,
-                    attn_dim: c.n_heads * c.head_dim,
-                    layers: vec![Default::default(); c.n_layers],
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-            ffn_probe: None,
-            attn_probe: None,
-        }
-    }
-
     /// Runs `tokens` through the model at the session's next positions and
     /// appends them to its KV cache. Afterwards the final-normed hidden
     /// states of these tokens are ready for [`Model::logits`]. A model with
     /// local attention takes them in steps of at most [`UBATCH`], one under a
     /// memory budget in steps of [`BUDGET_STEP`] (which bounds its buffers).
     pub fn forward(&self, s: &mut Session, tokens: &[u32]) -> Result<()> {
-        let c = &self.config;
         let n = tokens.len();
         if n == 0 {
             return Err(Error::InvalidArgument("forward needs at least one token".into()));
         }
-        if s.pos + n > s.ctx {
-            return Err(Error::ContextOverflow { needed: s.pos + n, ctx: s.ctx });
+        if s.kv.pos() + n > s.kv.ctx() {
+            return Err(Error::ContextOverflow { needed: s.kv.pos() + n, ctx: s.kv.ctx() });
         }
-        if let Some(&tok) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(Error::InvalidArgument(format!(
-                "token id {tok} is outside the vocabulary (size {})",
-                c.vocab_size
-            )));
-        }
-        grow(&mut s.hidden, n * c.dim);
+        self.check_tokens(tokens)?;
+        grow(&mut s.hidden, n * self.config.dim);
         s.last_tokens = n;
-        let step = match (&self.memory, c.sliding_window) {
+        let step = match (&self.memory, self.config.sliding_window) {
             (Some(_), _) => BUDGET_STEP,
             (None, Some(_)) => UBATCH,
             (None, None) => n,
         };
-        for (i, part) in tokens.chunks(step).enumerate() {
-            self.forward_step(s, part, i * step)?;
-        }
-        Ok(())
+        // The session's own cache is lent to the step (which takes the
+        // caches of a batch's sequences apart from the session's buffers).
+        let mut kv = std::mem::take(&mut s.kv);
+        let result = tokens
+            .chunks(step)
+            .enumerate()
+            .try_for_each(|(i, part)| self.forward_step(s, &mut [&mut kv], part, &[part.len()], i * step));
+        s.kv = kv;
+        result
     }
 
-    /// One pass of `tokens` through the layers; their final-normed hidden
-    /// states go to `s.hidden` from row `row`.
-    fn forward_step(&self, s: &mut Session, tokens: &[u32], row: usize) -> Result<()> {
+    /// Every token id must index the vocabulary.
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let vocab = self.config.vocab_size;
+        match tokens.iter().find(|&&t| t as usize >= vocab) {
+            Some(tok) => {
+                Err(Error::InvalidArgument(format!("token id {tok} is outside the vocabulary (size {vocab})")))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// One pass through the layers of `tokens`: the first `lens[0]` of
+    /// sequence `seqs[0]`, the next `lens[1]` of `seqs[1]`, and so on, each
+    /// at its sequence's next positions. Their final-normed hidden states
+    /// go to `s.hidden` from row `row`.
+    fn forward_step(
+        &self,
+        s: &mut Session,
+        seqs: &mut [&mut KvCache],
+        tokens: &[u32],
+        lens: &[usize],
+        row: usize,
+    ) -> Result<()> {
         let c = &self.config;
         let n = tokens.len();
-        let (dim, hd, q_dim, kv_dim) = (c.dim, c.head_dim, c.n_heads * c.head_dim, s.kv_dim);
+        let (dim, hd, q_dim, kv_dim) = (c.dim, c.head_dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
         grow(&mut s.x, n * dim);
         grow(&mut s.xn, n * dim);
         grow(&mut s.q, n * q_dim);
@@ -568,6 +405,12 @@ impl Model {
         grow(&mut s.gate, n * c.ffn_dim);
         grow(&mut s.up, n * c.ffn_dim);
         grow(&mut s.tmp, n * dim);
+        // Each row's sequence and absolute position.
+        s.rows.clear();
+        for (seq, (kv, &len)) in seqs.iter().zip(lens).enumerate() {
+            s.rows.extend((0..len).map(|o| RowPos { seq, pos: kv.pos() + o }));
+        }
+        s.at_start = s.rows.first().is_some_and(|r| r.pos == 0);
 
         // Token embeddings into the residual stream (Gemma: times √dim).
         let embd = &self.weights.token_embd;
@@ -607,26 +450,31 @@ impl Model {
             // with its own base).
             let local = c.sliding_window.is_some_and(|w| w.is_local(l));
             let rope = if local { self.rope_local.as_ref().unwrap_or(&self.rope) } else { &self.rope };
-            for t in 0..n {
-                let p = s.pos + t;
+            for (t, r) in s.rows.iter().enumerate() {
                 for h in s.q[t * q_dim..(t + 1) * q_dim].chunks_exact_mut(hd) {
-                    rope.apply(h, p, neox);
+                    rope.apply(h, r.pos, neox);
                 }
                 for h in s.k[t * kv_dim..(t + 1) * kv_dim].chunks_exact_mut(hd) {
-                    rope.apply(h, p, neox);
+                    rope.apply(h, r.pos, neox);
                 }
             }
-            // Append k and v to this layer's cache (position p in slot
-            // p mod its length: a ring for a local layer).
-            for t in 0..n {
-                let slot = (s.kv_start[l] + (s.pos + t) % s.kv_len[l]) * kv_dim;
-                s.key_cache[slot..slot + kv_dim].copy_from_slice(&s.k[t * kv_dim..(t + 1) * kv_dim]);
-                s.value_cache[slot..slot + kv_dim].copy_from_slice(&s.v[t * kv_dim..(t + 1) * kv_dim]);
+            // Append k and v to each row's sequence cache.
+            for (t, r) in s.rows.iter().enumerate() {
+                let (k, v) = (&s.k[t * kv_dim..(t + 1) * kv_dim], &s.v[t * kv_dim..(t + 1) * kv_dim]);
+                seqs[r.seq].store(l, r.pos, k, v);
             }
-            // Causal multi-head attention over the cache (GQA: each kv head
-            // serves n_heads / n_kv_heads query heads), a local layer over
-            // its window only.
-            self.attention(s, l, n, local);
+            // Causal multi-head attention, each row over its sequence's
+            // cache (a local layer over its window only).
+            let attention = kv::Attention {
+                pool: &s.pool,
+                seqs,
+                rows: &s.rows,
+                q: &s.q[..n * q_dim],
+                att: &mut s.att,
+                scores: &mut s.scores,
+                score_len: s.ctx,
+            };
+            self.attention(attention, l, local);
             // Output projection (input-sparse with attention thresholds),
             // its RMSNorm (Gemma), and residual.
             self.attn_output(s, l, n)?;
@@ -658,7 +506,9 @@ impl Model {
         // Final RMSNorm; logits are computed on request.
         let out = &mut s.hidden[row * dim..(row + n) * dim];
         math::rms_norm_rows(&s.x, &self.weights.output_norm, c.rms_eps, out, n);
-        s.pos += n;
+        for (kv, &len) in seqs.iter_mut().zip(lens) {
+            kv.advance(len);
+        }
         Ok(())
     }
 
@@ -727,52 +577,6 @@ impl Model {
     pub fn forward_last<'s>(&self, s: &'s mut Session, tokens: &[u32]) -> Result<&'s [f32]> {
         self.forward(s, tokens)?;
         self.logits(s, tokens.len() - 1..tokens.len())
-    }
-
-    /// Attention for the `n` newest tokens of layer `l`, into `s.att`; a
-    /// `local` layer attends to the last `window` positions only.
-    fn attention(&self, s: &mut Session, l: usize, n: usize, local: bool) {
-        let c = &self.config;
-        let (hd, n_heads, kv_dim, pos0) = (c.head_dim, c.n_heads, s.kv_dim, s.pos);
-        let (ctx, slots) = (s.ctx, s.kv_len[l]);
-        let window = if local { s.window } else { usize::MAX };
-        let group = n_heads / c.n_kv_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let base = s.kv_start[l] * kv_dim;
-        let keys = &s.key_cache[base..base + slots * kv_dim];
-        let values = &s.value_cache[base..base + slots * kv_dim];
-        let q = &s.q[..n * n_heads * hd];
-        let att = SyncPtr::new(s.att.as_mut_ptr());
-        let scores = SyncPtr::new(s.scores.as_mut_ptr());
-        let work = n * n_heads;
-        s.pool.broadcast(&|ti, nt| {
-            // SAFETY: thread `ti` writes only its own row of `scores`
-            // (`ctx` floats at `ti * ctx`; the buffer holds `threads * ctx`)
-            // and the `att` head slices of its own work items; work items
-            // are disjoint across threads, and both buffers outlive the
-            // broadcast, which returns only when every thread is done.
-            let sc = unsafe { std::slice::from_raw_parts_mut(scores.get().add(ti * ctx), ctx) };
-            for item in chunk(work, ti, nt) {
-                let (t, h) = (item / n_heads, item % n_heads);
-                let qv = &q[(t * n_heads + h) * hd..(t * n_heads + h + 1) * hd];
-                let kv_off = (h / group) * hd;
-                // Positions first..=p, position j in slot j mod slots.
-                let p = pos0 + t;
-                let first = (p + 1).saturating_sub(window);
-                let len = p + 1 - first;
-                let at = |j: usize| ((first + j) % slots) * kv_dim + kv_off;
-                for (j, sj) in sc[..len].iter_mut().enumerate() {
-                    *sj = math::dot(qv, &keys[at(j)..at(j) + hd]) * scale;
-                }
-                math::softmax(&mut sc[..len]);
-                // SAFETY: see above; this (t, h) slice belongs to this item.
-                let out = unsafe { std::slice::from_raw_parts_mut(att.get().add((t * n_heads + h) * hd), hd) };
-                out.fill(0.0);
-                for (j, &w) in sc[..len].iter().enumerate() {
-                    math::axpy(w, &values[at(j)..at(j) + hd], out);
-                }
-            }
-        });
     }
 
     /// Every matmul with its kernel, for reports.

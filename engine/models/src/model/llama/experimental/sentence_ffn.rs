@@ -42,7 +42,7 @@ impl Model {
         }
         let counters = &mut s.sparse.stats.layers[l];
         counters.tokens += n as u64;
-        if s.pos == 0 {
+        if s.at_start {
             // The prompt: dense, and it chooses the request's neurons.
             counters.active += (n * ffn) as u64;
             counters.dense += n as u64;

@@ -1,0 +1,432 @@
+//! `spinfer serve` as a client sees it: the real server on a loopback
+//! port, talked to by the official `openai` Python client
+//! (`tests/server/openai_client.py`) and by raw HTTP for what a client
+//! library would refuse to send. Greedy answers equal `spinfer generate
+//! --temp 0`; bad input is a 4xx in OpenAI's error shape and the server
+//! keeps serving; 128 concurrent requests (some cancelled mid-stream)
+//! each get the answer they get alone, and leave no slot or memory
+//! behind; SIGTERM drains and exits 0.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const KEY: &str = "sk-spinfer-test";
+
+/// A `spinfer serve` child; SIGTERM on drop.
+struct Served {
+    child: Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    fn start(model: &Path, server: &str, model_extra: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("spinfer.toml");
+        let text = format!(
+            "[model]\npath = {:?}\nthreads = 2\n{model_extra}\n[server]\nport = 0\n{server}\n",
+            model.to_str().unwrap()
+        );
+        std::fs::write(&config, text).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_spinfer"))
+            .args(["serve", "--config", config.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line.trim().rsplit("http://").next().unwrap().to_string();
+        assert!(addr.contains(':'), "no address in {line:?}");
+        Self { child, addr, _dir: dir }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGTERM, then the exit status (within `limit`).
+    fn terminate(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let ok = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status().unwrap();
+        assert!(ok.success());
+        let t = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(t.elapsed() < limit, "the server did not exit within {limit:?} of SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection: (status, body).
+fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    let mut req =
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let head_end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head") + 4;
+    let head = String::from_utf8_lossy(&raw[..head_end]).to_string();
+    let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let mut body = raw[head_end..].to_vec();
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        body = dechunk(&body);
+    }
+    (status, body)
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(i) = b.windows(2).position(|w| w == b"\r\n") {
+        let n = usize::from_str_radix(std::str::from_utf8(&b[..i]).unwrap().trim(), 16).unwrap();
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&b[i + 2..i + 2 + n]);
+        b = &b[i + 2 + n + 2..];
+    }
+    out
+}
+
+fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
+    let auth = format!("Bearer {KEY}");
+    let (st, b) = http(
+        addr,
+        "POST",
+        path,
+        &[("Authorization", &auth), ("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    );
+    (st, serde_json::from_slice(&b).unwrap_or(Value::Null))
+}
+
+/// The text of a completion, whole or streamed (SSE assembled).
+fn complete(addr: &str, prompt: &str, max_tokens: usize, stream: bool) -> String {
+    let body = json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream});
+    let auth = format!("Bearer {KEY}");
+    let (st, b) = http(addr, "POST", "/v1/completions", &[("Authorization", &auth)], body.to_string().as_bytes());
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    if !stream {
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        return v["choices"][0]["text"].as_str().unwrap().to_string();
+    }
+    let text = String::from_utf8(b).unwrap();
+    let mut out = String::new();
+    let mut done = false;
+    for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let v: Value = serde_json::from_str(data).unwrap();
+        assert!(v.get("error").is_none(), "{v}");
+        out.push_str(v["choices"][0]["text"].as_str().unwrap_or(""));
+    }
+    assert!(done, "the stream did not end with [DONE]: {text}");
+    out
+}
+
+fn python_checks(mode: &str, served: &Served, expect: &Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("expect.json");
+    std::fs::write(&path, expect.to_string()).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/server/openai_client.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args([mode, &served.url(), path.to_str().unwrap()])
+        .output()
+        .expect("python3 (scripts/test.sh installs the openai client)");
+    let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "openai client checks failed:\n{so}\n{se}");
+    eprintln!("{so}");
+}
+
+fn cli_generate(model: &Path, prompt: &str, n: usize) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_spinfer"))
+        .args(["generate", "-m", model.to_str().unwrap(), "-p", prompt, "-n", &n.to_string()])
+        .args(["--temp", "0", "-t", "2", "-c", "1024", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn the_openai_client_gets_what_generate_gives() {
+    let Some(model) = spinfer_test_support::smollm2() else { return };
+    let prompt = "The capital of France is";
+    let want = cli_generate(&model, prompt, 24);
+    let text = want["text"].as_str().unwrap().to_string();
+    // A stop string from the middle of the greedy text.
+    let stop = text.split_whitespace().nth(2).expect("a few words").to_string();
+
+    // The chat prompt, rendered as the server renders it, run by the CLI.
+    let engine = spinfer_engine::Engine::load(&model, Default::default()).unwrap();
+    let t = &engine.tokenizer;
+    let text_of = |id: Option<u32>| id.and_then(|i| spinfer_server::chat::token_text(t, i)).unwrap_or_default();
+    let template = spinfer_server::chat::ChatTemplate::new(
+        engine.chat_template().unwrap(),
+        text_of(t.bos_id()),
+        text_of(t.eos_id()),
+    )
+    .unwrap();
+    let question = "What is the capital of France?";
+    let msg = spinfer_server::chat::Message { role: "user".into(), content: question.into() };
+    let rendered = template.render(&[msg]).unwrap();
+    assert!(!spinfer_server::chat::add_bos(t, &rendered), "SmolLM2 adds no BOS: the CLI run below would differ");
+    let chat = cli_generate(&model, &rendered, 32);
+
+    let mut served = Served::start(&model, "slots = 2", "ctx = 1024");
+    let expect = json!({
+        "model": "SmolLM2-135M-Instruct.Q4_1",
+        "prompt": prompt, "max_tokens": 24, "text": text, "tokens": want["tokens"],
+        "prompt_tokens": want["prompt_tokens"], "stop": stop,
+        "chat_question": question, "chat_text": chat["text"], "chat_prompt_tokens": chat["prompt_tokens"],
+    });
+    python_checks("generate", &served, &expect);
+    assert!(served.terminate(Duration::from_secs(30)).success(), "SIGTERM is a clean exit");
+}
+
+#[test]
+fn the_openai_client_gets_the_embedders_vectors() {
+    let Some(dir) = spinfer_test_support::minilm() else { return };
+    let inputs = ["A man is playing a guitar.", "The weather is lovely today.", "A person plays an instrument."];
+    let e = spinfer_engine::embed::Embedder::load(&dir, Default::default()).unwrap();
+    let got = e.embed_batch_detailed(&inputs).unwrap();
+    let served = Served::start(&dir, "", "");
+    let expect = json!({
+        "model": dir.file_name().unwrap().to_str().unwrap(),
+        "inputs": inputs,
+        "vectors": got.iter().map(|g| g.vector.clone()).collect::<Vec<_>>(),
+        "tokens": got.iter().map(|g| g.tokens).sum::<usize>(),
+    });
+    python_checks("embed", &served, &expect);
+}
+
+/// A request that must fail: its status and the error's `param`.
+struct Case {
+    what: &'static str,
+    path: &'static str,
+    headers: Vec<(&'static str, String)>,
+    body: Vec<u8>,
+    status: u16,
+    param: Option<&'static str>,
+}
+
+#[test]
+fn bad_input_is_a_4xx_in_openais_shape_and_the_server_keeps_serving() {
+    let Some(model) = spinfer_test_support::smollm2() else { return };
+    let served = Served::start(
+        &model,
+        &format!("api_keys = [\"{KEY}\"]\nmax_body_kb = 4\nmax_tokens = 64\nslots = 2"),
+        "ctx = 256",
+    );
+    let a = served.addr.as_str();
+    let auth = format!("Bearer {KEY}");
+    let ok_chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4});
+    let long_prompt = "word ".repeat(400);
+    let chat = "/v1/chat/completions";
+    let text = "/v1/completions";
+    let key = [("Authorization", auth.as_str())];
+    let case = |what, path, headers: &[(&'static str, &str)], body: &[u8], status, param| Case {
+        what,
+        path,
+        headers: headers.iter().map(|(k, v)| (*k, v.to_string())).collect(),
+        body: body.to_vec(),
+        status,
+        param,
+    };
+    let ok = ok_chat.to_string();
+    let over_ctx = json!({"prompt": long_prompt, "max_tokens": 4}).to_string();
+    let too_big = json!({"prompt": "y".repeat(5000)}).to_string();
+    let cases = [
+        case("no key", chat, &[], ok.as_bytes(), 401, None),
+        case("wrong key", chat, &[("Authorization", "Bearer sk-wrong-key")], ok.as_bytes(), 401, None),
+        case("malformed JSON", chat, &key, b"{\"messages\": [", 400, None),
+        case("invalid UTF-8", text, &key, b"{\"prompt\": \"\xff\xfe\"}", 400, None),
+        case("wrong type", chat, &key, br#"{"messages": "hi"}"#, 400, Some("messages")),
+        case(
+            "wrong type",
+            chat,
+            &key,
+            br#"{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}"#,
+            400,
+            Some("temperature"),
+        ),
+        case(
+            "unknown model",
+            chat,
+            &key,
+            br#"{"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}"#,
+            404,
+            Some("model"),
+        ),
+        case("empty messages", chat, &key, br#"{"messages": []}"#, 400, Some("messages")),
+        case("prompt over the context", text, &key, over_ctx.as_bytes(), 400, Some("prompt")),
+        case("max_tokens 0", text, &key, br#"{"prompt": "x", "max_tokens": 0}"#, 400, Some("max_tokens")),
+        case("max_tokens -1", text, &key, br#"{"prompt": "x", "max_tokens": -1}"#, 400, Some("max_tokens")),
+        case("max_tokens over the cap", text, &key, br#"{"prompt": "x", "max_tokens": 65}"#, 400, Some("max_tokens")),
+        case("unsupported field", text, &key, br#"{"prompt": "x", "logit_bias": {"5": 1}}"#, 400, Some("logit_bias")),
+        case("unknown field", text, &key, br#"{"prompt": "x", "frobnicate": 1}"#, 400, Some("frobnicate")),
+        case("embeddings on a generator", "/v1/embeddings", &key, br#"{"input": "x"}"#, 400, Some("model")),
+        case("body over the limit", text, &key, too_big.as_bytes(), 413, None),
+    ];
+    for c in cases {
+        let headers: Vec<(&str, &str)> = c.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (st, b) = http(a, "POST", c.path, &headers, &c.body);
+        let what = c.what;
+        let v: Value =
+            serde_json::from_slice(&b).unwrap_or_else(|_| panic!("{what}: not JSON: {}", String::from_utf8_lossy(&b)));
+        assert_eq!(st, c.status, "{what}: {v}");
+        let e = &v["error"];
+        let shaped =
+            e["message"].is_string() && e["type"].is_string() && e.get("param").is_some() && e.get("code").is_some();
+        assert!(shaped, "{what}: not OpenAI's error shape: {v}");
+        if let Some(p) = c.param {
+            assert_eq!(e["param"], p, "{what}: {v}");
+        }
+    }
+    let (st, _) = http(a, "GET", "/nowhere", &[("Authorization", &auth)], b"");
+    assert_eq!(st, 404);
+    // Still serving, and /health and /metrics need no key.
+    let (st, v) = post(a, "/v1/chat/completions", &ok_chat);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant", "{v}");
+    assert_eq!(http(a, "GET", "/health", &[], b"").0, 200);
+    let (st, m) = http(a, "GET", "/metrics", &[], b"");
+    assert_eq!(st, 200);
+    let m = String::from_utf8(m).unwrap();
+    assert!(m.contains("spinfer_requests_total{endpoint=\"/v1/completions\",status=\"400\"}"), "{m}");
+}
+
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 =
+        status.lines().find(|l| l.starts_with("VmRSS:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    kb * 1024
+}
+
+fn metric(addr: &str, name: &str) -> f64 {
+    let (_, m) = http(addr, "GET", "/metrics", &[], b"");
+    let m = String::from_utf8(m).unwrap();
+    m.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok())).unwrap_or(f64::NAN)
+}
+
+/// 32 clients × 4 requests of mixed lengths, streamed and not, one in 8
+/// clients cancelling a stream after its first pieces: every completed
+/// answer equals the one its request gets alone (batching changes no
+/// output), none is lost, every slot is free afterwards and memory is back
+/// within 10% of its level at rest.
+#[test]
+fn concurrent_requests_batch_without_changing_answers() {
+    let Some(model) = spinfer_test_support::smollm2() else { return };
+    let served = Served::start(&model, &format!("api_keys = [\"{KEY}\"]\nslots = 8\nqueue = 256"), "ctx = 512");
+    let addr = served.addr.clone();
+    let prompts = [
+        "The capital of France is",
+        "Once upon a time, in a small village by the sea,",
+        "def fibonacci(n):",
+        "The three primary colours are",
+        "In 1969, the first humans",
+        "A recipe for pancakes: first,",
+        "The mitochondria is",
+        "Rust is a programming language that",
+    ];
+    let lens = [6, 24, 48];
+    let alone: Vec<Vec<String>> =
+        prompts.iter().map(|p| lens.iter().map(|&n| complete(&addr, p, n, false)).collect()).collect();
+    // At rest after a first burst, which sizes the step's buffers (they
+    // are kept for the next steps; a leak grows with every burst).
+    let burst: Vec<_> = (0..16)
+        .map(|i| {
+            let addr = addr.clone();
+            std::thread::spawn(move || complete(&addr, prompts[i % prompts.len()], lens[i % lens.len()], true))
+        })
+        .collect();
+    burst.into_iter().for_each(|t| drop(t.join().unwrap()));
+    let idle = rss_bytes(served.pid());
+
+    let threads: Vec<_> = (0..32)
+        .map(|i| {
+            let (addr, alone) = (addr.clone(), alone.clone());
+            std::thread::spawn(move || {
+                let mut done = 0;
+                for k in 0..4 {
+                    let (p, l) = ((i + k) % prompts.len(), (i * 7 + k) % lens.len());
+                    let stream = (i + k) % 2 == 0;
+                    if i % 8 == 3 && k == 1 {
+                        cancel_mid_stream(&addr, prompts[p]);
+                        continue;
+                    }
+                    let got = complete(&addr, prompts[p], lens[l], stream);
+                    assert_eq!(
+                        got, alone[p][l],
+                        "client {i} request {k} ({:?}, {} tokens, stream {stream})",
+                        prompts[p], lens[l]
+                    );
+                    done += 1;
+                }
+                done
+            })
+        })
+        .collect();
+    let completed: usize = threads.into_iter().map(|t| t.join().expect("a client failed")).sum();
+    assert_eq!(completed, 32 * 4 - 4);
+
+    // Cancelled requests leave at the next step: wait for the slots.
+    let t = Instant::now();
+    while metric(&addr, "spinfer_active_slots") != 0.0 && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(metric(&addr, "spinfer_active_slots"), 0.0, "a slot leaked");
+    assert_eq!(metric(&addr, "spinfer_queue_depth"), 0.0);
+    assert!(metric(&addr, "spinfer_cancelled_requests_total") >= 1.0, "no cancellation was seen");
+    let after = rss_bytes(served.pid());
+    eprintln!("RSS idle {} MB, after the load {} MB", idle / 1_000_000, after / 1_000_000);
+    assert!(after as f64 <= idle as f64 * 1.10, "RSS {after} after the load, {idle} idle before it");
+}
+
+/// Opens a long stream, reads its first pieces and hangs up.
+fn cancel_mid_stream(addr: &str, prompt: &str) {
+    let body = json!({"prompt": prompt, "max_tokens": 400, "temperature": 0, "stream": true}).to_string();
+    let mut s = TcpStream::connect(addr).unwrap();
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut r = BufReader::new(s);
+    let mut pieces = 0;
+    let mut line = String::new();
+    while pieces < 3 && r.read_line(&mut line).unwrap() > 0 {
+        pieces += usize::from(line.starts_with("data: "));
+        line.clear();
+    }
+    assert_eq!(pieces, 3, "the stream ended early");
+}

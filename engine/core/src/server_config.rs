@@ -1,0 +1,103 @@
+//! `[server]`: how `spinfer serve` listens, schedules and guards its
+//! OpenAI-compatible API (`docs/config.md`, `docs/serving.md`).
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// Most concurrent sequences a server may hold.
+pub const MAX_SLOTS: usize = 256;
+/// Most requests a server may queue.
+pub const MAX_QUEUE: usize = 65_536;
+/// Largest request body a server may accept, in KB.
+pub const MAX_BODY_KB: usize = 64 * 1024;
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    /// Address to bind (`--host` overrides).
+    pub host: String,
+    /// Port (`--port` overrides; 0: any free port, printed at start).
+    pub port: u16,
+    /// The model's name in the API (`model` of requests, `/v1/models`);
+    /// default: the model file's name without its extension.
+    pub model_name: Option<String>,
+    /// Sequences decoded together (each holds a KV cache of `model.ctx`).
+    pub slots: usize,
+    /// Requests waiting for a slot; one more is answered 429.
+    pub queue: usize,
+    /// Seconds a request may take, queueing included (then 504).
+    pub request_timeout_s: u64,
+    /// Largest request body, in KB (10^3 bytes; then 413).
+    pub max_body_kb: usize,
+    /// Largest `max_tokens` a request may ask for (default: the context).
+    pub max_tokens: Option<usize>,
+    /// Prompt tokens of one request run per step, so that a long prompt
+    /// does not stall the others' decoding.
+    pub prefill_chunk: usize,
+    /// Bearer keys a request must present (`Authorization: Bearer …`);
+    /// empty with no `api_keys_file`: no authentication.
+    pub api_keys: Vec<String>,
+    /// A file of keys, one per line (`#` comments), read at start.
+    pub api_keys_file: Option<PathBuf>,
+    /// Origins allowed to call from a browser (`"*"`: any); empty: CORS off.
+    pub cors_origins: Vec<String>,
+    /// Seconds in-flight requests get to finish after SIGTERM.
+    pub shutdown_timeout_s: u64,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            model_name: None,
+            slots: 4,
+            queue: 64,
+            request_timeout_s: 600,
+            max_body_kb: 1024,
+            max_tokens: None,
+            prefill_chunk: 256,
+            api_keys: Vec::new(),
+            api_keys_file: None,
+            cors_origins: Vec::new(),
+            shutdown_timeout_s: 30,
+        }
+    }
+}
+
+impl ServerSection {
+    /// Range checks, each naming its key.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let ranges: [(&str, usize, usize, usize); 4] = [
+            ("slots", self.slots, 1, MAX_SLOTS),
+            ("queue", self.queue, 0, MAX_QUEUE),
+            ("max_body_kb", self.max_body_kb, 1, MAX_BODY_KB),
+            ("prefill_chunk", self.prefill_chunk, 1, 512),
+        ];
+        for (key, v, lo, hi) in ranges {
+            if !(lo..=hi).contains(&v) {
+                return Err(format!("server.{key} = {v} is out of range: it must be between {lo} and {hi}"));
+            }
+        }
+        if !(1..=86_400).contains(&self.request_timeout_s) {
+            return Err("server.request_timeout_s must be between 1 and 86400".into());
+        }
+        if self.shutdown_timeout_s > 3_600 {
+            return Err("server.shutdown_timeout_s must be at most 3600".into());
+        }
+        if self.max_tokens == Some(0) {
+            return Err("server.max_tokens must be at least 1".into());
+        }
+        if self.model_name.as_deref().is_some_and(|n| n.is_empty() || n.len() > 256) {
+            return Err("server.model_name must be 1 to 256 characters".into());
+        }
+        if let Some(k) = self.api_keys.iter().find(|k| k.len() < 8 || k.chars().any(char::is_whitespace)) {
+            return Err(format!(
+                "server.api_keys: key '{}…' must be at least 8 characters without spaces",
+                k.chars().take(4).collect::<String>()
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,121 @@
+//! The model's chat template (Jinja, from the GGUF's
+//! `tokenizer.chat_template`), rendered with `minijinja` and its Python
+//! compatibility methods (`.strip()`, `.startswith()`…) as Hugging Face
+//! templates use them.
+
+use minijinja::{Environment, ErrorKind, context};
+use serde::Serialize;
+
+use crate::error::{ApiError, Error, Result};
+use spinfer_engine::tokenizer::Tokenizer;
+
+/// One message as the template sees it (content flattened to text).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+/// Instructions a template may run per render (a chat of hundreds of
+/// messages takes a few thousand per message).
+const TEMPLATE_FUEL: u64 = 10_000_000;
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos: String,
+    eos: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate").finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; `bos` and `eos` are the tokens' text
+    /// (`bos_token`, `eos_token` in the template).
+    pub fn new(source: &str, bos: String, eos: String) -> Result<Self> {
+        let mut env = Environment::new();
+        // A template is the model file's code: bound what it may run.
+        env.set_fuel(Some(TEMPLATE_FUEL));
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template_owned("chat", source.to_string()).map_err(|e| Error::Template(e.to_string()))?;
+        Ok(Self { env, bos, eos })
+    }
+
+    /// The prompt for `messages`, ending with the assistant's turn opened.
+    /// A template that raises (say, roles out of order) is the request's
+    /// fault: a 400 with the template's message.
+    pub fn render(&self, messages: &[Message]) -> std::result::Result<String, ApiError> {
+        let t = self.env.get_template("chat").map_err(|e| ApiError::internal(e.to_string()))?;
+        t.render(context! {
+            messages => minijinja::value::Serde(messages),
+            add_generation_prompt => true,
+            bos_token => &self.bos,
+            eos_token => &self.eos,
+        })
+        .map_err(|e| {
+            let detail = match e.kind() {
+                ErrorKind::InvalidOperation => e.detail().unwrap_or("invalid operation").to_string(),
+                _ => e.to_string(),
+            };
+            ApiError::invalid("messages", format!("the model's chat template refused the messages: {detail}"))
+        })
+    }
+}
+
+/// Whether a rendered chat gets the tokenizer's BOS: as the tokenizer
+/// does by default, unless the template already wrote it.
+pub fn add_bos(tokenizer: &Tokenizer, rendered: &str) -> bool {
+    let bos = tokenizer.bos_id().and_then(|b| token_text(tokenizer, b)).filter(|b| !b.is_empty());
+    tokenizer.add_bos_default() && !bos.is_some_and(|b| rendered.starts_with(&b))
+}
+
+/// A token's text as written in templates (`<s>`, `<bos>`).
+pub fn token_text(tokenizer: &Tokenizer, id: u32) -> Option<String> {
+    tokenizer.token_bytes(id).ok().and_then(|b| String::from_utf8(b).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHATML: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}\
+        {{ '<|im_start|>system\\nYou are helpful<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + \
+        '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}\
+        {{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+    fn msg(role: &str, content: &str) -> Message {
+        Message { role: role.into(), content: content.into() }
+    }
+
+    #[test]
+    fn chatml_renders_with_the_assistant_turn_open() {
+        let t = ChatTemplate::new(CHATML, "<s>".into(), "</s>".into()).unwrap();
+        let p = t.render(&[msg("user", "Hi")]).unwrap();
+        assert_eq!(
+            p,
+            "<|im_start|>system\nYou are helpful<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn python_methods_and_raise_exception_work() {
+        let src = "{% if messages[0].role != 'user' %}{{ raise_exception('first must be user') }}{% endif %}\
+                   {{ bos_token }}{{ messages[0].content.strip() }}";
+        let t = ChatTemplate::new(src, "<bos>".into(), "<eos>".into()).unwrap();
+        assert_eq!(t.render(&[msg("user", "  x ")]).unwrap(), "<bos>x");
+        let e = t.render(&[msg("system", "x")]).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(e.message.contains("first must be user"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_broken_template_is_an_error_at_start() {
+        assert!(ChatTemplate::new("{% for %}", String::new(), String::new()).is_err());
+    }
+}

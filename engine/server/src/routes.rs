@@ -1,0 +1,363 @@
+//! The HTTP side: axum routes, the API-key check, request counting, and
+//! each endpoint's translation between OpenAI's shapes and the engine.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use base64::Engine as _;
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::chat::ChatTemplate;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::scheduler::{Event, Job, Scheduler};
+use crate::wire::{self, Completion, Input};
+use spinfer_engine::Engine;
+use spinfer_engine::embed::Embedder;
+use spinfer_engine::generate::{GenerateParams, StopReason, encode_prompt};
+
+/// What the server runs: a generative model behind the scheduler, or a
+/// sentence embedder.
+pub enum Served {
+    Generator { engine: Arc<Engine>, template: Box<Option<ChatTemplate>>, scheduler: Scheduler },
+    Embedder { embedder: Arc<Embedder>, permits: Arc<Semaphore> },
+}
+
+pub struct AppState {
+    pub served: Served,
+    pub model_name: String,
+    pub created: u64,
+    pub keys: Vec<String>,
+    pub metrics: Arc<Metrics>,
+    pub draining: AtomicBool,
+    /// Largest `max_tokens` a request may ask for.
+    pub max_tokens_cap: usize,
+    pub timeout: Duration,
+    pub max_body: usize,
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let limit = state.max_body;
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// Every request: the API key (on `/v1/`), refusal while draining, and
+/// its count by endpoint and status.
+async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let endpoint = match path.as_str() {
+        "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" | "/v1/models" | "/health" | "/metrics" => {
+            path.as_str()
+        }
+        _ => "other",
+    };
+    let response = if path.starts_with("/v1/") && !authorized(&st.keys, req.headers()) {
+        ApiError::unauthorized("a valid API key is required: 'Authorization: Bearer <key>'").into_response()
+    } else if st.draining.load(Ordering::Acquire) && path.starts_with("/v1/") {
+        ApiError::unavailable("the server is shutting down").into_response()
+    } else {
+        next.run(req).await
+    };
+    st.metrics.request(endpoint, response.status().as_u16());
+    response
+}
+
+fn authorized(keys: &[String], headers: &HeaderMap) -> bool {
+    if keys.is_empty() {
+        return true;
+    }
+    let Some(given) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else { return false };
+    let Some(token) = given.strip_prefix("Bearer ") else { return false };
+    // Compare every key in full, so the time taken does not tell how much
+    // of a key matched.
+    keys.iter().fold(false, |hit, k| hit | constant_time_eq(k.as_bytes(), token.trim().as_bytes()))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The body, or a 413 / 400 in OpenAI's shape.
+fn body_of(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let bytes = body.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(st.max_body),
+        _ => ApiError::bad_request(format!("cannot read the body: {e}")),
+    })?;
+    wire::object(&bytes)
+}
+
+fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if *m != st.model_name => Err(ApiError::model_not_found(m, &st.model_name)),
+        _ => Ok(()),
+    }
+}
+
+fn not_an_embedder(st: &AppState) -> Result<(), ApiError> {
+    match st.served {
+        Served::Embedder { .. } => Err(embedder_error(st)),
+        Served::Generator { .. } => Ok(()),
+    }
+}
+
+fn embedder_error(st: &AppState) -> ApiError {
+    ApiError::invalid("model", format!("'{}' is an embedding model: use /v1/embeddings", st.model_name))
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn request_id(prefix: &str) -> String {
+    format!("{prefix}-{:016x}", rand::random::<u64>())
+}
+
+async fn chat(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    not_an_embedder(&st)?;
+    let m = body_of(&st, body)?;
+    let req = wire::chat(&m, st.max_tokens_cap)?;
+    generate(st, req, true).await
+}
+
+async fn completions(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    not_an_embedder(&st)?;
+    let m = body_of(&st, body)?;
+    let req = wire::completion(&m, st.max_tokens_cap)?;
+    generate(st, req, false).await
+}
+
+/// Chat and text completions: the prompt tokenized and checked, queued,
+/// then answered whole or streamed.
+async fn generate(st: Arc<AppState>, req: Completion, chat: bool) -> Result<Response, ApiError> {
+    check_model(&st, &req.model)?;
+    let Served::Generator { engine, template, scheduler } = &st.served else {
+        return Err(embedder_error(&st));
+    };
+    let prompt = match &req.input {
+        Input::Chat(messages) => {
+            let t = template.as_ref().as_ref().ok_or_else(|| {
+                ApiError::invalid("messages", "the model has no chat template: use /v1/completions with a prompt")
+            })?;
+            t.render(messages)?
+        }
+        Input::Text(p) => p.clone(),
+    };
+    let ctx = engine.model.options.ctx;
+    // A chat template opens with its own BOS when the model wants one.
+    let add_bos = chat.then(|| crate::chat::add_bos(&engine.tokenizer, &prompt));
+    let ids = encode_prompt(&engine.tokenizer, &prompt, add_bos, ctx).map_err(|e| match e {
+        spinfer_models::Error::ContextOverflow { needed, ctx } => ApiError {
+            code: Some("context_length_exceeded"),
+            ..ApiError::invalid(
+                if chat { "messages" } else { "prompt" },
+                format!("the prompt is {needed} tokens; the context holds {ctx} (and one to generate)"),
+            )
+        },
+        other => other.into(),
+    })?;
+    if ids.len() >= ctx {
+        return Err(ApiError {
+            code: Some("context_length_exceeded"),
+            ..ApiError::invalid(
+                if chat { "messages" } else { "prompt" },
+                format!("the prompt is {} tokens: no room left in the context of {ctx} to generate", ids.len()),
+            )
+        });
+    }
+    let max_tokens = req.max_tokens.unwrap_or(st.max_tokens_cap).min(ctx - ids.len());
+    let params = GenerateParams { max_tokens, sampler: req.sampler, stop: req.stop, add_bos: None };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let now = Instant::now();
+    scheduler.submit(Job { prompt: ids, params, events: tx, received: now, deadline: now + st.timeout })?;
+    let id = request_id(if chat { "chatcmpl" } else { "cmpl" });
+    let created = now_secs();
+    if req.stream {
+        Ok(stream(st.model_name.clone(), id, created, chat, req.include_usage, rx).into_response())
+    } else {
+        whole(&st, id, created, chat, rx).await
+    }
+}
+
+fn finish_reason(r: StopReason) -> &'static str {
+    match r {
+        StopReason::MaxTokens | StopReason::ContextFull => "length",
+        _ => "stop",
+    }
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+/// Waits for the whole answer.
+async fn whole(
+    st: &AppState,
+    id: String,
+    created: u64,
+    chat: bool,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+) -> Result<Response, ApiError> {
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Text(_) => {}
+            Event::Failed(e) => return Err(e),
+            Event::Done { reason, prompt_tokens, completion_tokens, text } => {
+                let choice = if chat {
+                    json!({"index": 0, "message": {"role": "assistant", "content": text},
+                           "finish_reason": finish_reason(reason), "logprobs": null})
+                } else {
+                    json!({"index": 0, "text": text, "finish_reason": finish_reason(reason), "logprobs": null})
+                };
+                let body = json!({
+                    "id": id, "object": if chat { "chat.completion" } else { "text_completion" },
+                    "created": created, "model": st.model_name, "choices": [choice],
+                    "usage": usage(prompt_tokens, completion_tokens),
+                });
+                return Ok(axum::Json(body).into_response());
+            }
+        }
+    }
+    Err(ApiError::internal("the request ended without an answer"))
+}
+
+/// Server-sent events in OpenAI's chunk format, ending with `[DONE]`.
+fn stream(
+    model: String,
+    id: String,
+    created: u64,
+    chat: bool,
+    include_usage: bool,
+    rx: mpsc::UnboundedReceiver<Event>,
+) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+    let object = if chat { "chat.completion.chunk" } else { "text_completion" };
+    let chunk = move |choice: Value, usage_v: Option<Value>| {
+        let mut c = json!({"id": id, "object": object, "created": created, "model": model,
+                           "choices": if choice.is_null() { json!([]) } else { json!([choice]) }});
+        if let Some(u) = usage_v {
+            c["usage"] = u;
+        }
+        SseEvent::default().data(c.to_string())
+    };
+    let piece = move |text: &str, finish: Option<&str>| {
+        if chat {
+            let delta = if finish.is_some() { json!({}) } else { json!({"content": text}) };
+            json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null})
+        } else {
+            json!({"index": 0, "text": text, "finish_reason": finish, "logprobs": null})
+        }
+    };
+    let first = chat.then(|| {
+        chunk(json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}), None)
+    });
+    let events = UnboundedReceiverStream::new(rx).flat_map(move |ev| {
+        let out: Vec<SseEvent> = match ev {
+            Event::Text(t) => vec![chunk(piece(&t, None), None)],
+            Event::Failed(e) => {
+                vec![SseEvent::default().data(e.body().to_string()), SseEvent::default().data("[DONE]")]
+            }
+            Event::Done { reason, prompt_tokens, completion_tokens, .. } => {
+                let mut v = vec![chunk(piece("", Some(finish_reason(reason))), None)];
+                if include_usage {
+                    v.push(chunk(Value::Null, Some(usage(prompt_tokens, completion_tokens))));
+                }
+                v.push(SseEvent::default().data("[DONE]"));
+                v
+            }
+        };
+        futures_util::stream::iter(out)
+    });
+    let all = futures_util::stream::iter(first).chain(events).map(Ok);
+    Sse::new(all).keep_alive(KeepAlive::default())
+}
+
+async fn embeddings(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let m = body_of(&st, body)?;
+    let req = wire::embeddings(&m)?;
+    check_model(&st, &req.model)?;
+    let Served::Embedder { embedder, permits } = &st.served else {
+        return Err(ApiError::invalid(
+            "model",
+            format!("'{}' is a generative model: /v1/embeddings serves sentence embedders (BERT)", st.model_name),
+        ));
+    };
+    if let Some(d) = req.dimensions.filter(|&d| d != embedder.dimensions()) {
+        return Err(ApiError::invalid(
+            "dimensions",
+            format!("the model gives {} dimensions, not {d}", embedder.dimensions()),
+        ));
+    }
+    let _permit = permits.clone().acquire_owned().await.map_err(|_| ApiError::unavailable("shutting down"))?;
+    let e = embedder.clone();
+    let input = req.input;
+    let out = tokio::task::spawn_blocking(move || {
+        let texts: Vec<&str> = input.iter().map(String::as_str).collect();
+        e.embed_batch_detailed(&texts)
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
+    let tokens: usize = out.iter().map(|e| e.tokens).sum();
+    let data: Vec<Value> = out
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let v = if req.base64 {
+                let bytes: Vec<u8> = e.vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(e.vector)
+            };
+            json!({"object": "embedding", "index": i, "embedding": v})
+        })
+        .collect();
+    let body = json!({"object": "list", "data": data, "model": st.model_name,
+                      "usage": {"prompt_tokens": tokens, "total_tokens": tokens}});
+    Ok(axum::Json(body).into_response())
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
+    let m = json!({"id": st.model_name, "object": "model", "created": st.created, "owned_by": "spinfer"});
+    axum::Json(json!({"object": "list", "data": [m]})).into_response()
+}
+
+/// Liveness and readiness: 200 while serving, 503 while draining.
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if st.draining.load(Ordering::Acquire) {
+        (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"status": "draining"}))).into_response()
+    } else {
+        axum::Json(json!({"status": "ok"})).into_response()
+    }
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], st.metrics.encode()).into_response()
+}

@@ -1,0 +1,399 @@
+//! Continuous batching: one thread owns the model's work buffers and a
+//! fixed number of slots (each a [`KvCache`]). Each step it runs, as one
+//! [`Model::forward_batch`], the next token of every decoding request and
+//! a chunk of at most `prefill_chunk` prompt tokens of those still
+//! reading their prompt; new requests take free slots between steps. A
+//! request whose client is gone (its event receiver dropped) or whose
+//! deadline passed is cancelled and its slot freed at the next step.
+
+use std::collections::VecDeque;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use spinfer_engine::Engine;
+use spinfer_engine::generate::{Continuation, GenerateParams, StopReason};
+use spinfer_engine::model::{KvCache, Model, Session};
+
+/// What a request's handler hears from the scheduler.
+#[derive(Debug)]
+pub enum Event {
+    /// Text that became final.
+    Text(String),
+    Done {
+        reason: StopReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        text: String,
+    },
+    Failed(ApiError),
+}
+
+/// A request, tokenized and checked.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub params: GenerateParams,
+    pub events: UnboundedSender<Event>,
+    pub received: Instant,
+    pub deadline: Instant,
+}
+
+enum Msg {
+    Job(Job),
+    Shutdown,
+}
+
+/// The handle the HTTP side holds.
+pub struct Scheduler {
+    tx: Sender<Msg>,
+    waiting: Arc<AtomicUsize>,
+    queue: usize,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Scheduler {
+    /// Starts the scheduling thread with `slots` slots and room for
+    /// `queue` waiting requests.
+    pub fn start(engine: Arc<Engine>, slots: usize, queue: usize, prefill_chunk: usize, metrics: Arc<Metrics>) -> Self {
+        let (tx, rx) = channel();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let w = waiting.clone();
+        let thread = std::thread::Builder::new()
+            .name("spinfer-scheduler".into())
+            .spawn(move || Loop::new(&engine, slots, prefill_chunk, w, metrics).run(rx))
+            .expect("spawning the scheduler thread");
+        Self { tx, waiting, queue, thread: Some(thread) }
+    }
+
+    /// Queues `job`; a full queue is a 429.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        let queue = self.queue;
+        if self.waiting.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| (w < queue).then_some(w + 1)).is_err() {
+            return Err(ApiError::queue_full(queue));
+        }
+        self.tx.send(Msg::Job(job)).map_err(|_| ApiError::unavailable("the scheduler has stopped"))
+    }
+
+    /// Cancels everything in flight and stops the thread.
+    pub fn shutdown(&mut self) {
+        let _ = self.tx.send(Msg::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A request holding a slot.
+struct Active<'e> {
+    events: UnboundedSender<Event>,
+    cont: Continuation<'e>,
+    prompt: Vec<u32>,
+    /// Prompt tokens already run.
+    prefilled: usize,
+    /// The token to run next (decoding).
+    next: Option<u32>,
+    received: Instant,
+    deadline: Instant,
+    first_token: bool,
+}
+
+/// One row group of a step: a slot and how many tokens it runs.
+#[derive(Clone, Copy)]
+struct Part {
+    slot: usize,
+    len: usize,
+    /// The step's logits of its last token choose its next token.
+    samples: bool,
+}
+
+struct Loop<'e> {
+    engine: &'e Engine,
+    model: &'e Model,
+    work: Session,
+    kvs: Vec<KvCache>,
+    active: Vec<Option<Active<'e>>>,
+    queue: VecDeque<Job>,
+    waiting: Arc<AtomicUsize>,
+    prefill_chunk: usize,
+    metrics: Arc<Metrics>,
+    /// The sparse FFN's counters already reported.
+    ffn_seen: (u64, u64),
+}
+
+impl<'e> Loop<'e> {
+    fn new(
+        engine: &'e Engine,
+        slots: usize,
+        prefill_chunk: usize,
+        waiting: Arc<AtomicUsize>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let model = &engine.model;
+        Self {
+            engine,
+            model,
+            work: model.new_session(),
+            kvs: (0..slots).map(|_| model.new_kv_cache()).collect(),
+            active: (0..slots).map(|_| None).collect(),
+            queue: VecDeque::new(),
+            waiting,
+            prefill_chunk: prefill_chunk.min(model.max_batch_tokens()),
+            metrics,
+            ffn_seen: (0, 0),
+        }
+    }
+
+    fn run(mut self, rx: Receiver<Msg>) {
+        loop {
+            // Idle: wait for a request; busy: take what arrived.
+            if self.active.iter().all(Option::is_none) && self.queue.is_empty() {
+                match rx.recv() {
+                    Ok(Msg::Job(j)) => self.queue.push_back(j),
+                    Ok(Msg::Shutdown) | Err(_) => break,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(Msg::Job(j)) => self.queue.push_back(j),
+                    Ok(Msg::Shutdown) | Err(TryRecvError::Disconnected) => return self.cancel_all(),
+                    Err(TryRecvError::Empty) => break,
+                }
+            }
+            self.drop_abandoned();
+            self.admit();
+            self.step();
+        }
+        self.cancel_all();
+    }
+
+    /// Cancels requests whose client left or whose time is up.
+    fn drop_abandoned(&mut self) {
+        let now = Instant::now();
+        let before = self.queue.len();
+        self.queue.retain(|j| {
+            if now > j.deadline {
+                let _ = j.events.send(Event::Failed(ApiError::timeout(timeout_of(j.received, j.deadline))));
+            }
+            !j.events.is_closed() && now <= j.deadline
+        });
+        let gone = before - self.queue.len();
+        self.waiting.fetch_sub(gone, Ordering::AcqRel);
+        self.metrics.cancelled.inc_by(gone as u64);
+        for slot in 0..self.active.len() {
+            let Some(a) = &self.active[slot] else { continue };
+            if now > a.deadline {
+                let _ = a.events.send(Event::Failed(ApiError::timeout(timeout_of(a.received, a.deadline))));
+            }
+            if a.events.is_closed() || now > a.deadline {
+                self.metrics.cancelled.inc();
+                self.free(slot);
+            }
+        }
+        self.metrics.queue_depth.set(self.queue.len() as i64);
+    }
+
+    /// Moves waiting requests into free slots.
+    fn admit(&mut self) {
+        while let Some(slot) = self.active.iter().position(Option::is_none) {
+            let Some(job) = self.queue.pop_front() else { break };
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            match Continuation::new(&self.engine.tokenizer, &job.params, &job.prompt) {
+                Ok(cont) => {
+                    self.active[slot] = Some(Active {
+                        events: job.events,
+                        cont,
+                        prompt: job.prompt,
+                        prefilled: 0,
+                        next: None,
+                        received: job.received,
+                        deadline: job.deadline,
+                        first_token: false,
+                    });
+                }
+                Err(e) => {
+                    let _ = job.events.send(Event::Failed(e.into()));
+                }
+            }
+        }
+        self.metrics.queue_depth.set(self.queue.len() as i64);
+        self.metrics.active_slots.set(self.active.iter().flatten().count() as i64);
+    }
+
+    /// The step's parts: every decoding request's next token, then prompt
+    /// chunks (oldest slot first) up to `prefill_chunk` tokens.
+    fn plan(&self) -> (Vec<u32>, Vec<Part>) {
+        let (mut tokens, mut parts) = (Vec::new(), Vec::new());
+        for (slot, a) in self.active.iter().enumerate() {
+            if let Some(tok) = a.as_ref().and_then(|a| a.next) {
+                tokens.push(tok);
+                parts.push(Part { slot, len: 1, samples: true });
+            }
+        }
+        let mut room = self.prefill_chunk.min(self.model.max_batch_tokens().saturating_sub(tokens.len()));
+        for (slot, a) in self.active.iter().enumerate() {
+            let Some(a) = a.as_ref().filter(|a| a.prefilled < a.prompt.len()) else { continue };
+            if room == 0 {
+                break;
+            }
+            let len = (a.prompt.len() - a.prefilled).min(room);
+            tokens.extend_from_slice(&a.prompt[a.prefilled..a.prefilled + len]);
+            parts.push(Part { slot, len, samples: a.prefilled + len == a.prompt.len() });
+            room -= len;
+        }
+        (tokens, parts)
+    }
+
+    /// One forward step over the planned parts, then sampling.
+    fn step(&mut self) {
+        let (tokens, parts) = self.plan();
+        if parts.is_empty() {
+            return;
+        }
+        let t0 = Instant::now();
+        let lens: Vec<usize> = parts.iter().map(|p| p.len).collect();
+        let mut refs: Vec<Option<&mut KvCache>> = self.kvs.iter_mut().map(Some).collect();
+        let mut seqs: Vec<&mut KvCache> = parts.iter().filter_map(|p| refs[p.slot].take()).collect();
+        if let Err(e) = self.model.forward_batch(&mut self.work, &mut seqs, &tokens, &lens) {
+            tracing::error!(error = %e, "a batch step failed: its requests are failed");
+            let e = ApiError::internal(e.to_string());
+            for p in &parts {
+                if let Some(a) = &self.active[p.slot] {
+                    let _ = a.events.send(Event::Failed(e.clone()));
+                }
+                self.free(p.slot);
+            }
+            return;
+        }
+        self.record_step(&parts, t0.elapsed());
+        // Rows whose logits choose a token: the last of each sampling part.
+        let mut rows = Vec::new();
+        let mut end = 0;
+        for p in &parts {
+            end += p.len;
+            if p.samples {
+                rows.push(end - 1);
+            }
+        }
+        for p in parts.iter().filter(|p| !p.samples) {
+            if let Some(a) = self.active[p.slot].as_mut() {
+                a.prefilled += p.len;
+            }
+        }
+        let vocab = self.model.config.vocab_size;
+        let logits = match self.model.logits_of_rows(&mut self.work, &rows) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "the output head failed");
+                return;
+            }
+        };
+        let mut finished = Vec::new();
+        for (i, p) in parts.iter().filter(|p| p.samples).enumerate() {
+            let Some(a) = self.active[p.slot].as_mut() else { continue };
+            a.prefilled = a.prompt.len();
+            let kv = &self.kvs[p.slot];
+            let events = &a.events;
+            let mut on_text = |piece: &str| {
+                let _ = events.send(Event::Text(piece.to_string()));
+                ControlFlow::Continue(())
+            };
+            match a.cont.next(&logits[i * vocab..(i + 1) * vocab], kv.pos(), kv.ctx(), &mut on_text) {
+                Ok(next) => {
+                    if !a.first_token {
+                        a.first_token = true;
+                        self.metrics.ttft.observe(a.received.elapsed().as_secs_f64());
+                    }
+                    a.next = next;
+                    if next.is_none() {
+                        finished.push(p.slot);
+                    }
+                }
+                Err(e) => {
+                    let _ = a.events.send(Event::Failed(e.into()));
+                    finished.push(p.slot);
+                    a.next = None;
+                }
+            }
+        }
+        for slot in finished {
+            self.finish(slot);
+        }
+    }
+
+    fn record_step(&mut self, parts: &[Part], took: Duration) {
+        let decode =
+            parts.iter().filter(|p| p.len == 1 && self.active[p.slot].as_ref().is_some_and(|a| a.next.is_some()));
+        let decode_rows = decode.count();
+        let rows: usize = parts.iter().map(|p| p.len).sum();
+        let prompt_rows = rows - decode_rows;
+        let secs = took.as_secs_f64().max(1e-9);
+        self.metrics.batch_rows.observe(rows as f64);
+        self.metrics.prompt_tokens.inc_by(prompt_rows as u64);
+        self.metrics.generated_tokens.inc_by(decode_rows as u64);
+        if prompt_rows > 0 {
+            self.metrics.prefill_tps.set(prompt_rows as f64 / secs);
+        } else {
+            self.metrics.decode_tps.set(decode_rows as f64 / secs);
+        }
+        if self.model.sparse.is_some() {
+            let st = self.work.sparsity_stats();
+            let (active, tokens) = st.layers.iter().fold((0, 0), |(a, t), c| (a + c.active, t + c.tokens));
+            let total = tokens * st.ffn_dim as u64;
+            self.metrics.ffn_neurons_kept.inc_by(active.saturating_sub(self.ffn_seen.0));
+            self.metrics.ffn_neurons.inc_by(total.saturating_sub(self.ffn_seen.1));
+            self.ffn_seen = (active, total);
+        }
+    }
+
+    /// A request is over: its final event, and its slot freed.
+    fn finish(&mut self, slot: usize) {
+        if let Some(a) = self.active[slot].take() {
+            let events = a.events.clone();
+            let mut on_text = |piece: &str| {
+                let _ = events.send(Event::Text(piece.to_string()));
+                ControlFlow::Continue(())
+            };
+            let prompt_tokens = a.prompt.len();
+            let (text, tokens, reason) = a.cont.finish(&mut on_text);
+            let _ = a.events.send(Event::Done { reason, prompt_tokens, completion_tokens: tokens.len(), text });
+        }
+        self.free(slot);
+    }
+
+    /// Empties a slot; its cache's memory goes back to the system.
+    fn free(&mut self, slot: usize) {
+        self.active[slot] = None;
+        self.kvs[slot].release();
+        self.metrics.active_slots.set(self.active.iter().flatten().count() as i64);
+    }
+
+    fn cancel_all(&mut self) {
+        let e = ApiError::unavailable("the server is shutting down");
+        for j in self.queue.drain(..) {
+            let _ = j.events.send(Event::Failed(e.clone()));
+        }
+        for slot in 0..self.active.len() {
+            if let Some(a) = &self.active[slot] {
+                let _ = a.events.send(Event::Failed(e.clone()));
+            }
+            self.free(slot);
+        }
+    }
+}
+
+fn timeout_of(received: Instant, deadline: Instant) -> u64 {
+    deadline.saturating_duration_since(received).as_secs()
+}

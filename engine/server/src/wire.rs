@@ -1,0 +1,373 @@
+//! OpenAI's request shapes, read strictly: every field is checked by
+//! name, a field that would change the result but is not implemented
+//! (`n > 1`, `logit_bias`, `tools`…) is a 400 naming it, and an unknown
+//! field is a 400 as OpenAI answers it ("unrecognized request argument").
+
+use serde_json::{Map, Value};
+
+use crate::chat::Message;
+use crate::error::ApiError;
+use spinfer_engine::sampling::SamplerParams;
+
+/// Fields accepted and ignored: they never change the result.
+const IGNORED: &[&str] = &["user", "metadata", "store", "service_tier"];
+
+/// A chat or text completion request, checked.
+#[derive(Debug)]
+pub struct Completion {
+    pub model: Option<String>,
+    pub input: Input,
+    /// `max_tokens` / `max_completion_tokens`; `None`: up to the context.
+    pub max_tokens: Option<usize>,
+    pub sampler: SamplerParams,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+#[derive(Debug)]
+pub enum Input {
+    Chat(Vec<Message>),
+    Text(String),
+}
+
+/// An embeddings request, checked.
+#[derive(Debug)]
+pub struct Embeddings {
+    pub model: Option<String>,
+    pub input: Vec<String>,
+    pub base64: bool,
+    pub dimensions: Option<usize>,
+}
+
+/// Most inputs of one embeddings request (OpenAI's limit).
+pub const MAX_EMBED_INPUTS: usize = 2048;
+/// Most stop strings (OpenAI's limit).
+const MAX_STOPS: usize = 4;
+
+/// The body as a JSON object; invalid UTF-8 or JSON is a 400.
+pub fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid UTF-8 (byte {})", e.valid_up_to())))?;
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::bad_request("the body must be a JSON object")),
+        Err(e) => Err(ApiError::bad_request(format!("the body is not valid JSON: {e}"))),
+    }
+}
+
+/// Rejects fields outside `known` (and [`IGNORED`]).
+fn check_fields(m: &Map<String, Value>, known: &[&str]) -> Result<(), ApiError> {
+    match m.keys().find(|k| !known.contains(&k.as_str()) && !IGNORED.contains(&k.as_str())) {
+        Some(k) => Err(ApiError::invalid(k, format!("unrecognized request argument supplied: {k}"))),
+        None => Ok(()),
+    }
+}
+
+fn present<'a>(m: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    m.get(key).filter(|v| !v.is_null())
+}
+
+fn number(m: &Map<String, Value>, key: &str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
+    let Some(v) = present(m, key) else { return Ok(None) };
+    let x = v.as_f64().ok_or_else(|| ApiError::invalid(key, format!("{key} must be a number")))?;
+    if !(lo..=hi).contains(&x) {
+        return Err(ApiError::invalid(key, format!("{key} = {x} is out of range [{lo}, {hi}]")));
+    }
+    Ok(Some(x))
+}
+
+fn boolean(m: &Map<String, Value>, key: &str) -> Result<bool, ApiError> {
+    match present(m, key) {
+        None => Ok(false),
+        Some(v) => v.as_bool().ok_or_else(|| ApiError::invalid(key, format!("{key} must be a boolean"))),
+    }
+}
+
+fn string(m: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
+    match present(m, key) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::invalid(key, format!("{key} must be a string"))),
+    }
+}
+
+/// A field that is accepted only at the value that changes nothing.
+fn only_default(m: &Map<String, Value>, key: &str, ok: impl Fn(&Value) -> bool, what: &str) -> Result<(), ApiError> {
+    match present(m, key) {
+        Some(v) if !ok(v) => Err(ApiError::invalid(key, format!("{key} is not supported: {what}"))),
+        _ => Ok(()),
+    }
+}
+
+/// `max_tokens`: a positive integer up to `cap`.
+fn max_tokens(m: &Map<String, Value>, key: &str, cap: usize) -> Result<Option<usize>, ApiError> {
+    let Some(v) = present(m, key) else { return Ok(None) };
+    let n = v.as_i64().ok_or_else(|| ApiError::invalid(key, format!("{key} must be an integer")))?;
+    if n <= 0 {
+        return Err(ApiError::invalid(key, format!("{key} must be at least 1, got {n}")));
+    }
+    if n as u64 > cap as u64 {
+        return Err(ApiError::invalid(key, format!("{key} = {n} is above this server's limit of {cap}")));
+    }
+    Ok(Some(n as usize))
+}
+
+/// The fields chat and text completions share: sampling, stop, stream
+/// and the unsupported ones.
+fn common(m: &Map<String, Value>, cap: usize, key: &str) -> Result<Completion, ApiError> {
+    only_default(m, "n", |v| v.as_i64() == Some(1), "one choice per request (n = 1)")?;
+    only_default(m, "logit_bias", |v| v.as_object().is_some_and(Map::is_empty), "logit biases")?;
+    for key in ["frequency_penalty", "presence_penalty"] {
+        only_default(m, key, |v| v.as_f64() == Some(0.0), "OpenAI's additive penalties (use repeat_penalty)")?;
+    }
+    let mut sampler = SamplerParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..SamplerParams::default() };
+    if let Some(t) = number(m, "temperature", 0.0, 2.0)? {
+        sampler.temperature = t as f32;
+    }
+    if let Some(p) = number(m, "top_p", f64::MIN_POSITIVE, 1.0)? {
+        sampler.top_p = p as f32;
+    }
+    if let Some(k) = number(m, "top_k", 0.0, 1e9)? {
+        sampler.top_k = k as usize;
+    }
+    if let Some(p) = number(m, "min_p", 0.0, 1.0)? {
+        sampler.min_p = p as f32;
+    }
+    if let Some(p) = number(m, "repeat_penalty", f64::MIN_POSITIVE, 10.0)? {
+        sampler.repeat_penalty = p as f32;
+    }
+    sampler.seed = match present(m, "seed") {
+        None => rand::random(),
+        Some(v) => v.as_i64().ok_or_else(|| ApiError::invalid("seed", "seed must be an integer"))? as u64,
+    };
+    let stop = match present(m, "stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if a.len() <= MAX_STOPS => a
+            .iter()
+            .map(|s| s.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ApiError::invalid("stop", "stop must be a string or an array of strings"))?,
+        Some(Value::Array(_)) => return Err(ApiError::invalid("stop", format!("at most {MAX_STOPS} stop strings"))),
+        Some(_) => return Err(ApiError::invalid("stop", "stop must be a string or an array of strings")),
+    };
+    let stream = boolean(m, "stream")?;
+    let include_usage = match present(m, "stream_options") {
+        None => false,
+        Some(Value::Object(o)) if stream => match o.keys().find(|k| *k != "include_usage") {
+            Some(k) => return Err(ApiError::invalid("stream_options", format!("unrecognized stream option: {k}"))),
+            None => boolean(o, "include_usage")
+                .map_err(|_| ApiError::invalid("stream_options.include_usage", "include_usage must be a boolean"))?,
+        },
+        Some(Value::Object(_)) => {
+            return Err(ApiError::invalid("stream_options", "stream_options is only allowed with stream = true"));
+        }
+        Some(_) => return Err(ApiError::invalid("stream_options", "stream_options must be an object")),
+    };
+    Ok(Completion {
+        model: string(m, "model")?,
+        input: Input::Text(String::new()),
+        max_tokens: max_tokens(m, key, cap)?,
+        sampler,
+        stop,
+        stream,
+        include_usage,
+    })
+}
+
+/// `POST /v1/chat/completions`.
+pub fn chat(m: &Map<String, Value>, cap: usize) -> Result<Completion, ApiError> {
+    const KNOWN: &[&str] = &[
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repeat_penalty",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "n",
+        "logit_bias",
+        "frequency_penalty",
+        "presence_penalty",
+        "logprobs",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "functions",
+        "function_call",
+        "response_format",
+        "parallel_tool_calls",
+    ];
+    check_fields(m, KNOWN)?;
+    only_default(m, "logprobs", |v| v.as_bool() == Some(false), "log probabilities")?;
+    only_default(m, "top_logprobs", |_| false, "log probabilities")?;
+    for key in ["tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"] {
+        only_default(m, key, |_| false, "tool calls")?;
+    }
+    only_default(
+        m,
+        "response_format",
+        |v| v.get("type").and_then(Value::as_str) == Some("text"),
+        "structured output (only {\"type\": \"text\"})",
+    )?;
+    let key = if present(m, "max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
+    let mut c = common(m, cap, key)?;
+    c.input = Input::Chat(messages(m)?);
+    Ok(c)
+}
+
+/// `messages`: a non-empty array of `{role, content}`, content a string
+/// or an array of text parts.
+fn messages(m: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
+    let Some(Value::Array(a)) = present(m, "messages") else {
+        return Err(ApiError::invalid("messages", "messages must be an array of {role, content} objects"));
+    };
+    if a.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    a.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let at = |f: &str| format!("messages[{i}].{f}");
+            let o = v.as_object().ok_or_else(|| ApiError::invalid(&format!("messages[{i}]"), "must be an object"))?;
+            let role = o.get("role").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::invalid(&at("role"), "role must be one of system, developer, user, assistant")
+            })?;
+            if !["system", "developer", "user", "assistant"].contains(&role) {
+                return Err(ApiError::invalid(&at("role"), format!("role '{role}' is not supported")));
+            }
+            if let Some(k) = o.keys().find(|k| !["role", "content", "name"].contains(&k.as_str())) {
+                return Err(ApiError::invalid(&at(k), format!("message field '{k}' is not supported")));
+            }
+            let content = match o.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                        (Some("text"), Some(t)) => Ok(t),
+                        _ => Err(ApiError::invalid(&at("content"), "only text content parts are supported")),
+                    })
+                    .collect::<Result<String, _>>()?,
+                _ => return Err(ApiError::invalid(&at("content"), "content must be a string or text parts")),
+            };
+            // The developer role is OpenAI's new name for system.
+            let role = if role == "developer" { "system" } else { role };
+            Ok(Message { role: role.to_string(), content })
+        })
+        .collect()
+}
+
+/// `POST /v1/completions`.
+pub fn completion(m: &Map<String, Value>, cap: usize) -> Result<Completion, ApiError> {
+    const KNOWN: &[&str] = &[
+        "model",
+        "prompt",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repeat_penalty",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "n",
+        "logit_bias",
+        "frequency_penalty",
+        "presence_penalty",
+        "logprobs",
+        "best_of",
+        "echo",
+        "suffix",
+    ];
+    check_fields(m, KNOWN)?;
+    only_default(m, "logprobs", |_| false, "log probabilities")?;
+    only_default(m, "best_of", |v| v.as_i64() == Some(1), "best_of > 1")?;
+    only_default(m, "echo", |v| v.as_bool() == Some(false), "echo")?;
+    only_default(m, "suffix", |_| false, "suffix (insertion)")?;
+    let prompt = match present(m, "prompt") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
+        Some(Value::Array(_)) => {
+            return Err(ApiError::invalid("prompt", "one prompt string per request (an array of one string)"));
+        }
+        _ => return Err(ApiError::invalid("prompt", "prompt must be a string")),
+    };
+    let mut c = common(m, cap, "max_tokens")?;
+    c.input = Input::Text(prompt);
+    Ok(c)
+}
+
+/// `POST /v1/embeddings`.
+pub fn embeddings(m: &Map<String, Value>) -> Result<Embeddings, ApiError> {
+    check_fields(m, &["model", "input", "encoding_format", "dimensions"])?;
+    let input = match present(m, "input") {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if a.is_empty() => return Err(ApiError::invalid("input", "input must not be empty")),
+        Some(Value::Array(a)) if a.len() > MAX_EMBED_INPUTS => {
+            return Err(ApiError::invalid("input", format!("at most {MAX_EMBED_INPUTS} inputs per request")));
+        }
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|s| s.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ApiError::invalid("input", "input must be a string or an array of strings"))?,
+        _ => return Err(ApiError::invalid("input", "input must be a string or an array of strings")),
+    };
+    if input.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("input", "an input is the empty string"));
+    }
+    let base64 = match string(m, "encoding_format")?.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(f) => return Err(ApiError::invalid("encoding_format", format!("'{f}': use float or base64"))),
+    };
+    let dimensions = number(m, "dimensions", 1.0, 1e6)?.map(|d| d as usize);
+    Ok(Embeddings { model: string(m, "model")?, input, base64, dimensions })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat_of(v: Value) -> Result<Completion, ApiError> {
+        chat(v.as_object().unwrap(), 100)
+    }
+
+    #[test]
+    fn unsupported_and_unknown_fields_are_named() {
+        let base = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        for (extra, param) in [
+            (serde_json::json!({"n": 2}), "n"),
+            (serde_json::json!({"logit_bias": {"1": 5}}), "logit_bias"),
+            (serde_json::json!({"tools": []}), "tools"),
+            (serde_json::json!({"bogus": 1}), "bogus"),
+            (serde_json::json!({"max_tokens": 0}), "max_tokens"),
+            (serde_json::json!({"max_tokens": 101}), "max_tokens"),
+            (serde_json::json!({"temperature": "hot"}), "temperature"),
+            (serde_json::json!({"messages": []}), "messages"),
+        ] {
+            let mut v = base.clone();
+            v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            let e = chat_of(v).unwrap_err();
+            assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{}", e.message);
+        }
+        let ok = chat_of(base).unwrap();
+        assert!(matches!(ok.input, Input::Chat(ref m) if m.len() == 1));
+    }
+
+    #[test]
+    fn invalid_utf8_and_json_are_bad_requests() {
+        assert_eq!(object(b"{\"a\": \"\xff\"}").unwrap_err().status, 400);
+        assert_eq!(object(b"{not json").unwrap_err().status, 400);
+        assert_eq!(object(b"[1]").unwrap_err().status, 400);
+    }
+}

@@ -1,0 +1,121 @@
+"""Talks to a running `spinfer serve` with the official `openai` client.
+
+Usage: openai_client.py generate BASE_URL EXPECT.json
+       openai_client.py embed BASE_URL EXPECT.json
+
+EXPECT.json (written by engine/cli/tests/serve.rs) holds what the CLI and
+the library give for the same inputs; every check is an assert, so a
+mismatch exits non-zero with the difference.
+"""
+
+import base64
+import json
+import struct
+import sys
+
+import openai
+
+
+def client(base_url):
+    return openai.OpenAI(base_url=base_url, api_key="sk-spinfer-test", max_retries=0, timeout=120)
+
+
+def generate(c, expect):
+    model = expect["model"]
+    models = [m.id for m in c.models.list().data]
+    assert models == [model], models
+
+    # Text completion, greedy: the text `spinfer generate --temp 0` gives,
+    # and the prompt's token count.
+    r = c.completions.create(model=model, prompt=expect["prompt"], max_tokens=expect["max_tokens"], temperature=0)
+    assert r.choices[0].text == expect["text"], (r.choices[0].text, expect["text"])
+    assert r.usage.prompt_tokens == expect["prompt_tokens"], (r.usage, expect["prompt_tokens"])
+    assert r.usage.completion_tokens == len(expect["tokens"]), (r.usage, len(expect["tokens"]))
+    assert r.choices[0].finish_reason == "length", r.choices[0].finish_reason
+
+    # Streamed, the same text piece by piece, with usage at the end.
+    pieces, usage, finish = [], None, None
+    for chunk in c.completions.create(
+        model=model, prompt=expect["prompt"], max_tokens=expect["max_tokens"], temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    ):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            pieces.append(ch.text)
+            finish = ch.finish_reason or finish
+    assert "".join(pieces) == expect["text"], pieces
+    assert usage.prompt_tokens == expect["prompt_tokens"] and usage.completion_tokens == len(expect["tokens"]), usage
+    assert finish == "length", finish
+
+    # Chat: the rendered template run greedily, whole and streamed alike.
+    messages = [{"role": "user", "content": expect["chat_question"]}]
+    r = c.chat.completions.create(model=model, messages=messages, max_tokens=32, temperature=0)
+    whole = r.choices[0].message.content
+    assert r.choices[0].message.role == "assistant"
+    assert whole == expect["chat_text"], (whole, expect["chat_text"])
+    assert r.usage.prompt_tokens == expect["chat_prompt_tokens"], r.usage
+    assert r.choices[0].finish_reason in ("stop", "length")
+    streamed, usage = [], None
+    for chunk in c.chat.completions.create(
+        model=model, messages=messages, max_tokens=32, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    ):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            if ch.delta.content:
+                streamed.append(ch.delta.content)
+    assert "".join(streamed) == whole, (streamed, whole)
+    assert usage.total_tokens == r.usage.total_tokens, (usage, r.usage)
+
+    # A stop string ends the text before it.
+    r = c.completions.create(model=model, prompt=expect["prompt"], max_tokens=expect["max_tokens"], temperature=0,
+                             stop=[expect["stop"]])
+    assert r.choices[0].finish_reason == "stop", r.choices[0]
+    assert r.choices[0].text == expect["text"].split(expect["stop"])[0], r.choices[0].text
+
+    # Errors arrive as the client's typed exceptions.
+    try:
+        c.completions.create(model="no-such-model", prompt="x", max_tokens=4)
+        raise AssertionError("an unknown model was accepted")
+    except openai.NotFoundError as e:
+        assert e.body["code"] == "model_not_found", e.body
+    try:
+        c.chat.completions.create(model=model, messages=messages, max_tokens=4, n=2)
+        raise AssertionError("n = 2 was accepted")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "n", e.body
+
+
+def embed(c, expect):
+    model = expect["model"]
+    r = c.embeddings.create(model=model, input=expect["inputs"])
+    assert len(r.data) == len(expect["inputs"])
+    for d, want in zip(r.data, expect["vectors"]):
+        assert max(abs(a - b) for a, b in zip(d.embedding, want)) < 1e-6, d.index
+    assert r.usage.prompt_tokens == expect["tokens"], r.usage
+    # base64: the same little-endian floats.
+    r = c.embeddings.create(model=model, input=expect["inputs"][0], encoding_format="base64")
+    v = r.data[0].embedding
+    if isinstance(v, str):
+        raw = base64.b64decode(v)
+        v = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    assert max(abs(a - b) for a, b in zip(v, expect["vectors"][0])) < 1e-6
+    try:
+        c.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], max_tokens=4)
+        raise AssertionError("chat on an embedding model was accepted")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "model", e.body
+
+
+def main():
+    mode, base_url, expect_path = sys.argv[1:4]
+    with open(expect_path) as f:
+        expect = json.load(f)
+    {"generate": generate, "embed": embed}[mode](client(base_url), expect)
+    print(f"openai {openai.__version__}: {mode} checks passed")
+
+
+if __name__ == "__main__":
+    main()

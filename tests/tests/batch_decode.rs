@@ -1,0 +1,110 @@
+//! Several requests in one forward step (`Model::forward_batch`, what the
+//! server's continuous batching runs): each request's logits and greedy
+//! tokens are those it gets alone.
+
+use std::path::Path;
+
+use spinfer_engine::Engine;
+use spinfer_engine::model::{ModelOptions, Precision};
+use spinfer_tests::{gemma3, smollm2};
+
+fn load(path: &Path, precision: Precision) -> Engine {
+    Engine::load(path, ModelOptions { precision, ctx: 256, threads: 2, sparsity: None, mem_budget: None }).unwrap()
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    x.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32
+}
+
+const PROMPTS: [&str; 4] = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "def fibonacci(n):",
+    "Water boils at",
+];
+
+/// Greedy decode of `steps` tokens for one prompt alone: the logits of
+/// every step.
+fn alone(e: &Engine, prompt: &str, steps: usize) -> Vec<Vec<f32>> {
+    let ids = e.tokenize(prompt).unwrap();
+    let mut s = e.model.new_session();
+    e.model.forward(&mut s, &ids).unwrap();
+    let mut out = vec![e.model.next_token_logits(&mut s).unwrap().to_vec()];
+    for _ in 1..steps {
+        let tok = argmax(out.last().unwrap());
+        e.model.forward(&mut s, &[tok]).unwrap();
+        out.push(e.model.next_token_logits(&mut s).unwrap().to_vec());
+    }
+    out
+}
+
+/// The same prompts decoded together: prompts join one by one (a prefill
+/// in the same step as the others' decode, as the server schedules them).
+fn together(e: &Engine, steps: usize) -> Vec<Vec<Vec<f32>>> {
+    let vocab = e.model.config.vocab_size;
+    let mut work = e.model.new_session();
+    let mut kvs: Vec<_> = PROMPTS.iter().map(|_| e.model.new_kv_cache()).collect();
+    let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::new(); PROMPTS.len()];
+    let mut joined = 0;
+    while out.iter().any(|o| o.len() < steps) {
+        // The running sequences' next tokens, then the next prompt whole.
+        let (mut tokens, mut lens, mut who) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, o) in out.iter().enumerate().take(joined) {
+            if o.len() < steps {
+                tokens.push(argmax(o.last().unwrap()));
+                lens.push(1);
+                who.push(i);
+            }
+        }
+        if joined < PROMPTS.len() {
+            let ids = e.tokenize(PROMPTS[joined]).unwrap();
+            lens.push(ids.len());
+            tokens.extend(ids);
+            who.push(joined);
+            joined += 1;
+        }
+        let mut seqs: Vec<_> = kvs.iter_mut().enumerate().filter(|(i, _)| who.contains(i)).map(|(_, k)| k).collect();
+        e.model.forward_batch(&mut work, &mut seqs, &tokens, &lens).unwrap();
+        let last_rows: Vec<usize> = lens
+            .iter()
+            .scan(0, |at, &n| {
+                *at += n;
+                Some(*at - 1)
+            })
+            .collect();
+        let logits = e.model.logits_of_rows(&mut work, &last_rows).unwrap();
+        for (k, &i) in who.iter().enumerate() {
+            out[i].push(logits[k * vocab..(k + 1) * vocab].to_vec());
+        }
+    }
+    out
+}
+
+fn batched_equals_alone(path: &Path) {
+    for precision in [Precision::Fast, Precision::Precise, Precision::Int8] {
+        let e = load(path, precision);
+        let steps = 12;
+        let got = together(&e, steps);
+        for (i, p) in PROMPTS.iter().enumerate() {
+            let want = alone(&e, p, steps);
+            let greedy = |v: &[Vec<f32>]| v.iter().map(|l| argmax(l)).collect::<Vec<_>>();
+            assert_eq!(greedy(&got[i]), greedy(&want), "{precision:?} {p:?}: greedy tokens differ");
+            let diff =
+                got[i].iter().flatten().zip(want.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            eprintln!("{precision:?} {p:?}: max |batched - alone| = {diff:e}");
+            assert!(got[i] == want, "{precision:?} {p:?}: logits differ by up to {diff:e}");
+        }
+    }
+}
+
+#[test]
+fn smollm2_batched_requests_equal_each_alone() {
+    let Some(path) = smollm2() else { return };
+    batched_equals_alone(&path);
+}
+
+#[test]
+fn gemma3_batched_requests_equal_each_alone() {
+    let Some(path) = gemma3() else { return };
+    batched_equals_alone(&path);
+}
