@@ -101,3 +101,32 @@ impl ServerSection {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use std::path::Path;
+
+    fn parse(server: &str) -> Result<Config, String> {
+        Config::parse(&format!("[model]\npath = \"m.gguf\"\n[server]\n{server}\n"), Path::new("s.toml"))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn server_keys_are_range_checked_by_name() {
+        assert_eq!(parse("").unwrap().server.slots, 4);
+        for (bad, key) in [
+            ("slots = 0", "server.slots"),
+            ("slots = 100000", "server.slots"),
+            ("max_body_kb = 0", "server.max_body_kb"),
+            ("prefill_chunk = 4096", "server.prefill_chunk"),
+            ("request_timeout_s = 0", "server.request_timeout_s"),
+            ("max_tokens = 0", "server.max_tokens"),
+            ("api_keys = [\"short\"]", "server.api_keys"),
+            ("bogus = 1", "bogus"),
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(e.contains(key), "{bad}: {e}");
+        }
+    }
+}
