@@ -60,7 +60,7 @@ def busy_cores(window=0.5):
     """CPU cores kept busy by other processes (sampled from /proc/stat while no server of ours runs)."""
     def sample():
         with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
+            v = [int(x) for x in f.readline().split()[1:9]]  # up to steal; guest is inside user
         return sum(v) - v[3] - v[4], sum(v)  # busy (all but idle, iowait), total
     (b0, t0), _, (b1, t1) = sample(), time.sleep(window), sample()
     return os.cpu_count() * (b1 - b0) / max(1, t1 - t0)
