@@ -296,7 +296,14 @@ impl<'e> Loop<'e> {
         let logits = match self.model.logits_of_rows(&mut self.work, &rows) {
             Ok(l) => l,
             Err(e) => {
-                tracing::error!(error = %e, "the output head failed");
+                tracing::error!(error = %e, "the output head failed: the step's sampling requests are failed");
+                let e = ApiError::internal(e.to_string());
+                for p in parts.iter().filter(|p| p.samples) {
+                    if let Some(a) = &self.active[p.slot] {
+                        let _ = a.events.send(Event::Failed(e.clone()));
+                    }
+                    self.free(p.slot);
+                }
                 return;
             }
         };
