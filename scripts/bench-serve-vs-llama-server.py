@@ -85,7 +85,8 @@ def wait_health(port, proc, limit=120.0):
 def start_spinfer(a, n, tmp):
     cfg = os.path.join(tmp, f"spinfer-{n}.toml")
     with open(cfg, "w") as f:
-        f.write(f"[model]\npath = {json.dumps(a.model)}\nthreads = {a.threads}\nctx = 2048\n\n"
+        f.write(f"[model]\npath = {json.dumps(a.model)}\nthreads = {a.threads}\nctx = 2048\n"
+                f"precision = {json.dumps(a.spinfer_precision)}\n\n"
                 f"[server]\nport = 0\nslots = {n}\nqueue = 256\n")
     p = subprocess.Popen([a.spinfer, "serve", "--config", cfg, "--quiet"], stdout=subprocess.PIPE,
                          stderr=open(os.path.join(tmp, "spinfer.log"), "a"), text=True)
@@ -202,6 +203,8 @@ def main():
     ap.add_argument("--llama-server", required=True)
     ap.add_argument("--model", default=os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--spinfer-precision", default="fast", choices=["fast", "int8", "precise"],
+                    help="[model] precision: int8 is llama.cpp's numerics (one 8-bit activation plane)")
     ap.add_argument("--streams", default="1,4,16")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)

@@ -51,7 +51,8 @@ kernel_tests=()
 for name in $(for f in engine/kernels/tests/*.rs engine/sparse-kernels/tests/*.rs plugins/cpu-*/tests/*.rs; do basename "$f" .rs; done | sort -u); do
     kernel_tests+=(--test "$name")
 done
-for cap in avx2 scalar; do
+# avx512: the AVX-512 kernels where AMX tiles would take their shapes.
+for cap in avx512 avx2 scalar; do
     extra=()
     [ "$cap" = avx2 ] && extra=(--test reference_smollm2)
     run "SPINFER_CPU=$cap" env SPINFER_CPU=$cap cargo test --workspace --release --no-fail-fast \

@@ -4,13 +4,18 @@
 //! Setting `SPINFER_CPU=scalar` or `SPINFER_CPU=avx2` ([`CPU_CAP_ENV`])
 //! caps what it reports, so a machine with AVX-512 also runs (and the test
 //! suite also checks) the AVX2 and scalar paths that a CPU without
-//! AVX-512, or without AVX2, would take. `avx512` or `native` (or unset)
-//! means whatever the CPU has.
+//! AVX-512, or without AVX2, would take; `avx512` switches off only the
+//! AMX tile kernels. `native` (or unset) means whatever the CPU has.
+//!
+//! AMX counts only where the OS grants it: the CPU reports the tiles, XCR0
+//! has their state enabled, and the kernel granted this process the tile
+//! data (`arch_prctl(ARCH_REQ_XCOMP_PERM)`); a CPUID flag alone is not
+//! trusted (some virtual machines report AMX and fault on its first use).
 
 use std::sync::OnceLock;
 
 /// Environment variable capping the instruction sets the kernels use:
-/// `scalar`, `avx2`, `avx512` / `native` (the default).
+/// `scalar`, `avx2`, `avx512` (no AMX), `native` (the default).
 pub const CPU_CAP_ENV: &str = "SPINFER_CPU";
 
 /// Instruction-set extensions the kernels can use on this machine.
@@ -27,6 +32,9 @@ pub struct CpuFeatures {
     pub avx512vbmi: bool,
     /// bf16 dot products, used by the packed bf16 GEMM.
     pub avx512bf16: bool,
+    /// AMX tiles with bf16 products, granted by the OS: the packed bf16
+    /// GEMM's tile kernel.
+    pub amx_bf16: bool,
 }
 
 /// The highest family of kernels [`CpuFeatures::detect`] may report.
@@ -36,6 +44,8 @@ pub enum IsaCap {
     Scalar,
     /// AVX2, FMA and F16C at most (no AVX-512).
     Avx2,
+    /// AVX-512 at most (no AMX tiles).
+    Avx512,
     /// Everything the CPU has.
     Native,
 }
@@ -46,7 +56,8 @@ impl IsaCap {
         match s.trim().to_ascii_lowercase().as_str() {
             "scalar" | "none" => Some(Self::Scalar),
             "avx2" => Some(Self::Avx2),
-            "avx512" | "native" | "" => Some(Self::Native),
+            "avx512" => Some(Self::Avx512),
+            "native" | "" => Some(Self::Native),
             _ => None,
         }
     }
@@ -87,6 +98,7 @@ impl CpuFeatures {
                 avx512vnni: is_x86_feature_detected!("avx512vnni"),
                 avx512vbmi: is_x86_feature_detected!("avx512vbmi"),
                 avx512bf16: is_x86_feature_detected!("avx512bf16"),
+                amx_bf16: amx::bf16_granted(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -100,6 +112,7 @@ impl CpuFeatures {
     pub fn capped(self, cap: IsaCap) -> Self {
         match cap {
             IsaCap::Native => self,
+            IsaCap::Avx512 => Self { amx_bf16: false, ..self },
             IsaCap::Avx2 => Self { avx2: self.avx2, fma: self.fma, f16c: self.f16c, ..Self::default() },
             IsaCap::Scalar => Self::default(),
         }
@@ -148,6 +161,74 @@ impl CpuFeatures {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod amx {
+    use std::arch::x86_64::{__cpuid, __cpuid_count, _xgetbv};
+
+    /// XCR0 bits of the tile configuration and tile data state.
+    const XTILE_STATE: u64 = (1 << 17) | (1 << 18);
+    const ARCH_GET_XCOMP_PERM: i64 = 0x1022;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    const SYS_ARCH_PRCTL: i64 = 158;
+
+    unsafe extern "C" {
+        fn syscall(number: i64, ...) -> i64;
+    }
+
+    /// AMX-TILE and AMX-BF16 reported, tile state enabled in XCR0, and this
+    /// process granted the tile data.
+    pub(super) fn bf16_granted() -> bool {
+        // CPUID leaves 0 and 1 exist on every x86-64 CPU; leaf 7 is read
+        // only when leaf 0 reports it.
+        let (max, l1) = (__cpuid(0).eax, __cpuid(1));
+        if max < 7 || l1.ecx & (1 << 27) == 0 {
+            return false; // no leaf 7, or no OSXSAVE (no xgetbv)
+        }
+        let l7 = __cpuid_count(7, 0);
+        let (tile, bf16) = (l7.edx & (1 << 24) != 0, l7.edx & (1 << 22) != 0);
+        // SAFETY: OSXSAVE is set, so xgetbv(0) is allowed.
+        if !(tile && bf16) || unsafe { xcr0() } & XTILE_STATE != XTILE_STATE {
+            return false;
+        }
+        request_tile_data()
+    }
+
+    /// # Safety
+    /// The CPU must report OSXSAVE.
+    #[target_feature(enable = "xsave")]
+    unsafe fn xcr0() -> u64 {
+        // SAFETY: the caller checked OSXSAVE.
+        unsafe { _xgetbv(0) }
+    }
+
+    /// Asks Linux for the tile data (a process-wide permission, granted
+    /// once) and reads it back.
+    #[cfg(target_os = "linux")]
+    fn request_tile_data() -> bool {
+        let mut granted: u64 = 0;
+        // SAFETY: arch_prctl with these codes takes an integer, or a
+        // pointer to a u64 it writes; both outlive the calls.
+        unsafe {
+            syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
+                && syscall(SYS_ARCH_PRCTL, ARCH_GET_XCOMP_PERM, &raw mut granted) == 0
+                && granted & (1 << XFEATURE_XTILEDATA) != 0
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn request_tile_data() -> bool {
+        false
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod amx {
+    pub(super) fn bf16_granted() -> bool {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,7 +238,7 @@ mod tests {
         assert_eq!(IsaCap::parse("AVX2"), Some(IsaCap::Avx2));
         assert_eq!(IsaCap::parse("scalar"), Some(IsaCap::Scalar));
         assert_eq!(IsaCap::parse("native"), Some(IsaCap::Native));
-        assert_eq!(IsaCap::parse("avx512"), Some(IsaCap::Native));
+        assert_eq!(IsaCap::parse("avx512"), Some(IsaCap::Avx512));
         assert_eq!(IsaCap::parse("sse9"), None);
         let all = CpuFeatures {
             avx2: true,
@@ -169,11 +250,13 @@ mod tests {
             avx512vnni: true,
             avx512vbmi: true,
             avx512bf16: true,
+            amx_bf16: true,
         };
         assert_eq!(all.capped(IsaCap::Native), all);
+        assert_eq!(all.capped(IsaCap::Avx512), CpuFeatures { amx_bf16: false, ..all });
         let avx2 = all.capped(IsaCap::Avx2);
         assert!(avx2.has_avx2() && avx2.has_avx2_fma() && !avx2.has_avx512() && !avx2.has_avx512f_fma());
-        assert!(!avx2.avx512vbmi && !avx2.avx512bf16);
+        assert!(!avx2.avx512vbmi && !avx2.avx512bf16 && !avx2.amx_bf16);
         assert_eq!(all.capped(IsaCap::Scalar).describe(), "scalar");
         // A cap never adds what the CPU lacks.
         assert_eq!(CpuFeatures::default().capped(IsaCap::Native), CpuFeatures::default());

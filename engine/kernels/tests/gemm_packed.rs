@@ -182,3 +182,26 @@ fn shape_errors_are_reported() {
         assert_eq!(out, [4.5, 4.0, 3.0, 4.5, 4.0, 3.0]);
     }
 }
+
+/// The encoder's shapes (all-MiniLM-L6-v2: K of 384 and 1536, QKV fused)
+/// on the AMX tile kernel where the OS grants the tiles (else the same
+/// check runs the `vdpbf16ps` kernel, and says so).
+#[test]
+fn bf16_tiles_match_the_scalar_reference_on_encoder_shapes() {
+    use spinfer_kernels::matmul::gemm_packed::amx_available;
+    if !amx_available() {
+        eprintln!("AMX tiles not granted here (or SPINFER_CPU caps them): the vdpbf16ps kernel runs this check");
+    }
+    let pool = ThreadPool::new(2);
+    let mut r = rng(1234);
+    for &(rows, cols, n) in &[(1152, 384, 37), (384, 1536, 64), (1536, 384, 5), (100, 32, 33)] {
+        let w = random_weights(&mut r, GgmlType::F32, rows, cols);
+        let x = acts(&mut r, n * cols);
+        let bias: Vec<f32> = (0..rows).map(|_| r.random_range(-1.0f32..1.0)).collect();
+        let packed = PackedMatrix::pack(PackedType::Bf16, &[(GgmlType::F32, &w, rows)], cols).unwrap();
+        let mut want = vec![0.0f32; n * rows];
+        gemm_packed_scalar(&packed, &x, n, Some(&bias), &mut want).unwrap();
+        let got = run(&pool, &packed, &x, n, Some(&bias));
+        assert_close(&packed, &x, Some(&bias), &got, &want, &format!("{rows}x{cols} n={n}"));
+    }
+}

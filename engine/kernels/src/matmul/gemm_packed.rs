@@ -84,6 +84,16 @@ pub fn packed_simd_available(ty: PackedType) -> bool {
     }
 }
 
+/// Whether the bf16 product runs on AMX tiles (the OS granted them and
+/// `SPINFER_CPU` does not cap them off); shapes whose K is not a whole
+/// number of tiles stay on `vdpbf16ps`.
+pub fn amx_available() -> bool {
+    crate::cpu::CpuFeatures::detect().amx_bf16
+}
+
+#[cfg(target_arch = "x86_64")]
+mod amx;
+
 /// A weight matrix (`rows × cols`) packed for [`gemm_packed`]: panel `p`,
 /// step `q`, row `j` of the panel at `u32` index `p · steps · NR + q · NR +
 /// j`, where a step is a column pair (bf16) or a column (f32); rows past
@@ -245,6 +255,11 @@ pub fn gemm_packed(
 ) -> Result<()> {
     check(w, x, n, bias, out)?;
     if n == 0 || w.rows == 0 {
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    if w.ty == PackedType::Bf16 && amx_available() && amx::fits(w) {
+        amx::run(pool, w, x, n, bias, out, scratch, epilogue);
         return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
