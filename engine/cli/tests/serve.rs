@@ -57,6 +57,11 @@ impl Served {
     fn terminate(&mut self, limit: Duration) -> std::process::ExitStatus {
         let ok = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status().unwrap();
         assert!(ok.success());
+        self.terminate_wait(limit)
+    }
+
+    /// The exit status, within `limit`.
+    fn terminate_wait(&mut self, limit: Duration) -> std::process::ExitStatus {
         let t = Instant::now();
         loop {
             if let Some(s) = self.child.try_wait().unwrap() {
@@ -429,4 +434,41 @@ fn cancel_mid_stream(addr: &str, prompt: &str) {
         line.clear();
     }
     assert_eq!(pieces, 3, "the stream ended early");
+}
+
+/// SIGTERM with a stream in flight: the stream still ends with `[DONE]`,
+/// new requests are refused meanwhile, and the process exits 0.
+#[test]
+fn sigterm_drains_the_requests_in_flight() {
+    let Some(model) = spinfer_test_support::smollm2() else { return };
+    let mut served = Served::start(&model, &format!("api_keys = [\"{KEY}\"]\nslots = 2"), "ctx = 512");
+    let addr = served.addr.clone();
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 120, "temperature": 0, "stream": true}).to_string();
+    let mut s = TcpStream::connect(&addr).unwrap();
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {KEY}\r\nConnection: close\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        assert!(r.read_line(&mut line).unwrap() > 0, "the stream ended before its first piece");
+    }
+    // The first piece arrived: stop the server while the rest is coming.
+    let pid = served.pid().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    std::thread::sleep(Duration::from_millis(300));
+    let refused = TcpStream::connect(&addr).map(|_| {
+        let (st, _) = http(&addr, "GET", "/health", &[], b"");
+        st
+    });
+    assert!(refused.as_ref().map_or(true, |&st| st == 503), "while draining, /health answered {refused:?}");
+    let mut rest = String::new();
+    r.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains("data: [DONE]"), "the stream in flight was cut: {rest}");
+    let status = served.terminate_wait(Duration::from_secs(30));
+    assert!(status.success(), "exit status {status:?}");
 }
