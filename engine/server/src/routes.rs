@@ -155,42 +155,22 @@ async fn completions(
 
 /// Chat and text completions: the prompt tokenized and checked, queued,
 /// then answered whole or streamed.
-async fn generate(st: Arc<AppState>, req: Completion, chat: bool) -> Result<Response, ApiError> {
+async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<Response, ApiError> {
     check_model(&st, &req.model)?;
     let Served::Generator { engine, template, scheduler } = &st.served else {
         return Err(embedder_error(&st));
     };
-    let prompt = match &req.input {
-        Input::Chat(messages) => {
-            let t = template.as_ref().as_ref().ok_or_else(|| {
-                ApiError::invalid("messages", "the model has no chat template: use /v1/completions with a prompt")
-            })?;
-            t.render(messages)?
-        }
-        Input::Text(p) => p.clone(),
-    };
-    let ctx = engine.model.options.ctx;
-    // A chat template opens with its own BOS when the model wants one.
-    let add_bos = chat.then(|| crate::chat::add_bos(&engine.tokenizer, &prompt));
-    let ids = encode_prompt(&engine.tokenizer, &prompt, add_bos, ctx).map_err(|e| match e {
-        spinfer_models::Error::ContextOverflow { needed, ctx } => ApiError {
-            code: Some("context_length_exceeded"),
-            ..ApiError::invalid(
-                if chat { "messages" } else { "prompt" },
-                format!("the prompt is {needed} tokens; the context holds {ctx} (and one to generate)"),
-            )
-        },
-        other => other.into(),
-    })?;
-    if ids.len() >= ctx {
-        return Err(ApiError {
-            code: Some("context_length_exceeded"),
-            ..ApiError::invalid(
-                if chat { "messages" } else { "prompt" },
-                format!("the prompt is {} tokens: no room left in the context of {ctx} to generate", ids.len()),
-            )
-        });
+    if matches!(req.input, Input::Chat(_)) && template.is_none() {
+        return Err(ApiError::invalid("messages", "the model has no chat template: use /v1/completions with a prompt"));
     }
+    // Rendering and tokenizing take time in proportion to the body: off
+    // the I/O threads.
+    let (e, input) = (engine.clone(), std::mem::replace(&mut req.input, Input::Text(String::new())));
+    let st2 = st.clone();
+    let ids = tokio::task::spawn_blocking(move || prompt_ids(&st2, &e, &input))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let ctx = engine.model.options.ctx;
     let max_tokens = req.max_tokens.unwrap_or(st.max_tokens_cap).min(ctx - ids.len());
     let params = GenerateParams { max_tokens, sampler: req.sampler, stop: req.stop, add_bos: None };
     let (tx, rx) = mpsc::unbounded_channel();
@@ -203,6 +183,34 @@ async fn generate(st: Arc<AppState>, req: Completion, chat: bool) -> Result<Resp
     } else {
         whole(&st, id, created, chat, rx).await
     }
+}
+
+/// The prompt's token ids: the chat rendered with the model's template, or
+/// the text; at most the context less one position (one to generate).
+fn prompt_ids(st: &AppState, engine: &Engine, input: &Input) -> Result<Vec<u32>, ApiError> {
+    let (prompt, chat) = match input {
+        Input::Chat(messages) => match &st.served {
+            Served::Generator { template, .. } => match template.as_ref() {
+                Some(t) => (t.render(messages)?, true),
+                None => return Err(ApiError::internal("no chat template")),
+            },
+            Served::Embedder { .. } => return Err(embedder_error(st)),
+        },
+        Input::Text(p) => (p.clone(), false),
+    };
+    let ctx = engine.model.options.ctx;
+    // A chat template opens with its own BOS when the model wants one.
+    let add_bos = chat.then(|| crate::chat::add_bos(&engine.tokenizer, &prompt));
+    encode_prompt(&engine.tokenizer, &prompt, add_bos, ctx - 1).map_err(|e| match e {
+        spinfer_models::Error::ContextOverflow { needed, .. } => ApiError {
+            code: Some("context_length_exceeded"),
+            ..ApiError::invalid(
+                if chat { "messages" } else { "prompt" },
+                format!("the prompt is {needed} tokens: the context holds {ctx}, and one is needed to generate"),
+            )
+        },
+        other => other.into(),
+    })
 }
 
 fn finish_reason(r: StopReason) -> &'static str {
