@@ -75,7 +75,7 @@ impl Session {
     }
 
     /// Drops cached tokens after `pos` (e.g. to re-run a suffix). A local
-    /// (sliding-window) layer keeps [`UBATCH`]` - 1` positions beyond its
+    /// (sliding-window) layer keeps [`super::UBATCH`]` - 1` positions beyond its
     /// window: going back further than that is an error (the positions it
     /// would need again are overwritten), and the session is unchanged.
     pub fn truncate(&mut self, pos: usize) -> Result<()> {
