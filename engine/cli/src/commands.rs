@@ -55,8 +55,8 @@ pub struct CommonArgs {
     /// `--predictor low-rank`.
     #[arg(long, requires = "sparsity")]
     pub ffn_budget_mb: Option<f64>,
-    /// Which cold neurons stay cached under --ffn-budget-mb: lru | freq-lru | `pack:<pack>/<name>` (a loaded
-    /// pack's policy).
+    /// Which cold neurons stay cached under --ffn-budget-mb: sweep (default: by layer, then recency) | lru |
+    /// freq-lru | `pack:<pack>/<name>` (a loaded pack's policy).
     #[arg(long, requires = "ffn_budget_mb")]
     pub cache_policy: Option<String>,
     /// Output head for next-token logits: dense (every vocabulary row) or

@@ -96,7 +96,7 @@ pub struct SparsitySection {
     /// beside the sidecar. Needs the low-rank predictor. Absent: no budget.
     pub ffn_budget_mb: Option<f64>,
     /// Which cold neurons stay cached under a budget: `"lru"`,
-    /// `"freq-lru"` (default), or a pack's policy as `"pack:<pack>/<name>"`.
+    /// `"freq-lru"`, `"sweep"` (default), or a pack's policy as `"pack:<pack>/<name>"`.
     pub cache_policy: Option<String>,
 }
 
@@ -132,7 +132,7 @@ pub fn check_cache_policy(p: &str) -> std::result::Result<(), String> {
     match pack_object(p) {
         Some(name) if !name.is_empty() => Ok(()),
         None if CachePolicyKind::parse(p).is_some() => Ok(()),
-        _ => Err(format!("cache policy '{p}' is not one of lru, freq-lru, pack:<pack>/<name>")),
+        _ => Err(format!("cache policy '{p}' is not one of lru, freq-lru, sweep, pack:<pack>/<name>")),
     }
 }
 
@@ -439,7 +439,7 @@ mod tests {
         assert_eq!(so.cache_policy, CachePolicyKind::Lru);
         assert_eq!(so.predictor, Some(PredictorKind::LowRank));
         let so = parse(base).unwrap().model_options().sparsity.unwrap();
-        assert_eq!((so.ffn_budget_bytes, so.cache_policy), (None, CachePolicyKind::FreqLru));
+        assert_eq!((so.ffn_budget_bytes, so.cache_policy), (None, CachePolicyKind::Sweep));
         let e = parse(&format!("{base}ffn_budget_mb = -1\n")).unwrap_err().to_string();
         assert!(e.contains("ffn_budget_mb"), "{e}");
         let e = parse(&format!("{base}cache_policy = \"mru\"\n")).unwrap_err().to_string();
@@ -448,7 +448,7 @@ mod tests {
         let packs = "[model]\npath = \"m.gguf\"\n[sparsity]\nfile = \"s.spinfer\"\npredictor = \"pack:acme/mlp\"\n";
         let so = parse(&format!("{packs}cache_policy = \"pack:fifo\"\n")).unwrap().model_options().sparsity.unwrap();
         assert_eq!((so.predictor, so.pack_predictor.as_deref()), (None, Some("acme/mlp")));
-        assert_eq!((so.cache_policy, so.pack_cache_policy.as_deref()), (CachePolicyKind::FreqLru, Some("fifo")));
+        assert_eq!((so.cache_policy, so.pack_cache_policy.as_deref()), (CachePolicyKind::Sweep, Some("fifo")));
         let e = parse(&format!("{base}cache_policy = \"pack:\"\n")).unwrap_err().to_string();
         assert!(e.contains("pack:<pack>/<name>"), "{e}");
     }

@@ -11,10 +11,12 @@
 //!   resident, and the host calls `evict` until a slot is free;
 //! * `evict` names a resident neuron and forgets it.
 //!
-//! Built in: [`Lru`] (least recently used) and [`FreqLru`]
+//! Built in: [`Lru`] (least recently used), [`FreqLru`]
 //! (frequency-weighted LRU: a neuron's priority is its last access time plus
 //! `horizon × its calibrated activation frequency`, so frequently active
-//! neurons outlive rarely active ones accessed at the same time).
+//! neurons outlive rarely active ones accessed at the same time) and
+//! [`Sweep`] (ranks by layer, then recency: decode sweeps the layers in
+//! order, where LRU is at its worst).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -26,9 +28,11 @@ pub use spinfer_plugin_api::{CachePolicy, CachePolicyBox, NeuronId};
 pub enum CachePolicyKind {
     /// Least recently used.
     Lru,
-    /// Frequency-weighted LRU (the default).
-    #[default]
+    /// Frequency-weighted LRU.
     FreqLru,
+    /// Sweep-aware: by layer, then recency ([`Sweep`]; the default).
+    #[default]
+    Sweep,
 }
 
 impl CachePolicyKind {
@@ -36,6 +40,7 @@ impl CachePolicyKind {
         match self {
             CachePolicyKind::Lru => "lru",
             CachePolicyKind::FreqLru => "freq-lru",
+            CachePolicyKind::Sweep => "sweep",
         }
     }
 
@@ -43,6 +48,7 @@ impl CachePolicyKind {
         match s {
             "lru" => Some(CachePolicyKind::Lru),
             "freq-lru" | "frequency-lru" | "lfru" => Some(CachePolicyKind::FreqLru),
+            "sweep" => Some(CachePolicyKind::Sweep),
             _ => None,
         }
     }
@@ -133,6 +139,59 @@ impl FreqLru {
 impl CachePolicy for FreqLru {
     fn name(&self) -> RString {
         "freq-lru".into()
+    }
+
+    fn on_access(&mut self, neuron: NeuronId) {
+        self.clock += 1;
+        let p = self.priority(neuron);
+        self.resident.touch(neuron, p);
+    }
+
+    fn admit(&mut self, neuron: NeuronId) -> bool {
+        let p = self.priority(neuron);
+        self.resident.set(neuron, p);
+        true
+    }
+
+    fn evict(&mut self) -> ROption<NeuronId> {
+        self.resident.pop().into()
+    }
+}
+
+/// Sweep-aware. Each decode step visits the layers in order, and on a
+/// small model the cold neurons one step uses outnumber the cache's slots
+/// several times over: LRU then evicts the earliest layers' neurons just
+/// before the next step asks for them (a cyclic sweep larger than the
+/// cache is its worst case) and hits only by chance. This policy ranks by
+/// layer first, the earliest layers kept, and by recency within a layer:
+/// the early layers' cold set stays resident from step to step, turning
+/// over as their neurons change, and a newcomer ranking below everything
+/// resident (a late layer's, the cache full of earlier ones) is not
+/// admitted, so it does not churn the cache.
+pub struct Sweep {
+    clock: u64,
+    layers: u64,
+    resident: Resident,
+}
+
+/// Room for the recency clock below the layer rank.
+const SWEEP_CLOCK_BITS: u32 = 44;
+
+impl Sweep {
+    /// A policy for a model of `layers` layers.
+    pub fn new(layers: usize) -> Self {
+        Self { clock: 0, layers: layers.clamp(1, 1 << 16) as u64, resident: Resident::default() }
+    }
+
+    fn priority(&self, n: NeuronId) -> u64 {
+        let rank = self.layers - 1 - u64::from(n.layer).min(self.layers - 1);
+        (rank << SWEEP_CLOCK_BITS) | (self.clock & ((1 << SWEEP_CLOCK_BITS) - 1))
+    }
+}
+
+impl CachePolicy for Sweep {
+    fn name(&self) -> RString {
+        "sweep".into()
     }
 
     fn on_access(&mut self, neuron: NeuronId) {
@@ -254,6 +313,7 @@ pub fn policy(kind: CachePolicyKind, slots: usize, freq: Vec<Vec<f32>>) -> Boxed
     match kind {
         CachePolicyKind::Lru => Box::new(Lru::default()),
         CachePolicyKind::FreqLru => Box::new(FreqLru::new(slots, freq)),
+        CachePolicyKind::Sweep => Box::new(Sweep::new(freq.len())),
     }
 }
 
@@ -270,6 +330,54 @@ mod tests {
 
     fn rec(v: u8) -> [u8; 4] {
         [v; 4]
+    }
+
+    /// Decode steps sweeping 4 layers of 3 cold neurons each through 6
+    /// slots: LRU evicts each layer's neurons just before the next step
+    /// needs them and never hits; the sweep-aware policy keeps the first
+    /// two layers resident and hits on them every step.
+    #[test]
+    fn sweep_keeps_the_early_layers_where_lru_never_hits() {
+        let run = |policy: BoxedPolicy| {
+            let mut c = ColdCache::new(6, 4, 4, 3, policy);
+            let mut hits = 0;
+            for _step in 0..5 {
+                for layer in 0..4u32 {
+                    for index in 0..3u32 {
+                        let id = NeuronId { layer, index };
+                        if c.lookup(id).is_some() {
+                            hits += 1;
+                        } else {
+                            c.insert(id, &rec(index as u8));
+                        }
+                    }
+                }
+            }
+            (hits, c)
+        };
+        let (lru_hits, _) = run(Box::<Lru>::default());
+        let (sweep_hits, c) = run(Box::new(Sweep::new(4)));
+        assert_eq!(lru_hits, 0);
+        assert_eq!(sweep_hits, 4 * 6, "layers 0 and 1 hit on every step after the first");
+        assert!(
+            (0..3).all(|i| c.contains(NeuronId { layer: 0, index: i }) && c.contains(NeuronId { layer: 1, index: i }))
+        );
+        // A later layer's newcomer, ranking below everything resident, is
+        // not admitted; an earlier layer's replaces the least recent
+        // neuron of the latest layer resident.
+        let id = |layer, index| NeuronId { layer, index };
+        let mut c = ColdCache::new(2, 4, 2, 4, Box::new(Sweep::new(2)));
+        for i in 0..2 {
+            assert!(c.lookup(id(1, i)).is_none() && c.insert(id(1, i), &rec(1)));
+        }
+        assert!(c.lookup(id(0, 0)).is_none() && c.insert(id(0, 0), &rec(2)));
+        assert!(c.contains(id(0, 0)) && !c.contains(id(1, 0)) && c.contains(id(1, 1)));
+        assert!(c.lookup(id(0, 1)).is_none() && c.insert(id(0, 1), &rec(3)));
+        assert!(c.lookup(id(1, 2)).is_none());
+        assert!(!c.insert(id(1, 2), &rec(4)), "a late layer's neuron displaced an early one");
+        assert!(c.contains(id(0, 0)) && c.contains(id(0, 1)));
+        assert_eq!(CachePolicyKind::parse("sweep"), Some(CachePolicyKind::Sweep));
+        assert_eq!(CachePolicyKind::default(), CachePolicyKind::Sweep);
     }
 
     #[test]
