@@ -112,49 +112,66 @@ impl CachePolicy for Lru {
     }
 }
 
-/// Frequency-weighted LRU: priority = last access + `horizon × freq`, with
-/// `freq` the neuron's calibrated activation frequency (0..=1, the
-/// sidecar's `active_freq`). With all frequencies equal it is LRU.
-pub struct FreqLru {
+/// How a [`Ranked`] policy orders resident neurons: the priority of a
+/// neuron accessed at time `clock` (the lowest is evicted first).
+pub trait Rank {
+    const NAME: &'static str;
+    fn priority(&self, clock: u64, n: NeuronId) -> u64;
+}
+
+/// A policy that re-ranks a neuron at every access by its [`Rank`].
+pub struct Ranked<R> {
     clock: u64,
-    horizon: f64,
-    /// Per layer, per neuron.
-    freq: Vec<Vec<f32>>,
+    rank: R,
     resident: Resident,
 }
 
-impl FreqLru {
-    /// `horizon`: how many accesses a neuron of frequency 1 outlives one of
-    /// frequency 0 last used at the same time.
-    pub fn new(horizon: usize, freq: Vec<Vec<f32>>) -> Self {
-        Self { clock: 0, horizon: horizon as f64, freq, resident: Resident::default() }
-    }
-
-    fn priority(&self, n: NeuronId) -> u64 {
-        let f = self.freq.get(n.layer as usize).and_then(|l| l.get(n.index as usize)).copied().unwrap_or(0.0);
-        self.clock + (self.horizon * f64::from(f.clamp(0.0, 1.0))) as u64
-    }
-}
-
-impl CachePolicy for FreqLru {
+impl<R: Rank + Send> CachePolicy for Ranked<R> {
     fn name(&self) -> RString {
-        "freq-lru".into()
+        R::NAME.into()
     }
 
     fn on_access(&mut self, neuron: NeuronId) {
         self.clock += 1;
-        let p = self.priority(neuron);
+        let p = self.rank.priority(self.clock, neuron);
         self.resident.touch(neuron, p);
     }
 
     fn admit(&mut self, neuron: NeuronId) -> bool {
-        let p = self.priority(neuron);
+        let p = self.rank.priority(self.clock, neuron);
         self.resident.set(neuron, p);
         true
     }
 
     fn evict(&mut self) -> ROption<NeuronId> {
         self.resident.pop().into()
+    }
+}
+
+/// Frequency-weighted LRU: priority = last access + `horizon × freq`, with
+/// `freq` the neuron's calibrated activation frequency (0..=1, the
+/// sidecar's `active_freq`). With all frequencies equal it is LRU.
+pub type FreqLru = Ranked<ByFrequency>;
+
+pub struct ByFrequency {
+    horizon: f64,
+    /// Per layer, per neuron.
+    freq: Vec<Vec<f32>>,
+}
+
+impl FreqLru {
+    /// `horizon`: how many accesses a neuron of frequency 1 outlives one of
+    /// frequency 0 last used at the same time.
+    pub fn new(horizon: usize, freq: Vec<Vec<f32>>) -> Self {
+        Ranked { clock: 0, rank: ByFrequency { horizon: horizon as f64, freq }, resident: Resident::default() }
+    }
+}
+
+impl Rank for ByFrequency {
+    const NAME: &'static str = "freq-lru";
+    fn priority(&self, clock: u64, n: NeuronId) -> u64 {
+        let f = self.freq.get(n.layer as usize).and_then(|l| l.get(n.index as usize)).copied().unwrap_or(0.0);
+        clock + (self.horizon * f64::from(f.clamp(0.0, 1.0))) as u64
     }
 }
 
@@ -168,10 +185,10 @@ impl CachePolicy for FreqLru {
 /// over as their neurons change, and a newcomer ranking below everything
 /// resident (a late layer's, the cache full of earlier ones) is not
 /// admitted, so it does not churn the cache.
-pub struct Sweep {
-    clock: u64,
+pub type Sweep = Ranked<ByLayer>;
+
+pub struct ByLayer {
     layers: u64,
-    resident: Resident,
 }
 
 /// Room for the recency clock below the layer rank.
@@ -180,34 +197,15 @@ const SWEEP_CLOCK_BITS: u32 = 44;
 impl Sweep {
     /// A policy for a model of `layers` layers.
     pub fn new(layers: usize) -> Self {
-        Self { clock: 0, layers: layers.clamp(1, 1 << 16) as u64, resident: Resident::default() }
-    }
-
-    fn priority(&self, n: NeuronId) -> u64 {
-        let rank = self.layers - 1 - u64::from(n.layer).min(self.layers - 1);
-        (rank << SWEEP_CLOCK_BITS) | (self.clock & ((1 << SWEEP_CLOCK_BITS) - 1))
+        Ranked { clock: 0, rank: ByLayer { layers: layers.clamp(1, 1 << 16) as u64 }, resident: Resident::default() }
     }
 }
 
-impl CachePolicy for Sweep {
-    fn name(&self) -> RString {
-        "sweep".into()
-    }
-
-    fn on_access(&mut self, neuron: NeuronId) {
-        self.clock += 1;
-        let p = self.priority(neuron);
-        self.resident.touch(neuron, p);
-    }
-
-    fn admit(&mut self, neuron: NeuronId) -> bool {
-        let p = self.priority(neuron);
-        self.resident.set(neuron, p);
-        true
-    }
-
-    fn evict(&mut self) -> ROption<NeuronId> {
-        self.resident.pop().into()
+impl Rank for ByLayer {
+    const NAME: &'static str = "sweep";
+    fn priority(&self, clock: u64, n: NeuronId) -> u64 {
+        let rank = self.layers - 1 - u64::from(n.layer).min(self.layers - 1);
+        (rank << SWEEP_CLOCK_BITS) | (clock & ((1 << SWEEP_CLOCK_BITS) - 1))
     }
 }
 
