@@ -55,9 +55,9 @@ pub struct CommonArgs {
     /// `--predictor low-rank`.
     #[arg(long, requires = "sparsity")]
     pub ffn_budget_mb: Option<f64>,
-    /// Which cold neurons stay cached under --ffn-budget-mb: sweep (default: by layer, then recency) | lru |
-    /// freq-lru | `pack:<pack>/<name>` (a loaded pack's policy).
-    #[arg(long, requires = "ffn_budget_mb")]
+    /// Which cold neurons stay cached under --ffn-budget-mb (or the FFN's share of --mem-budget-mb): sweep
+    /// (default: by layer, then recency) | lru | freq-lru | `pack:<pack>/<name>` (a loaded pack's policy).
+    #[arg(long, requires = "sparsity")]
     pub cache_policy: Option<String>,
     /// Output head for next-token logits: dense (every vocabulary row) or
     /// sparse (only the rows of the best clusters of --head-index; default
@@ -154,6 +154,11 @@ impl CommonArgs {
             c.memory = Some(spinfer_engine::config::MemorySection { budget_mb: b });
         }
         if let Some(p) = &self.cache_policy {
+            if self.ffn_budget_mb.is_none() && self.mem_budget_mb.is_none() {
+                anyhow::bail!(
+                    "--cache-policy needs --ffn-budget-mb or --mem-budget-mb: without a budget no cache is kept"
+                );
+            }
             check_cache_policy(p)
                 .map_err(|e| anyhow::anyhow!("--{}", e.replacen("cache policy", "cache-policy", 1)))?;
         }
