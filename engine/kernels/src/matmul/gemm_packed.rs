@@ -364,21 +364,8 @@ mod simd {
             PackedType::F32 => (x.as_ptr() as usize, cols),
             PackedType::Bf16 => {
                 let xb = scratch_aligned(scratch, n * steps * 4);
-                let xb_ptr = SharedBuf(xb.as_mut_ptr());
-                let convert = |tokens: std::ops::Range<usize>| {
-                    for t in tokens {
-                        // SAFETY: token `t`'s `steps` pairs lie inside `xb`
-                        // (`n * steps` u32, 64-byte aligned) and are written
-                        // by this call only; the CPU has AVX-512 F/BW.
-                        unsafe { convert_row(&x[t * cols..(t + 1) * cols], xb_ptr.ptr().cast::<u32>().add(t * steps)) };
-                    }
-                };
-                if n * cols >= PAR_CONVERT && pool.n_threads() > 1 {
-                    pool.broadcast(&|ti, nt| convert(chunk(n, ti, nt)));
-                } else {
-                    convert(0..n);
-                }
-                (xb_ptr.ptr() as usize, steps)
+                round_pairs(pool, x, n, cols, xb);
+                (xb.as_ptr() as usize, steps)
             }
         };
         let ty = w.ty;
@@ -424,6 +411,32 @@ mod simd {
                 t += m;
             }
         });
+    }
+
+    /// Rounds `n` tokens of `cols` activations to bf16 pairs into `dst`
+    /// (`ceil(cols / 2)` u32 per token, 64-byte aligned), over the pool
+    /// when there are enough of them.
+    ///
+    /// # Panics
+    /// If `dst` holds fewer than `n` tokens' pairs, or the CPU lacks
+    /// AVX-512 F/BW.
+    pub(super) fn round_pairs(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, dst: &mut [u8]) {
+        let steps = cols.div_ceil(2);
+        assert!(dst.len() >= n * steps * 4 && x.len() >= n * cols && super::packed_simd_available(PackedType::F32));
+        let dst = SharedBuf(dst.as_mut_ptr());
+        let convert = |tokens: std::ops::Range<usize>| {
+            for t in tokens {
+                // SAFETY: token `t`'s `steps` pairs lie inside `dst`
+                // (asserted) and are written by this call only; the CPU has
+                // AVX-512 F/BW (asserted).
+                unsafe { convert_row(&x[t * cols..(t + 1) * cols], dst.ptr().cast::<u32>().add(t * steps)) };
+            }
+        };
+        if n * cols >= PAR_CONVERT && pool.n_threads() > 1 {
+            pool.broadcast(&|ti, nt| convert(chunk(n, ti, nt)));
+        } else {
+            convert(0..n);
+        }
     }
 
     /// Rounds one row of activations to bf16 pairs (`ceil(x.len() / 2)` u32

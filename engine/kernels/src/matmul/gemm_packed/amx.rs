@@ -15,9 +15,9 @@
 
 use std::arch::asm;
 
-use super::{Epilogue, NR, PackedMatrix, simd::convert_row};
+use super::{Epilogue, NR, PackedMatrix, simd::round_pairs};
 use crate::matmul::{SharedBuf, scratch_aligned};
-use crate::pool::{ThreadPool, chunk, chunk_aligned};
+use crate::pool::{ThreadPool, chunk_aligned};
 
 /// Tokens and rows of one tile; steps (column pairs) per tile product.
 const T: usize = 16;
@@ -63,15 +63,8 @@ pub(super) fn run(
     let padded = n.div_ceil(2 * T) * 2 * T;
     let xb = scratch_aligned(scratch, padded * steps * 4);
     xb[n * steps * 4..].fill(0);
+    round_pairs(pool, x, n, cols, xb);
     let xb_ptr = SharedBuf(xb.as_mut_ptr());
-    pool.broadcast(&|ti, nt| {
-        for t in chunk(n, ti, nt) {
-            // SAFETY: token `t`'s `steps` pairs lie inside `xb` (`padded *
-            // steps` u32) and are written by this thread only; the CPU has
-            // AVX-512 F/BW (AMX CPUs do).
-            unsafe { convert_row(&x[t * cols..(t + 1) * cols], xb_ptr.ptr().cast::<u32>().add(t * steps)) };
-        }
-    });
     let panels = w.panels().as_ptr() as usize;
     let out_ptr = SharedBuf(out.as_mut_ptr().cast());
     pool.broadcast(&|ti, nt| {
