@@ -56,9 +56,30 @@ pub fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
-/// Rejects fields outside `known` (and [`IGNORED`]).
-fn check_fields(m: &Map<String, Value>, known: &[&str]) -> Result<(), ApiError> {
-    match m.keys().find(|k| !known.contains(&k.as_str()) && !IGNORED.contains(&k.as_str())) {
+/// The fields chat and text completions both take (read by [`common`]).
+const COMPLETION_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "logit_bias",
+    "frequency_penalty",
+    "presence_penalty",
+    "logprobs",
+];
+
+/// Rejects fields outside the lists `known` (and [`IGNORED`]).
+fn check_fields(m: &Map<String, Value>, known: &[&[&str]]) -> Result<(), ApiError> {
+    let known = |k: &str| known.iter().any(|l| l.contains(&k)) || IGNORED.contains(&k);
+    match m.keys().find(|k| !known(k)) {
         Some(k) => Err(ApiError::invalid(k, format!("unrecognized request argument supplied: {k}"))),
         None => Ok(()),
     }
@@ -179,24 +200,8 @@ fn common(m: &Map<String, Value>, cap: usize, key: &str) -> Result<Completion, A
 /// `POST /v1/chat/completions`.
 pub fn chat(m: &Map<String, Value>, cap: usize) -> Result<Completion, ApiError> {
     const KNOWN: &[&str] = &[
-        "model",
         "messages",
-        "max_tokens",
         "max_completion_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "repeat_penalty",
-        "seed",
-        "stop",
-        "stream",
-        "stream_options",
-        "n",
-        "logit_bias",
-        "frequency_penalty",
-        "presence_penalty",
-        "logprobs",
         "top_logprobs",
         "tools",
         "tool_choice",
@@ -205,7 +210,7 @@ pub fn chat(m: &Map<String, Value>, cap: usize) -> Result<Completion, ApiError> 
         "response_format",
         "parallel_tool_calls",
     ];
-    check_fields(m, KNOWN)?;
+    check_fields(m, &[COMPLETION_FIELDS, KNOWN])?;
     only_default(m, "logprobs", |v| v.as_bool() == Some(false), "log probabilities")?;
     only_default(m, "top_logprobs", |_| false, "log probabilities")?;
     for key in ["tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"] {
@@ -266,29 +271,8 @@ fn messages(m: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
 
 /// `POST /v1/completions`.
 pub fn completion(m: &Map<String, Value>, cap: usize) -> Result<Completion, ApiError> {
-    const KNOWN: &[&str] = &[
-        "model",
-        "prompt",
-        "max_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "repeat_penalty",
-        "seed",
-        "stop",
-        "stream",
-        "stream_options",
-        "n",
-        "logit_bias",
-        "frequency_penalty",
-        "presence_penalty",
-        "logprobs",
-        "best_of",
-        "echo",
-        "suffix",
-    ];
-    check_fields(m, KNOWN)?;
+    const KNOWN: &[&str] = &["prompt", "best_of", "echo", "suffix"];
+    check_fields(m, &[COMPLETION_FIELDS, KNOWN])?;
     only_default(m, "logprobs", |_| false, "log probabilities")?;
     only_default(m, "best_of", |v| v.as_i64() == Some(1), "best_of > 1")?;
     only_default(m, "echo", |v| v.as_bool() == Some(false), "echo")?;
@@ -308,7 +292,7 @@ pub fn completion(m: &Map<String, Value>, cap: usize) -> Result<Completion, ApiE
 
 /// `POST /v1/embeddings`.
 pub fn embeddings(m: &Map<String, Value>) -> Result<Embeddings, ApiError> {
-    check_fields(m, &["model", "input", "encoding_format", "dimensions"])?;
+    check_fields(m, &[&["model", "input", "encoding_format", "dimensions"]])?;
     let input = match present(m, "input") {
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(a)) if a.is_empty() => return Err(ApiError::invalid("input", "input must not be empty")),
