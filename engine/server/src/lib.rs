@@ -85,7 +85,8 @@ impl Server {
                 tracing::warn!("the model has no chat template: /v1/chat/completions will answer 400");
             }
             let scheduler =
-                scheduler::Scheduler::start(engine.clone(), s.slots, s.queue, s.prefill_chunk, metrics.clone());
+                scheduler::Scheduler::start(engine.clone(), s.slots, s.queue, s.prefill_chunk, metrics.clone())
+                    .map_err(|e| Error::Io { what: "starting the scheduler thread".into(), source: e })?;
             (
                 Served::Generator { engine, template: Box::new(template), scheduler },
                 s.max_tokens.unwrap_or(ctx).min(ctx),
@@ -127,35 +128,29 @@ impl Server {
             app = app.layer(cors(&self.settings.cors_origins));
         }
         let grace = Duration::from_secs(self.settings.shutdown_timeout_s);
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let drain_state = state.clone();
-        tokio::spawn(async move {
+        // The shutdown signal turns the server to draining, then axum stops
+        // accepting and waits for the open connections.
+        let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
             shutdown.await;
             tracing::info!("shutting down: draining in-flight requests for up to {} s", grace.as_secs());
-            drain_state.draining.store(true, Ordering::Release);
-            let _ = stop_tx.send(());
+            state.draining.store(true, Ordering::Release);
+            let _ = drain_tx.send(());
         });
-        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-            let _ = stop_rx.await;
-        });
+        let mut served = tokio::spawn(async move { server.await });
+        tokio::select! {
+            r = &mut served => return served_result(r),
+            _ = drain_rx => {}
+        }
         // Connections still open after the grace period are cut.
-        let served = tokio::spawn(async move { server.await });
-        let result = loop {
-            if state.draining.load(Ordering::Acquire) {
-                break tokio::time::timeout(grace, served).await;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        match result {
-            Ok(Ok(r)) => r.map_err(|e| Error::Io { what: "serving".into(), source: e }),
-            Ok(Err(e)) => Err(Error::Io { what: "serving".into(), source: std::io::Error::other(e) }),
+        match tokio::time::timeout(grace, served).await {
+            Ok(r) => served_result(r),
             Err(_) => {
                 tracing::warn!("requests still running after the shutdown timeout are cancelled");
                 Ok(())
             }
         }
     }
-
     /// Binds `[server] host:port` (or `addr`).
     pub async fn bind(&self, addr: Option<SocketAddr>) -> Result<TcpListener> {
         let text = format!("{}:{}", self.settings.host, self.settings.port);
@@ -168,6 +163,14 @@ impl Server {
                 .ok_or_else(|| Error::Config(format!("server address '{text}' resolves to nothing")))?,
         };
         TcpListener::bind(addr).await.map_err(|e| Error::Io { what: format!("binding {addr}"), source: e })
+    }
+}
+
+/// What the serving task ended with.
+fn served_result(r: std::result::Result<std::io::Result<()>, tokio::task::JoinError>) -> Result<()> {
+    match r {
+        Ok(r) => r.map_err(|e| Error::Io { what: "serving".into(), source: e }),
+        Err(e) => Err(Error::Io { what: "serving".into(), source: std::io::Error::other(e) }),
     }
 }
 

@@ -61,15 +61,20 @@ pub struct Scheduler {
 impl Scheduler {
     /// Starts the scheduling thread with `slots` slots and room for
     /// `queue` waiting requests.
-    pub fn start(engine: Arc<Engine>, slots: usize, queue: usize, prefill_chunk: usize, metrics: Arc<Metrics>) -> Self {
+    pub fn start(
+        engine: Arc<Engine>,
+        slots: usize,
+        queue: usize,
+        prefill_chunk: usize,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<Self> {
         let (tx, rx) = channel();
         let waiting = Arc::new(AtomicUsize::new(0));
         let w = waiting.clone();
         let thread = std::thread::Builder::new()
             .name("spinfer-scheduler".into())
-            .spawn(move || Loop::new(&engine, slots, prefill_chunk, w, metrics).run(rx))
-            .expect("spawning the scheduler thread");
-        Self { tx, waiting, queue, thread: Some(thread) }
+            .spawn(move || Loop::new(&engine, slots, prefill_chunk, w, metrics).run(rx))?;
+        Ok(Self { tx, waiting, queue, thread: Some(thread) })
     }
 
     /// Queues `job`; a full queue is a 429.
