@@ -20,7 +20,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use spinfer_engine::Engine;
 use spinfer_engine::generate::{Continuation, GenerateParams, StopReason};
-use spinfer_engine::model::{KvCache, Model, Session};
+use spinfer_engine::model::{KvCache, Session};
 
 /// What a request's handler hears from the scheduler.
 #[derive(Debug)]
@@ -126,7 +126,6 @@ struct Part {
 
 struct Loop<'e> {
     engine: &'e Engine,
-    model: &'e Model,
     work: Session,
     kvs: Vec<KvCache>,
     active: Vec<Option<Active<'e>>>,
@@ -149,7 +148,6 @@ impl<'e> Loop<'e> {
         let model = &engine.model;
         Self {
             engine,
-            model,
             work: model.new_session(),
             kvs: (0..slots).map(|_| model.new_kv_cache()).collect(),
             active: (0..slots).map(|_| None).collect(),
@@ -247,7 +245,7 @@ impl<'e> Loop<'e> {
                 parts.push(Part { slot, len: 1, samples: true });
             }
         }
-        let mut room = self.prefill_chunk.min(self.model.max_batch_tokens().saturating_sub(tokens.len()));
+        let mut room = self.prefill_chunk.min(self.engine.model.max_batch_tokens().saturating_sub(tokens.len()));
         for (slot, a) in self.active.iter().enumerate() {
             let Some(a) = a.as_ref().filter(|a| a.prefilled < a.prompt.len()) else { continue };
             if room == 0 {
@@ -271,7 +269,7 @@ impl<'e> Loop<'e> {
         let lens: Vec<usize> = parts.iter().map(|p| p.len).collect();
         let mut refs: Vec<Option<&mut KvCache>> = self.kvs.iter_mut().map(Some).collect();
         let mut seqs: Vec<&mut KvCache> = parts.iter().filter_map(|p| refs[p.slot].take()).collect();
-        if let Err(e) = self.model.forward_batch(&mut self.work, &mut seqs, &tokens, &lens) {
+        if let Err(e) = self.engine.model.forward_batch(&mut self.work, &mut seqs, &tokens, &lens) {
             tracing::error!(error = %e, "a batch step failed: its requests are failed");
             let e = ApiError::internal(e.to_string());
             for p in &parts {
@@ -297,8 +295,8 @@ impl<'e> Loop<'e> {
                 a.prefilled += p.len;
             }
         }
-        let vocab = self.model.config.vocab_size;
-        let logits = match self.model.logits_of_rows(&mut self.work, &rows) {
+        let vocab = self.engine.model.config.vocab_size;
+        let logits = match self.engine.model.logits_of_rows(&mut self.work, &rows) {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!(error = %e, "the output head failed: the step's sampling requests are failed");
@@ -360,7 +358,7 @@ impl<'e> Loop<'e> {
         } else {
             self.metrics.decode_tps.set(decode_rows as f64 / secs);
         }
-        if self.model.sparse.is_some() {
+        if self.engine.model.sparse.is_some() {
             let st = self.work.sparsity_stats();
             let (active, tokens) = st.layers.iter().fold((0, 0), |(a, t), c| (a + c.active, t + c.tokens));
             let total = tokens * st.ffn_dim as u64;
