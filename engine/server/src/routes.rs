@@ -157,17 +157,14 @@ async fn completions(
 /// then answered whole or streamed.
 async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<Response, ApiError> {
     check_model(&st, &req.model)?;
-    let Served::Generator { engine, template, scheduler } = &st.served else {
+    let Served::Generator { engine, scheduler, .. } = &st.served else {
         return Err(embedder_error(&st));
     };
-    if matches!(req.input, Input::Chat(_)) && template.is_none() {
-        return Err(ApiError::invalid("messages", "the model has no chat template: use /v1/completions with a prompt"));
-    }
     // Rendering and tokenizing take time in proportion to the body: off
     // the I/O threads.
-    let (e, input) = (engine.clone(), std::mem::replace(&mut req.input, Input::Text(String::new())));
+    let input = std::mem::replace(&mut req.input, Input::Text(String::new()));
     let st2 = st.clone();
-    let ids = tokio::task::spawn_blocking(move || prompt_ids(&st2, &e, &input))
+    let ids = tokio::task::spawn_blocking(move || prompt_ids(&st2, input))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??;
     let ctx = engine.model.options.ctx;
@@ -187,16 +184,16 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
 
 /// The prompt's token ids: the chat rendered with the model's template, or
 /// the text; at most the context less one position (one to generate).
-fn prompt_ids(st: &AppState, engine: &Engine, input: &Input) -> Result<Vec<u32>, ApiError> {
+fn prompt_ids(st: &AppState, input: Input) -> Result<Vec<u32>, ApiError> {
+    let Served::Generator { engine, template, .. } = &st.served else { return Err(embedder_error(st)) };
     let (prompt, chat) = match input {
-        Input::Chat(messages) => match &st.served {
-            Served::Generator { template, .. } => match template.as_ref() {
-                Some(t) => (t.render(messages)?, true),
-                None => return Err(ApiError::internal("no chat template")),
-            },
-            Served::Embedder { .. } => return Err(embedder_error(st)),
-        },
-        Input::Text(p) => (p.clone(), false),
+        Input::Chat(messages) => {
+            let t = template.as_ref().as_ref().ok_or_else(|| {
+                ApiError::invalid("messages", "the model has no chat template: use /v1/completions with a prompt")
+            })?;
+            (t.render(&messages)?, true)
+        }
+        Input::Text(p) => (p, false),
     };
     let ctx = engine.model.options.ctx;
     // A chat template opens with its own BOS when the model wants one.
