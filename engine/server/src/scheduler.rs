@@ -1,6 +1,6 @@
 //! Continuous batching: one thread owns the model's work buffers and a
 //! fixed number of slots (each a [`KvCache`]). Each step it runs, as one
-//! [`Model::forward_batch`], the next token of every decoding request and
+//! [`spinfer_engine::model::Model::forward_batch`], the next token of every decoding request and
 //! a chunk of at most `prefill_chunk` prompt tokens of those still
 //! reading their prompt; new requests take free slots between steps. A
 //! request whose client is gone (its event receiver dropped) or whose
