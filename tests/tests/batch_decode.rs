@@ -64,7 +64,8 @@ fn together(e: &Engine, steps: usize) -> Vec<Vec<Vec<f32>>> {
             joined += 1;
         }
         let mut seqs: Vec<_> = kvs.iter_mut().enumerate().filter(|(i, _)| who.contains(i)).map(|(_, k)| k).collect();
-        e.model.forward_batch(&mut work, &mut seqs, &tokens, &lens).unwrap();
+        let prompt: Vec<bool> = lens.iter().map(|&n| n > 1).collect();
+        e.model.forward_batch(&mut work, &mut seqs, &tokens, &lens, &prompt).unwrap();
         let last_rows: Vec<usize> = lens
             .iter()
             .scan(0, |at, &n| {

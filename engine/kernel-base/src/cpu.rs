@@ -35,6 +35,9 @@ pub struct CpuFeatures {
     /// AMX tiles with bf16 products, granted by the OS: the packed bf16
     /// GEMM's tile kernel.
     pub amx_bf16: bool,
+    /// AMX tiles with int8 products, granted by the OS: the prompt (prefill)
+    /// path of the 8-bit matmuls.
+    pub amx_int8: bool,
 }
 
 /// The highest family of kernels [`CpuFeatures::detect`] may report.
@@ -98,7 +101,8 @@ impl CpuFeatures {
                 avx512vnni: is_x86_feature_detected!("avx512vnni"),
                 avx512vbmi: is_x86_feature_detected!("avx512vbmi"),
                 avx512bf16: is_x86_feature_detected!("avx512bf16"),
-                amx_bf16: amx::bf16_granted(),
+                amx_bf16: amx::granted(amx::BF16),
+                amx_int8: amx::granted(amx::INT8),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -112,7 +116,7 @@ impl CpuFeatures {
     pub fn capped(self, cap: IsaCap) -> Self {
         match cap {
             IsaCap::Native => self,
-            IsaCap::Avx512 => Self { amx_bf16: false, ..self },
+            IsaCap::Avx512 => Self { amx_bf16: false, amx_int8: false, ..self },
             IsaCap::Avx2 => Self { avx2: self.avx2, fma: self.fma, f16c: self.f16c, ..Self::default() },
             IsaCap::Scalar => Self::default(),
         }
@@ -176,9 +180,13 @@ mod amx {
         fn syscall(number: i64, ...) -> i64;
     }
 
-    /// AMX-TILE and AMX-BF16 reported, tile state enabled in XCR0, and this
-    /// process granted the tile data.
-    pub(super) fn bf16_granted() -> bool {
+    /// CPUID.(7, 0):EDX bits of the AMX-BF16 and AMX-INT8 products.
+    pub(super) const BF16: u32 = 1 << 22;
+    pub(super) const INT8: u32 = 1 << 25;
+
+    /// AMX-TILE and the product `kind` ([`BF16`] or [`INT8`]) reported, tile
+    /// state enabled in XCR0, and this process granted the tile data.
+    pub(super) fn granted(kind: u32) -> bool {
         // CPUID leaves 0 and 1 exist on every x86-64 CPU; leaf 7 is read
         // only when leaf 0 reports it.
         let (max, l1) = (__cpuid(0).eax, __cpuid(1));
@@ -186,9 +194,9 @@ mod amx {
             return false; // no leaf 7, or no OSXSAVE (no xgetbv)
         }
         let l7 = __cpuid_count(7, 0);
-        let (tile, bf16) = (l7.edx & (1 << 24) != 0, l7.edx & (1 << 22) != 0);
+        let (tile, product) = (l7.edx & (1 << 24) != 0, l7.edx & kind != 0);
         // SAFETY: OSXSAVE is set, so xgetbv(0) is allowed.
-        if !(tile && bf16) || unsafe { xcr0() } & XTILE_STATE != XTILE_STATE {
+        if !(tile && product) || unsafe { xcr0() } & XTILE_STATE != XTILE_STATE {
             return false;
         }
         request_tile_data()
@@ -224,7 +232,10 @@ mod amx {
 
 #[cfg(not(target_arch = "x86_64"))]
 mod amx {
-    pub(super) fn bf16_granted() -> bool {
+    pub(super) const BF16: u32 = 0;
+    pub(super) const INT8: u32 = 0;
+
+    pub(super) fn granted(_kind: u32) -> bool {
         false
     }
 }
@@ -251,12 +262,13 @@ mod tests {
             avx512vbmi: true,
             avx512bf16: true,
             amx_bf16: true,
+            amx_int8: true,
         };
         assert_eq!(all.capped(IsaCap::Native), all);
-        assert_eq!(all.capped(IsaCap::Avx512), CpuFeatures { amx_bf16: false, ..all });
+        assert_eq!(all.capped(IsaCap::Avx512), CpuFeatures { amx_bf16: false, amx_int8: false, ..all });
         let avx2 = all.capped(IsaCap::Avx2);
         assert!(avx2.has_avx2() && avx2.has_avx2_fma() && !avx2.has_avx512() && !avx2.has_avx512f_fma());
-        assert!(!avx2.avx512vbmi && !avx2.avx512bf16 && !avx2.amx_bf16);
+        assert!(!avx2.avx512vbmi && !avx2.avx512bf16 && !avx2.amx_bf16 && !avx2.amx_int8);
         assert_eq!(all.capped(IsaCap::Scalar).describe(), "scalar");
         // A cap never adds what the CPU lacks.
         assert_eq!(CpuFeatures::default().capped(IsaCap::Native), CpuFeatures::default());

@@ -142,12 +142,24 @@ pub struct MatmulCall<'a> {
     /// The kernel's reusable buffer (quantised activations); steady-state
     /// calls do not allocate.
     pub scratch: &'a mut Vec<u8>,
+    /// The tokens are a prompt's (prefill): a kernel may run them on a
+    /// prompt path that rounds differently from its decode path (each
+    /// row's value still independent of the other rows and of
+    /// `n_tokens`), such as the built-in AMX int8 tiles. Decode steps pass
+    /// `false`, so a token gets the same value alone and in a batch.
+    pub prefill: bool,
 }
 
 impl<'a> MatmulCall<'a> {
     /// A dense call: every row of `w`.
     pub fn dense(w: &'a [u8], x: &'a [f32], n_tokens: usize, out: &'a mut [f32], scratch: &'a mut Vec<u8>) -> Self {
-        Self { w, select: Select::All, x, n_tokens, out, scratch }
+        Self { w, select: Select::All, x, n_tokens, out, scratch, prefill: false }
+    }
+
+    /// This call, marked as a prompt's tokens or not ([`MatmulCall::prefill`]).
+    #[must_use]
+    pub fn prefill(self, prefill: bool) -> Self {
+        Self { prefill, ..self }
     }
 
     /// The same call, borrowed again (to retry it on another kernel).
@@ -159,6 +171,7 @@ impl<'a> MatmulCall<'a> {
             n_tokens: self.n_tokens,
             out: self.out,
             scratch: self.scratch,
+            prefill: self.prefill,
         }
     }
 }

@@ -418,7 +418,7 @@ impl MatmulKernel for PackKernel {
     /// The call in the pack kernel's own form (others answer
     /// `NotOffered`).
     fn run(&self, pool: &ThreadPool, call: MatmulCall<'_>) -> spinfer_kernels::Result<()> {
-        let MatmulCall { w, select, x, n_tokens, out, scratch: _ } = call;
+        let MatmulCall { w, select, x, n_tokens, out, .. } = call;
         match (self.op, select) {
             (Op::GATHERED_ROW_MAT_VEC, Select::Rows(idx)) => self.run_rows(pool, w, idx, x, n_tokens, out),
             (Op::GATHERED_COLUMN_AXPY, Select::Columns(idx)) => self.run_columns(pool, w, idx, x, n_tokens, out),

@@ -451,7 +451,7 @@ impl MatmulKernel for WasmKernel {
     /// docs for the copy and locking model. Pack failures come back as
     /// `KernelError::Pack` carrying the pack error's message.
     fn run(&self, _pool: &ThreadPool, call: MatmulCall<'_>) -> spinfer_kernels::Result<()> {
-        let MatmulCall { w, select, x, n_tokens, out, scratch: _ } = call;
+        let MatmulCall { w, select, x, n_tokens, out, .. } = call;
         if !matches!(select, Select::All) {
             return Err(not_offered(self, select.form()));
         }

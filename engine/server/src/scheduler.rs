@@ -122,6 +122,8 @@ struct Part {
     len: usize,
     /// The step's logits of its last token choose its next token.
     samples: bool,
+    /// Prompt tokens of a prompt of several (`Model::forward_batch`).
+    prompt: bool,
 }
 
 struct Loop<'e> {
@@ -242,7 +244,7 @@ impl<'e> Loop<'e> {
         for (slot, a) in self.active.iter().enumerate() {
             if let Some(tok) = a.as_ref().and_then(|a| a.next) {
                 tokens.push(tok);
-                parts.push(Part { slot, len: 1, samples: true });
+                parts.push(Part { slot, len: 1, samples: true, prompt: false });
             }
         }
         let mut room = self.prefill_chunk.min(self.engine.model.max_batch_tokens().saturating_sub(tokens.len()));
@@ -253,7 +255,10 @@ impl<'e> Loop<'e> {
             }
             let len = (a.prompt.len() - a.prefilled).min(room);
             tokens.extend_from_slice(&a.prompt[a.prefilled..a.prefilled + len]);
-            parts.push(Part { slot, len, samples: a.prefilled + len == a.prompt.len() });
+            // As `Model::forward` of the whole prompt: a prompt of several
+            // tokens runs on the prompt path, whatever its chunks.
+            let prompt = a.prompt.len() > 1;
+            parts.push(Part { slot, len, samples: a.prefilled + len == a.prompt.len(), prompt });
             room -= len;
         }
         (tokens, parts)
@@ -267,9 +272,10 @@ impl<'e> Loop<'e> {
         }
         let t0 = Instant::now();
         let lens: Vec<usize> = parts.iter().map(|p| p.len).collect();
+        let prompt: Vec<bool> = parts.iter().map(|p| p.prompt).collect();
         let mut refs: Vec<Option<&mut KvCache>> = self.kvs.iter_mut().map(Some).collect();
         let mut seqs: Vec<&mut KvCache> = parts.iter().filter_map(|p| refs[p.slot].take()).collect();
-        if let Err(e) = self.engine.model.forward_batch(&mut self.work, &mut seqs, &tokens, &lens) {
+        if let Err(e) = self.engine.model.forward_batch(&mut self.work, &mut seqs, &tokens, &lens, &prompt) {
             tracing::error!(error = %e, "a batch step failed: its requests are failed");
             let e = ApiError::internal(e.to_string());
             for p in &parts {

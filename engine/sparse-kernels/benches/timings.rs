@@ -255,6 +255,7 @@ fn gathered_rows_timings() {
                         n_tokens: 2,
                         out: &mut out[..2 * idx.len()],
                         scratch: &mut s,
+                        prefill: false,
                     },
                 )
                 .unwrap();

@@ -108,6 +108,7 @@ fn run_rows_is_bitwise_the_dense_rows() {
                                 n_tokens,
                                 out: &mut got,
                                 scratch: &mut Vec::new(),
+                                prefill: false,
                             },
                         )
                         .unwrap();
@@ -137,6 +138,7 @@ fn run_rows_is_bitwise_the_dense_rows() {
                         n_tokens: 1,
                         out: &mut out,
                         scratch: &mut Vec::new(),
+                        prefill: false,
                     },
                 );
                 assert!(err.unwrap_err().to_string().contains("out of range"), "{}", k.name());
@@ -149,6 +151,7 @@ fn run_rows_is_bitwise_the_dense_rows() {
                         n_tokens: 1,
                         out: &mut out,
                         scratch: &mut Vec::new(),
+                        prefill: false,
                     },
                 );
                 assert!(err.unwrap_err().to_string().contains("output holds 2 values"), "{}", k.name());

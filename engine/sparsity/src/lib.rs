@@ -286,7 +286,15 @@ impl PackColumns {
         }
         // Pack column kernels keep their own buffers: the empty scratch
         // never allocates.
-        let call = MatmulCall { w, select: Select::Columns(idx), x: coef, n_tokens: 1, out, scratch: &mut Vec::new() };
+        let call = MatmulCall {
+            w,
+            select: Select::Columns(idx),
+            x: coef,
+            n_tokens: 1,
+            out,
+            scratch: &mut Vec::new(),
+            prefill: false,
+        };
         match self.kernel.run(pool, call) {
             Ok(()) => Ok(()),
             // The pack kernel logged why; the built-in copy from now on.

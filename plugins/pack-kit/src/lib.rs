@@ -399,7 +399,10 @@ impl CpuKernel {
         let k = self.for_shape(rows, cols)?;
         SCRATCH
             .with_borrow_mut(|scratch| {
-                k.run(&self.pool, MatmulCall { w, select: Select::Rows(idx), x, n_tokens, out, scratch })
+                k.run(
+                    &self.pool,
+                    MatmulCall { w, select: Select::Rows(idx), x, n_tokens, out, scratch, prefill: false },
+                )
             })
             .map_err(to_pack_error)
     }

@@ -367,7 +367,7 @@ impl MatmulKernel for I2sKernel {
     }
 
     fn run(&self, pool: &ThreadPool, call: MatmulCall<'_>) -> Result<()> {
-        let MatmulCall { w, select, x, n_tokens, out, scratch } = call;
+        let MatmulCall { w, select, x, n_tokens, out, scratch, prefill: _ } = call;
         if !matches!(select, Select::All) {
             return Err(not_offered(self, select.form()));
         }

@@ -23,6 +23,8 @@
 //! (f32, or bf16 for avx512_bf16) for callers that own their matrices, such
 //! as the BERT encoder.
 
+#[cfg(target_arch = "x86_64")]
+mod amx_int8;
 mod gemm_f32;
 pub mod gemm_packed;
 mod scalar;
@@ -172,7 +174,7 @@ impl MatmulKernel for Kernel {
         if !self.isa.available() {
             return Err(KernelError::Unsupported { ty: self.desc.wtype, what: "this cpu (missing simd features)" });
         }
-        let MatmulCall { w, select, x, n_tokens, out, scratch } = call;
+        let MatmulCall { w, select, x, n_tokens, out, scratch, prefill } = call;
         if n_tokens == 0 || out_rows == 0 {
             return Ok(());
         }
@@ -188,7 +190,7 @@ impl MatmulKernel for Kernel {
             let out = OutPtr(out.as_mut_ptr());
             return crate::dot::ternary::run(self.isa, pool, &desc, self.row_bytes, w, x, n_tokens, out, scratch);
         }
-        let job = Job { desc, row_bytes: self.row_bytes, w, idx, x, n_tokens, out: OutPtr(out.as_mut_ptr()) };
+        let job = Job { desc, row_bytes: self.row_bytes, w, idx, x, n_tokens, out: OutPtr(out.as_mut_ptr()), prefill };
         match self.isa {
             Isa::Scalar => scalar::run(pool, &job, scratch),
             #[cfg(target_arch = "x86_64")]
@@ -209,6 +211,8 @@ pub(crate) struct Job<'a> {
     pub x: &'a [f32],
     pub n_tokens: usize,
     pub out: OutPtr,
+    /// A prompt's tokens ([`MatmulCall::prefill`]).
+    pub prefill: bool,
 }
 
 impl Job<'_> {

@@ -1,7 +1,7 @@
 //! SIMD matmul drivers (AVX2 and AVX-512): activation packing and the
 //! tile loops over the [`crate::dot`] tile kernels.
 
-use super::{Isa, Job, OutPtr, broadcast_work, for_each_job_tile, gemm_f32, pack_tokens, scratch_aligned};
+use super::{Isa, Job, OutPtr, amx_int8, broadcast_work, for_each_job_tile, gemm_f32, pack_tokens, scratch_aligned};
 use crate::GgmlType;
 use crate::Result;
 use crate::dot::avx512_k::{KQ4, KQ5, KQ6};
@@ -48,6 +48,17 @@ pub(super) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<
                 GgmlType::Q5_1 => fmt::Q5_1,
                 _ => fmt::Q8_0,
             };
+            // A prompt's tokens on AMX int8 tiles where the OS grants them.
+            if job.prefill && job.idx.is_none() && isa == Isa::Avx512 && amx_int8::available() {
+                match f {
+                    fmt::Q4_0 => amx_int8::run::<{ fmt::Q4_0 }>(pool, job, scratch),
+                    fmt::Q4_1 => amx_int8::run::<{ fmt::Q4_1 }>(pool, job, scratch),
+                    fmt::Q5_0 => amx_int8::run::<{ fmt::Q5_0 }>(pool, job, scratch),
+                    fmt::Q5_1 => amx_int8::run::<{ fmt::Q5_1 }>(pool, job, scratch),
+                    _ => amx_int8::run::<{ fmt::Q8_0 }>(pool, job, scratch),
+                }
+                return Ok(());
+            }
             match f {
                 fmt::Q4_0 => run_legacy::<{ fmt::Q4_0 }>(isa, pool, job, scratch),
                 fmt::Q4_1 => run_legacy::<{ fmt::Q4_1 }>(isa, pool, job, scratch),

@@ -361,12 +361,16 @@ impl Model {
         };
         // The session's own cache is lent to the step (which takes the
         // caches of a batch's sequences apart from the session's buffers).
+        // A call of several tokens is a prompt's: the kernels may take
+        // their prompt path (`forward_batch` callers say so per sequence).
         let mut kv = std::mem::take(&mut s.kv);
+        let prompt = [n > 1];
         let result = tokens
             .chunks(step)
             .enumerate()
-            .try_for_each(|(i, part)| self.forward_step(s, &mut [&mut kv], part, &[part.len()], i * step));
+            .try_for_each(|(i, part)| self.forward_step(s, &mut [&mut kv], part, &[part.len()], &prompt, i * step));
         s.kv = kv;
+        s.scratch.roles.clear();
         result
     }
 
@@ -384,13 +388,15 @@ impl Model {
     /// One pass through the layers of `tokens`: the first `lens[0]` of
     /// sequence `seqs[0]`, the next `lens[1]` of `seqs[1]`, and so on, each
     /// at its sequence's next positions. Their final-normed hidden states
-    /// go to `s.hidden` from row `row`.
+    /// go to `s.hidden` from row `row`. The rows of sequences marked
+    /// `prompt` may run on the kernels' prompt path.
     fn forward_step(
         &self,
         s: &mut Session,
         seqs: &mut [&mut KvCache],
         tokens: &[u32],
         lens: &[usize],
+        prompt: &[bool],
         row: usize,
     ) -> Result<()> {
         let c = &self.config;
@@ -411,6 +417,7 @@ impl Model {
             s.rows.extend((0..len).map(|o| RowPos { seq, pos: kv.pos() + o }));
         }
         s.at_start = s.rows.first().is_some_and(|r| r.pos == 0);
+        s.scratch.set_roles(lens, prompt);
 
         // Token embeddings into the residual stream (Gemma: times √dim).
         let embd = &self.weights.token_embd;

@@ -350,7 +350,15 @@ pub fn verify(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -
             idx.push(idx[0]);
             let want: Vec<f32> = idx.iter().map(|&i| dense[i as usize]).collect();
             let mut got = vec![f32::NAN; idx.len()];
-            let call = MatmulCall { w: &w, select: Select::Rows(&idx), x: &x, n_tokens: 1, out: &mut got, scratch };
+            let call = MatmulCall {
+                w: &w,
+                select: Select::Rows(&idx),
+                x: &x,
+                n_tokens: 1,
+                out: &mut got,
+                scratch,
+                prefill: false,
+            };
             kernel.run(pool, call).map_err(|e| format!("error: {e}"))?;
             compare(&got, &want, desc.act)
         }
@@ -360,8 +368,15 @@ pub fn verify(desc: &MatmulDesc, kernel: &dyn MatmulKernel, pool: &ThreadPool) -
             let idx: Vec<u32> = (0..desc.cols as u32).filter(|c| c % 3 == 1).collect();
             let coef: Vec<f32> = idx.iter().map(|&c| x[c as usize]).collect();
             let mut got = vec![f32::NAN; desc.rows];
-            let call =
-                MatmulCall { w: &w, select: Select::Columns(&idx), x: &coef, n_tokens: 1, out: &mut got, scratch };
+            let call = MatmulCall {
+                w: &w,
+                select: Select::Columns(&idx),
+                x: &coef,
+                n_tokens: 1,
+                out: &mut got,
+                scratch,
+                prefill: false,
+            };
             kernel.run(pool, call).map_err(|e| format!("error: {e}"))?;
             compare(&got, &want, desc.act)
         }

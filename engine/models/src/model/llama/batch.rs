@@ -28,21 +28,35 @@ impl Model {
     /// continue `seqs[1]`, and so on. `work`'s buffers serve the step (its
     /// own cache is untouched); afterwards the final-normed hidden states
     /// of all `tokens` are rows of `work`, in order, for
-    /// [`Model::logits_of_rows`]. The result for each sequence equals a
-    /// [`Model::forward`] of its tokens alone, up to the summation order
-    /// of the kernels' multi-token paths.
+    /// [`Model::logits_of_rows`].
+    ///
+    /// `prompt[i]` says whether sequence `i`'s tokens are (part of) its
+    /// prompt: those may run on the kernels' prompt path (AMX tiles, for
+    /// example), which rounds differently from the decode path. Each
+    /// sequence's result is bit for bit that of [`Model::forward`] of its
+    /// tokens alone when the flags match what `forward` assumes: a prompt
+    /// of several tokens `true` (however it is split into steps), a single
+    /// token (a decode step, or a one-token prompt) `false`.
     pub fn forward_batch(
         &self,
         work: &mut Session,
         seqs: &mut [&mut KvCache],
         tokens: &[u32],
         lens: &[usize],
+        prompt: &[bool],
     ) -> Result<()> {
         let n = tokens.len();
         if seqs.len() != lens.len() || lens.iter().sum::<usize>() != n || lens.contains(&0) {
             return Err(Error::InvalidArgument(format!(
                 "a batch of {} sequences needs one non-zero token count each summing to its {n} tokens, got {lens:?}",
                 seqs.len()
+            )));
+        }
+        if prompt.len() != seqs.len() {
+            return Err(Error::InvalidArgument(format!(
+                "a batch of {} sequences needs one prompt flag each, got {}",
+                seqs.len(),
+                prompt.len()
             )));
         }
         if n > self.max_batch_tokens() {
@@ -71,7 +85,9 @@ impl Model {
         self.check_tokens(tokens)?;
         grow(&mut work.hidden, n * self.config.dim);
         work.last_tokens = n;
-        self.forward_step(work, seqs, tokens, lens, 0)
+        let result = self.forward_step(work, seqs, tokens, lens, prompt, 0);
+        work.scratch.roles.clear();
+        result
     }
 
     /// Next-token logits (`rows.len() x vocab`, row-major) of `rows` of the

@@ -44,9 +44,9 @@ pub struct Linear {
     pub(crate) streamed: Option<Vec<(Range<usize>, Chunk)>>,
 }
 
-/// One matmul call on `(x, n tokens, out, kernel scratch)`, the weights
-/// and row selection already bound.
-type RunFn<'a> = dyn Fn(&[f32], usize, &mut [f32], &mut Vec<u8>) -> Result<()> + 'a;
+/// One matmul call on `(x, n tokens, out, kernel scratch, prefill)`, the
+/// weights and row selection already bound.
+type RunFn<'a> = dyn Fn(&[f32], usize, &mut [f32], &mut Vec<u8>, bool) -> Result<()> + 'a;
 
 /// Reusable buffers of the matmul calls.
 #[derive(Default)]
@@ -64,6 +64,24 @@ pub(crate) struct Scratch {
     /// The session's weight streamer, under a memory budget (shared so a
     /// product can hold it while it lends the rest of the scratch out).
     pub(crate) stream: Option<Arc<Streamer>>,
+    /// During a forward step, its rows as runs of `(rows, prompt)`: whether
+    /// they are a prompt's tokens, which the kernels may run on their
+    /// prompt path ([`MatmulCall::prefill`]). Products over another number
+    /// of rows, and all products outside a step, take the decode path.
+    pub(crate) roles: Vec<(usize, bool)>,
+}
+
+impl Scratch {
+    /// Sets the step's row roles: `lens[i]` rows, a prompt's if `prompt[i]`.
+    pub(crate) fn set_roles(&mut self, lens: &[usize], prompt: &[bool]) {
+        self.roles.clear();
+        for (&len, &p) in lens.iter().zip(prompt) {
+            match self.roles.last_mut() {
+                Some((n, q)) if *q == p => *n += len,
+                _ => self.roles.push((len, p)),
+            }
+        }
+    }
 }
 
 impl Linear {
@@ -131,9 +149,9 @@ impl Linear {
             Some(chunks) => self.forward_streamed(pool, chunks, x, n, &mut out[..n * rows], scratch)?,
             None => {
                 let w = self.w.bytes();
-                let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
+                let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>, prefill: bool| {
                     self.dense
-                        .run(pool, &self.name, MatmulCall::dense(w, x, n, out, bytes))
+                        .run(pool, &self.name, MatmulCall::dense(w, x, n, out, bytes).prefill(prefill))
                         .map_err(|source| Error::Kernel { kernel: self.dense.active().name().into(), source })
                 };
                 self.matmul(&run, rows, x, n, &mut out[..n * rows], scratch)?;
@@ -180,9 +198,9 @@ impl Linear {
                 Chunk::Resident(b) => b,
                 Chunk::Streamed(item) => held.insert(stream.acquire(*item)?).bytes(),
             };
-            let run = |x: &[f32], n: usize, out: &mut [f32], scratch: &mut Vec<u8>| {
+            let run = |x: &[f32], n: usize, out: &mut [f32], scratch: &mut Vec<u8>, prefill: bool| {
                 kernel
-                    .run(pool, MatmulCall::dense(w, x, n, out, scratch))
+                    .run(pool, MatmulCall::dense(w, x, n, out, scratch).prefill(prefill))
                     .map_err(|source| Error::Kernel { kernel: kernel.name().into(), source })
             };
             let k = range.len();
@@ -225,8 +243,8 @@ impl Linear {
         }
         if let Some(kernel) = &self.rows {
             let w = self.w.bytes();
-            let run = |x: &[f32], n: usize, out: &mut [f32], scratch: &mut Vec<u8>| {
-                let call = MatmulCall { w, select: Select::Rows(idx), x, n_tokens: n, out, scratch };
+            let run = |x: &[f32], n: usize, out: &mut [f32], scratch: &mut Vec<u8>, prefill: bool| {
+                let call = MatmulCall { w, select: Select::Rows(idx), x, n_tokens: n, out, scratch, prefill };
                 kernel
                     .run(pool, &self.name, call)
                     .map_err(|source| Error::Kernel { kernel: kernel.active().name().into(), source })
@@ -259,9 +277,9 @@ impl Linear {
             return Ok(());
         }
         let rows = &rows[..self.desc.wtype.row_bytes(self.desc.cols)? * k];
-        let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>| {
+        let run = |x: &[f32], n: usize, out: &mut [f32], bytes: &mut Vec<u8>, prefill: bool| {
             self.compact
-                .run(pool, MatmulCall::dense(rows, x, n, out, bytes))
+                .run(pool, MatmulCall::dense(rows, x, n, out, bytes).prefill(prefill))
                 .map_err(|source| Error::Kernel { kernel: self.compact.name().into(), source })
         };
         self.matmul(&run, k, x, n, &mut out[..n * k], scratch)?;
@@ -281,7 +299,8 @@ impl Linear {
     }
 
     /// Runs `run` on `x` (n tokens) into `out` (n × rows), as two 8-bit
-    /// planes in fast mode.
+    /// planes in fast mode; a step's prompt rows and decode rows as
+    /// separate calls ([`Scratch::roles`]).
     fn matmul(
         &self,
         run: &RunFn,
@@ -291,10 +310,38 @@ impl Linear {
         out: &mut [f32],
         scratch: &mut Scratch,
     ) -> Result<()> {
+        let roles = std::mem::take(&mut scratch.roles);
+        let result = if roles.iter().map(|r| r.0).sum::<usize>() == n && roles.len() > 1 {
+            let (cols, mut at) = (self.desc.cols, 0);
+            roles.iter().try_for_each(|&(len, prefill)| {
+                let (x, out) = (&x[at * cols..(at + len) * cols], &mut out[at * rows..(at + len) * rows]);
+                at += len;
+                self.matmul_planes(run, rows, x, len, out, scratch, prefill)
+            })
+        } else {
+            let prefill = roles.first().is_some_and(|&(len, p)| len == n && p);
+            self.matmul_planes(run, rows, x, n, out, scratch, prefill)
+        };
+        scratch.roles = roles;
+        result
+    }
+
+    /// One call of [`Linear::matmul`] (all rows of one role).
+    #[allow(clippy::too_many_arguments, reason = "the product's operands and its role")]
+    fn matmul_planes(
+        &self,
+        run: &RunFn,
+        rows: usize,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        scratch: &mut Scratch,
+        prefill: bool,
+    ) -> Result<()> {
         let cols = self.desc.cols;
         let x = &x[..n * cols];
         if !self.two_planes {
-            return run(x, n, out, &mut scratch.bytes);
+            return run(x, n, out, &mut scratch.bytes, prefill);
         }
         // Rows [hi; lo] as one batch of 2n tokens: the weights are streamed
         // once, and W·x = W·hi + W·lo.
@@ -302,7 +349,8 @@ impl Linear {
         grow(&mut scratch.planes_out, 2 * n * rows);
         let (hi, lo) = scratch.planes[..2 * n * cols].split_at_mut(n * cols);
         split_hi_lo(self.desc.act, x, hi, lo)?;
-        run(&scratch.planes[..2 * n * cols], 2 * n, &mut scratch.planes_out[..2 * n * rows], &mut scratch.bytes)?;
+        let (planes, planes_out) = (&scratch.planes[..2 * n * cols], &mut scratch.planes_out[..2 * n * rows]);
+        run(planes, 2 * n, planes_out, &mut scratch.bytes, prefill)?;
         let (a, b) = scratch.planes_out[..2 * n * rows].split_at(n * rows);
         for ((o, &u), &v) in out.iter_mut().zip(a).zip(b) {
             *o = u + v;
