@@ -88,6 +88,9 @@ def start_spinfer(a, n, tmp):
         f.write(f"[model]\npath = {json.dumps(a.model)}\nthreads = {a.threads}\nctx = 2048\n"
                 f"precision = {json.dumps(a.spinfer_precision)}\n\n"
                 f"[server]\nport = 0\nslots = {n}\nqueue = 256\n")
+        if a.head_index:
+            # The sparse output head (exact greedy tokens; docs/sparsity.md).
+            f.write(f"\n[head]\nindex = {json.dumps(os.path.abspath(a.head_index))}\n")
     p = subprocess.Popen([a.spinfer, "serve", "--config", cfg, "--quiet"], stdout=subprocess.PIPE,
                          stderr=open(os.path.join(tmp, "spinfer.log"), "a"), text=True)
     line = p.stdout.readline()  # `spinfer serve: MODEL on http://ADDR:PORT`
@@ -205,6 +208,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--spinfer-precision", default="fast", choices=["fast", "int8", "precise"],
                     help="[model] precision: int8 is llama.cpp's numerics (one 8-bit activation plane)")
+    ap.add_argument("--head-index", help="serve spinfer with the sparse output head of this index "
+                    "(spinfer calibrate-head; greedy tokens stay exact)")
     ap.add_argument("--streams", default="1,4,16")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)

@@ -39,7 +39,8 @@ fn dependencies() -> BTreeMap<String, BTreeSet<String>> {
 /// construction, and a new dependency upward fails this test.
 const LAYERS: &[(&str, &[&str])] = &[
     ("spinfer-kernel-base", &[]),
-    ("spinfer-kernels", &["spinfer-kernel-base"]),
+    ("spinfer-gemm", &["spinfer-kernel-base"]),
+    ("spinfer-kernels", &["spinfer-kernel-base", "spinfer-gemm"]),
     ("spinfer-sparse-kernels", &["spinfer-kernels"]),
     ("spinfer-formats", &["spinfer-kernels"]),
     ("spinfer-tokenizer", &["spinfer-formats"]),

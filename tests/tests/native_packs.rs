@@ -89,10 +89,18 @@ fn simd_isa() -> Option<&'static str> {
 /// The prompt's last logits (prefill: a batch, split by tokens in a pack),
 /// then those of one decoded token (one token, or the fast mode's two
 /// planes: split by rows).
+/// The logits after the prompt and after one greedy token. The prompt is
+/// fed a token at a time: a pack kernel has one path for every call (the
+/// ABI carries no prompt flag), while the built-in kernels run a prompt of
+/// several tokens on their prompt path (AMX tiles where granted), which
+/// rounds differently.
 fn last_logits(e: &Engine) -> Vec<f32> {
     let ids = e.tokenizer.encode(PROMPT, false).unwrap();
     let mut s = e.new_session();
-    let mut out = e.model.forward_last(&mut s, &ids).unwrap().to_vec();
+    for &id in &ids[..ids.len() - 1] {
+        e.model.forward(&mut s, &[id]).unwrap();
+    }
+    let mut out = e.model.forward_last(&mut s, &ids[ids.len() - 1..]).unwrap().to_vec();
     let next = out.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32;
     out.extend_from_slice(e.model.forward_last(&mut s, &[next]).unwrap());
     out

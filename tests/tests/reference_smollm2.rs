@@ -43,12 +43,14 @@ fn fast_mode_matches_pytorch() {
 
 /// Single-plane int8 activations (llama.cpp's numerics): the same top-1 on
 /// every prompt and a max logit error of about 1.0, which this bound keeps
-/// from regressing. 2 of 6 greedy continuations are identical (the others
-/// diverge after 5-15 tokens); the near-tied 5th token of the first prompt
-/// can swap.
+/// from regressing. 1 or 2 of 6 greedy continuations are identical (the
+/// others diverge after 5-15 tokens, at near-ties that int8's rounding
+/// noise decides: the prompt path's AMX tiles give 1, the `vpdpbusd`
+/// tiles 2, with the same logit errors, 0.55-1.11); the near-tied 5th
+/// token of the first prompt can swap.
 #[test]
 fn int8_mode_stays_within_its_bound() {
-    check_quantised_mode(Precision::Int8, 1.2, false, 2);
+    check_quantised_mode(Precision::Int8, 1.2, false, 1);
 }
 
 #[test]

@@ -123,6 +123,18 @@ impl Select<'_> {
     }
 }
 
+/// Returns a 64-byte aligned region of `bytes` bytes inside `scratch` (a
+/// call's [`MatmulCall::scratch`]), growing the Vec if needed (never
+/// shrinking it).
+pub fn scratch_aligned(scratch: &mut Vec<u8>, bytes: usize) -> &mut [u8] {
+    let need = bytes + 64;
+    if scratch.len() < need {
+        scratch.resize(need, 0);
+    }
+    let off = scratch.as_ptr().align_offset(64);
+    &mut scratch[off..off + bytes]
+}
+
 /// One call of the kernel seam.
 pub struct MatmulCall<'a> {
     /// The weights, row-major in the descriptor's `wtype`: all `rows` rows

@@ -47,8 +47,9 @@ use half::f16;
 use crate::QK_K;
 use crate::blocks::{BlockQ8K, BlockTQ1_0, BlockTQ2_0};
 use crate::cpu::CpuFeatures;
+use crate::kernel::scratch_aligned;
 use crate::kernel::{MatmulCall, MatmulDesc, MatmulKernel, Select, not_offered};
-use crate::matmul::common::{Isa, OutPtr, pack_tokens, scratch_aligned};
+use crate::matmul::common::{Isa, OutPtr, pack_tokens};
 use crate::pool::{ThreadPool, chunk};
 use crate::quantize;
 use crate::{GgmlType, KernelError, Result};
@@ -626,7 +627,8 @@ ternary_simd! {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{TJob, tfmt};
-    use crate::matmul::common::{OutPtr, for_each_tile, pack_tokens, scratch_aligned};
+    use crate::kernel::scratch_aligned;
+    use crate::matmul::common::{OutPtr, for_each_tile, pack_tokens};
     use crate::pool::ThreadPool;
     use crate::quantize::{self, KLayout};
 

@@ -56,17 +56,6 @@ unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
 
-/// Returns a 64-byte aligned region of `bytes` bytes inside `scratch`,
-/// growing the Vec if needed (never shrinking it).
-pub(crate) fn scratch_aligned(scratch: &mut Vec<u8>, bytes: usize) -> &mut [u8] {
-    let need = bytes + 64;
-    if scratch.len() < need {
-        scratch.resize(need, 0);
-    }
-    let off = scratch.as_ptr().align_offset(64);
-    &mut scratch[off..off + bytes]
-}
-
 /// Mutable byte buffer shared by the pool threads for per-token writes to
 /// disjoint regions.
 #[derive(Clone, Copy)]

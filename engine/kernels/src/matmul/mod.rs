@@ -26,7 +26,8 @@
 #[cfg(target_arch = "x86_64")]
 mod amx_int8;
 mod gemm_f32;
-pub mod gemm_packed;
+/// The GEMM over weights packed once (crate `spinfer-gemm`), at its old path.
+pub use spinfer_gemm as gemm_packed;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -37,7 +38,8 @@ pub use gemm_f32::{BLayout, sgemm, sgemm_scalar};
 
 pub(crate) mod common;
 
-pub(crate) use common::{Isa, OutPtr, SharedBuf, broadcast_work, for_each_tile, pack_tokens, scratch_aligned};
+pub(crate) use common::{Isa, OutPtr, SharedBuf, broadcast_work, for_each_tile, pack_tokens};
+pub(crate) use spinfer_kernel_base::kernel::scratch_aligned;
 
 use crate::cpu::CpuFeatures;
 use crate::kernel::{ActType, Form, MatmulCall, MatmulDesc, MatmulKernel, Select, not_offered};

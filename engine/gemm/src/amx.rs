@@ -1,5 +1,5 @@
 //! The bf16 packed GEMM on AMX tiles (Intel Sapphire Rapids and later,
-//! where the OS grants the tile data: [`crate::cpu::CpuFeatures::amx_bf16`]).
+//! where the OS grants the tile data: [`spinfer_kernel_base::cpu::CpuFeatures::amx_bf16`]).
 //!
 //! The packed panels are already the tiles' weight layout: step `q` of a
 //! panel holds one bf16 pair per row, so 16 steps of 16 rows (stride
@@ -16,8 +16,8 @@
 use std::arch::asm;
 
 use super::{Epilogue, NR, PackedMatrix, simd::round_pairs};
-use crate::matmul::{SharedBuf, scratch_aligned};
-use crate::pool::{ThreadPool, chunk_aligned};
+use spinfer_kernel_base::kernel::scratch_aligned;
+use spinfer_kernel_base::pool::{SyncPtr, ThreadPool, chunk_aligned};
 
 /// Tokens and rows of one tile; steps (column pairs) per tile product.
 const T: usize = 16;
@@ -64,9 +64,9 @@ pub(super) fn run(
     let xb = scratch_aligned(scratch, padded * steps * 4);
     xb[n * steps * 4..].fill(0);
     round_pairs(pool, x, n, cols, xb);
-    let xb_ptr = SharedBuf(xb.as_mut_ptr());
+    let xb_ptr = SyncPtr::new(xb.as_mut_ptr());
     let panels = w.panels().as_ptr() as usize;
-    let out_ptr = SharedBuf(out.as_mut_ptr().cast());
+    let out_ptr = SyncPtr::new(out.as_mut_ptr().cast::<u8>());
     pool.broadcast(&|ti, nt| {
         let rr = chunk_aligned(rows, ti, nt, T);
         if rr.is_empty() {
@@ -76,8 +76,8 @@ pub(super) fn run(
         // SAFETY: the configuration is valid for palette 1; the OS granted
         // this process the tile data (checked by the caller).
         unsafe { asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack)) };
-        let xs = xb_ptr.ptr().cast::<u32>().cast_const();
-        let out = out_ptr.ptr().cast::<f32>();
+        let xs = xb_ptr.get().cast::<u32>().cast_const();
+        let out = out_ptr.get().cast::<f32>();
         let mut c = [[0.0f32; 2 * T]; 2 * T];
         let mut r = rr.start;
         while r < rr.end {

@@ -34,9 +34,9 @@
 //! scalar reference's arithmetic split over the pool: correct, not fast, so
 //! callers that care keep their other kernels on such CPUs.
 
-use crate::dequant::dequantize_row;
-use crate::pool::{SyncPtr, ThreadPool, chunk_aligned};
-use crate::{GgmlType, KernelError, Result};
+use spinfer_kernel_base::dequant::dequantize_row;
+use spinfer_kernel_base::pool::{SyncPtr, ThreadPool, chunk_aligned};
+use spinfer_kernel_base::{GgmlType, KernelError, Result};
 
 /// Rows per packed panel (three vectors of 16 lanes).
 pub const NR: usize = 48;
@@ -74,7 +74,7 @@ pub fn bf16_to_f32(h: u16) -> f32 {
 pub fn packed_simd_available(ty: PackedType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        let f = crate::cpu::CpuFeatures::detect();
+        let f = spinfer_kernel_base::cpu::CpuFeatures::detect();
         f.avx512f && f.avx512bw && (ty == PackedType::F32 || f.avx512bf16)
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -88,7 +88,7 @@ pub fn packed_simd_available(ty: PackedType) -> bool {
 /// `SPINFER_CPU` does not cap them off); shapes whose K is not a whole
 /// number of tiles stay on `vdpbf16ps`.
 pub fn amx_available() -> bool {
-    crate::cpu::CpuFeatures::detect().amx_bf16
+    spinfer_kernel_base::cpu::CpuFeatures::detect().amx_bf16
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -122,7 +122,7 @@ impl std::fmt::Debug for PackedMatrix {
 impl PackedMatrix {
     /// Converts and packs the matrices `parts` (each `(type, bytes, rows)`,
     /// row-major with `cols` elements per row, of any type
-    /// [`crate::dequant::dequantize_row`] reads) into one matrix of `ty`,
+    /// [`spinfer_kernel_base::dequant::dequantize_row`] reads) into one matrix of `ty`,
     /// their rows one after the other.
     ///
     /// # Errors
@@ -337,8 +337,8 @@ mod simd {
     use std::arch::x86_64::*;
 
     use super::{Epilogue, LANES, MR, NR, PackedMatrix, PackedType, to_bf16};
-    use crate::matmul::{SharedBuf, scratch_aligned};
-    use crate::pool::{ThreadPool, chunk, chunk_aligned};
+    use spinfer_kernel_base::kernel::scratch_aligned;
+    use spinfer_kernel_base::pool::{SyncPtr, ThreadPool, chunk, chunk_aligned};
 
     /// Fewest activation values for which the bf16 rounding is split over
     /// the pool (below, one more broadcast costs more than it saves).
@@ -370,12 +370,12 @@ mod simd {
         };
         let ty = w.ty;
         let panels = w.panels().as_ptr() as usize;
-        let out_ptr = SharedBuf(out.as_mut_ptr().cast());
+        let out_ptr = SyncPtr::new(out.as_mut_ptr().cast::<u8>());
         let bias_ptr = bias.map_or(0, |b| b.as_ptr() as usize);
         pool.broadcast(&|ti, nt| {
             let rr = chunk_aligned(rows, ti, nt, LANES);
             let (panels, xs) = (panels as *const u32, xs as *const u32);
-            let out = out_ptr.ptr().cast::<f32>();
+            let out = out_ptr.get().cast::<f32>();
             let mut t = 0;
             while t < n {
                 let m = MR.min(n - t);
@@ -423,13 +423,13 @@ mod simd {
     pub(super) fn round_pairs(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, dst: &mut [u8]) {
         let steps = cols.div_ceil(2);
         assert!(dst.len() >= n * steps * 4 && x.len() >= n * cols && super::packed_simd_available(PackedType::F32));
-        let dst = SharedBuf(dst.as_mut_ptr());
+        let dst = SyncPtr::new(dst.as_mut_ptr());
         let convert = |tokens: std::ops::Range<usize>| {
             for t in tokens {
                 // SAFETY: token `t`'s `steps` pairs lie inside `dst`
                 // (asserted) and are written by this call only; the CPU has
                 // AVX-512 F/BW (asserted).
-                unsafe { convert_row(&x[t * cols..(t + 1) * cols], dst.ptr().cast::<u32>().add(t * steps)) };
+                unsafe { convert_row(&x[t * cols..(t + 1) * cols], dst.get().cast::<u32>().add(t * steps)) };
             }
         };
         if n * cols >= PAR_CONVERT && pool.n_threads() > 1 {
