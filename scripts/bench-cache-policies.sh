@@ -3,7 +3,8 @@
 # hit rate, bytes read from the FFN bundle per token (prompt included) and
 # decode tok/s, for each budget and policy, rounds interleaved.
 #
-#   scripts/bench-cache-policies.sh [ROUNDS]      (default 2; BUDGETS="20 30 45 60" in MB)
+#   scripts/bench-cache-policies.sh [ROUNDS]      (default 2; BUDGETS="20 30 45 60" in MB,
+#                                                POLICIES="lru freq-lru sweep window")
 #
 # Calibrates a low-rank sidecar for SmolLM2 into target/bench-cache/ the
 # first time (about 30 s). Prints "round budget_mb policy cache_slots
@@ -24,7 +25,7 @@ fi
 echo "round budget_mb policy cache_slots hot_neurons hit_rate MB_per_token tok_s"
 for round in $(seq "$rounds"); do
     for b in ${BUDGETS:-20 30 45 60}; do
-        for pol in lru freq-lru sweep; do
+        for pol in ${POLICIES:-lru freq-lru sweep window}; do
             "$bin" generate -m "$model" --sparsity "$dir/s.spinfer" --predictor low-rank --ffn-budget-mb "$b" \
                 --cache-policy "$pol" -p "The history of the city is long and complicated. In the early days" \
                 -n 128 --temp 0 -t 2 --json 2>/dev/null | python3 -c "

@@ -56,7 +56,7 @@ pub struct CommonArgs {
     #[arg(long, requires = "sparsity")]
     pub ffn_budget_mb: Option<f64>,
     /// Which cold neurons stay cached under --ffn-budget-mb (or the FFN's share of --mem-budget-mb): sweep
-    /// (default: by layer, then recency) | lru | freq-lru | `pack:<pack>/<name>` (a loaded pack's policy).
+    /// (default: by layer, then recency) | lru | freq-lru | window (the neurons of the last 5 tokens; `window:K` for K) | `pack:<pack>/<name>` (a loaded pack's policy).
     #[arg(long, requires = "sparsity")]
     pub cache_policy: Option<String>,
     /// Output head for next-token logits: dense (every vocabulary row) or

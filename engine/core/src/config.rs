@@ -96,7 +96,8 @@ pub struct SparsitySection {
     /// beside the sidecar. Needs the low-rank predictor. Absent: no budget.
     pub ffn_budget_mb: Option<f64>,
     /// Which cold neurons stay cached under a budget: `"lru"`,
-    /// `"freq-lru"`, `"sweep"` (default), or a pack's policy as `"pack:<pack>/<name>"`.
+    /// `"freq-lru"`, `"sweep"` (default), `"window"` / `"window:K"` (the neurons of the last 5 / K
+    /// tokens), or a pack's policy as `"pack:<pack>/<name>"`.
     pub cache_policy: Option<String>,
 }
 
@@ -132,7 +133,9 @@ pub fn check_cache_policy(p: &str) -> std::result::Result<(), String> {
     match pack_object(p) {
         Some(name) if !name.is_empty() => Ok(()),
         None if CachePolicyKind::parse(p).is_some() => Ok(()),
-        _ => Err(format!("cache policy '{p}' is not one of lru, freq-lru, sweep, pack:<pack>/<name>")),
+        _ => Err(format!(
+            "cache policy '{p}' is not one of lru, freq-lru, sweep, window, window:K (K in 1..=10000), pack:<pack>/<name>"
+        )),
     }
 }
 
@@ -444,6 +447,10 @@ mod tests {
         assert!(e.contains("ffn_budget_mb"), "{e}");
         let e = parse(&format!("{base}cache_policy = \"mru\"\n")).unwrap_err().to_string();
         assert!(e.contains("mru"), "{e}");
+        let so = parse(&format!("{base}cache_policy = \"window:8\"\n")).unwrap().model_options().sparsity.unwrap();
+        assert_eq!(so.cache_policy, CachePolicyKind::Window(8));
+        let e = parse(&format!("{base}cache_policy = \"window:0\"\n")).unwrap_err().to_string();
+        assert!(e.contains("window:K"), "{e}");
         // A pack's predictor and cache policy, by name.
         let packs = "[model]\npath = \"m.gguf\"\n[sparsity]\nfile = \"s.spinfer\"\npredictor = \"pack:acme/mlp\"\n";
         let so = parse(&format!("{packs}cache_policy = \"pack:fifo\"\n")).unwrap().model_options().sparsity.unwrap();

@@ -16,7 +16,8 @@
 //! `horizon × its calibrated activation frequency`, so frequently active
 //! neurons outlive rarely active ones accessed at the same time) and
 //! [`Sweep`] (ranks by layer, then recency: decode sweeps the layers in
-//! order, where LRU is at its worst).
+//! order, where LRU is at its worst) and [`Window`] (the neurons used in
+//! the last `k` tokens, LLM in a Flash's windowing).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -33,6 +34,8 @@ pub enum CachePolicyKind {
     /// Sweep-aware: by layer, then recency ([`Sweep`]; the default).
     #[default]
     Sweep,
+    /// The neurons of the last `k` tokens ([`Window`]).
+    Window(u16),
 }
 
 impl CachePolicyKind {
@@ -41,12 +44,17 @@ impl CachePolicyKind {
             CachePolicyKind::Lru => "lru",
             CachePolicyKind::FreqLru => "freq-lru",
             CachePolicyKind::Sweep => "sweep",
+            CachePolicyKind::Window(_) => "window",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
+        if let Some(k) = s.strip_prefix("window:") {
+            return k.parse().ok().filter(|k| (1..=MAX_WINDOW).contains(k)).map(CachePolicyKind::Window);
+        }
         match s {
             "lru" => Some(CachePolicyKind::Lru),
+            "window" => Some(CachePolicyKind::Window(WINDOW_TOKENS)),
             "freq-lru" | "frequency-lru" | "lfru" => Some(CachePolicyKind::FreqLru),
             "sweep" => Some(CachePolicyKind::Sweep),
             _ => None,
@@ -209,6 +217,68 @@ impl Rank for ByLayer {
     }
 }
 
+/// Tokens [`Window`] keeps by default (`window`; `window:K` sets K).
+pub const WINDOW_TOKENS: u16 = 5;
+/// The largest K of `window:K`.
+const MAX_WINDOW: u16 = 10_000;
+
+/// Windowing (LLM in a Flash, Alizadeh et al. 2023): keep the neurons used
+/// in the last `k` tokens, read only the newcomers. Decode visits the layers
+/// in order, so a token begins where an access's layer falls below the
+/// previous access's. A neuron ranks by the last token that used it (ties:
+/// the later layer leaves first, as in [`Sweep`]); a newcomer is admitted
+/// while the cache has a free slot or its stalest neuron has left the
+/// window, so once the window fits it is never churned by one token's
+/// overflow, and a window larger than the cache keeps what fits of it.
+pub struct Window {
+    k: u64,
+    slots: usize,
+    token: u64,
+    last_layer: u32,
+    resident: Resident,
+}
+
+impl Window {
+    /// A window of `k` tokens over a cache of `slots` slots.
+    pub fn new(k: usize, slots: usize) -> Self {
+        Self { k: k.max(1) as u64, slots, token: 0, last_layer: 0, resident: Resident::default() }
+    }
+
+    fn priority(&self, n: NeuronId) -> u64 {
+        (self.token << 16) | u64::from(0xFFFF - n.layer.min(0xFFFF))
+    }
+}
+
+impl CachePolicy for Window {
+    fn name(&self) -> RString {
+        "window".into()
+    }
+
+    fn on_access(&mut self, neuron: NeuronId) {
+        if neuron.layer < self.last_layer {
+            self.token += 1;
+        }
+        self.last_layer = neuron.layer;
+        let p = self.priority(neuron);
+        self.resident.touch(neuron, p);
+    }
+
+    fn admit(&mut self, neuron: NeuronId) -> bool {
+        let room = self.resident.prio.len() < self.slots;
+        let stale = self.resident.order.first().is_some_and(|&(p, _)| (p >> 16) + self.k <= self.token);
+        if !(room || stale) {
+            return false;
+        }
+        let p = self.priority(neuron);
+        self.resident.set(neuron, p);
+        true
+    }
+
+    fn evict(&mut self) -> ROption<NeuronId> {
+        self.resident.pop().into()
+    }
+}
+
 /// A boxed policy (built-in or a pack's `CachePolicyBox`).
 pub type BoxedPolicy = Box<dyn CachePolicy + Send>;
 
@@ -312,6 +382,7 @@ pub fn policy(kind: CachePolicyKind, slots: usize, freq: Vec<Vec<f32>>) -> Boxed
         CachePolicyKind::Lru => Box::new(Lru::default()),
         CachePolicyKind::FreqLru => Box::new(FreqLru::new(slots, freq)),
         CachePolicyKind::Sweep => Box::new(Sweep::new(freq.len())),
+        CachePolicyKind::Window(k) => Box::new(Window::new(usize::from(k), slots)),
     }
 }
 
@@ -376,6 +447,47 @@ mod tests {
         assert!(c.contains(id(0, 0)) && c.contains(id(0, 1)));
         assert_eq!(CachePolicyKind::parse("sweep"), Some(CachePolicyKind::Sweep));
         assert_eq!(CachePolicyKind::default(), CachePolicyKind::Sweep);
+    }
+
+    /// Steps sweeping 2 layers of 3 cold neurons through 4 slots: LRU
+    /// never hits; a window of 1 token keeps the first 4 neurons it met
+    /// (the window does not fit, so overflow is not admitted) and hits on
+    /// them every step; when the working set moves on, the neurons that left
+    /// the window are replaced.
+    #[test]
+    fn window_keeps_the_recent_tokens_neurons() {
+        let id = |layer, index| NeuronId { layer, index };
+        let step = |c: &mut ColdCache, set: &[u32]| {
+            let mut hits = 0;
+            for layer in 0..2u32 {
+                for &index in set {
+                    if c.lookup(id(layer, index)).is_some() {
+                        hits += 1;
+                    } else {
+                        c.insert(id(layer, index), &rec(index as u8));
+                    }
+                }
+            }
+            hits
+        };
+        let mut lru = ColdCache::new(4, 4, 2, 8, Box::<Lru>::default());
+        let mut win = ColdCache::new(4, 4, 2, 8, Box::new(Window::new(1, 4)));
+        let (mut lru_hits, mut win_hits) = (0, 0);
+        for _ in 0..5 {
+            lru_hits += step(&mut lru, &[0, 1, 2]);
+            win_hits += step(&mut win, &[0, 1, 2]);
+        }
+        assert_eq!(lru_hits, 0);
+        assert_eq!(win_hits, 4 * 4, "4 resident neurons hit on each of the last 4 steps");
+        assert!(win.contains(id(0, 0)) && win.contains(id(1, 0)) && !win.contains(id(1, 2)));
+        // New neurons for two tokens: the old ones left the 1-token window.
+        step(&mut win, &[5, 6]);
+        step(&mut win, &[5, 6]);
+        assert!((0..2).all(|l| win.contains(id(l, 5)) && win.contains(id(l, 6)) && !win.contains(id(l, 0))));
+        assert_eq!(CachePolicyKind::parse("window"), Some(CachePolicyKind::Window(WINDOW_TOKENS)));
+        assert_eq!(CachePolicyKind::parse("window:12"), Some(CachePolicyKind::Window(12)));
+        assert_eq!(CachePolicyKind::parse("window:0"), None);
+        assert_eq!(CachePolicyKind::parse("window:x"), None);
     }
 
     #[test]
