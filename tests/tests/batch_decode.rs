@@ -38,43 +38,53 @@ fn alone(e: &Engine, prompt: &str, steps: usize) -> Vec<Vec<f32>> {
     out
 }
 
-/// The same prompts decoded together: prompts join one by one (a prefill
-/// in the same step as the others' decode, as the server schedules them).
+/// The same prompts decoded together: prompts join one by one, each read
+/// in uneven chunks (3 tokens, then 1, then the rest) in the same steps as
+/// the others' decode, as the server schedules them. Every chunk of a
+/// prompt is marked a prompt's (the 1-token one too), as the server marks
+/// them, so each takes the same kernel path as the prompt read whole.
 fn together(e: &Engine, steps: usize) -> Vec<Vec<Vec<f32>>> {
     let vocab = e.model.config.vocab_size;
     let mut work = e.model.new_session();
     let mut kvs: Vec<_> = PROMPTS.iter().map(|_| e.model.new_kv_cache()).collect();
+    let ids: Vec<Vec<u32>> = PROMPTS.iter().map(|p| e.tokenize(p).unwrap()).collect();
+    let mut fed = vec![0usize; PROMPTS.len()];
+    let mut chunks = vec![0usize; PROMPTS.len()];
     let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::new(); PROMPTS.len()];
-    let mut joined = 0;
     while out.iter().any(|o| o.len() < steps) {
-        // The running sequences' next tokens, then the next prompt whole.
-        let (mut tokens, mut lens, mut who) = (Vec::new(), Vec::new(), Vec::new());
-        for (i, o) in out.iter().enumerate().take(joined) {
-            if o.len() < steps {
-                tokens.push(argmax(o.last().unwrap()));
-                lens.push(1);
-                who.push(i);
+        // The running sequences' next tokens, then a chunk of the first
+        // prompt not yet read.
+        let (mut tokens, mut lens, mut prompt, mut who, mut samples) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for i in 0..PROMPTS.len() {
+            if fed[i] == ids[i].len() && !out[i].is_empty() && out[i].len() < steps {
+                tokens.push(argmax(out[i].last().unwrap()));
+                (lens.push(1), prompt.push(false), who.push(i), samples.push(true));
+            } else if fed[i] < ids[i].len() && !who.iter().any(|&w| fed[w] < ids[w].len()) {
+                let left = ids[i].len() - fed[i];
+                let len = match chunks[i] {
+                    0 => left.min(3),
+                    1 => 1,
+                    _ => left,
+                };
+                tokens.extend_from_slice(&ids[i][fed[i]..fed[i] + len]);
+                (lens.push(len), prompt.push(ids[i].len() > 1), who.push(i), samples.push(len == left));
+                (fed[i], chunks[i]) = (fed[i] + len, chunks[i] + 1);
             }
         }
-        if joined < PROMPTS.len() {
-            let ids = e.tokenize(PROMPTS[joined]).unwrap();
-            lens.push(ids.len());
-            tokens.extend(ids);
-            who.push(joined);
-            joined += 1;
-        }
         let mut seqs: Vec<_> = kvs.iter_mut().enumerate().filter(|(i, _)| who.contains(i)).map(|(_, k)| k).collect();
-        let prompt: Vec<bool> = lens.iter().map(|&n| n > 1).collect();
         e.model.forward_batch(&mut work, &mut seqs, &tokens, &lens, &prompt).unwrap();
-        let last_rows: Vec<usize> = lens
+        let ends: Vec<usize> = lens
             .iter()
             .scan(0, |at, &n| {
                 *at += n;
                 Some(*at - 1)
             })
             .collect();
-        let logits = e.model.logits_of_rows(&mut work, &last_rows).unwrap();
-        for (k, &i) in who.iter().enumerate() {
+        let rows: Vec<usize> = ends.iter().zip(&samples).filter(|(_, s)| **s).map(|(&r, _)| r).collect();
+        let sampling: Vec<usize> = who.iter().zip(&samples).filter(|(_, s)| **s).map(|(&i, _)| i).collect();
+        let logits = e.model.logits_of_rows(&mut work, &rows).unwrap();
+        for (k, &i) in sampling.iter().enumerate() {
             out[i].push(logits[k * vocab..(k + 1) * vocab].to_vec());
         }
     }
