@@ -59,7 +59,10 @@ fn together(e: &Engine, steps: usize) -> Vec<Vec<Vec<f32>>> {
         for i in 0..PROMPTS.len() {
             if fed[i] == ids[i].len() && !out[i].is_empty() && out[i].len() < steps {
                 tokens.push(argmax(out[i].last().unwrap()));
-                (lens.push(1), prompt.push(false), who.push(i), samples.push(true));
+                lens.push(1);
+                prompt.push(false);
+                who.push(i);
+                samples.push(true);
             } else if fed[i] < ids[i].len() && !who.iter().any(|&w| fed[w] < ids[w].len()) {
                 let left = ids[i].len() - fed[i];
                 let len = match chunks[i] {
@@ -68,7 +71,10 @@ fn together(e: &Engine, steps: usize) -> Vec<Vec<Vec<f32>>> {
                     _ => left,
                 };
                 tokens.extend_from_slice(&ids[i][fed[i]..fed[i] + len]);
-                (lens.push(len), prompt.push(ids[i].len() > 1), who.push(i), samples.push(len == left));
+                lens.push(len);
+                prompt.push(ids[i].len() > 1);
+                who.push(i);
+                samples.push(len == left);
                 (fed[i], chunks[i]) = (fed[i] + len, chunks[i] + 1);
             }
         }
