@@ -19,7 +19,10 @@
 //! block is loaded once per 4 tokens (prefill is matrix-matrix work) and
 //! decode (`n_tokens == 1`) streams the weights once. F32/F16/BF16 weights
 //! with f32 activations over many tokens go to a packed GEMM instead
-//! (`gemm_f32`, AVX2/AVX-512). [`gemm_packed`] holds weights packed once
+//! (`gemm_f32`, AVX2/AVX-512). Calls marked
+//! [`MatmulCall::prefill`](crate::kernel::MatmulCall) (a prompt's tokens)
+//! of the 32-element formats run on AMX int8 tiles where the OS grants them
+//! (`amx_int8`). [`gemm_packed`] holds weights packed once
 //! (f32, or bf16 for avx512_bf16) for callers that own their matrices, such
 //! as the BERT encoder.
 
