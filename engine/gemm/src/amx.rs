@@ -18,6 +18,7 @@ use std::arch::asm;
 use super::{Epilogue, NR, PackedMatrix, simd::round_pairs};
 use spinfer_kernel_base::kernel::scratch_aligned;
 use spinfer_kernel_base::pool::{SyncPtr, ThreadPool, chunk_aligned};
+use spinfer_kernel_base::tiles::Tiles;
 
 /// Tokens and rows of one tile; steps (column pairs) per tile product.
 const T: usize = 16;
@@ -28,21 +29,8 @@ pub(super) fn fits(w: &PackedMatrix) -> bool {
     w.steps.is_multiple_of(T)
 }
 
-/// A tile configuration: palette 1, eight tiles of 16 rows × 64 bytes.
-#[repr(C, align(64))]
-struct TileConfig([u8; 64]);
-
-impl TileConfig {
-    fn new() -> Self {
-        let mut c = [0u8; 64];
-        c[0] = 1;
-        for t in 0..8 {
-            c[16 + 2 * t] = 64; // bytes per row (u16, little-endian)
-            c[48 + t] = T as u8; // rows
-        }
-        Self(c)
-    }
-}
+/// The tile configuration: eight tiles of 16 rows × 64 bytes.
+const TILES: [(u16, u8); 8] = [(64, T as u8); 8];
 
 /// Runs the product (see [`super::gemm_packed`]; operands checked, `n > 0`,
 /// the OS granted AMX and [`fits`] holds).
@@ -72,10 +60,9 @@ pub(super) fn run(
         if rr.is_empty() {
             return;
         }
-        let cfg = TileConfig::new();
-        // SAFETY: the configuration is valid for palette 1; the OS granted
-        // this process the tile data (checked by the caller).
-        unsafe { asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack)) };
+        // SAFETY: the OS granted this process the tile data (checked by
+        // the caller); eight tiles of 16 × 64 bytes. Released on drop.
+        let _tiles = unsafe { Tiles::configure(&TILES) };
         let xs = xb_ptr.get().cast::<u32>().cast_const();
         let out = out_ptr.get().cast::<f32>();
         let mut c = [[0.0f32; 2 * T]; 2 * T];
@@ -114,8 +101,6 @@ pub(super) fn run(
             }
             r += 2 * T;
         }
-        // SAFETY: releases the tile state this thread configured.
-        unsafe { asm!("tilerelease", options(nostack)) };
     });
 }
 

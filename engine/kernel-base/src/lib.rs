@@ -19,6 +19,8 @@ pub mod quantize;
 pub mod random;
 mod row_layout;
 pub mod split;
+#[cfg(target_arch = "x86_64")]
+pub mod tiles;
 mod types;
 pub mod vec;
 

@@ -32,6 +32,7 @@ use crate::dot::fmt;
 use crate::pool::ThreadPool;
 use crate::pool::chunk_aligned;
 use crate::quantize::{self, LegacyLayout};
+use spinfer_kernel_base::tiles::Tiles;
 
 /// Tokens and weight rows per tile.
 const T: usize = 16;
@@ -53,25 +54,10 @@ fn panel_bytes(nb: usize) -> usize {
     nb * (B_TILE + 2 * 4 * T)
 }
 
-/// A tile configuration: palette 1; tmm0/1 the int32 sums (16 × 64
-/// bytes), tmm2/3 16 tokens' blocks (16 × 32 bytes), tmm4/5 a block of 16
-/// rows (8 × 64 bytes).
-#[repr(C, align(64))]
-struct TileConfig([u8; 64]);
-
-impl TileConfig {
-    fn new() -> Self {
-        let mut c = [0u8; 64];
-        c[0] = 1;
-        for (t, (colsb, rows)) in
-            [(64u16, 16u8), (64, 16), (32, 16), (32, 16), (64, 8), (64, 8)].into_iter().enumerate()
-        {
-            c[16 + 2 * t..18 + 2 * t].copy_from_slice(&colsb.to_le_bytes());
-            c[48 + t] = rows;
-        }
-        Self(c)
-    }
-}
+/// The tile configuration, `(bytes per row, rows)`: tmm0/1 the int32 sums
+/// (16 × 64 bytes), tmm2/3 16 tokens' blocks (16 × 32 bytes), tmm4/5 a
+/// block of 16 rows (8 × 64 bytes).
+const TILES: [(u16, u8); 6] = [(64, 16), (64, 16), (32, 16), (32, 16), (64, 8), (64, 8)];
 
 /// Runs a dense prompt-path job (no row list; the caller checked
 /// [`available`]).
@@ -100,10 +86,9 @@ pub(super) fn run<const F: u8>(pool: &ThreadPool, job: &Job<'_>, scratch: &mut V
             return;
         }
         let panel = panels.ptr().wrapping_add(ti * pb);
-        let cfg = TileConfig::new();
-        // SAFETY: the configuration is valid for palette 1; the OS granted
-        // this process the tile data (`available`).
-        unsafe { asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr(), options(nostack)) };
+        // SAFETY: the OS granted this process the tile data (`available`);
+        // six tiles within 16 × 64 bytes. Released on drop.
+        let _tiles = unsafe { Tiles::configure(&TILES) };
         let mut sums = Sums([[0; T * T]; 2]);
         let mut c = [[0.0f32; T]; T];
         for r0 in rr.clone().step_by(T) {
@@ -125,8 +110,6 @@ pub(super) fn run<const F: u8>(pool: &ThreadPool, job: &Job<'_>, scratch: &mut V
                 }
             }
         }
-        // SAFETY: releases the tile state this thread configured.
-        unsafe { asm!("tilerelease", options(nostack)) };
     });
 }
 
@@ -212,7 +195,7 @@ struct Sums([[i32; T * T]; 2]);
 /// rows of `panel`, over all blocks (see the module comment).
 ///
 /// # Safety
-/// The thread's tile configuration ([`TileConfig`]) must be loaded; `a`
+/// The thread's tile configuration ([`TILES`]) must be loaded; `a`
 /// must hold 16 tokens packed with `l`; `panel` one [`unpack_panel`]
 /// output of `l.blocks` blocks; the CPU must have AVX-512 F.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]

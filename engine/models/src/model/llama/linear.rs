@@ -311,7 +311,7 @@ impl Linear {
         scratch: &mut Scratch,
     ) -> Result<()> {
         let roles = std::mem::take(&mut scratch.roles);
-        let result = if roles.iter().map(|r| r.0).sum::<usize>() == n && roles.len() > 1 {
+        let result = if roles.iter().map(|r| r.0).sum::<usize>() == n {
             let (cols, mut at) = (self.desc.cols, 0);
             roles.iter().try_for_each(|&(len, prefill)| {
                 let (x, out) = (&x[at * cols..(at + len) * cols], &mut out[at * rows..(at + len) * rows]);
@@ -319,8 +319,7 @@ impl Linear {
                 self.matmul_planes(run, rows, x, len, out, scratch, prefill)
             })
         } else {
-            let prefill = roles.first().is_some_and(|&(len, p)| len == n && p);
-            self.matmul_planes(run, rows, x, n, out, scratch, prefill)
+            self.matmul_planes(run, rows, x, n, out, scratch, false)
         };
         scratch.roles = roles;
         result
