@@ -89,16 +89,11 @@ for line in sys.stdin:
     [ -n "$model" ] && export SPINFER_MODEL="$model"
     [ -n "$gemma" ] && export SPINFER_GEMMA_MODEL="$gemma"
     status=0
-    for t in "$bin"/unit-* "$bin"/probe "$bin"/kernels "$bin"/ops; do
+    for t in "$bin"/unit-* "$bin"/probe "$bin"/kernels "$bin"/ops "$bin"/fused; do
         [ -x "$t" ] || continue
         echo "== $(basename "$t")"
         "$t" --test-threads 1 --nocapture 2>&1 | tee "$out/test-$(basename "$t").txt" | grep -E "^test |test result|panicked|skipped" || status=1
     done
-    if [ -z "${SKIP_KERNEL_BENCH:-}" ]; then
-        echo "== cuda_bench"
-        "$bin/cuda_bench" --json "$out/bench.json" > "$out/bench.txt" 2>&1 || status=1
-        cat "$out/bench.txt"
-    fi
     if [ -n "$gemma" ] && [ -x "$bin/gemma3" ]; then
         echo "== gemma3 (gpu model)"
         "$bin/gemma3" --test-threads 1 --nocapture 2>&1 | tee "$out/test-gemma3.txt" | grep -vE "^\s*$" || status=1
@@ -107,6 +102,14 @@ for line in sys.stdin:
     if [ -n "$model" ]; then
         echo "== smollm2 (gpu model)"
         "$bin/smollm2" --test-threads 1 --nocapture 2>&1 | tee "$out/test-smollm2.txt" | grep -vE "^\s*$" || status=1
+    fi
+    # The kernel benchmark while llama.cpp may still be building.
+    if [ -z "${SKIP_KERNEL_BENCH:-}" ]; then
+        echo "== cuda_bench"
+        "$bin/cuda_bench" --json "$out/bench.json" > "$out/bench.txt" 2>&1 || status=1
+        cat "$out/bench.txt"
+    fi
+    if [ -n "$model" ]; then
         # Side by side with llama.cpp (CUDA), interleaved: spinfer, llama, spinfer, llama.
         if [ -d "$LLAMA" ]; then
             # Wait for the background build, at most LLAMA_WAIT seconds.

@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 
 use crate::buffers::{DeviceActs, DeviceBuf, DeviceMatrix, DeviceRows, Elem, Slice, SliceMut};
-use crate::format::{axpy_kernel, batch_for, gemm_kernel, gemv_kernel};
+use crate::format::{axpy_kernel, batch_for, gemm_kernel, gemv_fused_kernel, gemv_kernel};
 use crate::{AXPY_BATCHES, ActType, CudaError, DeviceInfo, GEMV_BATCHES, Result, WeightFormat, imp, probe};
 
 /// A kernel argument, as the kernel's parameter list declares it.
@@ -69,6 +69,16 @@ const GEMV_WARPS: u32 = 8;
 const GEMV_ROWS_PER_BLOCK: usize = GEMV_WARPS as usize * 2;
 /// Outputs and tokens per GEMM tile (`GEMM_T` in gemv.cu).
 const GEMM_TILE: usize = 64;
+
+/// The extra arguments of a fused GEMV (`gemv_fused_*` in gemv.cu):
+/// `PRO_*` mode and device addresses (0 for none).
+pub(crate) struct FusedArgs {
+    pub mode: i32,
+    pub aux: u64,
+    pub nw: u64,
+    pub eps: f32,
+    pub x_out: u64,
+}
 
 /// Launches captured once and replayed with one call (a decode step):
 /// see [`CudaBackend::begin_capture`].
@@ -383,10 +393,10 @@ impl CudaBackend {
         if n_out == 0 {
             return Ok(());
         }
-        let (row_bytes, cols, n) = (KArg::I64(w.row_bytes as i64), int(w.cols, "cols")?, int(n_out, "outputs")?);
         let rows_ptr = rows.map_or(0, |r| self.ptr(&r.buf, 0));
         let (w_ptr, y_base) = (self.ptr(&w.buf, 0), self.ptr(y.buf, y.offset));
         if tokens > GEMV_BATCHES[GEMV_BATCHES.len() - 1] {
+            let (row_bytes, cols, n) = (KArg::I64(w.row_bytes as i64), int(w.cols, "cols")?, int(n_out, "outputs")?);
             // Many tokens (prefill): one tiled launch reads each weight
             // once per 64 tokens.
             let grid = Grid {
@@ -415,6 +425,30 @@ impl CudaBackend {
             // edges.
             return unsafe { self.inner.launch(Module::Format(w.format), &gemm_kernel(w.format, act), grid, &args) };
         }
+        self.gemv_launches(w, act, x_ptr, w.cols, tokens, rows_ptr, n_out, y_base, None)
+    }
+
+    /// The GEMV launches for `tokens` tokens (in batches of
+    /// [`GEMV_BATCHES`]), token `t`'s activations at `x_ptr + t * x_stride`
+    /// elements and its outputs at `y_base + t * n_out`; `fused` selects
+    /// the fused variants (f32 activations) with their extra arguments,
+    /// whose `aux` and `x_out` rows have `x_stride` too. Shapes are the
+    /// caller's to check.
+    #[allow(clippy::too_many_arguments, reason = "one launch's raw arguments, checked by the two callers")]
+    pub(crate) fn gemv_launches(
+        &self,
+        w: &DeviceMatrix,
+        act: ActType,
+        x_ptr: u64,
+        x_stride: usize,
+        tokens: usize,
+        rows_ptr: u64,
+        n_out: usize,
+        y_base: u64,
+        fused: Option<&FusedArgs>,
+    ) -> Result<()> {
+        let (row_bytes, cols, n) = (KArg::I64(w.row_bytes as i64), int(w.cols, "cols")?, int(n_out, "outputs")?);
+        let (w_ptr, stride) = (self.ptr(&w.buf, 0), int(x_stride, "x stride")?);
         let grid = Grid {
             blocks: (int(n_out.div_ceil(GEMV_ROWS_PER_BLOCK), "blocks")? as u32, 1),
             threads: 32 * GEMV_WARPS,
@@ -423,23 +457,38 @@ impl CudaBackend {
         let mut t = 0;
         while t < tokens {
             let b = batch_for(tokens - t, &GEMV_BATCHES);
-            let args = [
+            let x_off = (t * x_stride) as u64;
+            let mut args = vec![
                 KArg::Ptr(w_ptr),
                 row_bytes,
                 KArg::I32(cols),
-                KArg::Ptr(x_ptr + (t * w.cols * act.size()) as u64),
-                KArg::I32(cols),
+                KArg::Ptr(x_ptr + x_off * act.size() as u64),
+                KArg::I32(stride),
                 KArg::Ptr(rows_ptr),
                 KArg::I32(n),
                 KArg::Ptr(y_base + (t * n_out * 4) as u64),
                 KArg::I32(n),
             ];
+            let name = match fused {
+                None => gemv_kernel(w.format, act, b),
+                Some(f) => {
+                    args.extend([
+                        KArg::I32(f.mode),
+                        KArg::Ptr(f.aux + x_off * 4),
+                        KArg::Ptr(f.nw),
+                        KArg::F32(f.eps),
+                        KArg::Ptr(if f.x_out == 0 { 0 } else { f.x_out + x_off * 4 }),
+                    ]);
+                    gemv_fused_kernel(w.format, b)
+                }
+            };
             // SAFETY: the arguments follow gemv_* in gemv.cu (w, row_bytes,
-            // cols, x, x_stride, rows, n_out, y, y_stride); the shapes were
-            // checked above: every row index is below the matrix's rows,
-            // x holds this batch's tokens of `cols` values and y their
-            // `n_out` outputs.
-            unsafe { self.inner.launch(Module::Format(w.format), &gemv_kernel(w.format, act, b), grid, &args)? };
+            // cols, x, x_stride, rows, n_out, y, y_stride), and gemv_fused_*
+            // (the same, then mode, aux, nw, eps, x_out); the callers check
+            // that every row index is below the matrix's rows, that x (and
+            // aux, x_out) hold this batch's tokens of `cols` values at
+            // `x_stride`, nw `cols` values, and y their `n_out` outputs.
+            unsafe { self.inner.launch(Module::Format(w.format), &name, grid, &args)? };
             t += b;
         }
         Ok(())
@@ -471,9 +520,10 @@ impl CudaBackend {
                 ),
             ));
         }
+        // A block of 8 warps per 32 items (AXPY_WARPS in gemv.cu); splits of
+        // about 64 kept neurons (8 per warp), at most 128.
         let items = wt.cols / 32;
-        let threads = items.next_multiple_of(32).min(128);
-        let splits = k.div_ceil(32).clamp(1, 128);
+        let splits = k.div_ceil(64).clamp(1, 128);
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let part_len = splits * AXPY_BATCHES[AXPY_BATCHES.len() - 1] * wt.cols;
         let part = match scratch.as_ref() {
@@ -494,8 +544,7 @@ impl CudaBackend {
                 KArg::I32(n_rows),
                 KArg::Ptr(part),
             ];
-            let grid =
-                Grid { blocks: (items.div_ceil(threads) as u32, splits as u32), threads: threads as u32, smem: 0 };
+            let grid = Grid { blocks: (items.div_ceil(32) as u32, splits as u32), threads: 256, smem: 0 };
             // SAFETY: arguments follow axpy_rows_* in gemv.cu (w,
             // row_bytes, cols, a, a_stride, rows, n_rows, part); `a` holds
             // this batch's activations, the indices are below the matrix's

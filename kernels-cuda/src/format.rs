@@ -202,6 +202,12 @@ pub(crate) fn gemv_kernel(format: WeightFormat, act: ActType, batch: usize) -> S
     format!("gemv_{}_{}_b{batch}", format.name(), act.cuda_struct())
 }
 
+/// Name of the fused GEMV kernel (f32 activations, a step fused into its
+/// staging) for a format and batch.
+pub(crate) fn gemv_fused_kernel(format: WeightFormat, batch: usize) -> String {
+    format!("gemv_fused_{}_b{batch}", format.name())
+}
+
 /// Name of the many-token (tiled) kernel for a format and activation type.
 pub(crate) fn gemm_kernel(format: WeightFormat, act: ActType) -> String {
     format!("gemm_{}_{}", format.name(), act.cuda_struct())

@@ -25,6 +25,7 @@ mod backend;
 mod buffers;
 mod error;
 mod format;
+mod fused;
 mod ops;
 mod synthetic;
 
@@ -42,6 +43,7 @@ pub use backend::{CudaBackend, DeviceGraph};
 pub use buffers::{DeviceActs, DeviceBuf, DeviceMatrix, DeviceRows, Elem, Slice, SliceMut};
 pub use error::{CudaError, CudaUnavailable, Result};
 pub use format::{AXPY_BATCHES, ActType, GEMV_BATCHES, WeightFormat, kernel_source, ops_source};
+pub use fused::{GluAct, Prologue};
 pub use ops::{AttentionShape, KvCache, MAX_ATTENTION_POSITIONS, Position, QkvRows, RopePairs, RopeShape};
 pub use synthetic::{synthetic_acts, synthetic_matrix};
 

@@ -2,7 +2,8 @@
 //! measures them: pp512 (one forward of 512 tokens from an empty cache) and
 //! tg128 (128 single-token forwards, each with its logits copied to the
 //! host), median of `--reps` runs after a warm-up. Decode is measured with
-//! the captured graph (the default) and with every kernel launched.
+//! the captured graph and fused steps (the default), with the graph of the
+//! unfused steps, and with every kernel launched.
 //!
 //! `cargo run --release -p spinfer-gpu --features cuda --example gpu_bench --
 //! MODEL.gguf [--reps 5] [--json]`
@@ -29,7 +30,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut s = m.new_session()?;
     let mut plain = m.new_session()?;
     plain.set_graphs(false);
-    let (mut pp, mut tg, mut tg_plain) = (Vec::new(), Vec::new(), Vec::new());
+    let mut unfused = m.new_session()?;
+    unfused.set_fused(false);
+    let (mut pp, mut tg, mut tg_plain, mut tg_unfused) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let decode = |s: &mut spinfer_gpu::GpuSession| -> Result<f64, Box<dyn std::error::Error>> {
         s.reset();
         let t0 = Instant::now();
@@ -48,19 +51,20 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         m.forward(&mut s, &prompt)?;
         m.backend().synchronize()?;
         let pp_tok_s = 512.0 / t0.elapsed().as_secs_f64();
-        // tg128, graph and plain launches interleaved
-        let (g, p) = (decode(&mut s)?, decode(&mut plain)?);
+        // tg128: the three ways interleaved
+        let (g, p, u) = (decode(&mut s)?, decode(&mut plain)?, decode(&mut unfused)?);
         if rep > 0 {
             pp.push(pp_tok_s);
             tg.push(g);
             tg_plain.push(p);
+            tg_unfused.push(u);
         }
     }
-    let (pp, tg, tg_plain) = (median(pp), median(tg), median(tg_plain));
+    let (pp, tg, tg_plain, tg_unfused) = (median(pp), median(tg), median(tg_plain), median(tg_unfused));
     let name = &m.backend().device().name;
     if json {
         println!(
-            "{{\"device\":\"{name}\",\"model\":\"{path}\",\"pp512_tok_s\":{pp:.1},\"tg128_tok_s\":{tg:.1},\"tg128_no_graph_tok_s\":{tg_plain:.1}}}"
+            "{{\"device\":\"{name}\",\"model\":\"{path}\",\"pp512_tok_s\":{pp:.1},\"tg128_tok_s\":{tg:.1},\"tg128_no_graph_tok_s\":{tg_plain:.1},\"tg128_unfused_tok_s\":{tg_unfused:.1}}}"
         );
     } else {
         println!("device: {}", m.backend().device());
@@ -68,6 +72,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!("pp512            {pp:10.1} tok/s");
         println!("tg128            {tg:10.1} tok/s");
         println!("tg128 (no graph) {tg_plain:10.1} tok/s");
+        println!("tg128 (unfused)  {tg_unfused:10.1} tok/s");
     }
     Ok(())
 }

@@ -9,8 +9,8 @@ use spinfer_formats::{FfnAct, Loader, ModelConfig, RopeStyle};
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels_cuda::{
-    AttentionShape, CudaBackend, DeviceBuf, DeviceGraph, DeviceMatrix, DeviceRows, KvCache, Position, QkvRows,
-    RopePairs, RopeShape, Slice, SliceMut, WeightFormat,
+    AttentionShape, CudaBackend, DeviceBuf, DeviceGraph, DeviceMatrix, DeviceRows, GEMV_BATCHES, GluAct, KvCache,
+    Position, Prologue, QkvRows, RopePairs, RopeShape, Slice, SliceMut, WeightFormat,
 };
 
 use crate::{GpuError, Result};
@@ -64,6 +64,7 @@ pub struct GpuSession {
     ids: DeviceRows,             // token ids of the current step (UBATCH)
     dpos: DeviceBuf<i32>,        // the decode step's position, read by the graph (1)
     x: DeviceBuf<f32>,           // residual stream (UBATCH, dim)
+    x2: DeviceBuf<f32>,          // its other copy: fused steps write the sum there (UBATCH, dim)
     xn: DeviceBuf<f32>,          // normalised input of the current block (UBATCH, dim)
     qkv: DeviceBuf<f32>,         // projected q, k, v (UBATCH, q_dim + 2 kv_dim)
     q: DeviceBuf<f32>,           // roped queries (UBATCH, q_dim)
@@ -77,6 +78,7 @@ pub struct GpuSession {
     logits: DeviceBuf<f32>,     // (rows requested, vocab)
     graph: Option<DeviceGraph>, // one decode step (1 token, position from `dpos`)
     use_graph: bool,
+    fused: bool,
 }
 
 impl GpuSession {
@@ -96,6 +98,17 @@ impl GpuSession {
     pub fn set_graphs(&mut self, on: bool) {
         self.use_graph = on;
     }
+
+    /// Whether steps of a few tokens fuse the gated activation into the
+    /// down projection and the residual add and RMSNorm into the next
+    /// projections (the default), or launch each step on its own (for
+    /// comparison). The results agree to rounding.
+    pub fn set_fused(&mut self, on: bool) {
+        if self.fused != on {
+            self.fused = on;
+            self.graph = None; // captured with the other setting
+        }
+    }
 }
 
 fn internal(what: &str, off: usize, len: usize, have: usize) -> GpuError {
@@ -109,6 +122,42 @@ fn at<'a>(b: &'a DeviceBuf<f32>, what: &str, off: usize, len: usize) -> Result<S
 fn at_mut<'a>(b: &'a mut DeviceBuf<f32>, what: &str, off: usize, len: usize) -> Result<SliceMut<'a, f32>> {
     let have = b.len();
     b.at_mut(off, len).ok_or_else(|| internal(what, off, len, have))
+}
+
+/// The input of a block's projections: `xn` (normalised), or with `norm`
+/// the residual stream `cur` plus the last block output `delta`, normalised
+/// in the GEMV's staging, the sum written to `other` (the stream's next
+/// buffer).
+struct Input<'a> {
+    xn: &'a DeviceBuf<f32>,
+    cur: &'a DeviceBuf<f32>,
+    other: &'a mut DeviceBuf<f32>,
+    delta: &'a DeviceBuf<f32>,
+    norm: Option<&'a DeviceBuf<f32>>,
+    eps: f32,
+    len: usize, // tokens x dim
+}
+
+impl Input<'_> {
+    /// `y = m · input` for `n` tokens.
+    fn project(&mut self, be: &CudaBackend, m: &DeviceMatrix, n: usize, y: SliceMut<'_, f32>) -> Result<()> {
+        let len = self.len;
+        let Some(norm) = self.norm else {
+            return Ok(be.gemv_f32(m, at(self.xn, "xn", 0, len)?, n, None, y)?);
+        };
+        let prologue = Prologue::AddNorm {
+            delta: at(self.delta, "tmp", 0, len)?,
+            weight: norm.all(),
+            eps: self.eps,
+            residual_out: at_mut(self.other, "x", 0, len)?,
+        };
+        Ok(be.gemv_fused(m, at(self.cur, "x", 0, len)?, len / n, n, prologue, y)?)
+    }
+
+    /// Whether the residual stream moved to the other buffer.
+    fn flips(&self) -> bool {
+        self.norm.is_some()
+    }
 }
 
 /// The step's first position: `pos`, or (a step being captured) read from
@@ -264,6 +313,7 @@ impl GpuModel {
             ids: be.upload_rows(&[0; UBATCH], c.vocab_size)?,
             dpos: be.alloc(1)?,
             x: buf(UBATCH * c.dim)?,
+            x2: buf(UBATCH * c.dim)?,
             xn: buf(UBATCH * c.dim)?,
             qkv: buf(UBATCH * (q_dim + 2 * kv_dim))?,
             q: buf(UBATCH * q_dim)?,
@@ -277,6 +327,7 @@ impl GpuModel {
             logits: buf(c.vocab_size)?,
             graph: None,
             use_graph: true,
+            fused: true,
         })
     }
 
@@ -346,6 +397,13 @@ impl GpuModel {
         let pairs = if c.rope_style == RopeStyle::NeoX { RopePairs::Halves } else { RopePairs::Adjacent };
         // The first token's position: s.pos, or read from s.dpos.
         let (device, bound) = (device_pos, self.ctx - 1);
+        // A few tokens (the GEMV path) fuse the gated activation into the
+        // down projection and, without post-norms (Gemma has them), each
+        // residual add and RMSNorm into the projections after it; the sum
+        // then alternates between s.x and s.x2 (`flip`: s.x2 holds it).
+        let fused = s.fused && n <= GEMV_BATCHES[GEMV_BATCHES.len() - 1];
+        let add_norm = fused && !c.is_gemma();
+        let mut flip = false;
 
         // Token embeddings into the residual stream (Gemma: times √dim),
         // and the first block's attention RMSNorm.
@@ -360,22 +418,27 @@ impl GpuModel {
 
         for (l, layer) in self.layers.iter().enumerate() {
             let local = c.sliding_window.filter(|w| w.is_local(l));
-            // Q, K, V projections: (offset, row stride) of each in s.qkv.
-            let xn = at(&s.xn, "xn", 0, n * dim)?;
+            // Q, K, V projections: (offset, row stride) of each in s.qkv;
+            // fused, of the previous block's residual add and this block's
+            // RMSNorm (layer 0's input was normalised after the embedding).
+            let fuse = (add_norm && l > 0).then_some(&layer.attn_norm);
+            let (cur, other) = if flip { (&s.x2, &mut s.x) } else { (&s.x, &mut s.x2) };
+            let mut input = Input { xn: &s.xn, cur, other, delta: &s.tmp, norm: fuse, eps: c.rms_eps, len: n * dim };
             let (qr, kr, vr) = match &layer.qkv {
                 Proj::Stacked(m) => {
                     let w = q_dim + 2 * kv_dim;
-                    be.gemv_f32(m, xn, n, None, at_mut(&mut s.qkv, "qkv", 0, n * w)?)?;
+                    input.project(be, m, n, at_mut(&mut s.qkv, "qkv", 0, n * w)?)?;
                     ((0, w), (q_dim, w), (q_dim + kv_dim, w))
                 }
                 Proj::Separate(ms) => {
                     let (ko, vo) = (UBATCH * q_dim, UBATCH * (q_dim + kv_dim));
-                    be.gemv_f32(&ms[0], xn, n, None, at_mut(&mut s.qkv, "q", 0, n * q_dim)?)?;
-                    be.gemv_f32(&ms[1], xn, n, None, at_mut(&mut s.qkv, "k", ko, n * kv_dim)?)?;
-                    be.gemv_f32(&ms[2], xn, n, None, at_mut(&mut s.qkv, "v", vo, n * kv_dim)?)?;
+                    input.project(be, &ms[0], n, at_mut(&mut s.qkv, "q", 0, n * q_dim)?)?;
+                    input.project(be, &ms[1], n, at_mut(&mut s.qkv, "k", ko, n * kv_dim)?)?;
+                    input.project(be, &ms[2], n, at_mut(&mut s.qkv, "v", vo, n * kv_dim)?)?;
                     ((0, q_dim), (ko, kv_dim), (vo, kv_dim))
                 }
             };
+            flip ^= input.flips();
             // QK-norm (Gemma, whose projections are never stacked): RMSNorm
             // of every query and key head.
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
@@ -409,39 +472,53 @@ impl GpuModel {
             // Output projection; its RMSNorm (Gemma), the residual and the
             // FFN RMSNorm.
             be.gemv_f32(&layer.wo, at(&s.att, "att", 0, n * q_dim)?, n, None, at_mut(&mut s.tmp, "tmp", 0, n * dim)?)?;
-            self.residual_norm(s, layer.post_attn_norm.as_ref(), &layer.ffn_norm, n, None)?;
+            if !add_norm {
+                self.residual_norm(s, layer.post_attn_norm.as_ref(), &layer.ffn_norm, n, None, flip)?;
+            }
 
-            // Gated FFN: down(act(gate(x)) * up(x)), SwiGLU or GeGLU.
-            let xn = at(&s.xn, "xn", 0, n * dim)?;
+            // Gated FFN: down(act(gate(x)) * up(x)), SwiGLU or GeGLU; fused,
+            // gate and up of the residual add and RMSNorm, the activation
+            // inside the down projection.
+            let fuse = add_norm.then_some(&layer.ffn_norm);
+            let (cur, other) = if flip { (&s.x2, &mut s.x) } else { (&s.x, &mut s.x2) };
+            let mut input = Input { xn: &s.xn, cur, other, delta: &s.tmp, norm: fuse, eps: c.rms_eps, len: n * dim };
             let (gr, ur) = match &layer.gate_up {
                 Proj::Stacked(m) => {
-                    be.gemv_f32(m, xn, n, None, at_mut(&mut s.gate_up, "gate_up", 0, n * 2 * ffn)?)?;
+                    input.project(be, m, n, at_mut(&mut s.gate_up, "gate_up", 0, n * 2 * ffn)?)?;
                     ((0, 2 * ffn), (ffn, 2 * ffn))
                 }
                 Proj::Separate(ms) => {
-                    be.gemv_f32(&ms[0], xn, n, None, at_mut(&mut s.gate_up, "gate", 0, n * ffn)?)?;
-                    be.gemv_f32(&ms[1], xn, n, None, at_mut(&mut s.gate_up, "up", UBATCH * ffn, n * ffn)?)?;
+                    input.project(be, &ms[0], n, at_mut(&mut s.gate_up, "gate", 0, n * ffn)?)?;
+                    input.project(be, &ms[1], n, at_mut(&mut s.gate_up, "up", UBATCH * ffn, n * ffn)?)?;
                     ((0, ffn), (UBATCH * ffn, ffn))
                 }
             };
+            flip ^= input.flips();
             let rows = |(off, stride): (usize, usize)| at(&s.gate_up, "gate_up", off, (n - 1) * stride + ffn);
-            let (gate, up, act) = ((rows(gr)?, gr.1), (rows(ur)?, ur.1), at_mut(&mut s.act, "act", 0, n * ffn)?);
-            match c.ffn_act {
-                FfnAct::Silu => be.swiglu(gate, up, ffn, n, act)?,
-                FfnAct::GeluTanh => be.geglu(gate, up, ffn, n, act)?,
+            let tmp = at_mut(&mut s.tmp, "tmp", 0, n * dim)?;
+            if fused {
+                // gr.1 == ur.1: one stride for both.
+                let act = match c.ffn_act {
+                    FfnAct::Silu => GluAct::Silu,
+                    FfnAct::GeluTanh => GluAct::GeluTanh,
+                };
+                let glu = Prologue::Glu { up: rows(ur)?, act };
+                be.gemv_fused(&layer.w_down, rows(gr)?, gr.1, n, glu, tmp)?;
+            } else {
+                let (gate, up, act) = ((rows(gr)?, gr.1), (rows(ur)?, ur.1), at_mut(&mut s.act, "act", 0, n * ffn)?);
+                match c.ffn_act {
+                    FfnAct::Silu => be.swiglu(gate, up, ffn, n, act)?,
+                    FfnAct::GeluTanh => be.geglu(gate, up, ffn, n, act)?,
+                }
+                be.gemv_f32(&layer.w_down, at(&s.act, "act", 0, n * ffn)?, n, None, tmp)?;
             }
-            be.gemv_f32(
-                &layer.w_down,
-                at(&s.act, "act", 0, n * ffn)?,
-                n,
-                None,
-                at_mut(&mut s.tmp, "tmp", 0, n * dim)?,
-            )?;
             // Its RMSNorm (Gemma), the residual, and the next RMSNorm: the
-            // next block's, or the final one into s.hidden.
+            // next block's (fused into its projections), or the final one
+            // into s.hidden.
             match self.layers.get(l + 1) {
-                Some(next) => self.residual_norm(s, layer.post_ffn_norm.as_ref(), &next.attn_norm, n, None)?,
-                None => self.residual_norm(s, layer.post_ffn_norm.as_ref(), &self.output_norm, n, Some(row))?,
+                Some(_) if add_norm => {}
+                Some(next) => self.residual_norm(s, layer.post_ffn_norm.as_ref(), &next.attn_norm, n, None, flip)?,
+                None => self.residual_norm(s, layer.post_ffn_norm.as_ref(), &self.output_norm, n, Some(row), flip)?,
             }
         }
         Ok(())
@@ -449,7 +526,8 @@ impl GpuModel {
 
     /// Adds the block's output `s.tmp` (through the RMSNorm `post` first,
     /// Gemma's post-norms) to the residual stream and normalises the result
-    /// with `norm` into `s.xn`, or into `s.hidden` from row `hidden_row`.
+    /// with `norm` into `s.xn`, or into `s.hidden` from row `hidden_row`;
+    /// the residual stream is `s.x`, or `s.x2` when `flip`.
     fn residual_norm(
         &self,
         s: &mut GpuSession,
@@ -457,6 +535,7 @@ impl GpuModel {
         norm: &DeviceBuf<f32>,
         n: usize,
         hidden_row: Option<usize>,
+        flip: bool,
     ) -> Result<()> {
         let (be, dim, eps) = (&self.be, self.config.dim, self.config.rms_eps);
         let len = n * dim;
@@ -471,7 +550,8 @@ impl GpuModel {
             Some(row) => at_mut(&mut s.hidden, "hidden", row * dim, len)?,
             None => at_mut(&mut s.xn, "xn", 0, len)?,
         };
-        be.add_rms_norm(at_mut(&mut s.x, "x", 0, len)?, y, norm.all(), eps, out)?;
+        let x = if flip { &mut s.x2 } else { &mut s.x };
+        be.add_rms_norm(at_mut(x, "x", 0, len)?, y, norm.all(), eps, out)?;
         Ok(())
     }
 

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{check_greedy, check_logits, cpu_engine, gpu_model, wikitext2_ppl};
+use common::{check_fused, check_greedy, check_logits, cpu_engine, gpu_model, wikitext2_ppl};
 use spinfer_tests::{data, gemma3, gemma3_reference};
 
 #[test]
@@ -20,6 +20,15 @@ fn greedy_continuations_match_the_cpu_engine() {
     let Some(path) = gemma3() else { return };
     let Some(m) = gpu_model(&path, 512) else { return };
     check_greedy(&m, &cpu_engine(&path, 512), &gemma3_reference());
+}
+
+/// The fused steps (GeGLU inside the down projection; Gemma's post-norms
+/// keep the residual add apart) against the same steps one by one.
+#[test]
+fn fused_steps_match_unfused() {
+    let Some(path) = gemma3() else { return };
+    let Some(m) = gpu_model(&path, 512) else { return };
+    check_fused(&m, &gemma3_reference(), 1e-3);
 }
 
 /// The reference protocol with the file's one `<bos>`: within 1% of

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{check_greedy, check_logits, cpu_engine, gpu_model, wikitext2_ppl};
+use common::{check_fused, check_greedy, check_logits, cpu_engine, gpu_model, wikitext2_ppl};
 use spinfer_tests::{data, reference, smollm2};
 
 /// Last-position logits within the fast mode's bound of PyTorch's (0.3)
@@ -25,6 +25,14 @@ fn greedy_continuations_match_the_cpu_engine() {
     let Some(path) = smollm2() else { return };
     let Some(m) = gpu_model(&path, 512) else { return };
     check_greedy(&m, &cpu_engine(&path, 512), &reference());
+}
+
+/// The fused decode steps against the same steps launched one by one.
+#[test]
+fn fused_steps_match_unfused() {
+    let Some(path) = smollm2() else { return };
+    let Some(m) = gpu_model(&path, 512) else { return };
+    check_fused(&m, &reference(), 1e-3);
 }
 
 /// Within 1% of PyTorch's 28.738.

@@ -11,10 +11,12 @@
 //
 // axpy_rows: part[split][b][h] = sum over kept k in this split of
 //   a[b][k] * Wt[rows[k]][h], where Wt is the down projection repacked
-//   neuron-major (one row per FFN neuron). Thread t of a block owns item t
-//   (32 outputs) of the hidden vector; blockIdx.y splits the kept neurons.
-//   A second kernel, sum_splits, adds the splits in a fixed order, so the
-//   result does not depend on scheduling.
+//   neuron-major (one row per FFN neuron). A block of 8 warps owns 32 items
+//   (1024 outputs) of the hidden vector, lane l item l; blockIdx.y splits
+//   the kept neurons, and within a split warp g takes every 8th from g; the
+//   warps' sums meet in shared memory in a fixed order. A second kernel,
+//   sum_splits, adds the splits in a fixed order, so the result does not
+//   depend on scheduling.
 
 #define GEMV_WARPS 8
 #define GEMV_R 2
@@ -26,12 +28,45 @@
 #define GEMV_CHUNK 1024
 #define GEMV_PAD 36
 
+// What the staging computes from x. The fused variants (gemv_fused_*, f32 x)
+// take the step before the product into their staging, saving a launch and a
+// pass over the activations:
+//   PRO_SILU / PRO_GELU: act(x) * aux, x and aux the gate and up rows (the
+//     down projection with the gated activation fused in);
+//   PRO_ADD_NORM: r = x + aux, staged as r / rms(r) * nw (the residual add and
+//     the next RMSNorm fused in); block 0 also writes r to x_out, the next
+//     residual stream. Sums as add_rms_norm in ops.cu sums them (256 threads,
+//     same order), so the staged values are the ones it would write.
+// aux and x_out rows have x's stride.
+#define PRO_NONE 0
+#define PRO_SILU 1
+#define PRO_GELU 2
+#define PRO_ADD_NORM 3
+struct Prologue {
+    int mode;
+    const float* aux;
+    const float* nw;
+    float eps;
+    float* x_out;
+};
+
+__device__ __forceinline__ float prologue_value(const Prologue& p, i64 at, int col, float v, float scale) {
+    const float a = p.aux[at];
+    if (p.mode == PRO_ADD_NORM) {
+        const float r = v + a;
+        if (blockIdx.x == 0) p.x_out[at] = r;
+        return r * scale * p.nw[col];
+    }
+    return p.mode == PRO_SILU ? silu_mul(v, a) : gelu_mul(v, a);
+}
+
 template <typename F, typename A, int B>
 __device__ __forceinline__ void gemv_impl(const u8* __restrict__ w, i64 row_bytes, int cols,
                                           const typename A::T* __restrict__ x, int x_stride,
                                           const int* __restrict__ rows, int n_out,
-                                          float* __restrict__ y, int y_stride) {
+                                          float* __restrict__ y, int y_stride, const Prologue pro) {
     __shared__ __align__(16) float xs[B][32 * GEMV_PAD];
+    __shared__ float red[32];
     const int lane = threadIdx.x & 31;
     const int first = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_R;
     // A warp past the last output still stages x and meets the barriers.
@@ -51,6 +86,23 @@ __device__ __forceinline__ void gemv_impl(const u8* __restrict__ w, i64 row_byte
 #pragma unroll
         for (int b = 0; b < B; ++b) acc[r][b] = 0.0f;
 
+    // PRO_ADD_NORM: each token's 1 / rms(x + aux), every thread in the sum.
+    float scale[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+        scale[b] = 1.0f;
+        if (pro.mode != PRO_ADD_NORM) continue;
+        float ss = 0.0f;
+        const typename A::T* xb = x + (i64)b * x_stride;
+        const float* ab = pro.aux + (i64)b * x_stride;
+        for (int i = threadIdx.x; i < cols; i += 32 * GEMV_WARPS) {
+            const float v = A::get(xb, i) + ab[i];
+            ss = fmaf(v, v, ss);
+        }
+        ss = block_sum(ss, red);
+        scale[b] = 1.0f / sqrtf(ss / (float)cols + pro.eps);
+    }
+
     const int items = cols >> 5;
     for (int base = 0; base < items; base += 32) {
         // Stage columns [32 base, 32 base + n) of every token.
@@ -59,7 +111,12 @@ __device__ __forceinline__ void gemv_impl(const u8* __restrict__ w, i64 row_byte
 #pragma unroll
         for (int b = 0; b < B; ++b) {
             const typename A::T* xb = x + (i64)b * x_stride + 32 * base;
-            for (int c = threadIdx.x; c < n; c += 32 * GEMV_WARPS) xs[b][(c >> 5) * GEMV_PAD + (c & 31)] = A::get(xb, c);
+            for (int c = threadIdx.x; c < n; c += 32 * GEMV_WARPS) {
+                float v = A::get(xb, c);
+                if (pro.mode != PRO_NONE)
+                    v = prologue_value(pro, (i64)b * x_stride + 32 * base + c, 32 * base + c, v, scale[b]);
+                xs[b][(c >> 5) * GEMV_PAD + (c & 31)] = v;
+            }
         }
         __syncthreads();
         const int it = base + lane;
@@ -181,13 +238,21 @@ __device__ __forceinline__ void gemm_impl(const u8* __restrict__ w, i64 row_byte
     }
 }
 
+#define AXPY_WARPS 8
+#define AXPY_LD 33
+
 template <typename F, int B>
 __device__ __forceinline__ void axpy_rows_impl(const u8* __restrict__ w, i64 row_bytes, int cols,
                                                const float* __restrict__ a, int a_stride,
                                                const int* __restrict__ rows, int n_rows,
                                                float* __restrict__ part) {
-    const int it = blockIdx.x * blockDim.x + threadIdx.x;
+    // The warps' sums of the block's 32 items (1024 outputs), one token at a
+    // time; rows padded to 33 floats so that both the writes (a lane's 32
+    // values) and the reads (consecutive outputs) fall in distinct banks.
+    __shared__ float red[AXPY_WARPS * 32 * AXPY_LD];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int items = cols >> 5;
+    const int it = blockIdx.x * 32 + lane;
     const int per = (n_rows + gridDim.y - 1) / gridDim.y;
     const int k0 = blockIdx.y * per, k1 = min(n_rows, k0 + per);
     float acc[B][32];
@@ -197,7 +262,9 @@ __device__ __forceinline__ void axpy_rows_impl(const u8* __restrict__ w, i64 row
         for (int k = 0; k < 32; ++k) acc[b][k] = 0.0f;
     if (it < items) {
         const int blk = it / F::ITEMS, sub = it % F::ITEMS;
-        for (int k = k0; k < k1; ++k) {
+        // Warp g takes the split's neurons g, g + 8, ...
+#pragma unroll 2
+        for (int k = k0 + warp; k < k1; k += AXPY_WARPS) {
             const u8* row = w + (i64)rows[k] * row_bytes;
             float wv[32];
             F::dequant(row + (i64)blk * F::BLOCK_BYTES, sub, F::row_scale(row, cols), wv);
@@ -208,11 +275,21 @@ __device__ __forceinline__ void axpy_rows_impl(const u8* __restrict__ w, i64 row
                 for (int j = 0; j < 32; ++j) acc[b][j] = fmaf(ab, wv[j], acc[b][j]);
             }
         }
-        float* out = part + (i64)blockIdx.y * B * cols + 32 * it;
+    }
+    const int outs = 32 * min(32, items - (int)blockIdx.x * 32);
 #pragma unroll
-        for (int b = 0; b < B; ++b)
+    for (int b = 0; b < B; ++b) {
+        __syncthreads();
 #pragma unroll
-            for (int j = 0; j < 32; ++j) out[(i64)b * cols + j] = acc[b][j];
+        for (int j = 0; j < 32; ++j) red[(warp * 32 + lane) * AXPY_LD + j] = acc[b][j];
+        __syncthreads();
+        float* out = part + ((i64)blockIdx.y * B + b) * cols + (i64)blockIdx.x * 1024;
+        for (int o = threadIdx.x; o < outs; o += 32 * AXPY_WARPS) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int g = 0; g < AXPY_WARPS; ++g) sum += red[(g * 32 + (o >> 5)) * AXPY_LD + (o & 31)];
+            out[o] = sum;
+        }
     }
 }
 
@@ -249,7 +326,18 @@ extern "C" __global__ void sum_splits(const float* __restrict__ part, int splits
         gemv_##FN##_##A##_b##B(const u8* w, i64 row_bytes, int cols, const A::T* x,             \
                                int x_stride, const int* rows, int n_out, float* y,             \
                                int y_stride) {                                                 \
-        gemv_impl<F, A, B>(w, row_bytes, cols, x, x_stride, rows, n_out, y, y_stride);           \
+        gemv_impl<F, A, B>(w, row_bytes, cols, x, x_stride, rows, n_out, y, y_stride,            \
+                           Prologue{PRO_NONE, 0, 0, 0.0f, 0});                                   \
+    }
+
+#define GEMV_FUSED(FN, F, B)                                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)                              \
+        gemv_fused_##FN##_b##B(const u8* w, i64 row_bytes, int cols, const float* x,            \
+                               int x_stride, const int* rows, int n_out, float* y,             \
+                               int y_stride, int mode, const float* aux, const float* nw,      \
+                               float eps, float* x_out) {                                       \
+        gemv_impl<F, ActF32, B>(w, row_bytes, cols, x, x_stride, rows, n_out, y, y_stride,        \
+                                Prologue{mode, aux, nw, eps, x_out});                            \
     }
 
 #define GEMM(FN, F, A)                                                                          \
@@ -262,13 +350,13 @@ extern "C" __global__ void sum_splits(const float* __restrict__ part, int splits
 
 #define GEMV_ACTS(FN, F, B) GEMV(FN, F, ActF32, B) GEMV(FN, F, ActF16, B) GEMV(FN, F, ActBF16, B)
 #define GEMV_BATCHES(FN, F) \
-    GEMV_ACTS(FN, F, 1) GEMV_ACTS(FN, F, 2) GEMV_ACTS(FN, F, 4) GEMV_ACTS(FN, F, 8)
+    GEMV_ACTS(FN, F, 1) GEMV_ACTS(FN, F, 2) GEMV_ACTS(FN, F, 4) GEMV_ACTS(FN, F, 8) \
+    GEMV_FUSED(FN, F, 1) GEMV_FUSED(FN, F, 2) GEMV_FUSED(FN, F, 4) GEMV_FUSED(FN, F, 8)
 
 #define AXPY(FN, F, B)                                                                          \
-    extern "C" __global__ void axpy_rows_##FN##_b##B(const u8* w, i64 row_bytes, int cols,     \
-                                                     const float* a, int a_stride,             \
-                                                     const int* rows, int n_rows,               \
-                                                     float* part) {                            \
+    extern "C" __global__ void __launch_bounds__(32 * AXPY_WARPS)                              \
+        axpy_rows_##FN##_b##B(const u8* w, i64 row_bytes, int cols, const float* a,              \
+                              int a_stride, const int* rows, int n_rows, float* part) {          \
         axpy_rows_impl<F, B>(w, row_bytes, cols, a, a_stride, rows, n_rows, part);               \
     }
 #define AXPY_BATCHES(FN, F) AXPY(FN, F, 1) AXPY(FN, F, 2) AXPY(FN, F, 4)

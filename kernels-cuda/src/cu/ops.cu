@@ -3,16 +3,6 @@
 // Same arithmetic as the CPU engine's model/math.rs (f32, RoPE angles in
 // f64), so logits agree to rounding.
 
-__device__ __forceinline__ float block_sum(float v, float* red) {
-    v = warp_sum(v);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    __syncthreads();  // `red` may still be read from a previous call
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = lane < nw ? red[lane] : 0.0f;
-    return warp_sum(v);
-}
-
 __device__ __forceinline__ float block_max(float v, float* red) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -174,11 +164,6 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 // tokens of f values: gate row t at gate + t * gs, up row t at up + t * us,
 // out row t at out + t * f (gate and up may be the two halves of one
 // stacked projection; out may be gate when gs == f).
-__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-__device__ __forceinline__ float gelu_mul(float x, float u) {
-    return 0.5f * x * (1.0f + tanhf(0.7978846f * (x + 0.044715f * x * x * x))) * u;
-}
-
 extern "C" __global__ void swiglu(const float* gate, i64 gs, const float* __restrict__ up, i64 us, float* out,
                                   int f, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
