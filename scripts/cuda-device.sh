@@ -8,6 +8,11 @@
 #   scripts/cuda-device.sh --llama SRC.tar.xz     # there: build llama.cpp (CUDA) in the background
 #   scripts/cuda-device.sh --run BIN_DIR OUT_DIR  # there: tests, benchmarks, llama.cpp side by side
 #
+# --run's steps can be skipped: SKIP_KERNEL_TESTS=1 (the kernel tests),
+# SKIP_KERNEL_BENCH=1 (cuda_bench). With a sidecar staged beside a model
+# (smollm2.spinfer, gemma3.spinfer) the hybrid CPU/GPU split is benchmarked
+# too (hybrid_bench).
+#
 # --run assembles the SmolLM2 and Gemma 3 GGUFs from staged parts
 # (smollm2.part*, gemma3.part*) when they are there and checks their sha256
 # before using them.
@@ -89,19 +94,46 @@ for line in sys.stdin:
     [ -n "$model" ] && export SPINFER_MODEL="$model"
     [ -n "$gemma" ] && export SPINFER_GEMMA_MODEL="$gemma"
     status=0
-    for t in "$bin"/unit-* "$bin"/probe "$bin"/kernels "$bin"/ops "$bin"/fused; do
+    # Wait for the background llama.cpp build, at most LLAMA_WAIT seconds.
+    wait_llama() {
+        [ -d "$LLAMA" ] || return 0
+        for _ in $(seq 1 $(( ${LLAMA_WAIT:-300} / 5 ))); do [ -f "$LLAMA/build.rc" ] && break; sleep 5; done
+        echo "llama.cpp build: rc $(cat "$LLAMA/build.rc" 2>/dev/null || echo 'not finished')"
+        tail -3 "$LLAMA/build.log" 2>/dev/null || true
+    }
+    lb="$LLAMA/llama.cpp/build/bin/llama-bench"
+    # hybrid NAME MODEL: the split against CPU-only and full offload, with
+    # the staged sidecar of NAME.
+    hybrid() {
+        [ -f "$STAGE/$1.spinfer" ] && [ -x "$bin/hybrid_bench" ] || return 0
+        echo "== hybrid split ($1)"
+        "$bin/hybrid_bench" "$2" "$STAGE/$1.spinfer" --reps 3 | tee -a "$out/hybrid-$1.txt"
+    }
+    kernel_tests=("$bin"/unit-* "$bin"/probe "$bin"/kernels "$bin"/ops "$bin"/fused)
+    [ -n "${SKIP_KERNEL_TESTS:-}" ] && kernel_tests=()
+    for t in "${kernel_tests[@]}" "$bin"/hybrid; do
         [ -x "$t" ] || continue
         echo "== $(basename "$t")"
-        "$t" --test-threads 1 --nocapture 2>&1 | tee "$out/test-$(basename "$t").txt" | grep -E "^test |test result|panicked|skipped" || status=1
+        "$t" --test-threads 1 --nocapture 2>&1 | tee "$out/test-$(basename "$t").txt" | grep -E "^test |test result|panicked|skipped|budgeted|over .* steps" || status=1
     done
     if [ -n "$gemma" ] && [ -x "$bin/gemma3" ]; then
         echo "== gemma3 (gpu model)"
         "$bin/gemma3" --test-threads 1 --nocapture 2>&1 | tee "$out/test-gemma3.txt" | grep -vE "^\s*$" || status=1
-        "$bin/gpu_bench" "$gemma" --reps 5 | tee -a "$out/side-by-side-gemma3.txt"
+        hybrid gemma3 "$gemma"
+        wait_llama
+        for round in 1 2; do
+            echo "== round $round: spinfer (gemma3)"
+            "$bin/gpu_bench" "$gemma" --reps 5 | tee -a "$out/side-by-side-gemma3.txt"
+            if [ -x "$lb" ]; then
+                echo "== round $round: llama.cpp (gemma3)"
+                "$lb" -m "$gemma" -ngl 99 -p 512 -n 128 -r 5 2>&1 | tee -a "$out/side-by-side-gemma3.txt" | grep -E "model|---|pp|tg"
+            fi
+        done
     fi
     if [ -n "$model" ]; then
         echo "== smollm2 (gpu model)"
         "$bin/smollm2" --test-threads 1 --nocapture 2>&1 | tee "$out/test-smollm2.txt" | grep -vE "^\s*$" || status=1
+        hybrid smollm2 "$model"
     fi
     # The kernel benchmark while llama.cpp may still be building.
     if [ -z "${SKIP_KERNEL_BENCH:-}" ]; then
@@ -111,13 +143,7 @@ for line in sys.stdin:
     fi
     if [ -n "$model" ]; then
         # Side by side with llama.cpp (CUDA), interleaved: spinfer, llama, spinfer, llama.
-        if [ -d "$LLAMA" ]; then
-            # Wait for the background build, at most LLAMA_WAIT seconds.
-            for _ in $(seq 1 $(( ${LLAMA_WAIT:-300} / 5 ))); do [ -f "$LLAMA/build.rc" ] && break; sleep 5; done
-            echo "llama.cpp build: rc $(cat "$LLAMA/build.rc" 2>/dev/null || echo 'not finished')"
-            tail -3 "$LLAMA/build.log" 2>/dev/null || true
-        fi
-        lb="$LLAMA/llama.cpp/build/bin/llama-bench"
+        wait_llama
         for round in 1 2; do
             echo "== round $round: spinfer"
             "$bin/gpu_bench" "$model" --reps 5 | tee -a "$out/side-by-side.txt"

@@ -243,6 +243,14 @@ pub struct GenerateArgs {
     /// `cuda`).
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
+    /// With --device cuda: hold at most this many MB (10^6 bytes) of
+    /// weights on the GPU. Everything but the FFN goes there; the FFN
+    /// neuron groups with the highest calibrated activation frequency
+    /// (from --sparsity SIDECAR) fill the rest, and the others run on the
+    /// CPU (--threads), PowerInfer's hybrid split. A budget that holds the
+    /// whole model is a full offload.
+    #[arg(long)]
+    pub gpu_budget_mb: Option<f64>,
 }
 
 /// Where `generate` runs the model.
@@ -284,10 +292,24 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     // Argument errors before the (slower) model load.
     params.sampler.validate()?;
     let output = Output { json: a.common.json, quiet: a.common.quiet };
+    if a.gpu_budget_mb.is_some() && a.device != Device::Cuda {
+        bail!("--gpu-budget-mb needs --device cuda");
+    }
     if a.device == Device::Cuda {
         refuse_cpu_only_flags(&a)?;
         let path = a.common.model.as_ref().context("--device cuda needs --model FILE.gguf")?;
-        let g = crate::gpu::generate(path, a.ctx.unwrap_or(2048), &prompt, &params, !a.common.json)?;
+        let split = match a.gpu_budget_mb {
+            None => None,
+            Some(mb) => {
+                let sidecar = a.common.sparsity.clone().context(
+                    "--gpu-budget-mb needs --sparsity SIDECAR (its calibrated activation frequencies choose the hot neurons)",
+                )?;
+                let threads =
+                    a.common.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get()));
+                Some(crate::gpu::Split { budget_mb: mb, sidecar, threads })
+            }
+        };
+        let g = crate::gpu::generate(path, a.ctx.unwrap_or(2048), &prompt, &params, !a.common.json, split)?;
         return print_generation(output, &g, serde_json::Value::Null, serde_json::Value::Null);
     }
     let engine = load(&a.common, a.ctx)?;
@@ -324,11 +346,11 @@ fn refuse_cpu_only_flags(a: &GenerateArgs) -> Result<()> {
     let c = &a.common;
     let cpu_only = [
         ("--config", c.config.is_some()),
-        ("--sparsity", c.sparsity.is_some()),
+        ("--sparsity", c.sparsity.is_some() && a.gpu_budget_mb.is_none()),
         ("--head-index", c.head_index.is_some()),
         ("--precise", c.precise),
         ("--int8", c.int8),
-        ("--threads", c.threads.is_some()),
+        ("--threads", c.threads.is_some() && a.gpu_budget_mb.is_none()),
         ("--stats", a.stats),
     ];
     if let Some((flag, _)) = cpu_only.iter().find(|(_, set)| *set) {

@@ -1,24 +1,77 @@
-//! `generate --device cuda`: the whole model on GPU 0 (`spinfer-gpu`),
-//! driven by the engine's generation loop.
+//! `generate --device cuda`: the whole model on GPU 0 (`spinfer-gpu`), or
+//! with `--gpu-budget-mb` the FFN split between GPU and CPU by calibrated
+//! activation frequency, driven by the engine's generation loop.
 
 use std::io::Write;
 use std::ops::ControlFlow;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use spinfer_engine::generate::{GenerateParams, Generation, generate_with};
 use spinfer_engine::gguf::GgufFile;
+use spinfer_engine::loader::Loader;
+use spinfer_engine::sparse::{ModelId, Sidecar};
 use spinfer_engine::tokenizer::Tokenizer;
-use spinfer_gpu::{GpuDecode, GpuModel};
+use spinfer_gpu::placement::plan;
+use spinfer_gpu::{GpuDecode, GpuModel, ffn_bytes, ffn_costs};
+
+/// `--gpu-budget-mb` with its sidecar and the CPU side's threads.
+pub struct Split {
+    pub budget_mb: f64,
+    pub sidecar: PathBuf,
+    pub threads: usize,
+}
+
+/// The model on the GPU: whole, or split under `split`'s budget (whole
+/// when the budget holds every weight).
+fn load(file: &GgufFile, ctx: usize, split: Option<Split>) -> Result<GpuModel> {
+    let Some(split) = split else { return Ok(GpuModel::load(file, ctx)?) };
+    if !(split.budget_mb.is_finite() && split.budget_mb > 0.0) {
+        bail!("--gpu-budget-mb must be a positive number of MB, got {}", split.budget_mb);
+    }
+    let c = file.config()?;
+    let side = Sidecar::read(&split.sidecar)?;
+    side.check_model(&ModelId::of(&c, file)?, &split.sidecar)?;
+    let total: usize = file.tensors.iter().map(|t| t.size).sum();
+    let ffn = ffn_bytes(file, &c)?;
+    let budget = (split.budget_mb * 1e6) as usize;
+    if budget >= total {
+        return Ok(GpuModel::load(file, ctx)?);
+    }
+    let rest = total - ffn;
+    if budget < rest {
+        bail!(
+            "--gpu-budget-mb {}: the weights besides the FFN (attention, embeddings, head) need {:.1} MB on the GPU",
+            split.budget_mb,
+            rest as f64 / 1e6
+        );
+    }
+    let freq: Vec<Vec<f32>> = side.layers.iter().map(|l| l.active_freq.clone()).collect();
+    let costs = ffn_costs(file, &c)?;
+    let placement = plan(&freq, &costs, c.ffn_dim, budget - rest)?;
+    tracing::info!(
+        hot_neurons = placement.hot_fraction(&costs, c.ffn_dim),
+        gpu_ffn_mb = placement.bytes as f64 / 1e6,
+        "ffn split between gpu and cpu"
+    );
+    Ok(GpuModel::load_hybrid(file, ctx, &placement, split.threads)?)
+}
 
 /// Generates with the GGUF model at `path` on GPU 0 in a session of `ctx`
 /// positions, streaming text to stdout when `stream`.
-pub fn generate(path: &Path, ctx: usize, prompt: &str, params: &GenerateParams, stream: bool) -> Result<Generation> {
+pub fn generate(
+    path: &Path,
+    ctx: usize,
+    prompt: &str,
+    params: &GenerateParams,
+    stream: bool,
+    split: Option<Split>,
+) -> Result<Generation> {
     // No device, no point reading the model.
     spinfer_kernels_cuda::probe()?;
     let file = GgufFile::open(path).with_context(|| format!("--device cuda reads GGUF models: {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
-    let model = GpuModel::load(&file, ctx)?;
+    let model = load(&file, ctx, split)?;
     tracing::info!(device = %model.backend().device(), "model on the gpu");
     let mut session = model.new_session()?;
     let mut stdout = std::io::stdout().lock();

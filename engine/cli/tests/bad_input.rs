@@ -217,6 +217,11 @@ fn cuda_device_without_cuda_or_with_cpu_only_flags() {
     assert_mentions(&err, &["--sparsity", "--device cuda"]);
     let err = fails(&["generate", "-m", m, "-p", "hi", "-n", "2", "--device", "cuda", "--precise"]);
     assert_mentions(&err, &["--precise", "--device cuda"]);
+    // The hybrid split's budget: only on the GPU, only with frequencies.
+    let err = fails(&["generate", "-m", m, "-p", "hi", "-n", "2", "--gpu-budget-mb", "50"]);
+    assert_mentions(&err, &["--gpu-budget-mb", "--device cuda"]);
+    let err = fails(&["generate", "-m", m, "-p", "hi", "-n", "2", "--device", "cuda", "--gpu-budget-mb", "50"]);
+    assert_mentions(&err, &["--gpu-budget-mb", "--sparsity"]);
     if spinfer_kernels_cuda::probe().is_err() {
         // No device here (CI): the reason, whichever it is.
         let err = fails(&["generate", "-m", m, "-p", "hi", "-n", "2", "--device", "cuda"]);

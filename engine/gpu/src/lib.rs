@@ -13,9 +13,15 @@
 //! in (`spinfer_kernels_cuda::CudaUnavailable::NotCompiled`).
 
 mod decode;
+mod ffn;
+mod fused;
+mod hybrid;
 mod model;
+pub mod placement;
+mod slices;
 
 pub use decode::GpuDecode;
+pub use hybrid::{ffn_bytes, ffn_costs};
 pub use model::{GpuModel, GpuSession, UBATCH};
 
 /// What can go wrong running a model on the GPU.

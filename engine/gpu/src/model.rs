@@ -6,13 +6,18 @@
 use spinfer_formats::loader::check_dims;
 use spinfer_formats::tensor::TensorView;
 use spinfer_formats::{FfnAct, Loader, ModelConfig, RopeStyle};
-use spinfer_kernels::GgmlType;
 use spinfer_kernels::dequant::dequantize_row;
+use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels_cuda::{
     AttentionShape, CudaBackend, DeviceBuf, DeviceGraph, DeviceMatrix, DeviceRows, GEMV_BATCHES, GluAct, KvCache,
-    Position, Prologue, QkvRows, RopePairs, RopeShape, Slice, SliceMut, WeightFormat,
+    Position, Prologue, QkvRows, RopePairs, RopeShape, WeightFormat,
 };
 
+use crate::ffn::{Ffn, Proj};
+use crate::fused::Input;
+use crate::hybrid::HostBufs;
+use crate::placement::FfnPlacement;
+use crate::slices::{at, at_mut, format_of, internal};
 use crate::{GpuError, Result};
 
 /// Most tokens one pass through the layers takes; a longer
@@ -20,21 +25,13 @@ use crate::{GpuError, Result};
 /// activation buffers).
 pub const UBATCH: usize = 512;
 
-/// Projections that read the same input: one stacked matrix (one launch)
-/// when their formats agree, else one matrix each.
-enum Proj {
-    Stacked(DeviceMatrix), // (sum of the parts' rows, cols)
-    Separate(Vec<DeviceMatrix>),
-}
-
 /// One transformer block's weights on the device.
 struct Layer {
     attn_norm: DeviceBuf<f32>, // (dim)
     qkv: Proj,                 // q (n_heads * head_dim), k, v (n_kv_heads * head_dim each) x dim
     wo: DeviceMatrix,          // (dim, n_heads * head_dim)
     ffn_norm: DeviceBuf<f32>,  // (dim)
-    gate_up: Proj,             // gate, up (ffn_dim each) x dim
-    w_down: DeviceMatrix,      // (dim, ffn_dim)
+    ffn: Ffn,
     // Gemma only:
     q_norm: Option<DeviceBuf<f32>>,         // (head_dim)
     k_norm: Option<DeviceBuf<f32>>,         // (head_dim)
@@ -52,6 +49,7 @@ pub struct GpuModel {
     output_norm: DeviceBuf<f32>,  // (dim)
     output: Option<DeviceMatrix>, // (vocab, dim); None when tied to token_embd
     ctx: usize,
+    cpu: Option<ThreadPool>, // the cold neurons' threads (hybrid only)
 }
 
 /// Per-request state on the device: the KV cache (every layer holds all
@@ -73,6 +71,8 @@ pub struct GpuSession {
     act: DeviceBuf<f32>,         // act(gate) * up (UBATCH, ffn_dim)
     tmp: DeviceBuf<f32>,         // block output before the residual add (UBATCH, dim)
     tmp2: DeviceBuf<f32>,        // its post-norm (Gemma) (UBATCH, dim)
+    cold: DeviceBuf<f32>,        // the CPU's share of a split FFN's output (UBATCH, dim)
+    host: HostBufs,              // the cold side's host buffers
     hidden: DeviceBuf<f32>,      // final-normed hidden states of the last forward call (tokens, dim)
     last_tokens: usize,
     logits: DeviceBuf<f32>,     // (rows requested, vocab)
@@ -111,84 +111,10 @@ impl GpuSession {
     }
 }
 
-fn internal(what: &str, off: usize, len: usize, have: usize) -> GpuError {
-    GpuError::InvalidArgument(format!("{what}: {off}..{} is past its {have} values", off + len))
-}
-
-fn at<'a>(b: &'a DeviceBuf<f32>, what: &str, off: usize, len: usize) -> Result<Slice<'a, f32>> {
-    b.at(off, len).ok_or_else(|| internal(what, off, len, b.len()))
-}
-
-fn at_mut<'a>(b: &'a mut DeviceBuf<f32>, what: &str, off: usize, len: usize) -> Result<SliceMut<'a, f32>> {
-    let have = b.len();
-    b.at_mut(off, len).ok_or_else(|| internal(what, off, len, have))
-}
-
-/// The input of a block's projections: `xn` (normalised), or with `norm`
-/// the residual stream `cur` plus the last block output `delta`, normalised
-/// in the GEMV's staging, the sum written to `other` (the stream's next
-/// buffer).
-struct Input<'a> {
-    xn: &'a DeviceBuf<f32>,
-    cur: &'a DeviceBuf<f32>,
-    other: &'a mut DeviceBuf<f32>,
-    delta: &'a DeviceBuf<f32>,
-    norm: Option<&'a DeviceBuf<f32>>,
-    eps: f32,
-    len: usize, // tokens x dim
-}
-
-impl Input<'_> {
-    /// `y = m · input` for `n` tokens.
-    fn project(&mut self, be: &CudaBackend, m: &DeviceMatrix, n: usize, y: SliceMut<'_, f32>) -> Result<()> {
-        let len = self.len;
-        let Some(norm) = self.norm else {
-            return Ok(be.gemv_f32(m, at(self.xn, "xn", 0, len)?, n, None, y)?);
-        };
-        let prologue = Prologue::AddNorm {
-            delta: at(self.delta, "tmp", 0, len)?,
-            weight: norm.all(),
-            eps: self.eps,
-            residual_out: at_mut(self.other, "x", 0, len)?,
-        };
-        Ok(be.gemv_fused(m, at(self.cur, "x", 0, len)?, len / n, n, prologue, y)?)
-    }
-
-    /// Whether the residual stream moved to the other buffer.
-    fn flips(&self) -> bool {
-        self.norm.is_some()
-    }
-}
-
 /// The step's first position: `pos`, or (a step being captured) read from
 /// `dpos`, which its writer keeps at most `bound`.
 fn position(dpos: &DeviceBuf<i32>, pos: usize, device: bool, bound: usize) -> Position<'_> {
     if device { Position::Device { buf: dpos, bound } } else { Position::Value(pos) }
-}
-
-/// The CUDA format of a GGUF type, or an error naming the tensor.
-fn format_of(t: &TensorView) -> Result<WeightFormat> {
-    let f = match t.ty {
-        GgmlType::Q4_0 => WeightFormat::Q4_0,
-        GgmlType::Q4_1 => WeightFormat::Q4_1,
-        GgmlType::Q5_0 => WeightFormat::Q5_0,
-        GgmlType::Q5_1 => WeightFormat::Q5_1,
-        GgmlType::Q8_0 => WeightFormat::Q8_0,
-        GgmlType::Q4_K => WeightFormat::Q4_K,
-        GgmlType::Q5_K => WeightFormat::Q5_K,
-        GgmlType::Q6_K => WeightFormat::Q6_K,
-        GgmlType::TQ1_0 => WeightFormat::TQ1_0,
-        GgmlType::TQ2_0 => WeightFormat::TQ2_0,
-        other => {
-            let supported: Vec<&str> = WeightFormat::ALL.iter().map(|f| f.name()).collect();
-            return Err(GpuError::UnsupportedType {
-                tensor: t.name.clone(),
-                ty: other.to_string(),
-                supported: supported.join(", "),
-            });
-        }
-    };
-    Ok(f)
 }
 
 impl GpuModel {
@@ -200,7 +126,31 @@ impl GpuModel {
     /// No usable device, a tensor of the wrong shape or of a type without
     /// CUDA kernels (named), a context the attention kernel cannot hold.
     pub fn load(loader: &dyn Loader, ctx: usize) -> Result<Self> {
+        Self::load_with(loader, ctx, None)
+    }
+
+    /// [`GpuModel::load`] with each layer's FFN split (PowerInfer's
+    /// hybrid): the neuron groups `placement` marks hot on the device, the
+    /// others on the CPU, run by `threads` threads. Decode steps then
+    /// launch kernel by kernel (two host copies per split layer).
+    ///
+    /// # Errors
+    ///
+    /// As [`GpuModel::load`]; a placement for another layer count or with
+    /// groups past a layer's neurons.
+    pub fn load_hybrid(loader: &dyn Loader, ctx: usize, placement: &FfnPlacement, threads: usize) -> Result<Self> {
+        Self::load_with(loader, ctx, Some((placement, threads)))
+    }
+
+    fn load_with(loader: &dyn Loader, ctx: usize, split: Option<(&FfnPlacement, usize)>) -> Result<Self> {
         let c = loader.config()?;
+        if let Some((p, _)) = split.filter(|(p, _)| p.hot.len() != c.n_layers) {
+            return Err(GpuError::InvalidArgument(format!(
+                "a placement of {} layers for a model of {}",
+                p.hot.len(),
+                c.n_layers
+            )));
+        }
         if ctx == 0 || ctx > spinfer_kernels_cuda::MAX_ATTENTION_POSITIONS {
             return Err(GpuError::InvalidArgument(format!(
                 "context size {ctx}: the CUDA backend runs 1..={} positions",
@@ -251,14 +201,23 @@ impl GpuModel {
             let gemma = |name: &str, len| c.is_gemma().then(|| vector(&p(name), len)).transpose();
             let qkv = [(p("attn_q"), q_dim), (p("attn_k"), kv_dim), (p("attn_v"), kv_dim)];
             let gate_up = [(p("ffn_gate"), c.ffn_dim), (p("ffn_up"), c.ffn_dim)];
+            let ffn = match split {
+                Some((p, _)) => crate::ffn::split_ffn(&be, loader, &c, l, &p.hot[l])?,
+                None => None,
+            };
+            let ffn = match ffn {
+                Some(f) => f,
+                None => {
+                    Ffn::Gpu { gate_up: proj(&gate_up, dim, true)?, w_down: matrix(&p("ffn_down"), dim, c.ffn_dim)? }
+                }
+            };
             layers.push(Layer {
                 attn_norm: vector(&p("attn_norm"), dim)?,
                 // Gemma normalises q and k per head before RoPE: kept apart.
                 qkv: proj(&qkv, dim, !c.is_gemma())?,
                 wo: matrix(&p("attn_output"), dim, q_dim)?,
                 ffn_norm: vector(&p("ffn_norm"), dim)?,
-                gate_up: proj(&gate_up, dim, true)?,
-                w_down: matrix(&p("ffn_down"), dim, c.ffn_dim)?,
+                ffn,
                 q_norm: gemma("attn_q_norm", c.head_dim)?,
                 k_norm: gemma("attn_k_norm", c.head_dim)?,
                 post_attn_norm: gemma("post_attention_norm", dim)?,
@@ -267,7 +226,9 @@ impl GpuModel {
         }
         let output_norm = vector("output_norm.weight", dim)?;
         let output = (!c.tied_embeddings).then(|| matrix("output.weight", c.vocab_size, dim)).transpose()?;
-        Ok(Self { config: c, be, token_embd, layers, output_norm, output, ctx })
+        let any_split = layers.iter().any(|l| matches!(l.ffn, Ffn::Split { .. }));
+        let cpu = split.filter(|_| any_split).map(|(_, threads)| ThreadPool::new(threads));
+        Ok(Self { config: c, be, token_embd, layers, output_norm, output, ctx, cpu })
     }
 
     /// The device the model runs on.
@@ -286,9 +247,23 @@ impl GpuModel {
             Proj::Stacked(m) => m.bytes(),
             Proj::Separate(ms) => ms.iter().map(DeviceMatrix::bytes).sum(),
         };
-        let layers: usize =
-            self.layers.iter().map(|l| proj(&l.qkv) + l.wo.bytes() + proj(&l.gate_up) + l.w_down.bytes()).sum();
+        let ffn = |f: &Ffn| match f {
+            Ffn::Gpu { gate_up, w_down } => proj(gate_up) + w_down.bytes(),
+            Ffn::Split { hot, .. } => hot.as_ref().map_or(0, |(g, d)| proj(g) + d.bytes()),
+        };
+        let layers: usize = self.layers.iter().map(|l| proj(&l.qkv) + l.wo.bytes() + ffn(&l.ffn)).sum();
         layers + self.token_embd.bytes() + self.output.as_ref().map_or(0, DeviceMatrix::bytes)
+    }
+
+    /// Bytes of the cold FFN weights kept on the CPU (0 without a split),
+    /// and the bytes copied between host and device per token (the FFN
+    /// input down and the cold share up, for every split layer).
+    pub fn cpu_split(&self) -> (usize, usize) {
+        let dim = self.config.dim;
+        self.layers.iter().fold((0, 0), |(w, t), l| match &l.ffn {
+            Ffn::Split { cold, .. } => (w + cold.gate.bytes() + cold.up.bytes() + cold.down.bytes(), t + 2 * dim * 4),
+            Ffn::Gpu { .. } => (w, t),
+        })
     }
 
     /// A fresh session with an empty KV cache of the model's context.
@@ -322,6 +297,8 @@ impl GpuModel {
             act: buf(UBATCH * c.ffn_dim)?,
             tmp: buf(UBATCH * c.dim)?,
             tmp2: buf(UBATCH * c.dim)?,
+            cold: buf(if self.cpu.is_some() { UBATCH * c.dim } else { 1 })?,
+            host: HostBufs::default(),
             hidden: buf(UBATCH * c.dim)?,
             last_tokens: 0,
             logits: buf(c.vocab_size)?,
@@ -354,7 +331,7 @@ impl GpuModel {
             s.graph = None; // it wrote to the old buffer
         }
         s.last_tokens = n;
-        if n == 1 && s.use_graph {
+        if n == 1 && s.use_graph && self.cpu.is_none() {
             // The graph reads the token and the position from the device.
             be.write_rows(&mut s.ids, tokens)?;
             be.write(s.dpos.all_mut(), &[s.pos as i32])?;
@@ -402,7 +379,7 @@ impl GpuModel {
         // residual add and RMSNorm into the projections after it; the sum
         // then alternates between s.x and s.x2 (`flip`: s.x2 holds it).
         let fused = s.fused && n <= GEMV_BATCHES[GEMV_BATCHES.len() - 1];
-        let add_norm = fused && !c.is_gemma();
+        let add_norm = fused && !c.is_gemma() && self.cpu.is_none();
         let mut flip = false;
 
         // Token embeddings into the residual stream (Gemma: times √dim),
@@ -476,41 +453,27 @@ impl GpuModel {
                 self.residual_norm(s, layer.post_attn_norm.as_ref(), &layer.ffn_norm, n, None, flip)?;
             }
 
-            // Gated FFN: down(act(gate(x)) * up(x)), SwiGLU or GeGLU; fused,
-            // gate and up of the residual add and RMSNorm, the activation
-            // inside the down projection.
+            // Gated FFN into s.tmp: all on the device, or (hybrid) the hot
+            // neurons there and the cold ones on the CPU from a copy of the
+            // normalised input, their shares added on the device.
             let fuse = add_norm.then_some(&layer.ffn_norm);
-            let (cur, other) = if flip { (&s.x2, &mut s.x) } else { (&s.x, &mut s.x2) };
-            let mut input = Input { xn: &s.xn, cur, other, delta: &s.tmp, norm: fuse, eps: c.rms_eps, len: n * dim };
-            let (gr, ur) = match &layer.gate_up {
-                Proj::Stacked(m) => {
-                    input.project(be, m, n, at_mut(&mut s.gate_up, "gate_up", 0, n * 2 * ffn)?)?;
-                    ((0, 2 * ffn), (ffn, 2 * ffn))
+            match &layer.ffn {
+                Ffn::Gpu { gate_up, w_down } => flip ^= self.ffn_gpu(s, gate_up, w_down, ffn, n, fused, fuse, flip)?,
+                Ffn::Split { hot, hot_neurons, cold } => {
+                    be.download_slice_into(at(&s.xn, "xn", 0, n * dim)?, &mut s.host.xn)?;
+                    if let Some((gate_up, w_down)) = hot {
+                        self.ffn_gpu(s, gate_up, w_down, *hot_neurons, n, fused, None, flip)?;
+                    }
+                    let pool = self.cpu.as_ref().ok_or_else(|| internal("cpu threads", 0, 0, 0))?;
+                    cold.run(pool, c.ffn_act, dim, n, &mut s.host)?;
+                    let y = &s.host.y[..n * dim];
+                    if hot.is_some() {
+                        be.write(at_mut(&mut s.cold, "cold", 0, n * dim)?, y)?;
+                        be.add(at_mut(&mut s.tmp, "tmp", 0, n * dim)?, at(&s.cold, "cold", 0, n * dim)?)?;
+                    } else {
+                        be.write(at_mut(&mut s.tmp, "tmp", 0, n * dim)?, y)?;
+                    }
                 }
-                Proj::Separate(ms) => {
-                    input.project(be, &ms[0], n, at_mut(&mut s.gate_up, "gate", 0, n * ffn)?)?;
-                    input.project(be, &ms[1], n, at_mut(&mut s.gate_up, "up", UBATCH * ffn, n * ffn)?)?;
-                    ((0, ffn), (UBATCH * ffn, ffn))
-                }
-            };
-            flip ^= input.flips();
-            let rows = |(off, stride): (usize, usize)| at(&s.gate_up, "gate_up", off, (n - 1) * stride + ffn);
-            let tmp = at_mut(&mut s.tmp, "tmp", 0, n * dim)?;
-            if fused {
-                // gr.1 == ur.1: one stride for both.
-                let act = match c.ffn_act {
-                    FfnAct::Silu => GluAct::Silu,
-                    FfnAct::GeluTanh => GluAct::GeluTanh,
-                };
-                let glu = Prologue::Glu { up: rows(ur)?, act };
-                be.gemv_fused(&layer.w_down, rows(gr)?, gr.1, n, glu, tmp)?;
-            } else {
-                let (gate, up, act) = ((rows(gr)?, gr.1), (rows(ur)?, ur.1), at_mut(&mut s.act, "act", 0, n * ffn)?);
-                match c.ffn_act {
-                    FfnAct::Silu => be.swiglu(gate, up, ffn, n, act)?,
-                    FfnAct::GeluTanh => be.geglu(gate, up, ffn, n, act)?,
-                }
-                be.gemv_f32(&layer.w_down, at(&s.act, "act", 0, n * ffn)?, n, None, tmp)?;
             }
             // Its RMSNorm (Gemma), the residual, and the next RMSNorm: the
             // next block's (fused into its projections), or the final one
@@ -522,6 +485,59 @@ impl GpuModel {
             }
         }
         Ok(())
+    }
+
+    /// `s.tmp = w_down · act(gate · x) * (up · x)` over `ffn` neurons
+    /// (SwiGLU or GeGLU), x being `s.xn`, or with `fuse` the residual add
+    /// and this RMSNorm computed in the gate/up GEMVs' staging (see
+    /// [`Input`]); `fused`: the activation inside the down projection.
+    /// Returns whether the residual stream moved to its other buffer.
+    #[allow(clippy::too_many_arguments, reason = "one step's operands, all from forward_step")]
+    fn ffn_gpu(
+        &self,
+        s: &mut GpuSession,
+        gate_up: &Proj,
+        w_down: &DeviceMatrix,
+        ffn: usize,
+        n: usize,
+        fused: bool,
+        fuse: Option<&DeviceBuf<f32>>,
+        flip: bool,
+    ) -> Result<bool> {
+        let (c, be, dim) = (&self.config, &self.be, self.config.dim);
+        let (cur, other) = if flip { (&s.x2, &mut s.x) } else { (&s.x, &mut s.x2) };
+        let mut input = Input { xn: &s.xn, cur, other, delta: &s.tmp, norm: fuse, eps: c.rms_eps, len: n * dim };
+        let (gr, ur) = match gate_up {
+            Proj::Stacked(m) => {
+                input.project(be, m, n, at_mut(&mut s.gate_up, "gate_up", 0, n * 2 * ffn)?)?;
+                ((0, 2 * ffn), (ffn, 2 * ffn))
+            }
+            Proj::Separate(ms) => {
+                input.project(be, &ms[0], n, at_mut(&mut s.gate_up, "gate", 0, n * ffn)?)?;
+                input.project(be, &ms[1], n, at_mut(&mut s.gate_up, "up", UBATCH * ffn, n * ffn)?)?;
+                ((0, ffn), (UBATCH * ffn, ffn))
+            }
+        };
+        let flipped = input.flips();
+        let rows = |(off, stride): (usize, usize)| at(&s.gate_up, "gate_up", off, (n - 1) * stride + ffn);
+        let tmp = at_mut(&mut s.tmp, "tmp", 0, n * dim)?;
+        if fused {
+            // gr.1 == ur.1: one stride for both.
+            let act = match c.ffn_act {
+                FfnAct::Silu => GluAct::Silu,
+                FfnAct::GeluTanh => GluAct::GeluTanh,
+            };
+            let glu = Prologue::Glu { up: rows(ur)?, act };
+            be.gemv_fused(w_down, rows(gr)?, gr.1, n, glu, tmp)?;
+        } else {
+            let (gate, up, act) = ((rows(gr)?, gr.1), (rows(ur)?, ur.1), at_mut(&mut s.act, "act", 0, n * ffn)?);
+            match c.ffn_act {
+                FfnAct::Silu => be.swiglu(gate, up, ffn, n, act)?,
+                FfnAct::GeluTanh => be.geglu(gate, up, ffn, n, act)?,
+            }
+            be.gemv_f32(w_down, at(&s.act, "act", 0, n * ffn)?, n, None, tmp)?;
+        }
+        Ok(flipped)
     }
 
     /// Adds the block's output `s.tmp` (through the RMSNorm `post` first,
