@@ -19,14 +19,16 @@ use crate::types::QK_K;
 use crate::{KernelError, Result};
 
 /// `roundf(v)` (half away from zero) for |v| < 2^31, without a libm call.
+/// Outside that range (an infinite scale from a denormal block maximum,
+/// garbage weights) it saturates instead of overflowing.
 #[inline]
 pub fn round_half_away(v: f32) -> i32 {
     let t = v as i32;
     let frac = v - t as f32;
     if frac >= 0.5 {
-        t + 1
+        t.saturating_add(1)
     } else if frac <= -0.5 {
-        t - 1
+        t.saturating_sub(1)
     } else {
         t
     }
@@ -377,6 +379,21 @@ mod tests {
             assert_eq!(round_half_away(v), v.round() as i32, "{v}");
             assert_eq!(nearest_int(v), v.round_ties_even() as i32, "{v}");
         }
+        // Out of range (an infinite 1/d): saturated, not an overflow.
+        assert_eq!(round_half_away(f32::INFINITY), i32::MAX);
+        assert_eq!(round_half_away(f32::NEG_INFINITY), i32::MIN);
+        assert_eq!(round_half_away(f32::NAN), 0);
+    }
+
+    /// A block whose maximum is a denormal (1/d overflows to infinity):
+    /// quantised without a panic (found by the gguf fuzz target).
+    #[test]
+    fn denormal_block_maximum_quantises() {
+        let mut x = [0f32; 32];
+        x[0] = f32::from_bits(1);
+        x[1] = -f32::from_bits(1);
+        let mut out = vec![<BlockQ8_0 as bytemuck::Zeroable>::zeroed(); 1];
+        quantize_row_q8_0_ref(&x, &mut out).unwrap();
     }
 
     #[test]
