@@ -109,6 +109,23 @@ for line in sys.stdin:
         echo "== hybrid split ($1)"
         "$bin/hybrid_bench" "$2" "$STAGE/$1.spinfer" --reps 3 | tee -a "$out/hybrid-$1.txt"
     }
+    # side_by_side NAME MODEL FILE: spinfer and llama.cpp (CUDA), two rounds
+    # interleaved, appended to FILE.
+    side_by_side() {
+        for round in 1 2; do
+            echo "== round $round: spinfer ($1)"
+            "$bin/gpu_bench" "$2" --reps 5 | tee -a "$3"
+            # An earlier build of the same bench, for a same-machine ratio.
+            if [ -x "$bin/gpu_bench_baseline" ]; then
+                echo "== round $round: spinfer baseline build ($1)"
+                "$bin/gpu_bench_baseline" "$2" --reps 5 | tee -a "$3"
+            fi
+            if [ -x "$lb" ]; then
+                echo "== round $round: llama.cpp ($1)"
+                "$lb" -m "$2" -ngl 99 -p 512 -n 128 -r 5 2>&1 | tee -a "$3" | grep -E "model|---|pp|tg"
+            fi
+        done
+    }
     kernel_tests=("$bin"/unit-* "$bin"/probe "$bin"/kernels "$bin"/ops "$bin"/fused)
     [ -n "${SKIP_KERNEL_TESTS:-}" ] && kernel_tests=()
     for t in "${kernel_tests[@]}" "$bin"/hybrid; do
@@ -121,14 +138,7 @@ for line in sys.stdin:
         "$bin/gemma3" --test-threads 1 --nocapture 2>&1 | tee "$out/test-gemma3.txt" | grep -vE "^\s*$" || status=1
         hybrid gemma3 "$gemma"
         wait_llama
-        for round in 1 2; do
-            echo "== round $round: spinfer (gemma3)"
-            "$bin/gpu_bench" "$gemma" --reps 5 | tee -a "$out/side-by-side-gemma3.txt"
-            if [ -x "$lb" ]; then
-                echo "== round $round: llama.cpp (gemma3)"
-                "$lb" -m "$gemma" -ngl 99 -p 512 -n 128 -r 5 2>&1 | tee -a "$out/side-by-side-gemma3.txt" | grep -E "model|---|pp|tg"
-            fi
-        done
+        side_by_side gemma3 "$gemma" "$out/side-by-side-gemma3.txt"
     fi
     if [ -n "$model" ]; then
         echo "== smollm2 (gpu model)"
@@ -142,21 +152,8 @@ for line in sys.stdin:
         cat "$out/bench.txt"
     fi
     if [ -n "$model" ]; then
-        # Side by side with llama.cpp (CUDA), interleaved: spinfer, llama, spinfer, llama.
         wait_llama
-        for round in 1 2; do
-            echo "== round $round: spinfer"
-            "$bin/gpu_bench" "$model" --reps 5 | tee -a "$out/side-by-side.txt"
-            # An earlier build of the same bench, for a same-machine ratio.
-            if [ -x "$bin/gpu_bench_baseline" ]; then
-                echo "== round $round: spinfer baseline build"
-                "$bin/gpu_bench_baseline" "$model" --reps 5 | tee -a "$out/side-by-side.txt"
-            fi
-            if [ -x "$lb" ]; then
-                echo "== round $round: llama.cpp"
-                "$lb" -m "$model" -ngl 99 -p 512 -n 128 -r 5 2>&1 | tee -a "$out/side-by-side.txt" | grep -E "model|---|pp|tg"
-            fi
-        done
+        side_by_side smollm2 "$model" "$out/side-by-side.txt"
     fi
     exit $status
     ;;

@@ -25,15 +25,9 @@ fn reference(w: &[f32], rows: usize, cols: usize, p: &[Vec<f64>]) -> (Vec<f64>, 
     (want, mag)
 }
 
+/// Within f32 accumulation error (the staged activations add one rounding).
 fn assert_close(what: &str, got: &[f32], want: &[f64], mag: &[f64]) {
-    assert_eq!(got.len(), want.len(), "{what}");
-    for (i, ((&g, &w), &m)) in got.iter().zip(want).zip(mag).enumerate() {
-        let tol = 3e-5 * m + 1e-6;
-        assert!(
-            g.is_finite() && (f64::from(g) - w).abs() <= tol,
-            "{what}: output {i} is {g}, want {w} (tol {tol:.2e})"
-        );
-    }
+    support::assert_close(what, got, want, mag, 3e-5);
 }
 
 #[test]

@@ -12,17 +12,9 @@ mod support;
 use spinfer_kernels_cuda::{ActType, WeightFormat, synthetic_acts, synthetic_matrix};
 use support::{backend, dequantize};
 
-/// `got` equals `want` (f64 sums) within f32 accumulation error, scaled by
-/// the sum of |w x| of each output.
+/// Within f32 accumulation error of the f64 sums.
 fn assert_close(what: &str, got: &[f32], want: &[f64], mag: &[f64]) {
-    assert_eq!(got.len(), want.len(), "{what}");
-    for (i, ((&g, &w), &m)) in got.iter().zip(want).zip(mag).enumerate() {
-        let tol = 2e-5 * m + 1e-6;
-        assert!(
-            g.is_finite() && (f64::from(g) - w).abs() <= tol,
-            "{what}: output {i} is {g}, want {w} (tol {tol:.2e})"
-        );
-    }
+    support::assert_close(what, got, want, mag, 2e-5);
 }
 
 /// Dot products of `rows` (indices into `w`) with each token of `x`,

@@ -12,8 +12,8 @@ use spinfer_engine::gguf::GgufFile;
 use spinfer_engine::loader::Loader;
 use spinfer_engine::sparse::{ModelId, Sidecar};
 use spinfer_engine::tokenizer::Tokenizer;
-use spinfer_gpu::placement::plan;
-use spinfer_gpu::{GpuDecode, GpuModel, ffn_bytes, ffn_costs};
+use spinfer_gpu::placement::{plan, total_bytes};
+use spinfer_gpu::{GpuDecode, GpuModel, ffn_costs};
 
 /// `--gpu-budget-mb` with its sidecar and the CPU side's threads.
 pub struct Split {
@@ -33,7 +33,8 @@ fn load(file: &GgufFile, ctx: usize, split: Option<Split>) -> Result<GpuModel> {
     let side = Sidecar::read(&split.sidecar)?;
     side.check_model(&ModelId::of(&c, file)?, &split.sidecar)?;
     let total: usize = file.tensors.iter().map(|t| t.size).sum();
-    let ffn = ffn_bytes(file, &c)?;
+    let costs = ffn_costs(file, &c)?;
+    let ffn = total_bytes(&costs, c.ffn_dim);
     let budget = (split.budget_mb * 1e6) as usize;
     if budget >= total {
         return Ok(GpuModel::load(file, ctx)?);
@@ -47,7 +48,6 @@ fn load(file: &GgufFile, ctx: usize, split: Option<Split>) -> Result<GpuModel> {
         );
     }
     let freq: Vec<Vec<f32>> = side.layers.iter().map(|l| l.active_freq.clone()).collect();
-    let costs = ffn_costs(file, &c)?;
     let placement = plan(&freq, &costs, c.ffn_dim, budget - rest)?;
     tracing::info!(
         hot_neurons = placement.hot_fraction(&costs, c.ffn_dim),

@@ -10,6 +10,7 @@ use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, MatmulCall, MatmulDesc, MatmulKernel};
 use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::pool::ThreadPool;
+use spinfer_kernels::vec;
 
 use crate::placement::GroupCost;
 use crate::{GpuError, Result};
@@ -68,13 +69,10 @@ impl ColdFfn {
         h.y.resize(n * dim, 0.0);
         self.gate.matmul(pool, &h.xn[..n * dim], n, &mut h.gate, &mut h.scratch)?;
         self.up.matmul(pool, &h.xn[..n * dim], n, &mut h.up, &mut h.scratch)?;
-        // The CPU engine's activations (model/math.rs), in place in h.gate.
-        for (g, &u) in h.gate.iter_mut().zip(&h.up) {
-            let x = *g;
-            *g = match act {
-                FfnAct::Silu => x / (1.0 + (-x).exp()) * u,
-                FfnAct::GeluTanh => 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044_715 * x * x * x)).tanh()) * u,
-            };
+        // The CPU engine's activations, in place in h.gate.
+        match act {
+            FfnAct::Silu => vec::swiglu(&mut h.gate, &h.up),
+            FfnAct::GeluTanh => vec::geglu(&mut h.gate, &h.up),
         }
         self.down.matmul(pool, &h.gate, n, &mut h.y, &mut h.scratch)
     }
@@ -101,6 +99,5 @@ pub fn ffn_costs(loader: &dyn Loader, c: &ModelConfig) -> Result<Vec<GroupCost>>
 ///
 /// As [`ffn_costs`].
 pub fn ffn_bytes(loader: &dyn Loader, c: &ModelConfig) -> Result<usize> {
-    let costs = ffn_costs(loader, c)?;
-    Ok(costs.iter().map(|g| c.ffn_dim / g.group * g.bytes).sum())
+    Ok(crate::placement::total_bytes(&ffn_costs(loader, c)?, c.ffn_dim))
 }

@@ -39,6 +39,11 @@ impl GroupCost {
     }
 }
 
+/// Bytes of every layer's whole FFN, from its group costs.
+pub fn total_bytes(costs: &[GroupCost], ffn: usize) -> usize {
+    costs.iter().map(|g| ffn / g.group * g.bytes).sum()
+}
+
 /// The hot groups of every layer (ascending group indices), chosen by
 /// [`plan`].
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -47,3 +47,16 @@ pub fn dequantize(format: WeightFormat, bytes: &[u8], rows: usize, cols: usize) 
     }
     out
 }
+
+/// `got` equals `want` (f64 sums) within f32 accumulation error: `rel`
+/// times the sum of |w x| of each output (`mag`), plus 1e-6.
+pub fn assert_close(what: &str, got: &[f32], want: &[f64], mag: &[f64], rel: f64) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, ((&g, &w), &m)) in got.iter().zip(want).zip(mag).enumerate() {
+        let tol = rel * m + 1e-6;
+        assert!(
+            g.is_finite() && (f64::from(g) - w).abs() <= tol,
+            "{what}: output {i} is {g}, want {w} (tol {tol:.2e})"
+        );
+    }
+}
