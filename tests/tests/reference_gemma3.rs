@@ -61,26 +61,27 @@ fn ppl(e: &Engine, protocol: (&str, bool, bool), windows: usize) -> (f64, f64) {
         serde_json::from_str(&std::fs::read_to_string(data("reference/gemma3-270m.json")).unwrap()).unwrap();
     let nll: Vec<f64> =
         reference[key]["per_window_mean_nll"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    // The per-window NLLs are the reference's whole-file figure.
+    let all = (nll.iter().sum::<f64>() / nll.len() as f64).exp();
+    let whole = reference[key]["ppl"].as_f64().unwrap();
+    assert!((all / whole - 1.0).abs() < 1e-6, "{key}: per-window NLLs give {all}, ppl is {whole}");
     let want = (nll[..windows].iter().sum::<f64>() / windows as f64).exp();
-    if windows == 40 {
-        let whole = reference[key]["ppl"].as_f64().unwrap();
-        assert!((want / whole - 1.0).abs() < 1e-6, "{key}: per-window NLLs give {want}, ppl is {whole}");
-    }
     eprintln!("{key}, {windows} windows: ppl {:.4} (reference {want:.4})", r.ppl);
     (r.ppl, want)
 }
 
-/// Fast mode, the default protocol over all 40 windows: within 1% of
-/// PyTorch's 62.215 (docs/benchmarks.md has every protocol and mode over
-/// all 40).
+/// Fast mode, the default protocol over its first 12 windows (6,132 scored
+/// tokens; all 40 take ~8 minutes on a 2-core CI machine): within 1% of
+/// PyTorch over the same windows (docs/benchmarks.md has every protocol and
+/// mode over all 40, 62.2149 for this one).
 #[test]
 fn fast_perplexity_within_one_percent() {
     let Some(e) = engine(Precision::Fast, 513) else { return };
-    let (got, want) = ppl(&e, PROTOCOLS[0], 40);
+    let (got, want) = ppl(&e, PROTOCOLS[0], 12);
     assert!((got / want - 1.0).abs() <= 0.01, "fast ppl {got} vs {want}");
 }
 
-/// Precise mode, each protocol over its first 6 windows (the reference
+/// Precise mode, each protocol over its first 4 windows (the reference
 /// gives every window's NLL; all 40 of each take ~15 minutes here): within
 /// 0.5%. `[<bos>] + window` is 513 tokens, so its last position is the
 /// first whose local layers no longer see the `<bos>`.
@@ -88,7 +89,7 @@ fn fast_perplexity_within_one_percent() {
 fn precise_perplexity_within_half_percent() {
     let Some(e) = engine(Precision::Precise, 513) else { return };
     for protocol in PROTOCOLS {
-        let (got, want) = ppl(&e, protocol, 6);
+        let (got, want) = ppl(&e, protocol, 4);
         assert!((got / want - 1.0).abs() <= 0.005, "{}: precise ppl {got} vs {want}", protocol.0);
     }
 }
