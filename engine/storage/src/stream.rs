@@ -7,9 +7,14 @@
 //! step, so the order is a cycle known at load: the thread reads item
 //! after item into the ring as buffers come free, running ahead of the
 //! compute by up to the ring's size, across layer and token boundaries.
-//! Each read is followed by `posix_fadvise(DONTNEED)` on its range, so
-//! streamed bytes do not stay in the page cache (which a memory cap counts)
-//! and never push out what is resident.
+//! Reads bypass the page cache (`O_DIRECT`, on a second open file
+//! description of the loader's own file, through `/proc/self/fd`): streamed
+//! bytes never occupy page cache, which a memory cap counts, so they never
+//! push out what is resident, and the storage's DMA writes straight into
+//! the ring, with no copy for the CPUs that compute. Where the file system
+//! refuses `O_DIRECT` (tmpfs, some network file systems), or with
+//! `SPINFER_STREAM_IO=buffered`, reads go through the page cache and each
+//! is followed by `posix_fadvise(DONTNEED)` on its range instead.
 //!
 //! [`Streamer::acquire`] hands the compute thread the next item's bytes,
 //! waiting (a *stall*, counted) if the read has not finished. When a step
@@ -19,7 +24,7 @@
 
 use std::cell::UnsafeCell;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -76,8 +81,10 @@ struct State {
 
 struct Shared {
     items: Arc<[Item]>,
-    /// One buffer per slot, `max item len` bytes each.
-    bufs: Vec<UnsafeCell<Box<[u8]>>>,
+    /// Per item, its file opened for direct reads (`None`: buffered).
+    direct: Vec<Option<Arc<File>>>,
+    /// One buffer per slot, room for the largest item's aligned span.
+    bufs: Vec<UnsafeCell<Buf>>,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -105,6 +112,38 @@ pub struct Streamer {
 /// queue of several reads faster than one at a time).
 pub const READERS: usize = 3;
 
+/// Environment variable choosing how streamed weights are read: `direct`
+/// (default: `O_DIRECT` where the file system allows it) or `buffered`
+/// (through the page cache, dropped after each read).
+pub const STREAM_IO_ENV: &str = "SPINFER_STREAM_IO";
+
+/// Alignment of a direct read's offset, length and buffer: a multiple of
+/// every logical block size Linux storage reports (512 or 4096 bytes).
+const ALIGN: usize = 4096;
+
+/// A slot's buffer: room for an item's span widened to [`ALIGN`]ed ends,
+/// starting at an aligned address.
+struct Buf {
+    raw: Box<[u8]>,
+    /// Index of `raw`'s first aligned byte.
+    start: usize,
+}
+
+impl Buf {
+    /// A buffer for items of up to `max` bytes (at most `3 * ALIGN` more
+    /// than `max`: the widened ends and the alignment of the start).
+    fn new(max: usize) -> Result<Self> {
+        let len = max.div_ceil(ALIGN) * ALIGN + 3 * ALIGN;
+        let mut v = Vec::new();
+        v.try_reserve_exact(len)
+            .map_err(|e| Error::InvalidArgument(format!("read-ahead buffer of {len} bytes: {e}")))?;
+        v.resize(len, 0);
+        let raw = v.into_boxed_slice();
+        let start = raw.as_ptr().align_offset(ALIGN);
+        Ok(Self { raw, start })
+    }
+}
+
 /// The bytes of one acquired item, valid until [`Streamer::release`].
 pub struct ItemBytes {
     ptr: *const u8,
@@ -128,18 +167,22 @@ impl Streamer {
     ///
     /// When the buffers cannot be allocated or the thread cannot start.
     pub fn new(items: Arc<[Item]>, slots: usize) -> Result<Self> {
+        let buffered = std::env::var(STREAM_IO_ENV).is_ok_and(|v| v == "buffered");
+        Self::start(items, slots, buffered)
+    }
+
+    /// [`Streamer::new`], reading through the page cache if `buffered`.
+    fn start(items: Arc<[Item]>, slots: usize, buffered: bool) -> Result<Self> {
         let slots = slots.clamp(2, 64);
         let max = items.iter().map(|i| i.len).max().unwrap_or(0);
         let mut bufs = Vec::with_capacity(slots);
         for _ in 0..slots {
-            let mut v = Vec::new();
-            v.try_reserve_exact(max)
-                .map_err(|e| Error::InvalidArgument(format!("read-ahead buffer of {max} bytes: {e}")))?;
-            v.resize(max, 0);
-            bufs.push(UnsafeCell::new(v.into_boxed_slice()));
+            bufs.push(UnsafeCell::new(Buf::new(max)?));
         }
+        let direct = direct_handles(&items, buffered);
         let shared = Arc::new(Shared {
             items,
+            direct,
             bufs,
             state: Mutex::new(State {
                 slots: vec![Slot::Free; slots],
@@ -170,18 +213,26 @@ impl Streamer {
         Ok(streamer)
     }
 
-    /// The bytes of item `item`, the next the forward pass needs: waits for
-    /// its read if it is not done yet. Give them back with
-    /// [`Streamer::release`] before acquiring the next.
+    /// The bytes of item `item`, the next the forward pass needs, which the
+    /// caller expects at file offset `offset`: waits for its read if it is
+    /// not done yet. Give them back with [`Streamer::release`] before
+    /// acquiring the next.
     ///
     /// # Errors
     ///
     /// A read error of this or an earlier item (naming the file, the tensor
-    /// and the offset).
-    pub fn acquire(&self, item: usize) -> Result<ItemBytes> {
+    /// and the offset); an item that is not at `offset` (a streamer started
+    /// before the model's plan changed).
+    pub fn acquire(&self, item: usize, offset: u64) -> Result<ItemBytes> {
         let sh = &*self.shared;
         let n = sh.items.len() as u64;
         let k = sh.bufs.len() as u64;
+        if sh.items.get(item).is_none_or(|i| i.offset != offset) {
+            return Err(Error::InvalidArgument(format!(
+                "streamed item {item} at offset {offset} is not in this session's read-ahead cycle: the model's \
+                 memory plan changed after the session was opened (open a new session)"
+            )));
+        }
         let mut st = sh.lock();
         if let Some(e) = &st.error {
             return Err(Error::InvalidArgument(e.clone()));
@@ -218,12 +269,13 @@ impl Streamer {
             st.stats.stalls += 1;
             st.stats.stall_time += t0.elapsed();
         }
-        let len = sh.items[item].len;
+        let it = &sh.items[item];
         // SAFETY: the slot is `Ready(pos)`: the I/O thread no longer writes
         // it, and will not until `release` frees it.
-        let whole: &[u8] = unsafe { &*sh.bufs[slot].get() };
-        let ptr = whole.as_ptr();
-        Ok(ItemBytes { ptr, len })
+        let buf: &Buf = unsafe { &*sh.bufs[slot].get() };
+        let skip = if sh.direct[item].is_some() { it.offset as usize % ALIGN } else { 0 };
+        let bytes = &buf.raw[buf.start + skip..buf.start + skip + it.len];
+        Ok(ItemBytes { ptr: bytes.as_ptr(), len: it.len })
     }
 
     /// Gives back the item acquired last; its buffer takes a later read.
@@ -288,15 +340,15 @@ fn read_loop(sh: &Shared) {
                 st = sh.changed.wait(st).unwrap_or_else(PoisonError::into_inner);
             }
         };
-        let item = &sh.items[(pos % n) as usize];
+        let index = (pos % n) as usize;
+        let item = &sh.items[index];
         // SAFETY: the slot is `Filling(pos)`: the compute thread does not
         // read it until it is `Ready`.
-        let whole: &mut Box<[u8]> = unsafe { &mut *sh.bufs[slot].get() };
-        let buf = &mut whole[..item.len];
-        let r = item.file.read_exact_at(buf, item.offset);
-        if r.is_ok() {
-            drop_cached(&item.file, item.offset, item.len);
-        }
+        let buf: &mut Buf = unsafe { &mut *sh.bufs[slot].get() };
+        let r = match &sh.direct[index] {
+            Some(f) => read_direct(f, item, buf),
+            None => read_buffered(item, buf),
+        };
         let mut st = sh.lock();
         match r {
             Err(e) => {
@@ -317,6 +369,93 @@ fn read_loop(sh: &Shared) {
             }
         }
         sh.changed.notify_all();
+    }
+}
+
+/// Reads `item` into `buf` through the page cache, then drops its pages.
+fn read_buffered(item: &Item, buf: &mut Buf) -> std::io::Result<()> {
+    let r = item.file.read_exact_at(&mut buf.raw[buf.start..buf.start + item.len], item.offset);
+    if r.is_ok() {
+        drop_cached(&item.file, item.offset, item.len);
+    }
+    r
+}
+
+/// Reads `item`'s span widened to [`ALIGN`]ed ends into `buf` (its bytes
+/// start `offset % ALIGN` into the buffer) from `direct`, the file opened
+/// with `O_DIRECT`. The widened end may lie past the end of the file: the
+/// read then comes back short, which is fine once the item's own bytes
+/// are in.
+fn read_direct(direct: &File, item: &Item, buf: &mut Buf) -> std::io::Result<()> {
+    let from = item.offset - item.offset % ALIGN as u64;
+    let need = (item.offset - from) as usize + item.len;
+    let span = &mut buf.raw[buf.start..buf.start + need.div_ceil(ALIGN) * ALIGN];
+    let mut done = 0;
+    while done < need {
+        match direct.read_at(&mut span[done..], from + done as u64) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            // A short read ends at the end of the file (a multiple of
+            // ALIGN away from `from` or not): read on only from an
+            // aligned point.
+            Ok(k) if done + k < need && k % ALIGN != 0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(k) => done += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Per item, its file reopened for direct reads, or `None` where that is
+/// turned off (`buffered`, from [`STREAM_IO_ENV`]) or refused. The reopening goes through
+/// `/proc/self/fd`, so it is the file the loader opened and checked, not
+/// whatever its path names now. A file system that accepts the flag but
+/// not a read (checked with one aligned read) falls back too.
+fn direct_handles(items: &[Item], buffered: bool) -> Vec<Option<Arc<File>>> {
+    let mut opened: Vec<(&Arc<File>, Option<Arc<File>>)> = Vec::new();
+    items
+        .iter()
+        .map(|item| {
+            if buffered {
+                return None;
+            }
+            if let Some((_, d)) = opened.iter().find(|(f, _)| Arc::ptr_eq(f, &item.file)) {
+                return d.clone();
+            }
+            let d = open_direct(&item.file).map(Arc::new);
+            opened.push((&item.file, d.clone()));
+            d
+        })
+        .collect()
+}
+
+/// `file` opened again with `O_DIRECT`, if the file system takes direct
+/// reads of [`ALIGN`]ed spans.
+fn open_direct(file: &File) -> Option<File> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+        let f = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&path) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::info!("streamed weights are read through the page cache: O_DIRECT refused ({e})");
+                return None;
+            }
+        };
+        let mut probe = Buf::new(ALIGN).ok()?;
+        match f.read_at(&mut probe.raw[probe.start..probe.start + ALIGN], 0) {
+            Ok(_) => Some(f),
+            Err(e) => {
+                tracing::info!("streamed weights are read through the page cache: a direct read failed ({e})");
+                None
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = file;
+        None
     }
 }
 
@@ -355,4 +494,66 @@ fn unique_files(items: &[Item]) -> Vec<&File> {
         }
     }
     out.into_iter().map(|f| &**f).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `s` reads direct.
+    fn is_direct(s: &Streamer) -> bool {
+        s.shared.direct.iter().all(Option::is_some)
+    }
+
+    /// Items at unaligned offsets, of unaligned lengths, one ending at the
+    /// file's unaligned end, come back byte for byte by both kinds of read,
+    /// in cycle order over several rounds and after a resynchronisation.
+    #[test]
+    fn direct_and_buffered_reads_give_the_file_bytes() {
+        let path = std::env::temp_dir().join(format!("spinfer-stream-test-{}", std::process::id()));
+        let data: Vec<u8> =
+            (0..3 * ALIGN as u32 * 5 + 777).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = Arc::new(File::open(&path).unwrap());
+        let spans =
+            [(0, 100), (ALIGN as u64 - 3, 2 * ALIGN + 9), (5_000, 1), (8_192, ALIGN), (data.len() as u64 - 999, 999)];
+        let items: Arc<[Item]> = spans
+            .iter()
+            .map(|&(offset, len)| Item { file: Arc::clone(&file), what: Arc::from("t"), offset, len })
+            .collect();
+        for buffered in [false, true] {
+            let s = Streamer::start(Arc::clone(&items), 3, buffered).unwrap();
+            if !buffered && !is_direct(&s) {
+                eprintln!("skipped: the temporary directory's file system refuses O_DIRECT");
+            }
+            for i in (0..3 * spans.len()).map(|i| i % spans.len()).chain([3, 4, 0]) {
+                let b = s.acquire(i, spans[i].0).unwrap();
+                let (o, l) = spans[i];
+                assert_eq!(b.bytes(), &data[o as usize..o as usize + l], "item {i}, buffered {buffered}");
+                s.release(b);
+            }
+            assert_eq!(s.stats().resyncs, 1);
+            // An item asked for at another offset is refused, not served.
+            assert!(s.acquire(1, 0).is_err());
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A file cut short under the streamer is an error naming the tensor,
+    /// not a panic or stale bytes.
+    #[test]
+    fn a_truncated_file_is_an_error() {
+        let path = std::env::temp_dir().join(format!("spinfer-stream-trunc-{}", std::process::id()));
+        std::fs::write(&path, vec![7u8; 4 * ALIGN]).unwrap();
+        let file = Arc::new(File::open(&path).unwrap());
+        let item =
+            Item { file: Arc::clone(&file), what: Arc::from("blk.0.ffn_up.weight"), offset: 100, len: 2 * ALIGN };
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(ALIGN as u64).unwrap();
+        for buffered in [false, true] {
+            let s = Streamer::start(Arc::from(vec![item.clone()]), 2, buffered).unwrap();
+            let e = s.acquire(0, 100).err().expect("a read past the end").to_string();
+            assert!(e.contains("blk.0.ffn_up.weight") && e.contains("offset 100"), "{e}");
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
 }
