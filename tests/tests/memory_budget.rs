@@ -8,7 +8,7 @@ use std::path::Path;
 use spinfer_engine::Engine;
 use spinfer_engine::generate::GenerateParams;
 use spinfer_engine::head::{HeadBuildOptions, HeadCalibration, HeadIndex};
-use spinfer_engine::model::{ModelOptions, Precision};
+use spinfer_engine::model::{ModelOptions, Precision, Session};
 use spinfer_engine::registry::KernelRegistry;
 use spinfer_tests::{data, gemma3, reference, smollm2};
 
@@ -90,20 +90,43 @@ fn the_sparse_head_under_a_budget_gives_the_unbudgeted_logits() {
     let want_model = HeadIndex::model_of(&plain.model);
     let registry = KernelRegistry::builtin();
     plain.model.set_sparse_head(Some(idx), 64, &registry).unwrap();
-    let mut budgeted = load(&path, Precision::Fast, Some(30_000_000));
-    let before = budgeted.model.memory.as_ref().unwrap().streamed_bytes();
-    budgeted.model.set_sparse_head(Some(HeadIndex::load(&file, &want_model).unwrap()), 64, &registry).unwrap();
-    let after = budgeted.model.memory.as_ref().unwrap().streamed_bytes();
-    assert!(after < before, "the dense head is no longer streamed: {before} -> {after} bytes per step");
     let prompt = &reference().prompts[0].input_ids;
-    let (want, got) = (run(&plain, prompt), run(&budgeted, prompt));
-    assert_eq!(got.1, want.1, "greedy tokens differ");
-    let next = |e: &Engine| {
-        let mut s = e.model.new_session();
-        e.model.forward(&mut s, prompt).unwrap();
-        e.model.next_token_logits(&mut s).unwrap().to_vec()
+    let next = |e: &Engine, s: &mut Session| -> spinfer_engine::Result<Vec<f32>> {
+        e.model.forward(s, prompt)?;
+        Ok(e.model.next_token_logits(s)?.to_vec())
     };
-    assert!(next(&plain) == next(&budgeted), "sparse-head logits differ under the budget");
+    let want_logits = next(&plain, &mut plain.model.new_session()).unwrap();
+    let want = run(&plain, prompt);
+    // 30 MB: most of the model streams, with the dense head or without;
+    // 90 MB: what the dense head leaves is room for all the rest.
+    for budget in [30_000_000, 90_000_000] {
+        let mut budgeted = load(&path, Precision::Fast, Some(budget));
+        let plan = |e: &Engine| e.model.memory.as_ref().unwrap().placement.clone();
+        let before = plan(&budgeted);
+        let mut opened_before = budgeted.model.new_session();
+        budgeted.model.set_sparse_head(Some(HeadIndex::load(&file, &want_model).unwrap()), 64, &registry).unwrap();
+        let after = plan(&budgeted);
+        assert!(
+            after.streamed_bytes < before.streamed_bytes,
+            "the dense head is no longer streamed: {} -> {} bytes per step",
+            before.streamed_bytes,
+            after.streamed_bytes
+        );
+        let f = after.fixed;
+        assert!(f.session + f.work + after.ring_bytes + after.resident_bytes <= budget, "{after:?}");
+        if budget == 90_000_000 {
+            assert_eq!((after.streamed_bytes, after.ring_bytes, after.streams()), (0, 0, false), "{after:?}");
+        }
+        assert_eq!(run(&budgeted, prompt).1, want.1, "greedy tokens differ at {budget}");
+        let got = next(&budgeted, &mut budgeted.model.new_session()).unwrap();
+        assert!(got == want_logits, "sparse-head logits differ under a budget of {budget}");
+        // A session opened before the plan changed reads the right bytes
+        // or says why it cannot.
+        match next(&budgeted, &mut opened_before) {
+            Ok(l) => assert!(l == want_logits, "a session opened before the change gives other logits"),
+            Err(e) => assert!(e.to_string().contains("memory plan changed"), "{e}"),
+        }
+    }
 }
 
 /// The engine's metrics sum what its requests read from storage.

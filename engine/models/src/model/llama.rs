@@ -572,7 +572,7 @@ impl Model {
         if index.is_some()
             && let Some(plan) = &mut self.memory
         {
-            plan.drop_output(&mut self.weights.output);
+            plan.drop_output(&mut self.weights)?;
         }
         self.head = index
             .map(|i| SparseHead::new(&self.config, &self.weights.output, i, probes, registry, self.options.precision))

@@ -183,12 +183,9 @@ impl Linear {
         out: &mut [f32],
         scratch: &mut Scratch,
     ) -> Result<()> {
-        let Some(stream) = scratch.stream.clone() else {
-            return Err(Error::InvalidArgument(format!(
-                "{}: the matrix is streamed under the memory budget, but this call has no session streamer",
-                self.name
-            )));
-        };
+        // Needed only for the chunks that are read (a matrix may have
+        // become wholly resident since the plan was made).
+        let stream = scratch.stream.clone();
         let kernel = if self.dense.provider() == BUILTIN { self.dense.active() } else { &*self.compact };
         let rows = self.desc.rows;
         let mut part = std::mem::take(&mut scratch.chunk_out);
@@ -196,7 +193,16 @@ impl Linear {
             let mut held = None;
             let w: &[u8] = match chunk {
                 Chunk::Resident(b) => b,
-                Chunk::Streamed(item) => held.insert(stream.acquire(*item)?).bytes(),
+                Chunk::Streamed { item, offset } => {
+                    let Some(stream) = &stream else {
+                        return Err(Error::InvalidArgument(format!(
+                            "{}: the matrix is streamed under the memory budget, but this call has no session \
+                             streamer",
+                            self.name
+                        )));
+                    };
+                    held.insert(stream.acquire(*item, *offset)?).bytes()
+                }
             };
             let run = |x: &[f32], n: usize, out: &mut [f32], scratch: &mut Vec<u8>, prefill: bool| {
                 kernel
@@ -213,7 +219,7 @@ impl Linear {
                     out[t * rows + range.start..t * rows + range.end].copy_from_slice(p);
                 }
             }
-            if let Some(h) = held {
+            if let (Some(h), Some(stream)) = (held, &stream) {
                 stream.release(h);
             }
             Ok(())
@@ -420,8 +426,9 @@ impl Linear {
 pub(crate) enum Chunk {
     /// Copied into memory at load.
     Resident(Arc<[u8]>),
-    /// Read from storage every step: this item of the streamer's cycle.
-    Streamed(usize),
+    /// Read from storage every step: this item of the streamer's cycle, at
+    /// this offset of the model file.
+    Streamed { item: usize, offset: u64 },
 }
 
 /// Rows gathered beforehand for [`Linear::forward_gathered`]: `rows` holds

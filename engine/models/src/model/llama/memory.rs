@@ -28,6 +28,9 @@ pub struct MemoryPlan {
     /// The token embedding's file and offset when its rows are read from
     /// storage (`None`: they come from a resident copy).
     embd: Option<(Arc<File>, u64)>,
+    /// Whether the FFN is served from its bundle (so its matrices are not
+    /// in [`Placement::streamed`]'s forward order).
+    ffn_in_bundle: bool,
 }
 
 impl MemoryPlan {
@@ -36,33 +39,89 @@ impl MemoryPlan {
         self.placement.streamed_bytes
     }
 
-    /// Takes the dense head `output` (last in the forward order, so its
-    /// streamed items end the cycle) out of the streamed cycle, for a sparse
-    /// head that computes next-token logits from its own rows: its resident
+    /// Takes the dense head (last in the forward order, so its streamed
+    /// items end the cycle) out of the streamed cycle, for a sparse head
+    /// that computes next-token logits from its own rows: its resident
     /// chunks are freed and it is no longer read per step. Dense logits
     /// (`Model::logits`, perplexity) then read it through the file mapping,
-    /// outside the budget.
-    pub(super) fn drop_output(&mut self, output: &mut Linear) {
-        let Some(chunks) = output.streamed.take() else { return };
+    /// outside the budget. The room it leaves goes to the other matrices'
+    /// streamed chunks ([`MemoryPlan::promote`]).
+    ///
+    /// # Errors
+    ///
+    /// A read error of a chunk being made resident (naming the tensor).
+    pub(super) fn drop_output(&mut self, weights: &mut Weights) -> Result<()> {
+        let output = &mut weights.output;
+        let Some(chunks) = output.streamed.take() else { return Ok(()) };
         let row_bytes = output.weight_bytes() / output.desc.rows.max(1);
-        let mut first = None;
         for (r, c) in &chunks {
             let bytes = (r.len() * row_bytes) as u64;
             match c {
-                Chunk::Streamed(i) => {
-                    first = Some(first.map_or(*i, |f: usize| f.min(*i)));
-                    self.placement.streamed_bytes -= bytes;
-                }
+                Chunk::Streamed { .. } => self.placement.streamed_bytes -= bytes,
                 Chunk::Resident(_) => self.placement.resident_bytes -= bytes,
             }
-        }
-        if let Some(f) = first {
-            self.items = self.items[..f].to_vec().into();
         }
         if let Some(last) = self.placement.streamed.last_mut() {
             *last = None;
         }
-        tracing::info!(streamed_per_step = self.placement.streamed_bytes, "the dense head leaves the streamed cycle");
+        self.promote(weights)?;
+        tracing::info!(
+            resident = self.placement.resident_bytes,
+            streamed_per_step = self.placement.streamed_bytes,
+            "the dense head leaves the streamed cycle"
+        );
+        Ok(())
+    }
+
+    /// Spends the room the budget has left on streamed chunks, in forward
+    /// order: each that fits is read into memory once and leaves the cycle
+    /// (a streamed byte is read every step, so any that can stay should).
+    /// The cycle's remaining items are renumbered, so a session opened
+    /// before gets an error naming the change rather than wrong bytes
+    /// (`Streamer::acquire` checks each item's offset); with nothing left
+    /// streamed the ring goes too.
+    fn promote(&mut self, weights: &mut Weights) -> Result<()> {
+        let p = &mut self.placement;
+        let mut room = p.budget.saturating_sub(p.fixed.session + p.fixed.work + p.ring_bytes + p.resident_bytes);
+        let mut items = Vec::new();
+        let linears = forward_order(weights, self.ffn_in_bundle);
+        for (l, planned) in linears.into_iter().zip(&mut p.streamed) {
+            let (Some(chunks), Some(plan)) = (&mut l.streamed, planned.as_mut()) else { continue };
+            for ((_, c), (_, resident)) in chunks.iter_mut().zip(plan.iter_mut()) {
+                let Chunk::Streamed { item, offset } = *c else { continue };
+                let it = &self.items[item];
+                if it.len as u64 > room {
+                    *c = Chunk::Streamed { item: items.len(), offset };
+                    items.push(it.clone());
+                    continue;
+                }
+                let mut v = Vec::new();
+                v.try_reserve_exact(it.len).map_err(|e| {
+                    Error::InvalidArgument(format!("{}: {} bytes to make resident: {e}", it.what, it.len))
+                })?;
+                v.resize(it.len, 0);
+                it.file.read_exact_at(&mut v, it.offset).map_err(|e| {
+                    Error::InvalidArgument(format!(
+                        "{}: reading {} bytes at offset {}: {e}",
+                        it.what, it.len, it.offset
+                    ))
+                })?;
+                drop_cached(&it.file, it.offset, it.len);
+                *c = Chunk::Resident(v.into());
+                *resident = true;
+                room -= it.len as u64;
+                p.resident_bytes += it.len as u64;
+                p.streamed_bytes -= it.len as u64;
+            }
+            if plan.iter().all(|(_, resident)| *resident) {
+                *planned = None;
+            }
+        }
+        if items.is_empty() {
+            (p.slots, p.ring_bytes) = (0, 0);
+        }
+        self.items = items.into();
+        Ok(())
     }
 }
 
@@ -180,7 +239,7 @@ impl Model {
                     offset: start + bytes.start as u64,
                     len: bytes.len(),
                 };
-                bound.push((r.clone(), Chunk::Streamed(items.len())));
+                bound.push((r.clone(), Chunk::Streamed { item: items.len(), offset: item.offset }));
                 items.push(item);
             }
             release(&l.w);
@@ -203,7 +262,7 @@ impl Model {
             ring = placement.ring_bytes,
             "memory budget placed"
         );
-        Ok(MemoryPlan { placement, items: items.into(), embd })
+        Ok(MemoryPlan { placement, items: items.into(), embd, ffn_in_bundle })
     }
 
     /// The streamer a new session needs, if any matrix is streamed (`None`
