@@ -248,7 +248,7 @@ pub fn head_eval(a: HeadEvalArgs) -> Result<()> {
         .map(|q| {
             serde_json::json!({"probes": q.probes, "clusters": head.index.clusters(), "row_fraction": q.row_fraction,
                 "argmax_agreement": q.agreement(), "positions": q.tv.len(), "tv_mean": q.mean_tv(),
-                "tv_p99": q.tv_quantile(0.99)})
+                "tv_p99": q.tv_quantile(0.99), "ppl": q.ppl(), "dense_ppl": q.dense_ppl()})
         })
         .collect();
     if a.common.json {
@@ -261,15 +261,19 @@ pub fn head_eval(a: HeadEvalArgs) -> Result<()> {
         q.first().map_or(0, |q| q.tv.len()),
         a.ctx
     );
-    println!("{:>7} {:>9} {:>10} {:>9} {:>9}", "probes", "rows %", "argmax %", "TV mean", "TV p99");
+    if let Some(q) = q.first() {
+        println!("dense head perplexity {:.4}", q.dense_ppl());
+    }
+    println!("{:>7} {:>9} {:>10} {:>9} {:>9} {:>10}", "probes", "rows %", "argmax %", "TV mean", "TV p99", "ppl");
     for q in &q {
         println!(
-            "{:>7} {:>9.2} {:>10.2} {:>9.4} {:>9.4}",
+            "{:>7} {:>9.2} {:>10.2} {:>9.4} {:>9.4} {:>10.4}",
             q.probes,
             100.0 * q.row_fraction,
             100.0 * q.agreement(),
             q.mean_tv(),
-            q.tv_quantile(0.99)
+            q.tv_quantile(0.99),
+            q.ppl()
         );
     }
     Ok(())

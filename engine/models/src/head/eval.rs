@@ -3,7 +3,9 @@
 //! for each number of probed clusters, how often its greedy choice equals
 //! the dense argmax, and the total-variation distance between the
 //! distributions the two heads sample from at temperature 1 and top-p 0.95
-//! (the sampler's rule, applied to each head's logit vector).
+//! (the sampler's rule, applied to each head's logit vector), and the
+//! perplexity of the text under each head's full softmax (the sparse
+//! head's: its exact rows and stand-ins, as sampled at temperature 1).
 //!
 //! Both heads are evaluated on the same hidden states: the dense logits
 //! are computed once per position, the sparse head's exact rows are those
@@ -26,6 +28,10 @@ pub struct HeadQuality {
     pub argmax_agree: usize,
     /// Total-variation distance per position (temperature 1, top-p 0.95).
     pub tv: Vec<f32>,
+    /// Negative log-likelihood of each position's next token, summed over
+    /// positions (nats): under the sparse head's softmax, and the dense's.
+    pub nll: f64,
+    pub dense_nll: f64,
 }
 
 impl HeadQuality {
@@ -35,6 +41,16 @@ impl HeadQuality {
 
     pub fn mean_tv(&self) -> f64 {
         self.tv.iter().map(|&t| t as f64).sum::<f64>() / self.tv.len().max(1) as f64
+    }
+
+    /// Perplexity of the text under the sparse head's distribution.
+    pub fn ppl(&self) -> f64 {
+        (self.nll / self.tv.len().max(1) as f64).exp()
+    }
+
+    /// Perplexity of the same positions under the dense head's.
+    pub fn dense_ppl(&self) -> f64 {
+        (self.dense_nll / self.tv.len().max(1) as f64).exp()
     }
 
     /// The `q`-quantile (0..=1) of the per-position distances.
@@ -63,10 +79,24 @@ struct Buffers {
     position: u64,
 }
 
-/// One position: the dense `logits`, the head's cluster `scores`; adds to
-/// each probe count's quality in `q`.
-fn measure(logits: &[f32], scores: &[f32], q: &mut [HeadQuality], max_p: usize, b: &mut Buffers, head: &SparseHead) {
+/// `-log softmax(logits)[target]`.
+fn nll(logits: &[f32], target: usize) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let z: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    z.ln() - (logits[target] - max) as f64
+}
+
+/// One position: the dense `logits`, the head's cluster `scores`, the
+/// `target` (next) token; adds to each probe count's quality in `q`.
+fn measure(
+    (logits, scores, target): (&[f32], &[f32], usize),
+    q: &mut [HeadQuality],
+    max_p: usize,
+    b: &mut Buffers,
+    head: &SparseHead,
+) {
     let (vocab, k) = (logits.len(), scores.len());
+    let dense_nll = nll(logits, target);
     let best = (0..vocab).max_by(|&x, &y| logits[x].total_cmp(&logits[y]).then(y.cmp(&x))).unwrap_or(0);
     top_p_distribution(logits, &mut b.dense_p);
     let key = |c: u32| head.rank_key(c as usize, scores[c as usize]);
@@ -115,6 +145,8 @@ fn measure(logits: &[f32], scores: &[f32], q: &mut [HeadQuality], max_p: usize, 
             }
             top_p_distribution(&b.sparse, &mut b.sparse_p);
             qp.tv.push(tv_distance(&b.dense_p, &b.sparse_p, &mut b.acc));
+            qp.nll += nll(&b.sparse, target);
+            qp.dense_nll += dense_nll;
             b.held.iter().for_each(|&(r, v)| b.sparse[r as usize] = v);
         }
     }
@@ -187,8 +219,17 @@ pub fn evaluate(
         return Err(Error::InvalidArgument(format!("need at least one window of {ctx} >= 2 tokens")));
     }
     let max_p = probes.iter().copied().max().unwrap_or(1);
-    let mut q: Vec<HeadQuality> =
-        probes.iter().map(|&p| HeadQuality { probes: p, row_fraction: 0.0, argmax_agree: 0, tv: Vec::new() }).collect();
+    let mut q: Vec<HeadQuality> = probes
+        .iter()
+        .map(|&p| HeadQuality {
+            probes: p,
+            row_fraction: 0.0,
+            argmax_agree: 0,
+            tv: Vec::new(),
+            nll: 0.0,
+            dense_nll: 0.0,
+        })
+        .collect();
     let (mut scratch, mut scores) = (Scratch::default(), Vec::new());
     let mut bufs = Buffers {
         sparse: vec![0f32; vocab],
@@ -213,8 +254,12 @@ pub fn evaluate(
             scores.resize(n * k, 0.0);
             head.centroids.forward(session.pool(), &h, n, &mut scores, &mut scratch)?;
             let all = model.logits(session, start..end)?.to_vec();
-            for (logits, scores) in all.chunks_exact(vocab).zip(scores.chunks_exact(k)) {
-                measure(logits, scores, &mut q, max_p, &mut bufs, head);
+            let targets = win[start + 1..=end].iter();
+            for ((logits, scores), &t) in all.chunks_exact(vocab).zip(scores.chunks_exact(k)).zip(targets) {
+                if t as usize >= vocab {
+                    return Err(Error::InvalidArgument(format!("token {t} is outside the vocabulary of {vocab}")));
+                }
+                measure((logits, scores, t as usize), &mut q, max_p, &mut bufs, head);
             }
             start = end;
         }
@@ -243,5 +288,14 @@ mod tests {
         let other = [(3u32, 1.0f32)];
         assert!((tv_distance(&d, &other, &mut acc) - 1.0).abs() < 1e-6);
         assert!(acc.iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn nll_is_minus_the_log_softmax() {
+        let logits = [1.0f32, 2.0, 3.0];
+        let z: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
+        assert!((nll(&logits, 0) - (z.ln() - 1.0)).abs() < 1e-9);
+        // Shifting every logit changes nothing.
+        assert!((nll(&[101.0, 102.0, 103.0], 2) - nll(&logits, 2)).abs() < 1e-9);
     }
 }
