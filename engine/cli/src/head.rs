@@ -51,14 +51,20 @@ pub struct CalibrateHeadArgs {
     /// `--head-probes` overrides it at run time). Without it the count is
     /// measured: the smallest of a grid of counts whose greedy choice equals
     /// the dense head's at >= 99.5% of the held-out positions of --text
-    /// (the 4 windows after --positions) with mean sampling distance
-    /// within --target-tv.
+    /// (the 4 windows after --positions), with mean sampling distance
+    /// within --target-tv and perplexity within --target-ppl of the dense
+    /// head's.
     #[arg(long)]
     pub probes: Option<usize>,
     /// Mean total-variation distance (temperature 1, top-p 0.95) the
     /// measured default probe count must reach on held-out text.
     #[arg(long, default_value_t = 0.006)]
     pub target_tv: f64,
+    /// Relative perplexity increase over the dense head (under the sparse
+    /// head's full softmax, on the same held-out text) the measured default
+    /// probe count may cost: 0.01 is 1%.
+    #[arg(long, default_value_t = 0.01)]
+    pub target_ppl: f64,
     /// Output head index (never the model file).
     #[arg(short, long)]
     pub out: PathBuf,
@@ -81,6 +87,9 @@ pub fn calibrate_head(a: CalibrateHeadArgs) -> Result<()> {
     }
     if !(a.target_tv > 0.0 && a.target_tv < 1.0) {
         bail!("--target-tv must be in (0, 1), got {}", a.target_tv);
+    }
+    if !(a.target_ppl >= 0.0 && a.target_ppl.is_finite()) {
+        bail!("--target-ppl must be a finite relative increase >= 0, got {}", a.target_ppl);
     }
     let mut engine = crate::commands::load_config(&a.common, &config)?;
     let t = std::time::Instant::now();
@@ -106,7 +115,7 @@ pub fn calibrate_head(a: CalibrateHeadArgs) -> Result<()> {
                 &mut engine,
                 &a.out,
                 &tokens[a.positions.min(tokens.len())..],
-                a.target_tv,
+                Targets { tv: a.target_tv, ppl: a.target_ppl },
                 a.common.quiet || a.common.json,
             )?;
             index.set_default_probes(q.probes)?;
@@ -121,7 +130,8 @@ pub fn calibrate_head(a: CalibrateHeadArgs) -> Result<()> {
             serde_json::json!({"out": a.out, "clusters": index.clusters(), "cluster_rows": a.cluster_rows,
                 "iters": a.iters, "hot": index.hot().len(), "metric_positions": calib.moment.positions,
                 "probes": index.default_probes(), "held_out": chosen.as_ref().map(|q| serde_json::json!({
-                    "positions": q.tv.len(), "argmax_agreement": q.agreement(), "tv_mean": q.mean_tv()})),
+                    "positions": q.tv.len(), "argmax_agreement": q.agreement(), "tv_mean": q.mean_tv(),
+                    "ppl": q.ppl(), "dense_ppl": q.dense_ppl()})),
                 "seconds": secs, "head": index.model})
         );
     } else {
@@ -136,11 +146,14 @@ pub fn calibrate_head(a: CalibrateHeadArgs) -> Result<()> {
             );
             match &chosen {
                 Some(q) => eprintln!(
-                    "default probes {} ({:.1}% of rows): greedy agreement {:.2}%, mean TV {:.4} on {} held-out positions",
+                    "default probes {} ({:.1}% of rows): greedy agreement {:.2}%, mean TV {:.4}, perplexity {:.4} \
+                     (dense {:.4}) on {} held-out positions",
                     q.probes,
                     100.0 * q.row_fraction,
                     100.0 * q.agreement(),
                     q.mean_tv(),
+                    q.ppl(),
+                    q.dense_ppl(),
                     q.tv.len()
                 ),
                 None => eprintln!("default probes {}", index.default_probes()),
@@ -154,15 +167,23 @@ pub fn calibrate_head(a: CalibrateHeadArgs) -> Result<()> {
 /// Held-out windows measured to choose the default probe count.
 const CHECK_WINDOWS: usize = 4;
 
+/// What the default probe count must reach on held-out text besides 99.5%
+/// greedy agreement: a mean sampling distance, and a relative perplexity
+/// increase over the dense head.
+struct Targets {
+    tv: f64,
+    ppl: f64,
+}
+
 /// The smallest of a grid of probe counts (multiples of clusters / 32) for
 /// the index at `path` whose greedy agreement with the dense head is at
-/// least 99.5% and mean sampling distance at most `target_tv`, measured on
-/// `held_out` (the largest count if none does, with a warning).
+/// least 99.5% and that meets `targets`, measured on `held_out` (all
+/// clusters, which is the dense head, if none does, with a warning).
 fn choose_probes(
     engine: &mut spinfer_engine::Engine,
     path: &std::path::Path,
     held_out: &[u32],
-    target_tv: f64,
+    targets: Targets,
     quiet: bool,
 ) -> Result<HeadQuality> {
     let ctx = 512;
@@ -183,7 +204,9 @@ fn choose_probes(
     })?;
     bar.finish_and_clear();
     engine.model.set_sparse_head(None, 1, &KernelRegistry::builtin())?;
-    let fits = |q: &HeadQuality| q.agreement() >= 0.995 && q.mean_tv() <= target_tv;
+    let fits = |q: &HeadQuality| {
+        q.agreement() >= 0.995 && q.mean_tv() <= targets.tv && q.ppl() <= q.dense_ppl() * (1.0 + targets.ppl)
+    };
     match q.iter().find(|q| fits(q)) {
         Some(q) => Ok(q.clone()),
         None => {

@@ -196,6 +196,13 @@ fn bad_head_arguments() {
     std::fs::write(&junk, b"not a head index at all").unwrap();
     let e = fails(&["generate", "-m", m, "-p", "x", "--head-index", junk.to_str().unwrap(), "--head-probes", "0"]);
     assert_mentions(&e, &["--head-probes"]);
+    let out = dir.path().join("out.spinfer-head");
+    let out = out.to_str().unwrap();
+    for (flag, value) in [("--target-ppl", "-0.5"), ("--target-ppl", "inf"), ("--target-tv", "0")] {
+        let arg = format!("{flag}={value}");
+        let e = fails(&["calibrate-head", "-m", m, "--text", m, "--out", out, &arg, "--quiet"]);
+        assert_mentions(&e, &[flag]);
+    }
     // Index files are read once the model has loaded.
     let Some(model) = spinfer_test_support::smollm2() else { return };
     let m = model.to_str().unwrap();
