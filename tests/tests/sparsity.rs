@@ -340,6 +340,7 @@ fn a_memory_budget_gives_the_unbudgeted_logits() {
     let mut so = sparse_options(&model, 0.5, PredictorKind::LowRank, &dir.path().join("lr.spinfer"));
     let free = Engine::load(&model, options(Some(so.clone()))).unwrap();
     so.ffn_budget_bytes = Some(12_000_000);
+    so.lookahead = true;
     let budgeted = Engine::load(&model, options(Some(so.clone()))).unwrap();
     let bundle = budgeted.model.sparse.as_ref().unwrap().bundle.as_ref().expect("bundle");
     let r = bundle.report();
@@ -366,6 +367,15 @@ fn a_memory_budget_gives_the_unbudgeted_logits() {
     let st = sb.sparsity_stats();
     assert_eq!(st.layers, sf.sparsity_stats().layers, "same neurons predicted and kept");
     assert!(st.cache.hot > 0 && st.cache.misses > 0 && st.cache.bytes_read > 0, "{:?}", st.cache);
+    // The look-ahead (on here) was asked for the next layers' cold
+    // neurons and read some ahead (on its own thread: wait for it). The
+    // logits above are bit-identical with it on.
+    let t0 = std::time::Instant::now();
+    while bundle.lookahead_counters().records == 0 && t0.elapsed().as_secs() < 20 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let la = bundle.lookahead_counters();
+    assert!(la.requests > 0 && la.records > 0 && la.bytes > 0, "{la:?}");
     // The bundle is reused by the next load.
     assert!(dir.path().join("lr.spinfer.ffn").exists());
 

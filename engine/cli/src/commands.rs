@@ -59,6 +59,10 @@ pub struct CommonArgs {
     /// (default: by layer, then recency) | lru | freq-lru | window (the neurons of the last 5 tokens; `window:K` for K) | `pack:<pack>/<name>` (a loaded pack's policy).
     #[arg(long, requires = "sparsity")]
     pub cache_policy: Option<String>,
+    /// Under an FFN budget, read the next layer's predicted cold neurons ahead of need on a
+    /// dedicated thread (`[sparsity] lookahead = true`).
+    #[arg(long, requires = "sparsity")]
+    pub lookahead: bool,
     /// Output head for next-token logits: dense (every vocabulary row) or
     /// sparse (only the rows of the best clusters of --head-index; default
     /// when --head-index is given). Perplexity and logits stay dense.
@@ -186,6 +190,7 @@ impl CommonArgs {
                 dense_above: old.dense_above,
                 ffn_budget_mb: self.ffn_budget_mb,
                 cache_policy: self.cache_policy.clone(),
+                lookahead: if self.lookahead { Some(true) } else { old.lookahead },
             });
         }
         Ok(c)

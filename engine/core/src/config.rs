@@ -99,6 +99,9 @@ pub struct SparsitySection {
     /// `"freq-lru"`, `"sweep"` (default), `"window"` / `"window:K"` (the neurons of the last 5 / K
     /// tokens), or a pack's policy as `"pack:<pack>/<name>"`.
     pub cache_policy: Option<String>,
+    /// Under a budget, read the next layer's predicted cold neurons ahead
+    /// of need (default false).
+    pub lookahead: Option<bool>,
 }
 
 /// The largest `memory.budget_mb` accepted (1 PB): beyond any machine.
@@ -303,6 +306,7 @@ impl Config {
                 so.cache_policy = p;
             }
             so.pack_cache_policy = sp.cache_policy.as_deref().and_then(pack_object).map(str::to_string);
+            so.lookahead = sp.lookahead.unwrap_or(false);
             so
         });
         o
@@ -436,11 +440,12 @@ mod tests {
     fn sparsity_budget_and_cache_policy() {
         let parse = |t: &str| Config::parse(t, Path::new("spinfer.toml"));
         let base = "[model]\npath = \"m.gguf\"\n[sparsity]\nfile = \"s.spinfer\"\npredictor = \"low-rank\"\n";
-        let c = parse(&format!("{base}ffn_budget_mb = 20\ncache_policy = \"lru\"\n")).unwrap();
+        let c = parse(&format!("{base}ffn_budget_mb = 20\ncache_policy = \"lru\"\nlookahead = true\n")).unwrap();
         let so = c.model_options().sparsity.unwrap();
         assert_eq!(so.ffn_budget_bytes, Some(20_000_000));
         assert_eq!(so.cache_policy, CachePolicyKind::Lru);
         assert_eq!(so.predictor, Some(PredictorKind::LowRank));
+        assert!(so.lookahead);
         let so = parse(base).unwrap().model_options().sparsity.unwrap();
         assert_eq!((so.ffn_budget_bytes, so.cache_policy), (None, CachePolicyKind::Sweep));
         let e = parse(&format!("{base}ffn_budget_mb = -1\n")).unwrap_err().to_string();

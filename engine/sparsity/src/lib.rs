@@ -82,6 +82,10 @@ pub struct SparsityOptions {
     /// A pack's cache policy instead of `cache_policy` (named as
     /// `pack_predictor`).
     pub pack_cache_policy: Option<String>,
+    /// Under a budget: read the next layer's predicted cold records ahead
+    /// of need ([`bundle::FfnBundle::prefetch`]). Off by default: on
+    /// 2-core machines it did not pay (docs/sparsity.md).
+    pub lookahead: bool,
 }
 
 impl SparsityOptions {
@@ -94,6 +98,7 @@ impl SparsityOptions {
             cache_policy: CachePolicyKind::default(),
             pack_predictor: None,
             pack_cache_policy: None,
+            lookahead: false,
         }
     }
 }
@@ -323,6 +328,9 @@ pub struct SparseFfn {
     pub layers: Vec<SparseLayer>,
     /// Under a memory budget: the repacked FFN the weights come from.
     pub bundle: Option<FfnBundle>,
+    /// With `bundle`: predict each next layer's neurons and read their
+    /// records ahead (`SparsityOptions::lookahead`).
+    pub lookahead: bool,
     /// Arithmetic of the AXPYs (set from the model's precision).
     pub axpy: AxpyMode,
 }
@@ -558,7 +566,16 @@ pub fn build(
         (None, PredictorKind::Sentence) => Predictor::Sentence,
     };
     tracing::info!(path = %path.display(), predictor = predictor.kind().name(), "sparse FFN enabled");
-    Ok(SparseFfn { predictor, dense_above: opts.dense_above, path: path.clone(), sidecar, layers, bundle: None, axpy })
+    Ok(SparseFfn {
+        predictor,
+        dense_above: opts.dense_above,
+        path: path.clone(),
+        sidecar,
+        layers,
+        bundle: None,
+        lookahead: false,
+        axpy,
+    })
 }
 
 /// Every layer's low-rank predictor from the sidecar's factors.
@@ -666,6 +683,7 @@ pub fn build_budgeted(
         sidecar,
         layers,
         bundle: Some(bundle),
+        lookahead: opts.lookahead,
         axpy: AxpyMode::Exact,
     })
 }

@@ -35,8 +35,8 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -47,9 +47,12 @@ use spinfer_kernels::pool::{ThreadPool, chunk};
 use spinfer_sparse_kernels::{AxpyIsa, NeuronMajor, QuantisedCoefs};
 
 mod file;
+mod lookahead;
 
 pub use file::{FfnSource, path_for};
 use file::{Header, QK, down_layout, header_for, read_at, read_header, release_layer, write_bundle};
+pub use lookahead::LookAheadCounters;
+use lookahead::{LookAhead, run_end};
 
 use super::cache::{BoxedPolicy, ColdCache, NeuronId};
 use super::shared::{AxpyMode, CacheCounters, sparsity_err};
@@ -133,7 +136,7 @@ impl Gathered {
 /// The repacked FFN of a model under a memory budget.
 pub struct FfnBundle {
     pub path: PathBuf,
-    file: File,
+    file: Arc<File>,
     h: Header,
     q4: bool,
     bias: i8,
@@ -142,9 +145,12 @@ pub struct FfnBundle {
     /// unbudgeted path on this CPU).
     fma: bool,
     layers: Vec<BundleLayer>,
-    cache: Mutex<ColdCache>,
+    cache: Arc<Mutex<ColdCache>>,
     report: BudgetReport,
     totals: Totals,
+    /// Started by the first [`FfnBundle::prefetch`] (`None`: it could not
+    /// start).
+    lookahead: OnceLock<Option<LookAhead>>,
 }
 
 /// `acc += a · b`, fused when `FMA` (only inside `avx2,fma` code).
@@ -265,15 +271,16 @@ impl FfnBundle {
         let fma = AxpyIsa::select(&CpuFeatures::detect()) != AxpyIsa::Scalar;
         Ok(Self {
             path: path.to_path_buf(),
-            file,
+            file: Arc::new(file),
             h,
             q4,
             bias,
             fma,
             layers,
-            cache: Mutex::new(cache),
+            cache: Arc::new(Mutex::new(cache)),
             report,
             totals: Totals::default(),
+            lookahead: OnceLock::new(),
         })
     }
 
@@ -301,6 +308,11 @@ impl FfnBundle {
             bytes_read: t.bytes_read.load(Ordering::Relaxed),
             reads: t.reads.load(Ordering::Relaxed),
         }
+    }
+
+    /// File offset of layer `l`'s first record.
+    fn records_at(&self, l: usize) -> u64 {
+        (self.h.data_start + l * self.h.layer_bytes + 4 * self.h.ffn_dim + self.h.scales) as u64
     }
 
     /// Gathers the records of neurons `idx` of layer `l` into `g` (gate
@@ -342,16 +354,15 @@ impl FfnBundle {
                 }
                 None => true,
             });
+            // Then what the look-ahead read for this layer.
+            hits += self.take_staged(l, &mut cold, &mut cache, |kk, r| put(g, kk, r));
             misses = cold.len() as u64;
             cold.sort_unstable();
-            let base = (self.h.data_start + l * self.h.layer_bytes + 4 * self.h.ffn_dim + self.h.scales) as u64;
+            let base = self.records_at(l);
             let mut i = 0;
             while i < cold.len() {
                 let p0 = cold[i].0;
-                let mut e = i + 1;
-                while e < cold.len() && cold[e].0 - cold[e - 1].0 <= MAX_GAP && cold[e].0 - p0 < MAX_RUN {
-                    e += 1;
-                }
+                let e = run_end(&cold, i, |c| c.0);
                 let n = (cold[e - 1].0 - p0 + 1) as usize;
                 g.buf.resize(n * rec, 0);
                 read_at(&self.file, &self.path, &mut g.buf[..n * rec], base + p0 as u64 * rec as u64)?;

@@ -54,6 +54,9 @@ pub(super) struct SparseScratch {
     pub(super) h: Vec<f32>,                        // silu(gate) * up of the kept neurons (k)
     pub(super) keep: Vec<u32>,                     // positions in `pred` of the kept neurons (under a budget)
     pub(super) gathered: sparse::bundle::Gathered, // records from the FFN bundle (under a budget)
+    pub(super) ahead_x: Vec<f32>,                  // the next layer's FFN input as predicted (look-ahead, dim)
+    pub(super) ahead_act: Vec<f32>,                // the look-ahead predictor's activations (ffn_dim)
+    pub(super) ahead: Vec<u32>,                    // the next layer's predicted neurons (look-ahead)
     pub(super) sentence: Vec<experimental::sentence_ffn::SentenceMask>, // per layer: this request's mask (sentence-level)
     pub(super) stats: SparsityStats,
 }

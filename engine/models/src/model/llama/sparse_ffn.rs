@@ -180,6 +180,19 @@ impl Model {
             lr[l].predict(&s.pool, x, &mut sc.mags, act, &mut s.scratch.bytes, &mut sc.pred)?;
             let k = sc.pred.len();
             b.gather(l, &sc.pred, &mut sc.gathered, &mut sc.stats.cache)?;
+            // Look-ahead: the next layer's neurons, predicted from this
+            // layer's residual stream under the next FFN norm, are read
+            // into the cold cache while this layer computes.
+            if sp.lookahead && t + 1 == n && l + 1 < self.weights.layers.len() {
+                let next = &self.weights.layers[l + 1];
+                grow(&mut sc.ahead_x, dim);
+                grow(&mut sc.ahead_act, ffn);
+                let resid = &s.x[t * dim..(t + 1) * dim];
+                math::rms_norm(resid, &next.ffn_norm, self.config.rms_eps, &mut sc.ahead_x[..dim]);
+                let (xa, aa) = (&sc.ahead_x[..dim], &mut sc.ahead_act[..ffn]);
+                lr[l + 1].predict(&s.pool, xa, &mut sc.mags, aa, &mut s.scratch.bytes, &mut sc.ahead)?;
+                b.prefetch(l + 1, &sc.ahead);
+            }
             // Exact gate values of the predicted neurons, filtered by the
             // gate threshold.
             let gate = GatheredRows { x, n: 1, rows: &sc.gathered.gate, idx: &sc.pred };
