@@ -24,6 +24,12 @@ pub use error::{Error, Result};
 pub use spinfer_embed::embed;
 pub use spinfer_formats::{gguf, loader, safetensors, tensor};
 pub use spinfer_kernel_select::{registry, tuning};
-pub use spinfer_models::{calibrate, generate, head, perplexity, placement, sampling, stream};
+pub use spinfer_models::{calibrate, generate, perplexity, placement, sampling, stream};
+/// The sparse output head ([`spinfer_models::head`]) and its measurement
+/// against the dense head.
+pub mod head {
+    pub use spinfer_models::head::*;
+    pub mod eval;
+}
 pub use spinfer_packs as packs;
 pub use spinfer_tokenizer as tokenizer;

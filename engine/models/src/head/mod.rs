@@ -30,7 +30,6 @@
 //! stand-in reaches it.
 
 mod build;
-pub mod eval;
 mod file;
 mod kmeans;
 mod metric;

@@ -121,14 +121,20 @@ impl SparseHead {
         Some(&copy.raw_weights()[p * n..(p + 1) * n])
     }
 
+    /// Scores of every cluster mean for `n` hidden states `h` (`n × dim`)
+    /// into `out` (`n × clusters`): what decode ranks the clusters by.
+    pub fn cluster_scores(&self, pool: &ThreadPool, h: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
+        self.centroids.forward(pool, h, n, out, &mut Scratch::default())
+    }
+
     /// The key cluster `c` with mean-row logit `score` is ranked by.
-    pub(crate) fn rank_key(&self, c: usize, score: f32) -> f32 {
+    pub fn rank_key(&self, c: usize, score: f32) -> f32 {
         score + self.rank_bonus[c]
     }
 
     /// The logit an unprobed row of cluster `c` with mean-row logit
     /// `score` stands in with, before it is held below the best exact one.
-    pub(crate) fn stand_in(&self, c: usize, score: f32) -> f32 {
+    pub fn stand_in(&self, c: usize, score: f32) -> f32 {
         score + self.mass_bonus[c]
     }
 }

@@ -13,10 +13,9 @@
 //! rows), and its ranking and stand-ins come from the cluster scores of
 //! its Q8_0 means, as at decode.
 
-use super::SparseHead;
-use crate::model::llama::Scratch;
-use crate::model::{Model, Session};
 use crate::{Error, Result};
+use spinfer_models::head::SparseHead;
+use spinfer_models::model::{Model, Session};
 
 /// The quality of one probe count.
 #[derive(Clone, Debug, PartialEq)]
@@ -230,7 +229,7 @@ pub fn evaluate(
             dense_nll: 0.0,
         })
         .collect();
-    let (mut scratch, mut scores) = (Scratch::default(), Vec::new());
+    let mut scores = Vec::new();
     let mut bufs = Buffers {
         sparse: vec![0f32; vocab],
         acc: vec![0f32; vocab],
@@ -252,7 +251,7 @@ pub fn evaluate(
             let n = end - start;
             let h = model.hidden_states(session, start..end).to_vec();
             scores.resize(n * k, 0.0);
-            head.centroids.forward(session.pool(), &h, n, &mut scores, &mut scratch)?;
+            head.cluster_scores(session.pool(), &h, n, &mut scores)?;
             let all = model.logits(session, start..end)?.to_vec();
             let targets = win[start + 1..=end].iter();
             for ((logits, scores), &t) in all.chunks_exact(vocab).zip(scores.chunks_exact(k)).zip(targets) {
