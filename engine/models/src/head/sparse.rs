@@ -121,6 +121,15 @@ impl SparseHead {
         Some(&copy.raw_weights()[p * n..(p + 1) * n])
     }
 
+    /// Bytes this head holds in memory besides the rows it reads per token:
+    /// the cluster means, the index's tables and the row maps.
+    pub fn resident_bytes(&self) -> usize {
+        let i = &self.index;
+        self.centroids.weight_bytes()
+            + 4 * (i.members.len() + i.offsets.len() + i.spread.len())
+            + 4 * (self.cluster_of.len() + self.position_of.len() + self.rank_bonus.len() + self.mass_bonus.len())
+    }
+
     /// Scores of every cluster mean for `n` hidden states `h` (`n × dim`)
     /// into `out` (`n × clusters`): what decode ranks the clusters by.
     pub fn cluster_scores(&self, pool: &ThreadPool, h: &[f32], n: usize, out: &mut [f32]) -> Result<()> {

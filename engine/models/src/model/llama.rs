@@ -567,16 +567,15 @@ impl Model {
         probes: usize,
         registry: &KernelRegistry,
     ) -> Result<()> {
-        // Under a memory budget the dense head leaves the streamed cycle:
-        // next-token logits come from the sparse head.
-        if index.is_some()
-            && let Some(plan) = &mut self.memory
-        {
-            plan.drop_output(&mut self.weights)?;
-        }
         self.head = index
             .map(|i| SparseHead::new(&self.config, &self.weights.output, i, probes, registry, self.options.precision))
             .transpose()?;
+        // Under a memory budget the dense head leaves the streamed cycle
+        // (next-token logits come from the sparse head), and its room, less
+        // what the sparse head itself holds, goes to the rest.
+        if let (Some(head), Some(plan)) = (&self.head, &mut self.memory) {
+            plan.drop_output(&mut self.weights, head.resident_bytes() as u64)?;
+        }
         Ok(())
     }
 

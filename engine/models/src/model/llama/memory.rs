@@ -44,13 +44,14 @@ impl MemoryPlan {
     /// that computes next-token logits from its own rows: its resident
     /// chunks are freed and it is no longer read per step. Dense logits
     /// (`Model::logits`, perplexity) then read it through the file mapping,
-    /// outside the budget. The room it leaves goes to the other matrices'
+    /// outside the budget. The room it leaves, less `reserved` bytes (what
+    /// the sparse head holds in memory), goes to the other matrices'
     /// streamed chunks ([`MemoryPlan::promote`]).
     ///
     /// # Errors
     ///
     /// A read error of a chunk being made resident (naming the tensor).
-    pub(super) fn drop_output(&mut self, weights: &mut Weights) -> Result<()> {
+    pub(super) fn drop_output(&mut self, weights: &mut Weights, reserved: u64) -> Result<()> {
         let output = &mut weights.output;
         let Some(chunks) = output.streamed.take() else { return Ok(()) };
         let row_bytes = output.weight_bytes() / output.desc.rows.max(1);
@@ -64,7 +65,7 @@ impl MemoryPlan {
         if let Some(last) = self.placement.streamed.last_mut() {
             *last = None;
         }
-        self.promote(weights)?;
+        self.promote(weights, reserved)?;
         tracing::info!(
             resident = self.placement.resident_bytes,
             streamed_per_step = self.placement.streamed_bytes,
@@ -80,9 +81,10 @@ impl MemoryPlan {
     /// before gets an error naming the change rather than wrong bytes
     /// (`Streamer::acquire` checks each item's offset); with nothing left
     /// streamed the ring goes too.
-    fn promote(&mut self, weights: &mut Weights) -> Result<()> {
+    fn promote(&mut self, weights: &mut Weights, reserved: u64) -> Result<()> {
         let p = &mut self.placement;
-        let mut room = p.budget.saturating_sub(p.fixed.session + p.fixed.work + p.ring_bytes + p.resident_bytes);
+        let used = p.fixed.session + p.fixed.work + p.ring_bytes + p.resident_bytes + reserved;
+        let mut room = p.budget.saturating_sub(used);
         let mut items = Vec::new();
         let linears = forward_order(weights, self.ffn_in_bundle);
         for (l, planned) in linears.into_iter().zip(&mut p.streamed) {
