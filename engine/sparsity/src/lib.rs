@@ -328,9 +328,6 @@ pub struct SparseFfn {
     pub layers: Vec<SparseLayer>,
     /// Under a memory budget: the repacked FFN the weights come from.
     pub bundle: Option<FfnBundle>,
-    /// With `bundle`: predict each next layer's neurons and read their
-    /// records ahead (`SparsityOptions::lookahead`).
-    pub lookahead: bool,
     /// Arithmetic of the AXPYs (set from the model's precision).
     pub axpy: AxpyMode,
 }
@@ -566,16 +563,7 @@ pub fn build(
         (None, PredictorKind::Sentence) => Predictor::Sentence,
     };
     tracing::info!(path = %path.display(), predictor = predictor.kind().name(), "sparse FFN enabled");
-    Ok(SparseFfn {
-        predictor,
-        dense_above: opts.dense_above,
-        path: path.clone(),
-        sidecar,
-        layers,
-        bundle: None,
-        lookahead: false,
-        axpy,
-    })
+    Ok(SparseFfn { predictor, dense_above: opts.dense_above, path: path.clone(), sidecar, layers, bundle: None, axpy })
 }
 
 /// Every layer's low-rank predictor from the sidecar's factors.
@@ -657,7 +645,7 @@ pub fn build_budgeted(
     let kind = opts.cache_policy;
     let pack_policy = opts.pack_cache_policy.as_deref();
     let priors = freqs.clone();
-    let bundle = FfnBundle::open_or_build(
+    let mut bundle = FfnBundle::open_or_build(
         &bundle::path_for(path),
         &id.fingerprint,
         &freqs,
@@ -675,6 +663,7 @@ pub fn build_budgeted(
             None => Ok(cache::policy(kind, slots, priors)),
         },
     )?;
+    bundle.lookahead = opts.lookahead;
     tracing::info!(path = %path.display(), budget, "sparse FFN under a memory budget");
     Ok(SparseFfn {
         predictor,
@@ -683,7 +672,6 @@ pub fn build_budgeted(
         sidecar,
         layers,
         bundle: Some(bundle),
-        lookahead: opts.lookahead,
         axpy: AxpyMode::Exact,
     })
 }

@@ -207,7 +207,7 @@ impl FfnBundle {
         if cold.is_empty() {
             return;
         }
-        let Some(la) = self.lookahead.get_or_init(|| LookAhead::start(self)) else { return };
+        let Some(la) = self.prefetcher.get_or_init(|| LookAhead::start(self)) else { return };
         let base = self.records_at(l);
         let sh = &la.shared;
         sh.requests.fetch_add(1, Ordering::Relaxed);
@@ -229,7 +229,7 @@ impl FfnBundle {
         cache: &mut ColdCache,
         mut put: impl FnMut(usize, &[u8]),
     ) -> u64 {
-        let Some(Some(la)) = self.lookahead.get() else { return 0 };
+        let Some(Some(la)) = self.prefetcher.get() else { return 0 };
         let sh = &la.shared;
         let staged = lock(&sh.staged);
         if staged.layer != Some(l as u32) {
@@ -254,7 +254,7 @@ impl FfnBundle {
 
     /// The look-ahead's counters so far (all sessions).
     pub fn lookahead_counters(&self) -> LookAheadCounters {
-        let Some(Some(la)) = self.lookahead.get() else { return LookAheadCounters::default() };
+        let Some(Some(la)) = self.prefetcher.get() else { return LookAheadCounters::default() };
         let sh = &la.shared;
         LookAheadCounters {
             requests: sh.requests.load(Ordering::Relaxed),

@@ -148,9 +148,12 @@ pub struct FfnBundle {
     cache: Arc<Mutex<ColdCache>>,
     report: BudgetReport,
     totals: Totals,
+    /// Whether the model predicts each next layer's neurons and asks for
+    /// them ahead ([`FfnBundle::prefetch`]; `SparsityOptions::lookahead`).
+    pub lookahead: bool,
     /// Started by the first [`FfnBundle::prefetch`] (`None`: it could not
     /// start).
-    lookahead: OnceLock<Option<LookAhead>>,
+    prefetcher: OnceLock<Option<LookAhead>>,
 }
 
 /// `acc += a · b`, fused when `FMA` (only inside `avx2,fma` code).
@@ -280,7 +283,8 @@ impl FfnBundle {
             cache: Arc::new(Mutex::new(cache)),
             report,
             totals: Totals::default(),
-            lookahead: OnceLock::new(),
+            lookahead: false,
+            prefetcher: OnceLock::new(),
         })
     }
 

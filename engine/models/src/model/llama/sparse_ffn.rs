@@ -183,7 +183,7 @@ impl Model {
             // Look-ahead: the next layer's neurons, predicted from this
             // layer's residual stream under the next FFN norm, are read
             // into the cold cache while this layer computes.
-            if sp.lookahead && t + 1 == n && l + 1 < self.weights.layers.len() {
+            if b.lookahead && t + 1 == n && l + 1 < self.weights.layers.len() {
                 let next = &self.weights.layers[l + 1];
                 grow(&mut sc.ahead_x, dim);
                 grow(&mut sc.ahead_act, ffn);
