@@ -8,14 +8,22 @@
 #   scripts/cuda-device.sh --llama SRC.tar.xz     # there: build llama.cpp (CUDA) in the background
 #   scripts/cuda-device.sh --run BIN_DIR OUT_DIR  # there: tests, benchmarks, llama.cpp side by side
 #
+# Everything in one stream instead (a transfer carries at most 64 MiB with
+# the working tree): here, `--pack DIR FILE...` writes FILE... as one tar
+# cut into DIR/c01, c02, ... of $CHUNK_MB (48) MB; there, `--chunk DIR/cNN`
+# per call keeps each chunk, starting the llama.cpp build as soon as the
+# first chunk holds its source (llama-src.tar.xz), and `--unpack` joins
+# them and extracts the tar into the stage (bins.tar.xz into bin/).
+#
 # --run's steps can be skipped: SKIP_KERNEL_TESTS=1 (the kernel tests),
 # SKIP_KERNEL_BENCH=1 (cuda_bench). With a sidecar staged beside a model
 # (smollm2.spinfer, gemma3.spinfer) the hybrid CPU/GPU split is benchmarked
-# too (hybrid_bench).
+# too (hybrid_bench). With ncu on the PATH, one decode step's kernels are
+# timed one by one (PROFILE=0 skips it; profile-*.txt).
 #
 # --run assembles the SmolLM2 and Gemma 3 GGUFs from staged parts
-# (smollm2.part*, gemma3.part*) when they are there and checks their sha256
-# before using them.
+# (smollm2.part*, gemma3.part*) when they are there, or takes the unpacked
+# smollm2.gguf and gemma3.gguf, and checks their sha256 before using them.
 set -euo pipefail
 
 STAGE=/tmp/spinfer-stage
@@ -52,6 +60,31 @@ for line in sys.stdin:
 ' "$bin"
     strip "$bin"/* 2>/dev/null || true
     ;;
+--pack)
+    dir=${2:?folder}
+    shift 2
+    mkdir -p "$dir" && rm -f "$dir"/c[0-9][0-9]
+    # -h: the files, not links to them; names without folders.
+    tar -ch --transform 's|.*/||' -f - "$@" | split -d -a 2 -b "${CHUNK_MB:-48}M" - "$dir/c"
+    ls -la "$dir"
+    ;;
+--chunk)
+    f=${2:?chunk}
+    mkdir -p "$STAGE/chunks" && cp "$f" "$STAGE/chunks/"
+    ls "$STAGE/chunks"
+    # The first chunk starts the tar: its complete members come out
+    # (tar then reports the cut).
+    if [ "$(basename "$f")" = c00 ] && [ ! -d "$LLAMA" ]; then
+        (cd "$STAGE" && tar xf chunks/c00 llama-src.tar.xz 2> /dev/null || true)
+        [ -f "$STAGE/llama-src.tar.xz" ] && "$0" --llama "$STAGE/llama-src.tar.xz"
+    fi
+    nvidia-smi -L
+    ;;
+--unpack)
+    (cd "$STAGE" && cat chunks/c[0-9][0-9] | tar xf - && rm -rf chunks)
+    mkdir -p "$STAGE/bin" && tar xJf "$STAGE/bins.tar.xz" -C "$STAGE/bin"
+    ls -la "$STAGE" "$STAGE/bin"
+    ;;
 --stage)
     shift
     mkdir -p "$STAGE"
@@ -81,8 +114,8 @@ for line in sys.stdin:
     [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
     # assemble NAME SHA: the staged parts of NAME as one checked file, or "".
     assemble() {
-        ls "$STAGE/$1".part* > /dev/null 2>&1 || return 0
-        cat "$STAGE/$1".part* > "$STAGE/$1.gguf"
+        if ls "$STAGE/$1".part* > /dev/null 2>&1; then cat "$STAGE/$1".part* > "$STAGE/$1.gguf"; fi
+        [ -f "$STAGE/$1.gguf" ] || return 0
         if echo "$2  $STAGE/$1.gguf" | sha256sum --check --status; then
             echo "$STAGE/$1.gguf"
         else
@@ -109,6 +142,39 @@ for line in sys.stdin:
         echo "== hybrid split ($1)"
         "$bin/hybrid_bench" "$2" "$STAGE/$1.spinfer" --reps 3 | tee -a "$out/hybrid-$1.txt"
     }
+    # profile NAME MODEL: each kernel of 4 decode steps (after a 64-token
+    # prompt) timed alone by Nsight Compute, summed per kernel name per step.
+    profile() {
+        [ "${PROFILE:-1}" = 1 ] && command -v ncu > /dev/null || return 0
+        echo "== kernel profile ($1)"
+        local info first per
+        info=$("$bin/gpu_bench" "$2" --profile 4 | tail -1)
+        first=$(echo "$info" | sed -n 's/.*launches from \([0-9]*\),.*/\1/p')
+        per=$(echo "$info" | sed -n 's/.*, \([0-9]*\) per step.*/\1/p')
+        [ -n "$first" ] && [ -n "$per" ] || { echo "no launch count: $info"; return 0; }
+        timeout 300 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+            --launch-skip "$first" --launch-count $((4 * per)) --csv \
+            "$bin/gpu_bench" "$2" --profile 4 > "$out/ncu-$1.csv" 2> "$out/ncu-$1.log" || true
+        python3 - "$out/ncu-$1.csv" 4 << 'PY' | tee "$out/profile-$1.txt"
+import csv, sys, collections
+unit = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
+tot, cnt, col = collections.defaultdict(float), collections.Counter(), None
+for row in csv.reader(line for line in open(sys.argv[1]) if line.startswith('"')):
+    if row[0] == "ID":
+        col = {name: i for i, name in enumerate(row)}
+        continue
+    if col is None or row[col["Metric Name"]] != "gpu__time_duration.sum":
+        continue
+    name = row[col["Kernel Name"]]
+    tot[name] += float(row[col["Metric Value"]].replace(",", "")) * unit.get(row[col["Metric Unit"]], float("nan"))
+    cnt[name] += 1
+steps = int(sys.argv[2])
+print(f"{'kernel':48} {'calls/step':>10} {'us/step':>9}")
+for k, v in sorted(tot.items(), key=lambda kv: -kv[1]):
+    print(f"{k[:48]:48} {cnt[k] / steps:10.1f} {v / steps:9.1f}")
+print(f"{'total (kernels alone, no gaps)':48} {sum(cnt.values()) / steps:10.1f} {sum(tot.values()) / steps:9.1f}")
+PY
+    }
     # side_by_side NAME MODEL FILE: spinfer and llama.cpp (CUDA), two rounds
     # interleaved, appended to FILE.
     side_by_side() {
@@ -126,34 +192,41 @@ for line in sys.stdin:
             fi
         done
     }
-    kernel_tests=("$bin"/unit-* "$bin"/probe "$bin"/kernels "$bin"/ops "$bin"/fused)
+    # tests BIN...: each test binary, its summary lines shown.
+    tests() {
+        for t in "$@"; do
+            [ -x "$t" ] || continue
+            echo "== $(basename "$t")"
+            "$t" --test-threads 1 --nocapture 2>&1 | tee "$out/test-$(basename "$t").txt" | grep -E "^test |test result|panicked|skipped|budgeted|over .* steps" || status=1
+        done
+    }
+    kernel_tests=("$bin"/unit-* "$bin"/probe "$bin"/ops "$bin"/fused)
     [ -n "${SKIP_KERNEL_TESTS:-}" ] && kernel_tests=()
-    for t in "${kernel_tests[@]}" "$bin"/hybrid; do
-        [ -x "$t" ] || continue
-        echo "== $(basename "$t")"
-        "$t" --test-threads 1 --nocapture 2>&1 | tee "$out/test-$(basename "$t").txt" | grep -E "^test |test result|panicked|skipped|budgeted|over .* steps" || status=1
-    done
+    tests "${kernel_tests[@]}"
     if [ -n "$gemma" ] && [ -x "$bin/gemma3" ]; then
         echo "== gemma3 (gpu model)"
         "$bin/gemma3" --test-threads 1 --nocapture 2>&1 | tee "$out/test-gemma3.txt" | grep -vE "^\s*$" || status=1
         hybrid gemma3 "$gemma"
         wait_llama
         side_by_side gemma3 "$gemma" "$out/side-by-side-gemma3.txt"
+        profile gemma3 "$gemma"
     fi
     if [ -n "$model" ]; then
         echo "== smollm2 (gpu model)"
         "$bin/smollm2" --test-threads 1 --nocapture 2>&1 | tee "$out/test-smollm2.txt" | grep -vE "^\s*$" || status=1
         hybrid smollm2 "$model"
+        wait_llama
+        side_by_side smollm2 "$model" "$out/side-by-side.txt"
+        profile smollm2 "$model"
     fi
-    # The kernel benchmark while llama.cpp may still be building.
+    # The hybrid split's checks and every GEMV and GEMM format (the longest
+    # kernel test) last.
+    tests "$bin"/hybrid
+    [ -n "${SKIP_KERNEL_TESTS:-}" ] || tests "$bin"/kernels
     if [ -z "${SKIP_KERNEL_BENCH:-}" ]; then
         echo "== cuda_bench"
         "$bin/cuda_bench" --json "$out/bench.json" > "$out/bench.txt" 2>&1 || status=1
         cat "$out/bench.txt"
-    fi
-    if [ -n "$model" ]; then
-        wait_llama
-        side_by_side smollm2 "$model" "$out/side-by-side.txt"
     fi
     exit $status
     ;;

@@ -3,7 +3,7 @@
 
 use std::sync::Mutex;
 
-use crate::buffers::{DeviceActs, DeviceBuf, DeviceMatrix, DeviceRows, Elem, Slice, SliceMut};
+use crate::buffers::{DeviceActs, DeviceBuf, DeviceMatrix, DeviceRows, Elem, HostBuf, Slice, SliceMut};
 use crate::format::{axpy_kernel, batch_for, gemm_kernel, gemv_fused_kernel, gemv_kernel};
 use crate::{AXPY_BATCHES, ActType, CudaError, DeviceInfo, GEMV_BATCHES, Result, WeightFormat, imp, probe};
 
@@ -78,6 +78,7 @@ pub(crate) struct FusedArgs {
     pub nw: u64,
     pub eps: f32,
     pub x_out: u64,
+    pub pw: u64,
 }
 
 /// Launches captured once and replayed with one call (a decode step):
@@ -159,6 +160,34 @@ impl CudaBackend {
     pub fn download_slice_into<T: Elem>(&self, s: Slice<'_, T>, out: &mut Vec<T>) -> Result<()> {
         out.resize(s.len, T::default());
         self.inner.download_range(&s.buf.inner, s.offset, out)
+    }
+
+    /// Kernels launched so far from the host (a graph's replay launches
+    /// none): what a profiler's `--launch-skip` counts.
+    pub fn launches(&self) -> u64 {
+        self.inner.launches()
+    }
+
+    /// Page-locked host memory for `len` elements.
+    ///
+    /// # Errors
+    ///
+    /// Driver errors (out of host memory).
+    pub fn alloc_host<T: Elem>(&self, len: usize) -> Result<HostBuf<T>> {
+        Ok(HostBuf { inner: self.inner.alloc_pinned(len)?, len })
+    }
+
+    /// Copies a slice into `dst` and returns it there once it has arrived.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Shape`] when `dst` is shorter than the slice; driver
+    /// errors, including a kernel fault reported at this sync point.
+    pub fn download_to_host<'h, T: Elem>(&self, s: Slice<'_, T>, dst: &'h mut HostBuf<T>) -> Result<&'h [T]> {
+        if s.len > dst.len {
+            return Err(shape_err("download_to_host", format!("{} elements into {}", s.len, dst.len)));
+        }
+        self.inner.download_pinned(&s.buf.inner, s.offset, s.len, &mut dst.inner)
     }
 
     /// Copies `src` into `dst` on the device.
@@ -478,16 +507,18 @@ impl CudaBackend {
                         KArg::Ptr(f.nw),
                         KArg::F32(f.eps),
                         KArg::Ptr(if f.x_out == 0 { 0 } else { f.x_out + x_off * 4 }),
+                        KArg::Ptr(f.pw),
                     ]);
                     gemv_fused_kernel(w.format, b)
                 }
             };
             // SAFETY: the arguments follow gemv_* in gemv.cu (w, row_bytes,
             // cols, x, x_stride, rows, n_out, y, y_stride), and gemv_fused_*
-            // (the same, then mode, aux, nw, eps, x_out); the callers check
-            // that every row index is below the matrix's rows, that x (and
-            // aux, x_out) hold this batch's tokens of `cols` values at
-            // `x_stride`, nw `cols` values, and y their `n_out` outputs.
+            // (the same, then mode, aux, nw, eps, x_out, pw); the callers
+            // check that every row index is below the matrix's rows, that x
+            // (and aux, x_out) hold this batch's tokens of `cols` values at
+            // `x_stride`, nw and pw `cols` values (or null), and y their
+            // `n_out` outputs.
             unsafe { self.inner.launch(Module::Format(w.format), &name, grid, &args)? };
             t += b;
         }

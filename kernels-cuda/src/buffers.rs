@@ -48,6 +48,26 @@ impl<T: Elem> DeviceBuf<T> {
     }
 }
 
+/// Page-locked host memory that device data is copied into
+/// ([`crate::CudaBackend::download_to_host`]): a per-token copy of logits
+/// runs at full bus speed and allocates nothing.
+pub struct HostBuf<T: Elem> {
+    pub(crate) inner: imp::Pinned<T>,
+    pub(crate) len: usize,
+}
+
+impl<T: Elem> HostBuf<T> {
+    /// Elements it holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// A range of a device buffer (read).
 #[derive(Clone, Copy)]
 pub struct Slice<'a, T: Elem> {

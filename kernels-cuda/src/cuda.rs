@@ -22,6 +22,7 @@ impl ElemBound for i32 {}
 impl ElemBound for f32 {}
 
 pub(crate) type Buf<T> = CudaSlice<T>;
+pub(crate) type Pinned<T> = cudarc::driver::PinnedHostSlice<T>;
 pub(crate) type Graph = CudaGraph;
 
 pub(crate) fn probe() -> std::result::Result<DeviceInfo, CudaUnavailable> {
@@ -174,6 +175,7 @@ pub(crate) struct Backend {
     arch: String,
     modules: Mutex<HashMap<Module, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
+    launches: std::sync::atomic::AtomicU64,
 }
 
 impl Backend {
@@ -194,6 +196,7 @@ impl Backend {
             arch: format!("compute_{major}{minor}"),
             modules: Mutex::default(),
             functions: Mutex::default(),
+            launches: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -244,6 +247,39 @@ impl Backend {
         Ok(())
     }
 
+    /// Page-locked host memory of `len` elements (zeroed), which copies
+    /// from the device reach at full bus speed.
+    pub(crate) fn alloc_pinned<T: crate::Elem>(&self, len: usize) -> Result<Pinned<T>> {
+        // SAFETY: flags 0 (cached, not write-combined: the host reads it);
+        // the memory is uninitialised until the fill below, and nothing
+        // reads it before.
+        let mut p = unsafe { self.stream.context().alloc_pinned_with_flags::<T>(len.max(1), 0) }
+            .map_err(driver("cuMemHostAlloc"))?;
+        p.as_mut_slice().map_err(driver("cuEventSynchronize"))?.fill(T::default());
+        Ok(p)
+    }
+
+    /// Copies `len` elements of `buf` from `offset` into `dst` and waits
+    /// for them: the first `len` elements of the returned slice.
+    pub(crate) fn download_pinned<'h, T: crate::Elem>(
+        &self,
+        buf: &Buf<T>,
+        offset: usize,
+        len: usize,
+        dst: &'h mut Pinned<T>,
+    ) -> Result<&'h [T]> {
+        if len > 0 {
+            let view = buf.slice(offset..offset + len);
+            // memcpy_dtoh copies the view's length (at most dst's, checked
+            // by the caller), asynchronously.
+            self.stream.memcpy_dtoh(&view, dst).map_err(driver("cuMemcpyDtoH"))?;
+        }
+        // With event tracking off (see `new`) the pinned slice's own event
+        // is not recorded, so wait for the stream before reading.
+        self.synchronize()?;
+        Ok(&dst.as_slice().map_err(driver("cuEventSynchronize"))?[..len])
+    }
+
     pub(crate) fn write<T: crate::Elem>(&self, dst: &mut Buf<T>, offset: usize, src: &[T]) -> Result<()> {
         let mut view = dst.slice_mut(offset..offset + src.len());
         self.stream.memcpy_htod(src, &mut view).map_err(driver("cuMemcpyHtoD"))
@@ -289,7 +325,12 @@ impl Backend {
         }
         // SAFETY: the caller guarantees the argument list and the memory.
         unsafe { b.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
+        self.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    pub(crate) fn launches(&self) -> u64 {
+        self.launches.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn begin_capture(&self) -> Result<()> {

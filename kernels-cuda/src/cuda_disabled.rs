@@ -27,6 +27,8 @@ pub(crate) fn compile_ptx(_: Module, _: &str, _: bool) -> Result<String> {
 
 pub(crate) struct Buf<T>(Infallible, PhantomData<T>);
 
+pub(crate) struct Pinned<T>(Infallible, PhantomData<T>);
+
 pub(crate) struct Backend(Infallible);
 
 pub(crate) struct Graph(Infallible);
@@ -47,6 +49,18 @@ impl Backend {
     pub(crate) fn download_range<T>(&self, _: &Buf<T>, _: usize, _: &mut [T]) -> Result<()> {
         match self.0 {}
     }
+    pub(crate) fn alloc_pinned<T>(&self, _: usize) -> Result<Pinned<T>> {
+        match self.0 {}
+    }
+    pub(crate) fn download_pinned<'h, T>(
+        &self,
+        _: &Buf<T>,
+        _: usize,
+        _: usize,
+        _: &'h mut Pinned<T>,
+    ) -> Result<&'h [T]> {
+        match self.0 {}
+    }
     pub(crate) fn write<T>(&self, _: &mut Buf<T>, _: usize, _: &[T]) -> Result<()> {
         match self.0 {}
     }
@@ -63,6 +77,9 @@ impl Backend {
     ///
     /// Never callable: the backend is uninhabited.
     pub(crate) unsafe fn launch(&self, _: Module, _: &str, _: Grid, _: &[KArg]) -> Result<()> {
+        match self.0 {}
+    }
+    pub(crate) fn launches(&self) -> u64 {
         match self.0 {}
     }
     pub(crate) fn begin_capture(&self) -> Result<()> {

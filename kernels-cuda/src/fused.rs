@@ -24,8 +24,16 @@ pub enum Prologue<'a> {
     Glu { up: Slice<'a, f32>, act: GluAct },
     /// `r = x + delta` (the residual add), staged as `r / rms(r) * weight`
     /// (the RMSNorm, `weight` of the matrix's columns); `r` is also written
-    /// to `residual_out` (same stride as `x`; another buffer).
-    AddNorm { delta: Slice<'a, f32>, weight: Slice<'a, f32>, eps: f32, residual_out: SliceMut<'a, f32> },
+    /// to `residual_out` (same stride as `x`; another buffer). With `post`
+    /// (Gemma's post-norms), `delta` is first normalised by its own RMSNorm
+    /// with those weights: `r = x + delta / rms(delta) * post`.
+    AddNorm {
+        delta: Slice<'a, f32>,
+        post: Option<Slice<'a, f32>>,
+        weight: Slice<'a, f32>,
+        eps: f32,
+        residual_out: SliceMut<'a, f32>,
+    },
 }
 
 impl CudaBackend {
@@ -76,20 +84,26 @@ impl CudaBackend {
                     GluAct::Silu => 1,
                     GluAct::GeluTanh => 2,
                 };
-                FusedArgs { mode, aux: self.ptr(up.buf, up.offset), nw: 0, eps: 0.0, x_out: 0 }
+                FusedArgs { mode, aux: self.ptr(up.buf, up.offset), nw: 0, eps: 0.0, x_out: 0, pw: 0 }
             }
-            Prologue::AddNorm { delta, weight, eps, residual_out } => {
+            Prologue::AddNorm { delta, post, weight, eps, residual_out } => {
                 if let Some(e) = short("delta", delta.len).or_else(|| short("residual_out", residual_out.len)) {
                     return Err(e);
                 }
-                if weight.len != w.cols {
+                if weight.len != w.cols || post.is_some_and(|p| p.len != w.cols) {
                     return Err(shape_err(
                         "gemv_fused",
-                        format!("norm weight of {} for {} columns", weight.len, w.cols),
+                        format!(
+                            "norm weight of {} (post-norm {:?}) for {} columns",
+                            weight.len,
+                            post.map(|p| p.len),
+                            w.cols
+                        ),
                     ));
                 }
                 FusedArgs {
-                    mode: 3,
+                    mode: if post.is_some() { 4 } else { 3 },
+                    pw: post.map_or(0, |p| self.ptr(p.buf, p.offset)),
                     aux: self.ptr(delta.buf, delta.offset),
                     nw: self.ptr(weight.buf, weight.offset),
                     eps,

@@ -40,11 +40,14 @@ use cuda as imp;
 use cuda_disabled as imp;
 
 pub use backend::{CudaBackend, DeviceGraph};
-pub use buffers::{DeviceActs, DeviceBuf, DeviceMatrix, DeviceRows, Elem, Slice, SliceMut};
+pub use buffers::{DeviceActs, DeviceBuf, DeviceMatrix, DeviceRows, Elem, HostBuf, Slice, SliceMut};
 pub use error::{CudaError, CudaUnavailable, Result};
 pub use format::{AXPY_BATCHES, ActType, GEMV_BATCHES, WeightFormat, kernel_source, ops_source};
 pub use fused::{GluAct, Prologue};
-pub use ops::{AttentionShape, KvCache, MAX_ATTENTION_POSITIONS, Position, QkvRows, RopePairs, RopeShape};
+pub use ops::{
+    AttentionScratch, AttentionShape, DECODE_TOKENS, KvCache, MAX_ATTENTION_POSITIONS, Position, QkNorm, QkvRows,
+    RopePairs, RopeShape,
+};
 pub use synthetic::{synthetic_acts, synthetic_matrix};
 
 /// Score of a usable CUDA device (above every CPU provider; ggml likewise

@@ -16,6 +16,38 @@ pub const MAX_ATTENTION_POSITIONS: usize = 11_520;
 /// Threads per attention block (`ATT_THREADS` in ops.cu).
 const ATT_THREADS: usize = 256;
 
+/// Most tokens the decode attention kernel takes in one launch (more run
+/// the prompt kernel).
+pub const DECODE_TOKENS: usize = 8;
+
+/// Threads per decode attention block (`DEC_WARPS` warps in ops.cu).
+const DECODE_THREADS: u32 = 256;
+
+/// Positions per split the decode attention aims at, and the most splits.
+const DECODE_CHUNK: usize = 256;
+const MAX_SPLITS: usize = 16;
+
+/// Scratch of the decode attention's splits: each split's running softmax
+/// (max, sum, hd weighted values) and, per (token, head), a counter of the
+/// splits done, which the last one sets back to 0. Owned by a session:
+/// launches that share it must run in order (one stream).
+pub struct AttentionScratch {
+    part: DeviceBuf<f32>,  // (rows, head_dim + 2)
+    count: DeviceBuf<i32>, // (tokens x heads), 0 between launches
+    rows: usize,
+    heads: usize,
+    head_dim: usize,
+}
+
+impl AttentionScratch {
+    /// Splits per (token, head) it holds for `tokens` tokens of `heads`
+    /// heads of `head_dim` (0: another shape).
+    fn splits(&self, tokens: usize, heads: usize, head_dim: usize) -> usize {
+        let fits = heads == self.heads && head_dim <= self.head_dim && tokens * heads <= self.count.len();
+        if fits { (self.rows * (self.head_dim + 2) / (tokens * heads * (head_dim + 2))).min(MAX_SPLITS) } else { 0 }
+    }
+}
+
 fn elementwise(n: usize) -> Result<Grid> {
     Ok(Grid { blocks: (int(n.div_ceil(256), "elements")? as u32, 1), threads: 256, smem: 0 })
 }
@@ -89,6 +121,23 @@ pub struct RopeShape<'a> {
     pub pos: Position<'a>,
     pub theta: f32,
     pub pairs: RopePairs,
+    /// Gemma's QK-norm: each query and key head RMS-normalised with these
+    /// weights (head_dim each) before RoPE.
+    pub norms: Option<QkNorm<'a>>,
+}
+
+/// The per-head RMSNorm weights of queries and keys, and its epsilon.
+#[derive(Clone, Copy)]
+pub struct QkNorm<'a> {
+    pub q: Slice<'a, f32>,
+    pub k: Slice<'a, f32>,
+    pub eps: f32,
+}
+
+impl std::fmt::Debug for QkNorm<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QkNorm {{ q: {}, k: {}, eps: {} }}", self.q.len, self.k.len, self.eps)
+    }
 }
 
 /// How RoPE pairs a head's values.
@@ -181,7 +230,8 @@ impl CudaBackend {
         let (q_dim, kv_dim) = (r.heads * hd, r.kv_heads * hd);
         let rows_fit =
             |s: &Slice<'_, f32>, stride: usize, width: usize| stride >= width && s.len >= (n - 1) * stride + width;
-        if n == 0 || hd % 2 != 0 || r.heads == 0 || r.kv_heads == 0 {
+        let norms_fit = r.norms.is_none_or(|w| w.q.len == hd && w.k.len == hd);
+        if n == 0 || hd % 2 != 0 || hd > 2048 || r.heads == 0 || r.kv_heads == 0 || !norms_fit {
             return Err(shape_err("rope_append", format!("{r:?}")));
         }
         let end = r.pos.bound() + n;
@@ -200,7 +250,7 @@ impl CudaBackend {
                 ),
             ));
         }
-        let total = n * (r.heads + r.kv_heads) * hd / 2;
+        let norm_ptr = |w: Option<Slice<'_, f32>>| w.map_or(0, |w| self.ptr_of(&w));
         let args = [
             KArg::Ptr(self.ptr_of(&src.q.0)),
             KArg::I64(src.q.1 as i64),
@@ -219,18 +269,31 @@ impl CudaBackend {
             KArg::Ptr(r.pos.device_ptr(self)),
             KArg::F32(r.theta),
             KArg::I32(i32::from(r.pairs == RopePairs::Halves)),
+            KArg::Ptr(norm_ptr(r.norms.map(|w| w.q))),
+            KArg::Ptr(norm_ptr(r.norms.map(|w| w.k))),
+            KArg::F32(r.norms.map_or(0.0, |w| w.eps)),
         ];
+        // One block per (token, head), a thread per pair (whole warps).
+        let blocks = int(n * (r.heads + r.kv_heads), "blocks")? as u32;
+        let grid = Grid { blocks: (blocks, 1), threads: (hd / 2).next_multiple_of(32) as u32, smem: 0 };
         // SAFETY: follows rope_append(q, qs, k, ks, v, vs, q_out, kc, vc,
-        // n, heads, kv_heads, hd, pos0, dpos, theta, neox); every row read
-        // lies in its slice and every cache row written is below the
-        // position bound (checked; a device position is kept below it by
-        // its writer, see `Position::Device`).
-        unsafe { self.inner.launch(Module::Ops, "rope_append", elementwise(total)?, &args) }
+        // n, heads, kv_heads, hd, pos0, dpos, theta, neox, qn, kn, eps);
+        // every row read lies in its slice, every cache row written is below
+        // the position bound (checked; a device position is kept below it by
+        // its writer, see `Position::Device`), the norms hold head_dim
+        // (checked) or are null.
+        unsafe { self.inner.launch(Module::Ops, "rope_append", grid, &args) }
     }
 
     /// Causal attention of `a.tokens` queries (`q`: tokens × heads ×
     /// head_dim) over this layer's cache (`keys`, `values`: at least
     /// `pos0 + tokens` rows of kv_heads × head_dim) into `out` (like `q`).
+    ///
+    /// Up to [`DECODE_TOKENS`] tokens with a head_dim that is a multiple of
+    /// 32 run the decode kernel (a warp per position, coalesced rows), its
+    /// positions split across blocks as `scratch` allows (flash-decoding;
+    /// without scratch one block per head); more tokens run one block per
+    /// (token, head) with a thread per position.
     ///
     /// # Errors
     ///
@@ -242,6 +305,7 @@ impl CudaBackend {
         keys: Slice<'_, f32>,
         values: Slice<'_, f32>,
         a: AttentionShape<'_>,
+        scratch: Option<&mut AttentionScratch>,
         out: SliceMut<'_, f32>,
     ) -> Result<()> {
         let (q_dim, kv_dim, end) = (a.heads * a.head_dim, a.kv_heads * a.head_dim, a.pos.bound() + a.tokens);
@@ -266,8 +330,7 @@ impl CudaBackend {
                 ),
             ));
         }
-        let smem = int((a.head_dim + 32 + ATT_THREADS + end) * 4, "shared memory")? as u32;
-        let args = [
+        let mut args = vec![
             KArg::Ptr(self.ptr_of(&q)),
             KArg::Ptr(self.ptr_of(&keys)),
             KArg::Ptr(self.ptr_of(&values)),
@@ -280,12 +343,93 @@ impl CudaBackend {
             KArg::I32(int(a.window, "window")?),
             KArg::F32(a.scale),
         ];
-        let grid = Grid { blocks: (int(a.tokens * a.heads, "blocks")? as u32, 1), threads: ATT_THREADS as u32, smem };
+        let blocks = int(a.tokens * a.heads, "blocks")? as u32;
+        if a.tokens <= DECODE_TOKENS && a.head_dim.is_multiple_of(32) {
+            // Splits of about DECODE_CHUNK positions, as many as the scratch
+            // holds for this shape (1 without it).
+            let want = end.div_ceil(DECODE_CHUNK).clamp(1, MAX_SPLITS);
+            let (splits, part, count) = match scratch {
+                Some(sc) if want > 1 => {
+                    let splits = sc.splits(a.tokens, a.heads, a.head_dim).min(want);
+                    (splits, self.ptr(&sc.part, 0), self.ptr(&sc.count, 0))
+                }
+                _ => (1, 0, 0),
+            };
+            let splits = if part == 0 { 1 } else { splits.max(1) };
+            args.extend([KArg::I32(int(splits, "splits")?), KArg::Ptr(part), KArg::Ptr(count)]);
+            let grid = Grid { blocks: (blocks, splits as u32), threads: DECODE_THREADS, smem: 0 };
+            // SAFETY: follows attention_dec(q, kc, vc, out, heads, kv_heads,
+            // hd, pos0, dpos, window, scale, splits, part, count); q/out hold
+            // tokens x heads x hd, the caches bound + tokens rows (checked);
+            // hd is a multiple of 32 and at most 256; with splits > 1 the
+            // scratch holds tokens x heads x splits rows of hd + 2 floats and
+            // tokens x heads counters, all 0 between launches
+            // (`AttentionScratch::splits`).
+            return unsafe { self.inner.launch(Module::Ops, "attention_dec", grid, &args) };
+        }
+        let smem = int((a.head_dim + 32 + ATT_THREADS + end) * 4, "shared memory")? as u32;
+        let grid = Grid { blocks: (blocks, 1), threads: ATT_THREADS as u32, smem };
         // SAFETY: follows attention(q, kc, vc, out, heads, kv_heads, hd,
         // pos0, dpos, window, scale); q/out hold tokens x heads x hd, the
         // caches bound + tokens rows (checked); the shared memory holds the
         // query, the reductions and the scores of bound + tokens positions.
         unsafe { self.inner.launch(Module::Ops, "attention", grid, &args) }
+    }
+
+    /// Scratch for [`CudaBackend::attention`] to split the positions of up
+    /// to `tokens` tokens of `heads` heads of `head_dim` across blocks.
+    ///
+    /// # Errors
+    ///
+    /// Out of device memory.
+    pub fn attention_scratch(&self, tokens: usize, heads: usize, head_dim: usize) -> Result<AttentionScratch> {
+        let tokens = tokens.clamp(1, DECODE_TOKENS);
+        let rows = tokens * heads * MAX_SPLITS;
+        Ok(AttentionScratch {
+            part: self.alloc(rows * (head_dim + 2))?,
+            count: self.alloc(tokens * heads)?,
+            rows,
+            heads,
+            head_dim,
+        })
+    }
+
+    /// `x += y / rms(y) * post`, then `out = x / rms(x) * w`, per row of
+    /// `w.len()`: Gemma's post-norm of a block's output, the residual add
+    /// and the next RMSNorm in one kernel.
+    ///
+    /// # Errors
+    ///
+    /// [`crate::CudaError::Shape`] unless all hold the same whole rows.
+    pub fn post_add_rms_norm(
+        &self,
+        x: SliceMut<'_, f32>,
+        y: Slice<'_, f32>,
+        post: Slice<'_, f32>,
+        w: Slice<'_, f32>,
+        eps: f32,
+        out: SliceMut<'_, f32>,
+    ) -> Result<()> {
+        if w.len == 0 || post.len != w.len || x.len != y.len || x.len != out.len || !x.len.is_multiple_of(w.len) {
+            return Err(shape_err(
+                "post_add_rms_norm",
+                format!("{} + {} into {} in rows of {} (post-norm {})", x.len, y.len, out.len, w.len, post.len),
+            ));
+        }
+        let rows = x.len / w.len;
+        let args = [
+            KArg::Ptr(self.ptr_mut(&x)),
+            KArg::Ptr(self.ptr_of(&y)),
+            KArg::Ptr(self.ptr_of(&post)),
+            KArg::Ptr(self.ptr_of(&w)),
+            KArg::F32(eps),
+            KArg::I32(int(w.len, "dim")?),
+            KArg::Ptr(self.ptr_mut(&out)),
+        ];
+        let grid = Grid { blocks: (int(rows, "rows")? as u32, 1), threads: 256, smem: 0 };
+        // SAFETY: follows post_add_rms_norm(x, y, wp, w, eps, dim, out): x,
+        // y and out hold `rows` rows of `dim`, wp and w hold `dim` (checked).
+        unsafe { self.inner.launch(Module::Ops, "post_add_rms_norm", grid, &args) }
     }
 
     fn gated(

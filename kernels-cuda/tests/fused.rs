@@ -86,6 +86,7 @@ fn fused_gemv_matches_the_cpu_reference() {
                 let mut out = be.upload(&vec![f32::NAN; len]).unwrap();
                 let add_norm = Prologue::AddNorm {
                     delta: daux.at(0, len).unwrap(),
+                    post: None,
                     weight: dnw.all(),
                     eps: eps as f32,
                     residual_out: out.at_mut(0, len).unwrap(),
@@ -98,6 +99,39 @@ fn fused_gemv_matches_the_cpu_reference() {
                 let got = be.download(&out).unwrap();
                 for (i, (g, s)) in got.iter().zip(&sums).enumerate() {
                     assert!(g.to_bits() == s.to_bits(), "add+norm {what}: residual {i} is {g}, want {s}");
+                }
+                // With a post-norm of delta first (Gemma): r = x + delta /
+                // rms(delta) * pw, all in f64 here.
+                let pw: Vec<f32> = synthetic_acts(cols, 19).iter().map(|v| 1.0 + v).collect();
+                let dpw = be.upload(&pw).unwrap();
+                let (mut p, mut sums) = (Vec::new(), vec![f64::NAN; len]);
+                for t in 0..tokens {
+                    let d = &aux[t * stride..t * stride + cols];
+                    let ms = d.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / cols as f64;
+                    let ps = 1.0 / (ms + eps).sqrt();
+                    let r: Vec<f64> = (0..cols)
+                        .map(|i| f64::from(x[t * stride + i]) + f64::from(d[i]) * ps * f64::from(pw[i]))
+                        .collect();
+                    sums[t * stride..t * stride + cols].copy_from_slice(&r);
+                    let ms = r.iter().map(|v| v * v).sum::<f64>() / cols as f64;
+                    let scale = 1.0 / (ms + eps).sqrt();
+                    p.push(r.iter().zip(&nw).map(|(&v, &g)| v * scale * f64::from(g)).collect());
+                }
+                let mut out = be.upload(&vec![f32::NAN; len]).unwrap();
+                let post_norm = Prologue::AddNorm {
+                    delta: daux.at(0, len).unwrap(),
+                    post: Some(dpw.all()),
+                    weight: dnw.all(),
+                    eps: eps as f32,
+                    residual_out: out.at_mut(0, len).unwrap(),
+                };
+                be.gemv_fused(&m, dx.at(0, len).unwrap(), stride, tokens, post_norm, y.all_mut()).unwrap();
+                let (want, mag) = reference(&w, rows, cols, &p);
+                assert_close(&format!("post+add+norm {what}"), &be.download(&y).unwrap(), &want, &mag);
+                let got = be.download(&out).unwrap();
+                for (i, (&g, &s)) in got.iter().zip(&sums).enumerate() {
+                    let ok = if s.is_nan() { g.is_nan() } else { (f64::from(g) - s).abs() <= 1e-5 * (1.0 + s.abs()) };
+                    assert!(ok, "post+add+norm {what}: residual {i} is {g}, want {s}");
                 }
             }
         }
@@ -118,8 +152,13 @@ fn fused_gemv_shapes_are_checked() {
     assert!(err(be.gemv_fused(&m, x.all(), 64, 2, glu(100), y.all_mut())).contains("up holds 100"));
     let nw = be.alloc::<f32>(63).unwrap();
     let mut out = be.alloc::<f32>(64).unwrap();
-    let bad =
-        Prologue::AddNorm { delta: x.at(0, 64).unwrap(), weight: nw.all(), eps: 1e-5, residual_out: out.all_mut() };
+    let bad = Prologue::AddNorm {
+        delta: x.at(0, 64).unwrap(),
+        post: None,
+        weight: nw.all(),
+        eps: 1e-5,
+        residual_out: out.all_mut(),
+    };
     assert!(err(be.gemv_fused(&m, x.at(0, 64).unwrap(), 64, 1, bad, y.all_mut())).contains("norm weight of 63"));
     be.synchronize().unwrap();
 }

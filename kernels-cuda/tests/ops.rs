@@ -8,7 +8,8 @@ mod support;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels_cuda::{
-    AttentionShape, KvCache, Position, QkvRows, RopePairs, RopeShape, WeightFormat, synthetic_acts, synthetic_matrix,
+    AttentionShape, KvCache, Position, QkNorm, QkvRows, RopePairs, RopeShape, WeightFormat, synthetic_acts,
+    synthetic_matrix,
 };
 use support::backend;
 
@@ -55,104 +56,194 @@ fn rope_ref(x: &[f32], p: usize, theta: f32, pairs: RopePairs) -> Vec<f64> {
     out
 }
 
+/// RMSNorm of one head vector with weights `w`, in f64 (Gemma's QK-norm).
+fn norm_ref(x: &[f32], w: &[f32], eps: f64) -> Vec<f32> {
+    let ms = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64;
+    let s = 1.0 / (ms + eps).sqrt();
+    x.iter().zip(w).map(|(&v, &g)| (f64::from(v) * s * f64::from(g)) as f32).collect()
+}
+
 /// q rotated into q_out, k rotated into the cache rows of its positions,
-/// v copied; from a stacked QKV row (strides), both pairings, the position
-/// given as a value and read from the device.
+/// v copied into the value cache, with the position given as a value and
+/// read from the device, with and without the QK-norm, for head sizes of
+/// one warp's pairs (64), more (256) and a part of one (80).
 #[test]
 fn rope_append_rotates_q_and_k_and_fills_the_cache() {
     let Some(be) = backend() else { return };
-    let (tokens, heads, kv_heads, hd, pos0, theta) = (3, 4, 2, 64, 37, 10000.0f32);
-    let (q_dim, kv_dim) = (heads * hd, kv_heads * hd);
-    let w = q_dim + 2 * kv_dim;
-    let qkv = synthetic_acts(tokens * w, 3);
-    let ctx = 48;
-    for pairs in [RopePairs::Adjacent, RopePairs::Halves] {
-        for on_device in [false, true] {
-            let mut want_q = Vec::new();
-            let mut want_k = vec![0f64; ctx * kv_dim];
-            let mut want_v = vec![0f64; ctx * kv_dim];
-            for t in 0..tokens {
-                let row = &qkv[t * w..(t + 1) * w];
-                for h in 0..heads {
-                    want_q.extend(rope_ref(&row[h * hd..(h + 1) * hd], pos0 + t, theta, pairs));
-                }
-                for h in 0..kv_heads {
-                    let k = rope_ref(&row[q_dim + h * hd..q_dim + (h + 1) * hd], pos0 + t, theta, pairs);
-                    let at = (pos0 + t) * kv_dim + h * hd;
-                    want_k[at..at + hd].copy_from_slice(&k);
-                    for d in 0..hd {
-                        want_v[at + d] = f64::from(row[q_dim + kv_dim + h * hd + d]);
+    for (tokens, heads, kv_heads, hd, pos0) in [(3, 4, 2, 64, 37), (2, 4, 1, 256, 5), (1, 2, 2, 80, 11)] {
+        let theta = 10000.0f32;
+        let (q_dim, kv_dim) = (heads * hd, kv_heads * hd);
+        let w = q_dim + 2 * kv_dim;
+        let qkv = synthetic_acts(tokens * w, 3);
+        let (qn, kn) = (synthetic_acts(hd, 11), synthetic_acts(hd, 12));
+        let (dqn, dkn) = (be.upload(&qn).unwrap(), be.upload(&kn).unwrap());
+        let ctx = 48;
+        for pairs in [RopePairs::Adjacent, RopePairs::Halves] {
+            for (on_device, normed) in [(false, false), (true, false), (false, true), (true, true)] {
+                let head = |x: &[f32], g: &[f32]| if normed { norm_ref(x, g, 1e-6) } else { x.to_vec() };
+                let mut want_q = Vec::new();
+                let mut want_k = vec![0f64; ctx * kv_dim];
+                let mut want_v = vec![0f64; ctx * kv_dim];
+                for t in 0..tokens {
+                    let row = &qkv[t * w..(t + 1) * w];
+                    for h in 0..heads {
+                        want_q.extend(rope_ref(&head(&row[h * hd..(h + 1) * hd], &qn), pos0 + t, theta, pairs));
+                    }
+                    for h in 0..kv_heads {
+                        let kh = head(&row[q_dim + h * hd..q_dim + (h + 1) * hd], &kn);
+                        let k = rope_ref(&kh, pos0 + t, theta, pairs);
+                        let at = (pos0 + t) * kv_dim + h * hd;
+                        want_k[at..at + hd].copy_from_slice(&k);
+                        for d in 0..hd {
+                            want_v[at + d] = f64::from(row[q_dim + kv_dim + h * hd + d]);
+                        }
                     }
                 }
+                let src_buf = be.upload(&qkv).unwrap();
+                let (mut q_out, mut kc, mut vc) = (
+                    be.alloc(tokens * q_dim).unwrap(),
+                    be.alloc(ctx * kv_dim).unwrap(),
+                    be.alloc(ctx * kv_dim).unwrap(),
+                );
+                let dpos = be.upload(&[pos0 as i32]).unwrap();
+                let pos = if on_device {
+                    Position::Device { buf: &dpos, bound: ctx - tokens }
+                } else {
+                    Position::Value(pos0)
+                };
+                let at = |off: usize, width: usize| src_buf.at(off, (tokens - 1) * w + width).unwrap();
+                let src =
+                    QkvRows { q: (at(0, q_dim), w), k: (at(q_dim, kv_dim), w), v: (at(q_dim + kv_dim, kv_dim), w) };
+                let norms = normed.then(|| QkNorm { q: dqn.all(), k: dkn.all(), eps: 1e-6 });
+                let shape = RopeShape { tokens, heads, kv_heads, head_dim: hd, pos, theta, pairs, norms };
+                let cache = KvCache { keys: kc.all_mut(), values: vc.all_mut() };
+                be.rope_append(src, shape, q_out.all_mut(), cache).unwrap();
+                let what = format!("hd {hd} {pairs:?} device position {on_device} normed {normed}");
+                assert_close(&format!("q {what}"), &be.download(&q_out).unwrap(), &want_q, 1e-5);
+                assert_close(&format!("k {what}"), &be.download(&kc).unwrap(), &want_k, 1e-5);
+                assert_close(&format!("v {what}"), &be.download(&vc).unwrap(), &want_v, 0.0);
             }
-            let src_buf = be.upload(&qkv).unwrap();
-            let (mut q_out, mut kc, mut vc) =
-                (be.alloc(tokens * q_dim).unwrap(), be.alloc(ctx * kv_dim).unwrap(), be.alloc(ctx * kv_dim).unwrap());
-            let dpos = be.upload(&[pos0 as i32]).unwrap();
-            let pos =
-                if on_device { Position::Device { buf: &dpos, bound: ctx - tokens } } else { Position::Value(pos0) };
-            let at = |off: usize, width: usize| src_buf.at(off, (tokens - 1) * w + width).unwrap();
-            let src = QkvRows { q: (at(0, q_dim), w), k: (at(q_dim, kv_dim), w), v: (at(q_dim + kv_dim, kv_dim), w) };
-            let shape = RopeShape { tokens, heads, kv_heads, head_dim: hd, pos, theta, pairs };
-            be.rope_append(src, shape, q_out.all_mut(), KvCache { keys: kc.all_mut(), values: vc.all_mut() }).unwrap();
-            let what = format!("{pairs:?} device position {on_device}");
-            assert_close(&format!("q {what}"), &be.download(&q_out).unwrap(), &want_q, 1e-5);
-            assert_close(&format!("k {what}"), &be.download(&kc).unwrap(), &want_k, 1e-5);
-            assert_close(&format!("v {what}"), &be.download(&vc).unwrap(), &want_v, 0.0);
         }
+        // Norm weights of another length are refused.
+        let short = be.upload(&qn[..hd - 2]).unwrap();
+        let src_buf = be.upload(&qkv).unwrap();
+        let at = |off: usize, width: usize| src_buf.at(off, (tokens - 1) * w + width).unwrap();
+        let src = QkvRows { q: (at(0, q_dim), w), k: (at(q_dim, kv_dim), w), v: (at(q_dim + kv_dim, kv_dim), w) };
+        let norms = Some(QkNorm { q: short.all(), k: dkn.all(), eps: 1e-6 });
+        let pos = Position::Value(pos0);
+        let shape = RopeShape { tokens, heads, kv_heads, head_dim: hd, pos, theta, pairs: RopePairs::Halves, norms };
+        let (mut q_out, mut kc, mut vc) =
+            (be.alloc(tokens * q_dim).unwrap(), be.alloc(ctx * kv_dim).unwrap(), be.alloc(ctx * kv_dim).unwrap());
+        let cache = KvCache { keys: kc.all_mut(), values: vc.all_mut() };
+        assert!(be.rope_append(src, shape, q_out.all_mut(), cache).is_err());
     }
 }
 
-#[test]
-fn attention_is_causal_grouped_and_windowed() {
-    let Some(be) = backend() else { return };
-    let (heads, kv_heads, hd) = (6, 2, 64);
-    let (pos0, tokens) = (29, 4);
-    let (q_dim, kv_dim, end) = (heads * hd, kv_heads * hd, pos0 + tokens);
-    let q = synthetic_acts(tokens * q_dim, 4);
-    let k = synthetic_acts(end * kv_dim, 5);
-    let v = synthetic_acts(end * kv_dim, 6);
-    let scale = 1.0 / (hd as f32).sqrt();
-    for window in [0, 7] {
-        let mut want = vec![0f64; tokens * q_dim];
-        for t in 0..tokens {
-            let p = pos0 + t;
-            let first = if window > 0 { (p + 1).saturating_sub(window) } else { 0 };
-            for h in 0..heads {
-                let kvh = h / (heads / kv_heads);
-                let qv = &q[(t * heads + h) * hd..(t * heads + h + 1) * hd];
-                let scores: Vec<f64> = (first..=p)
-                    .map(|j| {
-                        let kr = &k[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
-                        qv.iter().zip(kr).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() * f64::from(scale)
-                    })
-                    .collect();
-                let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-                let z: f64 = e.iter().sum();
-                for (jj, j) in (first..=p).enumerate() {
-                    for d in 0..hd {
-                        want[(t * heads + h) * hd + d] += e[jj] / z * f64::from(v[j * kv_dim + kvh * hd + d]);
-                    }
+/// Causal attention in f64: `tokens` queries from position `pos0` over
+/// caches of `pos0 + tokens` rows.
+#[allow(clippy::too_many_arguments, reason = "the attention's shape, spelled out")]
+fn attention_ref(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    (tokens, heads, kv_heads, hd): (usize, usize, usize, usize),
+    pos0: usize,
+    window: usize,
+    scale: f32,
+) -> Vec<f64> {
+    let (q_dim, kv_dim) = (heads * hd, kv_heads * hd);
+    let mut want = vec![0f64; tokens * q_dim];
+    for t in 0..tokens {
+        let p = pos0 + t;
+        let first = if window > 0 { (p + 1).saturating_sub(window) } else { 0 };
+        for h in 0..heads {
+            let kvh = h / (heads / kv_heads);
+            let qv = &q[(t * heads + h) * hd..(t * heads + h + 1) * hd];
+            let scores: Vec<f64> = (first..=p)
+                .map(|j| {
+                    let kr = &k[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
+                    qv.iter().zip(kr).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() * f64::from(scale)
+                })
+                .collect();
+            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for (jj, j) in (first..=p).enumerate() {
+                for d in 0..hd {
+                    want[(t * heads + h) * hd + d] += e[jj] / z * f64::from(v[j * kv_dim + kvh * hd + d]);
                 }
             }
         }
+    }
+    want
+}
+
+/// Both attention kernels: the prompt kernel (12 tokens; a head_dim of 80)
+/// and the decode kernel (up to 8 tokens) with one block per head and with
+/// its positions split across blocks (scratch; 700 and 1000 positions),
+/// causal, grouped and windowed, with the position as a value and read
+/// from the device inside a captured graph, replayed twice (the split
+/// counters must be back at 0 after each launch).
+#[test]
+fn attention_is_causal_grouped_and_windowed() {
+    let Some(be) = backend() else { return };
+    let cases = [
+        // (heads, kv_heads, hd, pos0, tokens)
+        (6, 2, 64, 29, 4),
+        (6, 2, 64, 29, 12),
+        (4, 2, 80, 40, 3),
+        (4, 1, 256, 700, 1),
+        (4, 1, 256, 700, 3),
+        (9, 3, 64, 1000, 1),
+        (8, 8, 128, 5, 8),
+    ];
+    for (heads, kv_heads, hd, pos0, tokens) in cases {
+        let (q_dim, kv_dim, end) = (heads * hd, kv_heads * hd, pos0 + tokens);
+        let q = synthetic_acts(tokens * q_dim, 4);
+        // Larger keys than synthetic_acts' make the softmax peaked, so that
+        // a wrong merge of the splits' maxima shows.
+        let k: Vec<f32> = synthetic_acts(end * kv_dim, 5).iter().map(|x| x * 8.0).collect();
+        let v = synthetic_acts(end * kv_dim, 6);
+        let scale = 1.0 / (hd as f32).sqrt();
         let (dq, dk, dv) = (be.upload(&q).unwrap(), be.upload(&k).unwrap(), be.upload(&v).unwrap());
-        let mut out = be.upload(&vec![f32::NAN; tokens * q_dim]).unwrap();
-        let shape = AttentionShape { tokens, heads, kv_heads, head_dim: hd, pos: Position::Value(pos0), window, scale };
-        be.attention(dq.all(), dk.all(), dv.all(), shape, out.all_mut()).unwrap();
-        assert_close(&format!("attention window {window}"), &be.download(&out).unwrap(), &want, 1e-5);
-        // The same, the position read from the device inside a captured
-        // graph, replayed.
-        let mut dpos = be.upload(&[0i32]).unwrap();
-        let mut out2 = be.upload(&vec![f32::NAN; tokens * q_dim]).unwrap();
-        let shape = AttentionShape { pos: Position::Device { buf: &dpos, bound: pos0 }, ..shape };
-        be.begin_capture().unwrap();
-        be.attention(dq.all(), dk.all(), dv.all(), shape, out2.all_mut()).unwrap();
-        let graph = be.end_capture().unwrap();
-        be.write(dpos.all_mut(), &[pos0 as i32]).unwrap();
-        be.launch_graph(&graph).unwrap();
-        assert_close(&format!("graph attention window {window}"), &be.download(&out2).unwrap(), &want, 1e-5);
+        let mut scratch = be.attention_scratch(tokens, heads, hd).unwrap();
+        for window in [0, 7, 300] {
+            let want = attention_ref(&q, &k, &v, (tokens, heads, kv_heads, hd), pos0, window, scale);
+            let what =
+                format!("attention {heads}/{kv_heads} heads of {hd}, {tokens} tokens at {pos0}, window {window}");
+            for split in [false, true] {
+                let mut out = be.upload(&vec![f32::NAN; tokens * q_dim]).unwrap();
+                let pos = Position::Value(pos0);
+                let shape = AttentionShape { tokens, heads, kv_heads, head_dim: hd, pos, window, scale };
+                let sc = split.then_some(&mut scratch);
+                be.attention(dq.all(), dk.all(), dv.all(), shape, sc, out.all_mut()).unwrap();
+                assert_close(&format!("{what}, split {split}"), &be.download(&out).unwrap(), &want, 1e-5);
+            }
+            // The same, the position read from the device inside a captured
+            // graph, replayed twice.
+            let mut dpos = be.upload(&[0i32]).unwrap();
+            let mut out2 = be.upload(&vec![f32::NAN; tokens * q_dim]).unwrap();
+            let pos = Position::Device { buf: &dpos, bound: pos0 };
+            let shape = AttentionShape { tokens, heads, kv_heads, head_dim: hd, pos, window, scale };
+            be.begin_capture().unwrap();
+            be.attention(dq.all(), dk.all(), dv.all(), shape, Some(&mut scratch), out2.all_mut()).unwrap();
+            let graph = be.end_capture().unwrap();
+            be.write(dpos.all_mut(), &[pos0 as i32]).unwrap();
+            for replay in 0..2 {
+                be.write(out2.all_mut(), &vec![f32::NAN; tokens * q_dim]).unwrap();
+                be.launch_graph(&graph).unwrap();
+                let got = be.download(&out2).unwrap();
+                assert_close(&format!("graph {what}, replay {replay}"), &got, &want, 1e-5);
+            }
+            // An earlier position through the same graph.
+            if pos0 > 20 {
+                let earlier = pos0 - 20;
+                let want = attention_ref(&q, &k, &v, (tokens, heads, kv_heads, hd), earlier, window, scale);
+                be.write(dpos.all_mut(), &[earlier as i32]).unwrap();
+                be.launch_graph(&graph).unwrap();
+                assert_close(&format!("graph {what} at {earlier}"), &be.download(&out2).unwrap(), &want, 1e-5);
+            }
+        }
     }
 }
 
@@ -196,6 +287,28 @@ fn gated_activations_add_and_fused_norm() {
     let mut dx = be.upload(&x).unwrap();
     be.add(dx.all_mut(), dy.all()).unwrap();
     assert_close("add", &be.download(&dx).unwrap(), &sum, 1e-6);
+
+    // Gemma's post-norm before the add: x += y / rms(y) * wp.
+    let wp = synthetic_acts(dim, 13);
+    let mut sum = Vec::new();
+    for (xr, yr) in x.chunks_exact(dim).zip(y.chunks_exact(dim)) {
+        let s = 1.0 / (yr.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / dim as f64 + 1e-6).sqrt();
+        sum.extend(xr.iter().zip(yr).zip(&wp).map(|((&a, &b), &g)| f64::from(a) + f64::from(b) * s * f64::from(g)));
+    }
+    let mut normed = Vec::new();
+    for r in sum.chunks_exact(dim) {
+        let s = 1.0 / (r.iter().map(|v| v * v).sum::<f64>() / dim as f64 + 1e-6).sqrt();
+        normed.extend(r.iter().zip(&w).map(|(&v, &g)| v * s * f64::from(g)));
+    }
+    let (mut dx, dwp) = (be.upload(&x).unwrap(), be.upload(&wp).unwrap());
+    let mut dout = be.upload(&vec![f32::NAN; n * dim]).unwrap();
+    be.post_add_rms_norm(dx.all_mut(), dy.all(), dwp.all(), dw.all(), 1e-6, dout.all_mut()).unwrap();
+    assert_close("post_add_rms_norm sum", &be.download(&dx).unwrap(), &sum, 1e-5);
+    assert_close("post_add_rms_norm norm", &be.download(&dout).unwrap(), &normed, 1e-5);
+    assert!(
+        be.post_add_rms_norm(dx.all_mut(), dy.all(), dwp.at(0, dim - 1).unwrap(), dw.all(), 1e-6, dout.all_mut())
+            .is_err()
+    );
 }
 
 #[test]

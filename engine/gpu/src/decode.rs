@@ -5,19 +5,17 @@ use spinfer_models::generate::DecodeSession;
 
 use crate::{GpuModel, GpuSession};
 
-/// A [`GpuModel`] and one of its sessions, with the host copy of the last
-/// logits.
+/// A [`GpuModel`] and one of its sessions.
 pub struct GpuDecode<'a> {
     model: &'a GpuModel,
     session: &'a mut GpuSession,
-    logits: Vec<f32>,
     last: usize,
 }
 
 impl<'a> GpuDecode<'a> {
     /// Drives `session` of `model`.
     pub fn new(model: &'a GpuModel, session: &'a mut GpuSession) -> Self {
-        Self { model, session, logits: Vec::new(), last: 0 }
+        Self { model, session, last: 0 }
     }
 }
 
@@ -44,7 +42,6 @@ impl DecodeSession for GpuDecode<'_> {
         if self.last == 0 {
             return Err(spinfer_models::Error::InvalidArgument("no tokens were run yet".into()));
         }
-        self.model.logits_into(self.session, self.last - 1..self.last, &mut self.logits)?;
-        Ok(&self.logits)
+        Ok(self.model.row_logits(self.session, self.last - 1)?)
     }
 }

@@ -8,15 +8,9 @@ use spinfer_kernels_cuda::{CudaBackend, DeviceMatrix};
 
 use crate::hybrid::{ColdFfn, CpuMatrix};
 use crate::placement::{cold_groups, gather_column_blocks, gather_rows};
+use crate::proj::{Part, Proj};
 use crate::slices::format_of;
 use crate::{GpuError, Result};
-
-/// Projections that read the same input: one stacked matrix (one launch)
-/// when their formats agree, else one matrix each.
-pub(crate) enum Proj {
-    Stacked(DeviceMatrix), // (sum of the parts' rows, cols)
-    Separate(Vec<DeviceMatrix>),
-}
 
 /// A block's FFN: every neuron on the device, or (hybrid) the hot neuron
 /// groups on the device and the cold ones on the CPU (`hybrid.rs`).
@@ -76,15 +70,12 @@ pub(crate) fn split_ffn(
     let hot_part = if hot.is_empty() {
         None
     } else {
-        let (gf, uf) = (format_of(&gate)?, format_of(&up)?);
-        let gate_up = if gf == uf {
-            let mut b = gate_rows(hot);
-            b.extend(up_rows(hot));
-            Proj::Stacked(be.upload_matrix(gf, 2 * hot_n, dim, &b)?)
-        } else {
-            let g = be.upload_matrix(gf, hot_n, dim, &gate_rows(hot))?;
-            Proj::Separate(vec![g, be.upload_matrix(uf, hot_n, dim, &up_rows(hot))?])
-        };
+        let (g, u) = (gate_rows(hot), up_rows(hot));
+        let parts = [
+            Part { format: format_of(&gate)?, rows: hot_n, bytes: &g },
+            Part { format: format_of(&up)?, rows: hot_n, bytes: &u },
+        ];
+        let gate_up = Proj::upload(be, &parts, dim, true)?;
         Some((gate_up, be.upload_matrix(format_of(&down)?, dim, hot_n, &down_cols(hot))?))
     };
     // The cold groups on the CPU.

@@ -7,15 +7,16 @@ use crate::Result;
 use crate::slices::{at, at_mut};
 
 /// The input of a block's projections: `xn` (normalised), or with `norm`
-/// the residual stream `cur` plus the last block output `delta`, normalised
-/// in the GEMV's staging, the sum written to `other` (the stream's next
-/// buffer).
+/// the residual stream `cur` plus the last block output `delta` (first
+/// normalised by `post`, Gemma's post-norm, when set), normalised in the
+/// GEMV's staging, the sum written to `other` (the stream's next buffer).
 pub(crate) struct Input<'a> {
     pub xn: &'a DeviceBuf<f32>,
     pub cur: &'a DeviceBuf<f32>,
     pub other: &'a mut DeviceBuf<f32>,
     pub delta: &'a DeviceBuf<f32>,
     pub norm: Option<&'a DeviceBuf<f32>>,
+    pub post: Option<&'a DeviceBuf<f32>>,
     pub eps: f32,
     pub len: usize, // tokens x dim
 }
@@ -29,6 +30,7 @@ impl Input<'_> {
         };
         let prologue = Prologue::AddNorm {
             delta: at(self.delta, "tmp", 0, len)?,
+            post: self.post.map(DeviceBuf::all),
             weight: norm.all(),
             eps: self.eps,
             residual_out: at_mut(self.other, "x", 0, len)?,

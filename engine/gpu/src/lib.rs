@@ -18,6 +18,7 @@ mod fused;
 mod hybrid;
 mod model;
 pub mod placement;
+mod proj;
 mod slices;
 
 pub use decode::GpuDecode;

@@ -9,14 +9,15 @@ use spinfer_formats::{FfnAct, Loader, ModelConfig, RopeStyle};
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels_cuda::{
-    AttentionShape, CudaBackend, DeviceBuf, DeviceGraph, DeviceMatrix, DeviceRows, GEMV_BATCHES, GluAct, KvCache,
-    Position, Prologue, QkvRows, RopePairs, RopeShape, WeightFormat,
+    AttentionScratch, AttentionShape, CudaBackend, DeviceBuf, DeviceGraph, DeviceMatrix, DeviceRows, GEMV_BATCHES,
+    GluAct, HostBuf, KvCache, Position, Prologue, QkNorm, QkvRows, RopePairs, RopeShape,
 };
 
-use crate::ffn::{Ffn, Proj};
+use crate::ffn::Ffn;
 use crate::fused::Input;
 use crate::hybrid::HostBufs;
 use crate::placement::FfnPlacement;
+use crate::proj::{Part, Proj};
 use crate::slices::{at, at_mut, format_of, internal};
 use crate::{GpuError, Result};
 
@@ -70,13 +71,14 @@ pub struct GpuSession {
     gate_up: DeviceBuf<f32>,     // projected gate and up (UBATCH, 2 ffn_dim)
     act: DeviceBuf<f32>,         // act(gate) * up (UBATCH, ffn_dim)
     tmp: DeviceBuf<f32>,         // block output before the residual add (UBATCH, dim)
-    tmp2: DeviceBuf<f32>,        // its post-norm (Gemma) (UBATCH, dim)
     cold: DeviceBuf<f32>,        // the CPU's share of a split FFN's output (UBATCH, dim)
     host: HostBufs,              // the cold side's host buffers
     hidden: DeviceBuf<f32>,      // final-normed hidden states of the last forward call (tokens, dim)
     last_tokens: usize,
-    logits: DeviceBuf<f32>,     // (rows requested, vocab)
-    graph: Option<DeviceGraph>, // one decode step (1 token, position from `dpos`)
+    logits: DeviceBuf<f32>,        // (rows requested, vocab)
+    host_logits: HostBuf<f32>,     // page-locked (vocab): one row's logits for the sampler
+    att_scratch: AttentionScratch, // the decode attention's splits
+    graph: Option<DeviceGraph>,    // one decode step (1 token, position from `dpos`)
     use_graph: bool,
     fused: bool,
 }
@@ -170,21 +172,16 @@ impl GpuModel {
             let t = tensor(name, rows, cols)?;
             Ok(be.upload_matrix(format_of(&t)?, rows, cols, t.data.bytes())?)
         };
-        // Projections of one input: stacked into one matrix when `stack`
-        // and their formats agree.
-        let proj = |parts: &[(String, usize)], cols: usize, stack: bool| -> Result<Proj> {
+        // Projections of one input: consecutive parts of one format
+        // stacked into one matrix.
+        let proj = |parts: &[(String, usize)], cols: usize| -> Result<Proj> {
             let views = parts.iter().map(|(n, rows)| tensor(n, *rows, cols)).collect::<Result<Vec<_>>>()?;
-            let formats = views.iter().map(format_of).collect::<Result<Vec<_>>>()?;
-            if stack && formats.iter().all(|f| *f == formats[0]) {
-                let rows = parts.iter().map(|p| p.1).sum();
-                let bytes: Vec<u8> = views.iter().flat_map(|v| v.data.bytes().iter().copied()).collect();
-                return Ok(Proj::Stacked(be.upload_matrix(formats[0], rows, cols, &bytes)?));
-            }
-            let one = |(v, f): (&TensorView, &WeightFormat)| -> Result<DeviceMatrix> {
-                let (_, rows) = (v.dims[0], v.dims[1]);
-                Ok(be.upload_matrix(*f, rows, cols, v.data.bytes())?)
-            };
-            Ok(Proj::Separate(views.iter().zip(&formats).map(one).collect::<Result<Vec<_>>>()?))
+            let parts = views
+                .iter()
+                .zip(parts)
+                .map(|(v, (_, rows))| Ok(Part { format: format_of(v)?, rows: *rows, bytes: v.data.bytes() }))
+                .collect::<Result<Vec<_>>>()?;
+            Proj::upload(&be, &parts, cols, true)
         };
         let vector = |name: &str, len: usize| -> Result<DeviceBuf<f32>> {
             let t = loader.tensor(name)?;
@@ -207,14 +204,11 @@ impl GpuModel {
             };
             let ffn = match ffn {
                 Some(f) => f,
-                None => {
-                    Ffn::Gpu { gate_up: proj(&gate_up, dim, true)?, w_down: matrix(&p("ffn_down"), dim, c.ffn_dim)? }
-                }
+                None => Ffn::Gpu { gate_up: proj(&gate_up, dim)?, w_down: matrix(&p("ffn_down"), dim, c.ffn_dim)? },
             };
             layers.push(Layer {
                 attn_norm: vector(&p("attn_norm"), dim)?,
-                // Gemma normalises q and k per head before RoPE: kept apart.
-                qkv: proj(&qkv, dim, !c.is_gemma())?,
+                qkv: proj(&qkv, dim)?,
                 wo: matrix(&p("attn_output"), dim, q_dim)?,
                 ffn_norm: vector(&p("ffn_norm"), dim)?,
                 ffn,
@@ -243,10 +237,7 @@ impl GpuModel {
 
     /// Bytes of weights on the device.
     pub fn weight_bytes(&self) -> usize {
-        let proj = |p: &Proj| match p {
-            Proj::Stacked(m) => m.bytes(),
-            Proj::Separate(ms) => ms.iter().map(DeviceMatrix::bytes).sum(),
-        };
+        let proj = Proj::bytes;
         let ffn = |f: &Ffn| match f {
             Ffn::Gpu { gate_up, w_down } => proj(gate_up) + w_down.bytes(),
             Ffn::Split { hot, .. } => hot.as_ref().map_or(0, |(g, d)| proj(g) + d.bytes()),
@@ -296,12 +287,13 @@ impl GpuModel {
             gate_up: buf(UBATCH * 2 * c.ffn_dim)?,
             act: buf(UBATCH * c.ffn_dim)?,
             tmp: buf(UBATCH * c.dim)?,
-            tmp2: buf(UBATCH * c.dim)?,
             cold: buf(if self.cpu.is_some() { UBATCH * c.dim } else { 1 })?,
             host: HostBufs::default(),
             hidden: buf(UBATCH * c.dim)?,
             last_tokens: 0,
             logits: buf(c.vocab_size)?,
+            host_logits: be.alloc_host(c.vocab_size)?,
+            att_scratch: be.attention_scratch(GEMV_BATCHES[GEMV_BATCHES.len() - 1], c.n_heads, c.head_dim)?,
             graph: None,
             use_graph: true,
             fused: true,
@@ -375,11 +367,11 @@ impl GpuModel {
         // The first token's position: s.pos, or read from s.dpos.
         let (device, bound) = (device_pos, self.ctx - 1);
         // A few tokens (the GEMV path) fuse the gated activation into the
-        // down projection and, without post-norms (Gemma has them), each
-        // residual add and RMSNorm into the projections after it; the sum
-        // then alternates between s.x and s.x2 (`flip`: s.x2 holds it).
+        // down projection and each residual add (after Gemma's post-norm)
+        // and RMSNorm into the projections after it; the sum then
+        // alternates between s.x and s.x2 (`flip`: s.x2 holds it).
         let fused = s.fused && n <= GEMV_BATCHES[GEMV_BATCHES.len() - 1];
-        let add_norm = fused && !c.is_gemma() && self.cpu.is_none();
+        let add_norm = fused && self.cpu.is_none();
         let mut flip = false;
 
         // Token embeddings into the residual stream (Gemma: times √dim),
@@ -399,38 +391,35 @@ impl GpuModel {
             // fused, of the previous block's residual add and this block's
             // RMSNorm (layer 0's input was normalised after the embedding).
             let fuse = (add_norm && l > 0).then_some(&layer.attn_norm);
+            let post = l.checked_sub(1).and_then(|p| self.layers[p].post_ffn_norm.as_ref());
             let (cur, other) = if flip { (&s.x2, &mut s.x) } else { (&s.x, &mut s.x2) };
-            let mut input = Input { xn: &s.xn, cur, other, delta: &s.tmp, norm: fuse, eps: c.rms_eps, len: n * dim };
-            let (qr, kr, vr) = match &layer.qkv {
-                Proj::Stacked(m) => {
-                    let w = q_dim + 2 * kv_dim;
-                    input.project(be, m, n, at_mut(&mut s.qkv, "qkv", 0, n * w)?)?;
-                    ((0, w), (q_dim, w), (q_dim + kv_dim, w))
-                }
-                Proj::Separate(ms) => {
-                    let (ko, vo) = (UBATCH * q_dim, UBATCH * (q_dim + kv_dim));
-                    input.project(be, &ms[0], n, at_mut(&mut s.qkv, "q", 0, n * q_dim)?)?;
-                    input.project(be, &ms[1], n, at_mut(&mut s.qkv, "k", ko, n * kv_dim)?)?;
-                    input.project(be, &ms[2], n, at_mut(&mut s.qkv, "v", vo, n * kv_dim)?)?;
-                    ((0, q_dim), (ko, kv_dim), (vo, kv_dim))
-                }
-            };
+            let (delta, eps, len) = (&s.tmp, c.rms_eps, n * dim);
+            let mut input = Input { xn: &s.xn, cur, other, delta, norm: fuse, post, eps, len };
+            layer.qkv.project(be, &mut input, n, &mut s.qkv, "qkv")?;
+            let (qr, kr, vr) = (layer.qkv.place(0), layer.qkv.place(1), layer.qkv.place(2));
             flip ^= input.flips();
-            // QK-norm (Gemma, whose projections are never stacked): RMSNorm
-            // of every query and key head.
-            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                be.rms_norm_in_place(at_mut(&mut s.qkv, "q", qr.0, n * q_dim)?, qn.all(), c.rms_eps)?;
-                be.rms_norm_in_place(at_mut(&mut s.qkv, "k", kr.0, n * kv_dim)?, kn.all(), c.rms_eps)?;
-            }
             // RoPE on q (into s.q) and k (into the cache at their
-            // positions), v into the cache; a local layer with its own base.
+            // positions), after Gemma's QK-norm of every query and key head;
+            // v into the cache; a local layer with its own base.
             let rows = |(off, stride): (usize, usize), width| at(&s.qkv, "qkv", off, (n - 1) * stride + width);
             let src =
                 QkvRows { q: (rows(qr, q_dim)?, qr.1), k: (rows(kr, kv_dim)?, kr.1), v: (rows(vr, kv_dim)?, vr.1) };
             let theta = local.map_or(c.rope_theta, |w| w.rope_theta);
             let pos = position(&s.dpos, s.pos, device, bound);
-            let shape =
-                RopeShape { tokens: n, heads: c.n_heads, kv_heads: c.n_kv_heads, head_dim: hd, pos, theta, pairs };
+            let norms = match (&layer.q_norm, &layer.k_norm) {
+                (Some(q), Some(k)) => Some(QkNorm { q: q.all(), k: k.all(), eps: c.rms_eps }),
+                _ => None,
+            };
+            let shape = RopeShape {
+                tokens: n,
+                heads: c.n_heads,
+                kv_heads: c.n_kv_heads,
+                head_dim: hd,
+                pos,
+                theta,
+                pairs,
+                norms,
+            };
             let cache = KvCache { keys: s.keys[l].all_mut(), values: s.values[l].all_mut() };
             be.rope_append(src, shape, at_mut(&mut s.q, "q", 0, n * q_dim)?, cache)?;
             // Causal attention over the cache (a local layer over its
@@ -445,7 +434,8 @@ impl GpuModel {
                 scale: 1.0 / (hd as f32).sqrt(),
             };
             let q = at(&s.q, "q", 0, n * q_dim)?;
-            be.attention(q, s.keys[l].all(), s.values[l].all(), shape, at_mut(&mut s.att, "att", 0, n * q_dim)?)?;
+            let (keys, values, scratch) = (s.keys[l].all(), s.values[l].all(), Some(&mut s.att_scratch));
+            be.attention(q, keys, values, shape, scratch, at_mut(&mut s.att, "att", 0, n * q_dim)?)?;
             // Output projection; its RMSNorm (Gemma), the residual and the
             // FFN RMSNorm.
             be.gemv_f32(&layer.wo, at(&s.att, "att", 0, n * q_dim)?, n, None, at_mut(&mut s.tmp, "tmp", 0, n * dim)?)?;
@@ -456,7 +446,7 @@ impl GpuModel {
             // Gated FFN into s.tmp: all on the device, or (hybrid) the hot
             // neurons there and the cold ones on the CPU from a copy of the
             // normalised input, their shares added on the device.
-            let fuse = add_norm.then_some(&layer.ffn_norm);
+            let fuse = add_norm.then_some((&layer.ffn_norm, layer.post_attn_norm.as_ref()));
             match &layer.ffn {
                 Ffn::Gpu { gate_up, w_down } => flip ^= self.ffn_gpu(s, gate_up, w_down, ffn, n, fused, fuse, flip)?,
                 Ffn::Split { hot, hot_neurons, cold } => {
@@ -488,9 +478,10 @@ impl GpuModel {
     }
 
     /// `s.tmp = w_down · act(gate · x) * (up · x)` over `ffn` neurons
-    /// (SwiGLU or GeGLU), x being `s.xn`, or with `fuse` the residual add
-    /// and this RMSNorm computed in the gate/up GEMVs' staging (see
-    /// [`Input`]); `fused`: the activation inside the down projection.
+    /// (SwiGLU or GeGLU), x being `s.xn`, or with `fuse` = (norm, post) the
+    /// residual add (after the post-norm) and this RMSNorm computed in the
+    /// gate/up GEMVs' staging (see [`Input`]); `fused`: the activation
+    /// inside the down projection.
     /// Returns whether the residual stream moved to its other buffer.
     #[allow(clippy::too_many_arguments, reason = "one step's operands, all from forward_step")]
     fn ffn_gpu(
@@ -501,23 +492,16 @@ impl GpuModel {
         ffn: usize,
         n: usize,
         fused: bool,
-        fuse: Option<&DeviceBuf<f32>>,
+        fuse: Option<(&DeviceBuf<f32>, Option<&DeviceBuf<f32>>)>,
         flip: bool,
     ) -> Result<bool> {
         let (c, be, dim) = (&self.config, &self.be, self.config.dim);
         let (cur, other) = if flip { (&s.x2, &mut s.x) } else { (&s.x, &mut s.x2) };
-        let mut input = Input { xn: &s.xn, cur, other, delta: &s.tmp, norm: fuse, eps: c.rms_eps, len: n * dim };
-        let (gr, ur) = match gate_up {
-            Proj::Stacked(m) => {
-                input.project(be, m, n, at_mut(&mut s.gate_up, "gate_up", 0, n * 2 * ffn)?)?;
-                ((0, 2 * ffn), (ffn, 2 * ffn))
-            }
-            Proj::Separate(ms) => {
-                input.project(be, &ms[0], n, at_mut(&mut s.gate_up, "gate", 0, n * ffn)?)?;
-                input.project(be, &ms[1], n, at_mut(&mut s.gate_up, "up", UBATCH * ffn, n * ffn)?)?;
-                ((0, ffn), (UBATCH * ffn, ffn))
-            }
-        };
+        let (norm, post) = (fuse.map(|f| f.0), fuse.and_then(|f| f.1));
+        let (delta, eps, len) = (&s.tmp, c.rms_eps, n * dim);
+        let mut input = Input { xn: &s.xn, cur, other, delta, norm, post, eps, len };
+        gate_up.project(be, &mut input, n, &mut s.gate_up, "gate_up")?;
+        let (gr, ur) = (gate_up.place(0), gate_up.place(1));
         let flipped = input.flips();
         let rows = |(off, stride): (usize, usize)| at(&s.gate_up, "gate_up", off, (n - 1) * stride + ffn);
         let tmp = at_mut(&mut s.tmp, "tmp", 0, n * dim)?;
@@ -555,19 +539,16 @@ impl GpuModel {
     ) -> Result<()> {
         let (be, dim, eps) = (&self.be, self.config.dim, self.config.rms_eps);
         let len = n * dim;
-        let y = match post {
-            Some(w) => {
-                be.rms_norm(at(&s.tmp, "tmp", 0, len)?, w.all(), eps, at_mut(&mut s.tmp2, "tmp2", 0, len)?)?;
-                at(&s.tmp2, "tmp2", 0, len)?
-            }
-            None => at(&s.tmp, "tmp", 0, len)?,
-        };
+        let y = at(&s.tmp, "tmp", 0, len)?;
         let out = match hidden_row {
             Some(row) => at_mut(&mut s.hidden, "hidden", row * dim, len)?,
             None => at_mut(&mut s.xn, "xn", 0, len)?,
         };
-        let x = if flip { &mut s.x2 } else { &mut s.x };
-        be.add_rms_norm(at_mut(x, "x", 0, len)?, y, norm.all(), eps, out)?;
+        let x = at_mut(if flip { &mut s.x2 } else { &mut s.x }, "x", 0, len)?;
+        match post {
+            Some(w) => be.post_add_rms_norm(x, y, w.all(), norm.all(), eps, out)?,
+            None => be.add_rms_norm(x, y, norm.all(), eps, out)?,
+        }
         Ok(())
     }
 
@@ -604,6 +585,27 @@ impl GpuModel {
         let x = at(&s.hidden, "hidden", rows.start * dim, n * dim)?;
         self.be.gemv_f32(head, x, n, None, at_mut(&mut s.logits, "logits", 0, n * vocab)?)?;
         Ok(self.be.download_slice_into(at(&s.logits, "logits", 0, n * vocab)?, out)?)
+    }
+
+    /// The logits of token `row` of the last `forward` call, copied into
+    /// the session's page-locked host buffer (what a sampler reads after
+    /// each step: no allocation, no second host copy).
+    ///
+    /// # Errors
+    ///
+    /// A row outside the last call's tokens; device errors.
+    pub fn row_logits<'s>(&self, s: &'s mut GpuSession, row: usize) -> Result<&'s [f32]> {
+        let (dim, vocab) = (self.config.dim, self.config.vocab_size);
+        if row >= s.last_tokens {
+            return Err(GpuError::InvalidArgument(format!(
+                "logits of row {row}: the last forward call ran {} tokens",
+                s.last_tokens
+            )));
+        }
+        let head = self.output.as_ref().unwrap_or(&self.token_embd);
+        let x = at(&s.hidden, "hidden", row * dim, dim)?;
+        self.be.gemv_f32(head, x, 1, None, at_mut(&mut s.logits, "logits", 0, vocab)?)?;
+        Ok(self.be.download_to_host(at(&s.logits, "logits", 0, vocab)?, &mut s.host_logits)?)
     }
 
     /// Runs `tokens` and returns the logits of the last one.

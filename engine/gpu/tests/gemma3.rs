@@ -22,8 +22,9 @@ fn greedy_continuations_match_the_cpu_engine() {
     check_greedy(&m, &cpu_engine(&path, 512), &gemma3_reference());
 }
 
-/// The fused steps (GeGLU inside the down projection; Gemma's post-norms
-/// keep the residual add apart) against the same steps one by one.
+/// The fused steps (GeGLU inside the down projection; each post-norm,
+/// residual add and RMSNorm inside the next projections) against the same
+/// steps one by one.
 #[test]
 fn fused_steps_match_unfused() {
     let Some(path) = gemma3() else { return };

@@ -37,23 +37,29 @@
 //     the next RMSNorm fused in); block 0 also writes r to x_out, the next
 //     residual stream. Sums as add_rms_norm in ops.cu sums them (256 threads,
 //     same order), so the staged values are the ones it would write.
+//   PRO_POST_ADD_NORM: as PRO_ADD_NORM with aux first normalised by its own
+//     RMSNorm (weights pw; Gemma's post-norms): r = x + aux / rms(aux) * pw,
+//     summed as post_add_rms_norm in ops.cu sums it.
 // aux and x_out rows have x's stride.
 #define PRO_NONE 0
 #define PRO_SILU 1
 #define PRO_GELU 2
 #define PRO_ADD_NORM 3
+#define PRO_POST_ADD_NORM 4
 struct Prologue {
     int mode;
     const float* aux;
     const float* nw;
     float eps;
     float* x_out;
+    const float* pw;
 };
 
-__device__ __forceinline__ float prologue_value(const Prologue& p, i64 at, int col, float v, float scale) {
+__device__ __forceinline__ float prologue_value(const Prologue& p, i64 at, int col, float v, float scale,
+                                                float pscale) {
     const float a = p.aux[at];
-    if (p.mode == PRO_ADD_NORM) {
-        const float r = v + a;
+    if (p.mode >= PRO_ADD_NORM) {
+        const float r = p.mode == PRO_POST_ADD_NORM ? v + a * pscale * p.pw[col] : v + a;
         if (blockIdx.x == 0) p.x_out[at] = r;
         return r * scale * p.nw[col];
     }
@@ -86,17 +92,26 @@ __device__ __forceinline__ void gemv_impl(const u8* __restrict__ w, i64 row_byte
 #pragma unroll
         for (int b = 0; b < B; ++b) acc[r][b] = 0.0f;
 
-    // PRO_ADD_NORM: each token's 1 / rms(x + aux), every thread in the sum.
-    float scale[B];
+    // PRO_ADD_NORM: each token's 1 / rms(x + aux), every thread in the sum;
+    // PRO_POST_ADD_NORM: first 1 / rms(aux), then 1 / rms(x + aux').
+    float scale[B], pscale[B];
 #pragma unroll
     for (int b = 0; b < B; ++b) {
         scale[b] = 1.0f;
-        if (pro.mode != PRO_ADD_NORM) continue;
-        float ss = 0.0f;
+        pscale[b] = 1.0f;
+        if (pro.mode < PRO_ADD_NORM) continue;
         const typename A::T* xb = x + (i64)b * x_stride;
         const float* ab = pro.aux + (i64)b * x_stride;
+        const bool post = pro.mode == PRO_POST_ADD_NORM;
+        if (post) {
+            float ps = 0.0f;
+            for (int i = threadIdx.x; i < cols; i += 32 * GEMV_WARPS) ps = fmaf(ab[i], ab[i], ps);
+            ps = block_sum(ps, red);
+            pscale[b] = 1.0f / sqrtf(ps / (float)cols + pro.eps);
+        }
+        float ss = 0.0f;
         for (int i = threadIdx.x; i < cols; i += 32 * GEMV_WARPS) {
-            const float v = A::get(xb, i) + ab[i];
+            const float v = post ? A::get(xb, i) + ab[i] * pscale[b] * pro.pw[i] : A::get(xb, i) + ab[i];
             ss = fmaf(v, v, ss);
         }
         ss = block_sum(ss, red);
@@ -114,7 +129,8 @@ __device__ __forceinline__ void gemv_impl(const u8* __restrict__ w, i64 row_byte
             for (int c = threadIdx.x; c < n; c += 32 * GEMV_WARPS) {
                 float v = A::get(xb, c);
                 if (pro.mode != PRO_NONE)
-                    v = prologue_value(pro, (i64)b * x_stride + 32 * base + c, 32 * base + c, v, scale[b]);
+                    v = prologue_value(pro, (i64)b * x_stride + 32 * base + c, 32 * base + c, v, scale[b],
+                                       pscale[b]);
                 xs[b][(c >> 5) * GEMV_PAD + (c & 31)] = v;
             }
         }
@@ -327,7 +343,7 @@ extern "C" __global__ void sum_splits(const float* __restrict__ part, int splits
                                int x_stride, const int* rows, int n_out, float* y,             \
                                int y_stride) {                                                 \
         gemv_impl<F, A, B>(w, row_bytes, cols, x, x_stride, rows, n_out, y, y_stride,            \
-                           Prologue{PRO_NONE, 0, 0, 0.0f, 0});                                   \
+                           Prologue{PRO_NONE, 0, 0, 0.0f, 0, 0});                                \
     }
 
 #define GEMV_FUSED(FN, F, B)                                                                    \
@@ -335,9 +351,9 @@ extern "C" __global__ void sum_splits(const float* __restrict__ part, int splits
         gemv_fused_##FN##_b##B(const u8* w, i64 row_bytes, int cols, const float* x,            \
                                int x_stride, const int* rows, int n_out, float* y,             \
                                int y_stride, int mode, const float* aux, const float* nw,      \
-                               float eps, float* x_out) {                                       \
+                               float eps, float* x_out, const float* pw) {                      \
         gemv_impl<F, ActF32, B>(w, row_bytes, cols, x, x_stride, rows, n_out, y, y_stride,        \
-                                Prologue{mode, aux, nw, eps, x_out});                            \
+                                Prologue{mode, aux, nw, eps, x_out, pw});                        \
     }
 
 #define GEMM(FN, F, A)                                                                          \

@@ -35,40 +35,56 @@ extern "C" __global__ void rms_norm(const float* x, const float* __restrict__ w,
 // cache, for `n` tokens at positions p0 + t, where p0 is *dpos when dpos is
 // set (a captured decode graph reads the position from the device) and pos0
 // otherwise. q, k and v are read at row strides qs, ks and vs (one stacked
-// QKV row, or three buffers). NeoX pairs (i, i + hd/2), otherwise (2i,
-// 2i + 1); frequencies as HF computes them (f32 inverse frequencies),
-// angles in f64 (the CPU table's recipe).
+// QKV row, or separate buffers). With `qn` / `kn` set (Gemma's QK-norm),
+// each query / key head is first RMS-normalised with those weights (the
+// arithmetic of rms_norm, per head). NeoX pairs (i, i + hd/2), otherwise
+// (2i, 2i + 1); frequencies as HF computes them (f32 inverse frequencies),
+// angles in f64 (the CPU table's recipe). One block per (token, head),
+// thread i of hd/2 (rounded up to a warp) rotating pair i.
 extern "C" __global__ void rope_append(const float* __restrict__ q, i64 qs, const float* __restrict__ k, i64 ks,
                                        const float* __restrict__ v, i64 vs, float* __restrict__ q_out,
                                        float* __restrict__ kc, float* __restrict__ vc, int n, int heads,
                                        int kv_heads, int hd, int pos0, const int* __restrict__ dpos, float theta,
-                                       int neox) {
-    const int half = hd >> 1;
-    const int per_token = (heads + kv_heads) * half;
-    const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= n * per_token) return;
-    const int t = idx / per_token, r = idx % per_token;
-    const int h = r / half, i = r % half;
+                                       int neox, const float* __restrict__ qn, const float* __restrict__ kn,
+                                       float eps) {
+    __shared__ float red[32];
+    const int half = hd >> 1, per_token = heads + kv_heads;
+    const int t = blockIdx.x / per_token, h = blockIdx.x % per_token, i = threadIdx.x;
+    const bool on = i < half;
     const int p = (dpos ? dpos[0] : pos0) + t;
-    const float inv = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
-    const double a = (double)p * (double)inv;
-    const float c = (float)cos(a), sn = (float)sin(a);
     const int j0 = neox ? i : 2 * i, j1 = neox ? i + half : 2 * i + 1;
     const float* src;
     float* dst;
+    const float* nw;
     if (h < heads) {
         src = q + (i64)t * qs + (i64)h * hd;
         dst = q_out + ((i64)t * heads + h) * hd;
+        nw = qn;
     } else {
         const int kh = h - heads;
         const i64 row = (i64)p * kv_heads * hd + (i64)kh * hd;
         src = k + (i64)t * ks + (i64)kh * hd;
         dst = kc + row;
-        const float* vv = v + (i64)t * vs + (i64)kh * hd;
-        vc[row + j0] = vv[j0];
-        vc[row + j1] = vv[j1];
+        nw = kn;
+        if (on) {
+            const float* vv = v + (i64)t * vs + (i64)kh * hd;
+            vc[row + j0] = vv[j0];
+            vc[row + j1] = vv[j1];
+        }
     }
-    const float x0 = src[j0], x1 = src[j1];
+    float x0 = on ? src[j0] : 0.0f, x1 = on ? src[j1] : 0.0f;
+    if (nw) {  // the same for the whole block
+        const float ss = block_sum(fmaf(x1, x1, x0 * x0), red);
+        const float scale = 1.0f / sqrtf(ss / (float)hd + eps);
+        if (on) {
+            x0 = x0 * scale * nw[j0];
+            x1 = x1 * scale * nw[j1];
+        }
+    }
+    if (!on) return;
+    const float inv = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
+    const double a = (double)p * (double)inv;
+    const float c = (float)cos(a), sn = (float)sin(a);
     dst[j0] = x0 * c - x1 * sn;
     dst[j1] = x0 * sn + x1 * c;
 }
@@ -158,6 +174,178 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
         for (int g = 0; g < groups; ++g) acc += part[g * hd + d];
         o[d] = acc * inv;
     }
+}
+
+// Attention of a few new tokens (decode), flash-decoding style: block
+// (t * heads + h, s) takes split s of token t's positions (`splits` equal
+// chunks of first..=p, see `attention` for the window and GQA), its 8 warps
+// every 8th position of the chunk. A lane holds hd / 32 of the head's
+// dimensions (d = lane + 32 i: each key or value row is read by whole
+// 128-byte lines) and keeps a running softmax (max m, sum l, weighted values
+// acc) over its warp's positions, two at a time; the warps then merge in
+// shared memory. With one split the block writes the output; with several
+// it writes (m, l, acc) to `part` (rows of hd + 2 floats per (t, h, s)) and
+// the last block of its (t, h) to finish (counted in `count`, which it sets
+// back to 0) merges the splits. hd a multiple of 32, at most 256.
+#define DEC_WARPS 8
+#define DEC_MAXI 8
+
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+    attention_dec(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+                  float* __restrict__ out, int heads, int kv_heads, int hd, int pos0, const int* __restrict__ dpos,
+                  int window, float scale, int splits, float* __restrict__ part, int* __restrict__ count) {
+    __shared__ float wm[DEC_WARPS], wl[DEC_WARPS], wacc[DEC_WARPS * 256];
+    __shared__ int last;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ni = hd >> 5;
+    const int bh = blockIdx.x, s = blockIdx.y;
+    const int t = bh / heads, h = bh % heads;
+    const int kv_dim = kv_heads * hd, kvh = h / (heads / kv_heads);
+    const int p = (dpos ? dpos[0] : pos0) + t;
+    const int first = window > 0 ? max(0, p + 1 - window) : 0;
+    const int len = p + 1 - first, chunk = (len + splits - 1) / splits;
+    const int j0 = first + s * chunk, j1 = min(first + len, j0 + chunk);
+    float qr[DEC_MAXI], acc[DEC_MAXI];
+    const float* qv = q + (i64)bh * hd;
+#pragma unroll
+    for (int i = 0; i < DEC_MAXI; ++i) {
+        qr[i] = i < ni ? qv[lane + 32 * i] * scale : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = -SP_INF, l = 0.0f;
+    const float* kb = kc + (i64)kvh * hd + lane;
+    const float* vb = vc + (i64)kvh * hd + lane;
+    // Two positions per step: their loads are independent.
+    int j = j0 + warp;
+    for (; j + DEC_WARPS < j1; j += 2 * DEC_WARPS) {
+        const float* k0 = kb + (i64)j * kv_dim;
+        const float* k1 = k0 + (i64)DEC_WARPS * kv_dim;
+        const float* v0 = vb + (i64)j * kv_dim;
+        const float* v1 = v0 + (i64)DEC_WARPS * kv_dim;
+        float d0 = 0.0f, d1 = 0.0f, va[DEC_MAXI], vb2[DEC_MAXI];
+#pragma unroll
+        for (int i = 0; i < DEC_MAXI; ++i) {
+            if (i < ni) {
+                d0 = fmaf(qr[i], k0[32 * i], d0);
+                d1 = fmaf(qr[i], k1[32 * i], d1);
+                va[i] = v0[32 * i];
+                vb2[i] = v1[32 * i];
+            }
+        }
+        d0 = warp_sum(d0);
+        d1 = warp_sum(d1);
+        const float mn = fmaxf(m, fmaxf(d0, d1));
+        const float c = expf(m - mn), e0 = expf(d0 - mn), e1 = expf(d1 - mn);
+        l = fmaf(l, c, e0 + e1);
+#pragma unroll
+        for (int i = 0; i < DEC_MAXI; ++i) {
+            if (i < ni) acc[i] = fmaf(acc[i], c, fmaf(e0, va[i], e1 * vb2[i]));
+        }
+        m = mn;
+    }
+    if (j < j1) {
+        const float* k0 = kb + (i64)j * kv_dim;
+        const float* v0 = vb + (i64)j * kv_dim;
+        float d0 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DEC_MAXI; ++i) {
+            if (i < ni) d0 = fmaf(qr[i], k0[32 * i], d0);
+        }
+        d0 = warp_sum(d0);
+        const float mn = fmaxf(m, d0);
+        const float c = expf(m - mn), e0 = expf(d0 - mn);
+        l = fmaf(l, c, e0);
+#pragma unroll
+        for (int i = 0; i < DEC_MAXI; ++i) {
+            if (i < ni) acc[i] = fmaf(acc[i], c, e0 * v0[32 * i]);
+        }
+        m = mn;
+    }
+    // Merge the warps (a warp without positions has m = -inf, l = 0).
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < DEC_MAXI; ++i) {
+        if (i < ni) wacc[warp * 256 + lane + 32 * i] = acc[i];
+    }
+    __syncthreads();
+    float bm = -SP_INF;
+    for (int w = 0; w < DEC_WARPS; ++w) bm = fmaxf(bm, wm[w]);
+    float bl = 0.0f;
+    float* o = out + (i64)bh * hd;
+    float* pr = part + ((i64)bh * splits + s) * (hd + 2);
+    for (int d = threadIdx.x; d < hd; d += DEC_WARPS * 32) {
+        float a = 0.0f;
+        bl = 0.0f;
+        if (bm > -SP_INF) {
+            for (int w = 0; w < DEC_WARPS; ++w) {
+                const float f = expf(wm[w] - bm);
+                a = fmaf(wacc[w * 256 + d], f, a);
+                bl = fmaf(wl[w], f, bl);
+            }
+        }
+        if (splits == 1) o[d] = a / bl;
+        else pr[2 + d] = a;
+    }
+    if (splits == 1) return;
+    if (threadIdx.x == 0) {
+        float l0 = 0.0f;
+        if (bm > -SP_INF) {
+            for (int w = 0; w < DEC_WARPS; ++w) l0 = fmaf(wl[w], expf(wm[w] - bm), l0);
+        }
+        pr[0] = bm;
+        pr[1] = l0;
+    }
+    // The last block of this (t, h) to finish merges the splits.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&count[bh], 1) == splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float* p0 = part + (i64)bh * splits * (hd + 2);
+    float gm = -SP_INF;
+    for (int r = 0; r < splits; ++r) gm = fmaxf(gm, __ldcg(p0 + (i64)r * (hd + 2)));
+    for (int d = threadIdx.x; d < hd; d += DEC_WARPS * 32) {
+        float a = 0.0f, gl = 0.0f;
+        for (int r = 0; r < splits; ++r) {
+            const float* pp = p0 + (i64)r * (hd + 2);
+            const float mr = __ldcg(pp);
+            if (mr == -SP_INF) continue;
+            const float f = expf(mr - gm);
+            gl = fmaf(__ldcg(pp + 1), f, gl);
+            a = fmaf(__ldcg(pp + 2 + d), f, a);
+        }
+        o[d] = a / gl;
+    }
+    if (threadIdx.x == 0) count[bh] = 0;
+}
+
+// y' = y / rms(y) * wp (Gemma's post-norm of a block's output), x += y',
+// then out = x / rms(x) * w: the post-norm, the residual add and the next
+// RMSNorm in one pass, one block per row of `dim` (the arithmetic of
+// rms_norm followed by add_rms_norm).
+extern "C" __global__ void post_add_rms_norm(float* x, const float* __restrict__ y, const float* __restrict__ wp,
+                                             const float* __restrict__ w, float eps, int dim,
+                                             float* __restrict__ out) {
+    __shared__ float red[32];
+    float* xr = x + (i64)blockIdx.x * dim;
+    const float* yr = y + (i64)blockIdx.x * dim;
+    float* o = out + (i64)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss = fmaf(yr[i], yr[i], ss);
+    ss = block_sum(ss, red);
+    const float sp = 1.0f / sqrtf(ss / (float)dim + eps);
+    float s2 = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i] + yr[i] * sp * wp[i];
+        xr[i] = v;
+        s2 = fmaf(v, v, s2);
+    }
+    s2 = block_sum(s2, red);
+    const float scale = 1.0f / sqrtf(s2 / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * scale * w[i];
 }
 
 // out = silu(gate) * up (SwiGLU) or gelu_tanh(gate) * up (GeGLU), for n
