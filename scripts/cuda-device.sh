@@ -7,6 +7,7 @@
 #   scripts/cuda-device.sh --stage FILE...        # there: keep carried files in /tmp/spinfer-stage
 #   scripts/cuda-device.sh --llama SRC.tar.xz     # there: build llama.cpp (CUDA) in the background
 #   scripts/cuda-device.sh --run BIN_DIR OUT_DIR  # there: tests, benchmarks, llama.cpp side by side
+#   scripts/cuda-device.sh --tune OUT_DIR         # there: the CUDA pack through `spinfer tune`
 #
 # Everything in one stream instead (a transfer carries at most 64 MiB with
 # the working tree): here, `--pack DIR FILE...` writes FILE... as one tar
@@ -35,7 +36,7 @@ nvrtc_env() {
     # libnvrtc from the toolkit, under the unversioned name cudarc tries first.
     local nvrtc
     nvrtc=$(ls /usr/local/cuda/lib64/libnvrtc.so.* 2>/dev/null | grep -v builtins | head -1 || true)
-    [ -n "$nvrtc" ] || nvrtc=$(find / -name 'libnvrtc.so.*' -not -name '*builtins*' 2>/dev/null | head -1)
+    [ -n "$nvrtc" ] || nvrtc=$(find / -name 'libnvrtc.so.*' -not -name '*builtins*' 2>/dev/null | head -1 || true)
     echo "libnvrtc: $nvrtc"
     mkdir -p /tmp/spinfer-nvrtc && ln -sf "$nvrtc" /tmp/spinfer-nvrtc/libnvrtc.so
     export LD_LIBRARY_PATH="/tmp/spinfer-nvrtc:$(dirname "$nvrtc"):${LD_LIBRARY_PATH:-}"
@@ -84,6 +85,34 @@ for line in sys.stdin:
     (cd "$STAGE" && cat chunks/c[0-9][0-9] | tar xf - && rm -rf chunks)
     mkdir -p "$STAGE/bin" && tar xJf "$STAGE/bins.tar.xz" -C "$STAGE/bin"
     ls -la "$STAGE" "$STAGE/bin"
+    ;;
+--tune)
+    # The CUDA pack through the kernel registry: staged `spinfer` (built
+    # with --features cuda), packs/ (kernels-cuda, signed), trusted.pub and
+    # smollm2.gguf. `spinfer kernels` (the pack's score), `spinfer tune`
+    # into a history, the choices it makes, and `spinfer bench` (precise)
+    # with and without the pack.
+    out=${2:?output folder}
+    mkdir -p "$out"
+    nvrtc_env > /dev/null
+    export SPINFER_CUDA_CACHE=/tmp/spinfer-cuda-cache
+    sp="$STAGE/spinfer"
+    model=$STAGE/smollm2.gguf
+    base="[model]\npath = \"$model\"\nprecision = \"precise\"\n"
+    packs="[packs]\ndirs = [\"$STAGE/packs\"]\ntrusted_keys = [\"$(cat "$STAGE/trusted.pub")\"]\ninstall_record = \"$STAGE/rec.toml\"\n"
+    printf "$base" > "$STAGE/cpu.toml"
+    printf "$base$packs" > "$STAGE/packs.toml"
+    printf "$base${packs}history = \"$STAGE/history\"\n" > "$STAGE/tuned.toml"
+    echo "== spinfer kernels (the pack registered)"
+    "$sp" kernels --config "$STAGE/packs.toml" 2>&1 | head -4 | tee "$out/kernels.txt"
+    echo "== spinfer tune"
+    "$sp" tune --config "$STAGE/packs.toml" --history "$STAGE/history" --quiet 2>&1 | tee "$out/tune.txt"
+    for round in 1 2; do
+        for c in cpu tuned; do
+            echo "== round $round: spinfer bench, precise, $c"
+            "$sp" bench --config "$STAGE/$c.toml" --json 2>&1 | tee -a "$out/bench-$c.txt"
+        done
+    done
     ;;
 --stage)
     shift

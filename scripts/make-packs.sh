@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the shipped kernel packs from source into signed pack directories:
 #   scripts/make-packs.sh OUT_DIR KEY_NAME
-# OUT_DIR/{cpu-portable,cpu-simd,wasm-simd128}/ each get the artefact, a
+# OUT_DIR/{cpu-portable,cpu-simd,wasm-simd128,kernels-cuda}/ each get the artefact, a
 # pack.toml pinning its sha256, and pack.sig signed with KEY_NAME.key
 # (created with `spinfer pack keygen` when absent). Trust KEY_NAME.pub in
 # the operator config's `packs.trusted_keys` and list OUT_DIR in
@@ -58,4 +58,14 @@ pack cpu-simd native "$bin/libspinfer_pack_cpu_simd.so" \
 kernels-wasm/build.sh target/wasm-packs/spinfer_kernels_wasm.wasm
 pack wasm-simd128 wasm target/wasm-packs/spinfer_kernels_wasm.wasm \
     "WebAssembly simd128 f32-activation kernels" f32:f32:f32 q4_1:q4_1:f32 q8_0:q8_0:f32
+# The CUDA pack ships CUDA C, compiled by the host's NVRTC for its GPU on
+# first use (ABI spinfer_kernels_cuda::PACK_ABI_VERSION): the product kernels'
+# source, as spinfer_kernels_cuda::products_source() assembles it.
+mkdir -p target/cuda-pack
+cu=kernels-cuda/src/cu
+{ cat $cu/common.cuh; echo; cat $cu/formats.cuh; echo; cat $cu/gemv.cu; echo; } >target/cuda-pack/kernels.cu
+pack kernels-cuda cuda target/cuda-pack/kernels.cu \
+    "CUDA GEMV and GEMM on GGUF blocks, f32 activations (NVRTC at load)" \
+    cuda_q4_0:q4_0:f32 cuda_q4_1:q4_1:f32 cuda_q5_0:q5_0:f32 cuda_q5_1:q5_1:f32 cuda_q8_0:q8_0:f32 \
+    cuda_q4_k:q4_k:f32 cuda_q5_k:q5_k:f32 cuda_q6_k:q6_k:f32 cuda_tq1_0:tq1_0:f32 cuda_tq2_0:tq2_0:f32
 echo "packs in $out, signed with $key.pub: $(cat "$key.pub")" >&2

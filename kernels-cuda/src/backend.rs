@@ -104,7 +104,22 @@ impl CudaBackend {
     /// [`CudaError::Unavailable`] naming why when there is no usable device.
     pub fn new() -> Result<Self> {
         let info = probe()?;
-        let inner = imp::Backend::new(&info)?;
+        let inner = imp::Backend::new(&info, None)?;
+        Ok(Self { inner, info, scratch: Mutex::default() })
+    }
+
+    /// Opens device 0 with the product kernels (GEMV, GEMM, AXPY, rows) of
+    /// a CUDA pack: `products` has the shape of
+    /// [`crate::products_source`] (ABI [`crate::PACK_ABI_VERSION`]) and is
+    /// compiled per format on first use, in place of the built-in source.
+    ///
+    /// # Errors
+    ///
+    /// As [`CudaBackend::new`]; a source that does not compile fails at its
+    /// first launch with [`CudaError::Compile`] and the compiler's log.
+    pub fn with_products(products: &str) -> Result<Self> {
+        let info = probe()?;
+        let inner = imp::Backend::new(&info, Some(std::sync::Arc::from(products)))?;
         Ok(Self { inner, info, scratch: Mutex::default() })
     }
 
@@ -166,6 +181,19 @@ impl CudaBackend {
     /// none): what a profiler's `--launch-skip` counts.
     pub fn launches(&self) -> u64 {
         self.inner.launches()
+    }
+
+    /// Copies a slice back into `out`, which must have its length.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Shape`] on another length; driver errors, including a
+    /// kernel fault reported at this sync point.
+    pub fn download_to<T: Elem>(&self, s: Slice<'_, T>, out: &mut [T]) -> Result<()> {
+        if s.len != out.len() {
+            return Err(shape_err("download_to", format!("{} elements into {}", s.len, out.len())));
+        }
+        self.inner.download_range(&s.buf.inner, s.offset, out)
     }
 
     /// Page-locked host memory for `len` elements.

@@ -107,9 +107,8 @@ fn nvrtc_version() -> Result<(i32, i32)> {
 
 /// PTX of one module for `arch` (`compute_XY`), from the disk cache when
 /// `cached` and a verified entry exists, else compiled by NVRTC (and cached).
-pub(crate) fn compile_ptx(module: Module, arch: &str, cached: bool) -> Result<String> {
+pub(crate) fn compile_ptx(module: Module, src: &str, arch: &str, cached: bool) -> Result<String> {
     let (major, minor) = nvrtc_version()?;
-    let src = module.source();
     let key = hex(&Sha256::digest(format!("{src}\0{arch}\0nvrtc {major}.{minor}")));
     let path = kernel_cache_dir().map(|d| d.join(format!("{}-{arch}-{}.ptx", module.name(), &key[..16])));
     if let Some(ptx) = path.as_deref().filter(|_| cached).and_then(read_cached) {
@@ -118,7 +117,7 @@ pub(crate) fn compile_ptx(module: Module, arch: &str, cached: bool) -> Result<St
     }
     let t0 = std::time::Instant::now();
     let opts = CompileOptions { options: vec![format!("--gpu-architecture={arch}")], ..Default::default() };
-    let ptx = catch_unwind(AssertUnwindSafe(|| compile_ptx_with_opts(&src, opts)))
+    let ptx = catch_unwind(AssertUnwindSafe(|| compile_ptx_with_opts(src, opts)))
         .map_err(|_| CudaError::NoNvrtc)?
         .map_err(|e| compile_error(module, arch, e))?
         .to_src();
@@ -176,10 +175,12 @@ pub(crate) struct Backend {
     modules: Mutex<HashMap<Module, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
     launches: std::sync::atomic::AtomicU64,
+    /// A pack's product kernels, compiled instead of the built-in ones.
+    products: Option<Arc<str>>,
 }
 
 impl Backend {
-    pub(crate) fn new(info: &DeviceInfo) -> Result<Self> {
+    pub(crate) fn new(info: &DeviceInfo, products: Option<Arc<str>>) -> Result<Self> {
         let ctx = catch_unwind(|| CudaContext::new(0))
             .map_err(|_| CudaUnavailable::Driver { call: "cuCtxCreate", detail: "panicked".into() })?
             .map_err(driver("cuDevicePrimaryCtxRetain"))?;
@@ -197,6 +198,7 @@ impl Backend {
             modules: Mutex::default(),
             functions: Mutex::default(),
             launches: std::sync::atomic::AtomicU64::new(0),
+            products,
         })
     }
 
@@ -210,7 +212,11 @@ impl Backend {
             match mods.get(&module) {
                 Some(m) => m.clone(),
                 None => {
-                    let ptx = compile_ptx(module, &self.arch, true)?;
+                    let src = match (module, &self.products) {
+                        (Module::Format(f), Some(p)) => crate::format::format_source(p, f),
+                        _ => module.source(),
+                    };
+                    let ptx = compile_ptx(module, &src, &self.arch, true)?;
                     let m = self.ctx.load_module(Ptx::from_src(ptx)).map_err(driver("cuModuleLoadData"))?;
                     mods.insert(module, m.clone());
                     m

@@ -21,7 +21,7 @@ pub(crate) fn probe() -> std::result::Result<DeviceInfo, CudaUnavailable> {
     Err(NOT_COMPILED)
 }
 
-pub(crate) fn compile_ptx(_: Module, _: &str, _: bool) -> Result<String> {
+pub(crate) fn compile_ptx(_: Module, _: &str, _: &str, _: bool) -> Result<String> {
     Err(CudaError::Unavailable(NOT_COMPILED))
 }
 
@@ -34,7 +34,7 @@ pub(crate) struct Backend(Infallible);
 pub(crate) struct Graph(Infallible);
 
 impl Backend {
-    pub(crate) fn new(_: &DeviceInfo) -> Result<Self> {
+    pub(crate) fn new(_: &DeviceInfo, _: Option<std::sync::Arc<str>>) -> Result<Self> {
         Err(CudaError::Unavailable(NOT_COMPILED))
     }
     pub(crate) fn upload<T>(&self, _: &[T]) -> Result<Buf<T>> {

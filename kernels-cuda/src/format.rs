@@ -179,17 +179,22 @@ pub(crate) fn batch_for(left: usize, built: &[usize]) -> usize {
     built.iter().copied().filter(|&b| b <= left).max().unwrap_or(1)
 }
 
-/// The CUDA source of one format's kernels: the shared headers, the kernel
-/// templates and one `FORMAT(...)` line instantiating them.
+/// The built-in product kernels' source before instantiation: the shared
+/// headers, the block readers and the GEMV/GEMM/AXPY templates. A CUDA pack
+/// ships a source of this shape (ABI [`crate::PACK_ABI_VERSION`]).
+pub fn products_source() -> String {
+    format!("{}\n{}\n{}\n", include_str!("cu/common.cuh"), include_str!("cu/formats.cuh"), include_str!("cu/gemv.cu"))
+}
+
+/// The CUDA source of one format's kernels: `products` (see
+/// [`products_source`]) and one `FORMAT(...)` line instantiating it.
+pub fn format_source(products: &str, format: WeightFormat) -> String {
+    format!("{products}\nFORMAT({}, {})\n", format.name(), format.cuda_struct())
+}
+
+/// The built-in CUDA source of one format's kernels.
 pub fn kernel_source(format: WeightFormat) -> String {
-    format!(
-        "{}\n{}\n{}\nFORMAT({}, {})\n",
-        include_str!("cu/common.cuh"),
-        include_str!("cu/formats.cuh"),
-        include_str!("cu/gemv.cu"),
-        format.name(),
-        format.cuda_struct()
-    )
+    format_source(&products_source(), format)
 }
 
 /// The CUDA source of the format-independent steps (`ops.cu`).

@@ -42,7 +42,9 @@ use cuda_disabled as imp;
 pub use backend::{CudaBackend, DeviceGraph};
 pub use buffers::{DeviceActs, DeviceBuf, DeviceMatrix, DeviceRows, Elem, HostBuf, Slice, SliceMut};
 pub use error::{CudaError, CudaUnavailable, Result};
-pub use format::{AXPY_BATCHES, ActType, GEMV_BATCHES, WeightFormat, kernel_source, ops_source};
+pub use format::{
+    AXPY_BATCHES, ActType, GEMV_BATCHES, WeightFormat, format_source, kernel_source, ops_source, products_source,
+};
 pub use fused::{GluAct, Prologue};
 pub use ops::{
     AttentionScratch, AttentionShape, DECODE_TOKENS, KvCache, MAX_ATTENTION_POSITIONS, Position, QkNorm, QkvRows,
@@ -53,6 +55,14 @@ pub use synthetic::{synthetic_acts, synthetic_matrix};
 /// Score of a usable CUDA device (above every CPU provider; ggml likewise
 /// prefers a GPU backend over any CPU variant).
 pub const SCORE_CUDA: u32 = 1 << 10;
+
+/// The ABI of a CUDA pack's product kernels (its `pack.toml`'s
+/// `abi_version`): a source shaped as [`products_source`] whose
+/// `FORMAT(name, Struct)` macro instantiates, for every format, the kernels
+/// this crate launches under their names and parameter lists
+/// (`gemv_<fmt>_<Act>_b<B>`, `gemv_fused_<fmt>_b<B>`, `gemm_<fmt>_<Act>`,
+/// `axpy_rows_<fmt>_b<B>`, `dequant_rows_<fmt>`, as in `src/cu/gemv.cu`).
+pub const PACK_ABI_VERSION: u32 = 1;
 
 /// What [`probe`] found: CUDA device 0.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,7 +135,25 @@ pub fn kernel_cache_dir() -> Option<std::path::PathBuf> {
 /// the compiler's log, `NotCompiled` without feature `cuda`.
 pub fn compile_check(arch: &str) -> Result<Vec<(&'static str, usize)>> {
     let modules = WeightFormat::ALL.into_iter().map(backend::Module::Format).chain([backend::Module::Ops]);
-    modules.map(|m| Ok((m.name(), imp::compile_ptx(m, arch, false)?.len()))).collect()
+    modules.map(|m| Ok((m.name(), imp::compile_ptx(m, &m.source(), arch, false)?.len()))).collect()
+}
+
+/// [`compile_check`] of a CUDA pack's product kernels (`products`, see
+/// [`products_source`]) for `formats`, without a device.
+///
+/// # Errors
+///
+/// As [`compile_check`].
+pub fn compile_check_products(
+    products: &str,
+    formats: &[WeightFormat],
+    arch: &str,
+) -> Result<Vec<(&'static str, usize)>> {
+    let one = |f: WeightFormat| {
+        let src = format::format_source(products, f);
+        Ok((f.name(), imp::compile_ptx(backend::Module::Format(f), &src, arch, false)?.len()))
+    };
+    formats.iter().map(|&f| one(f)).collect()
 }
 
 #[cfg(test)]

@@ -38,7 +38,27 @@ pub fn kernels(a: KernelsArgs) -> Result<()> {
         config.packs.history = a.history.clone();
     }
     let engine = load_config(&a.common, &config)?;
+    if !a.common.json {
+        print_providers(&config)?;
+    }
     print_choices(&engine, a.common.json);
+    Ok(())
+}
+
+/// The kernel providers the config registers (built-in and packs), with
+/// their scores and what the scores rest on; and the packs skipped, why.
+fn print_providers(config: &spinfer_engine::config::Config) -> Result<()> {
+    let (registry, status) = spinfer_engine::engine::registry_from_config(config)?;
+    for (name, score, detail, excluded) in registry.providers() {
+        let note = if excluded { " (excluded by [kernels] exclude)" } else { "" };
+        let detail = if detail.is_empty() { String::new() } else { format!(": {detail}") };
+        println!("provider {name}: score {score}{detail}{note}");
+    }
+    for s in status {
+        if let Err(why) = s.outcome {
+            println!("pack {} skipped: {why}", s.dir.display());
+        }
+    }
     Ok(())
 }
 

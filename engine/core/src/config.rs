@@ -15,8 +15,8 @@ use spinfer_sparsity::cache::CachePolicyKind;
 use spinfer_sparsity::{PredictorKind, SparsityOptions};
 
 pub use spinfer_packs::settings::{
-    KernelsSection, MAX_WASM_MEMORY_MB, MAX_WASM_MODULE_MB, MAX_WASM_TIMEOUT_MS, PacksSection, TrustedKeySetting,
-    WasmSection, default_install_record, excerpt,
+    CudaSection, KernelsSection, MAX_WASM_MEMORY_MB, MAX_WASM_MODULE_MB, MAX_WASM_TIMEOUT_MS, PacksSection,
+    TrustedKeySetting, WasmSection, default_install_record, excerpt,
 };
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -29,6 +29,8 @@ pub struct Config {
     pub kernels: KernelsSection,
     #[serde(default)]
     pub wasm: WasmSection,
+    #[serde(default)]
+    pub cuda: CudaSection,
     /// Sparse FFN; absent: dense.
     pub sparsity: Option<SparsitySection>,
     /// The output head; absent: dense.
@@ -261,6 +263,10 @@ impl Config {
                 return Err(format!("[wasm] {key} = {v} is out of range: it must be between 1 and {max}"));
             }
         }
+        let mb = self.cuda.budget_mb;
+        if !(mb.is_finite() && (0.0..=MAX_BUDGET_MB).contains(&mb)) {
+            return Err(format!("[cuda] budget_mb = {mb} is out of range: it must be between 0 and {MAX_BUDGET_MB}"));
+        }
         Ok(())
     }
 
@@ -370,6 +376,16 @@ mod tests {
         }
         let c = parse(&format!("{base}timeout_ms = 60000\n")).unwrap();
         assert_eq!((c.wasm.timeout_ms, c.wasm.max_module_mb), (60_000, 64));
+
+        let base = "[model]\npath = \"m.gguf\"\n[cuda]\n";
+        assert_eq!(parse("[model]\npath = \"m.gguf\"\n").unwrap().cuda.budget_mb, 1024.0);
+        assert_eq!(parse(&format!("{base}budget_mb = 0\n")).unwrap().cuda.budget_mb, 0.0);
+        for bad in ["budget_mb = -1", "budget_mb = nan", "budget_mb = 1e300"] {
+            let e = parse(&format!("{base}{bad}\n")).unwrap_err().to_string();
+            assert!(e.contains("[cuda] budget_mb") && e.contains("out of range"), "{e}");
+        }
+        let e = parse(&format!("{base}budget = 5\n")).unwrap_err().to_string();
+        assert!(e.contains("budget"), "{e}");
     }
 
     #[test]

@@ -153,7 +153,7 @@ impl Engine {
     /// reported, never fatal).
     pub fn from_config(config: &Config) -> Result<(Self, Vec<PackStatus>)> {
         let spinfer_packs::LoadedPacks { registry, loaders, status: packs } =
-            spinfer_packs::load_packs(&config.packs, &config.kernels, &config.wasm)?;
+            spinfer_packs::load_packs(&config.packs, &config.kernels, &config.wasm, &config.cuda)?;
         let mut engine = Self::open(&config.model.path, config.model_options(), &registry, &loaders)?;
         if let Some(h) = &config.head
             && h.mode == crate::config::HeadMode::Sparse
@@ -587,5 +587,5 @@ pub fn is_safetensors(path: &Path) -> bool {
 /// The kernel registry an operator config describes: see
 /// [`spinfer_packs::load_registry`].
 pub fn registry_from_config(c: &Config) -> Result<(KernelRegistry, Vec<PackStatus>)> {
-    Ok(spinfer_packs::load_registry(&c.packs, &c.kernels, &c.wasm)?)
+    Ok(spinfer_packs::load_registry(&c.packs, &c.kernels, &c.wasm, &c.cuda)?)
 }

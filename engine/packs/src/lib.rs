@@ -6,13 +6,16 @@
 //! artefact. [`native::NativePack`] loads a native (`cdylib`) pack following
 //! ggml's backend order (verify → open → ABI version → score → register) and
 //! serves its kernels behind the kernel registry's `KernelProvider`;
-//! [`WasmPack`] does the same for a sandboxed WebAssembly pack.
+//! [`WasmPack`] does the same for a sandboxed WebAssembly pack, and
+//! [`CudaPack`] for a pack of CUDA C kernels (compiled by NVRTC, run on the
+//! GPU).
 //! [`load_registry`] does all of this for an operator's settings.
 //!
 //! Architecture invariant: this is the only crate that opens a pack's
 //! artefact (links `libloading`/`memfd` or compiles WASM with wasmtime), and
 //! it only opens bytes that `spinfer-registry` verified.
 
+mod cuda;
 mod error;
 mod host;
 mod i2s;
@@ -20,7 +23,9 @@ mod load;
 mod loaders;
 pub mod native;
 pub mod settings;
+mod spot;
 
+pub use cuda::{CudaPack, MAX_SOURCE_BYTES as MAX_CUDA_SOURCE_BYTES, cuda_format};
 pub use error::{Error, Result};
 pub use host::{HOST_VERSION, abi_act_type, abi_weight_type, host_info};
 pub use load::{LoadedPacks, PackStatus, load_packs, load_registry};

@@ -10,8 +10,8 @@ use spinfer_kernel_select::tuning::HistoryStore;
 use spinfer_registry::{InstallRecord, PackKind, VerifiedPack, VerifyLimits, discover, verify_pack_with};
 
 use crate::loaders::PackLoader;
-use crate::settings::{KernelsSection, PacksSection, WasmSection};
-use crate::{Error, NativePack, Result, WasmLimits, WasmPack, host_info};
+use crate::settings::{CudaSection, KernelsSection, PacksSection, WasmSection};
+use crate::{CudaPack, Error, NativePack, Result, WasmLimits, WasmPack, host_info};
 
 /// The outcome of one discovered pack.
 #[derive(Clone, Debug)]
@@ -37,8 +37,9 @@ pub fn load_registry(
     packs: &PacksSection,
     kernels: &KernelsSection,
     wasm: &WasmSection,
+    cuda: &CudaSection,
 ) -> Result<(KernelRegistry, Vec<PackStatus>)> {
-    let loaded = load_packs(packs, kernels, wasm)?;
+    let loaded = load_packs(packs, kernels, wasm, cuda)?;
     Ok((loaded.registry, loaded.status))
 }
 
@@ -55,7 +56,12 @@ pub struct LoadedPacks {
 }
 
 /// As [`load_registry`], keeping the packs' model-file loaders too.
-pub fn load_packs(packs: &PacksSection, kernels: &KernelsSection, wasm: &WasmSection) -> Result<LoadedPacks> {
+pub fn load_packs(
+    packs: &PacksSection,
+    kernels: &KernelsSection,
+    wasm: &WasmSection,
+    cuda: &CudaSection,
+) -> Result<LoadedPacks> {
     let mut registry = KernelRegistry::builtin();
     for (op, kernel) in &kernels.pin {
         registry.pin(op, kernel);
@@ -160,9 +166,7 @@ pub fn load_packs(packs: &PacksSection, kernels: &KernelsSection, wasm: &WasmSec
                     (Arc::clone(&native) as Arc<dyn KernelProvider>, Some(native as Arc<dyn SparsityProvider>))
                 }
                 PackKind::Wasm => (Arc::new(WasmPack::load(&pack, limits)?) as Arc<dyn KernelProvider>, None),
-                PackKind::Cuda => {
-                    return Err(Error::Pack { pack: pack.id(), detail: "cuda packs are not supported yet".into() });
-                }
+                PackKind::Cuda => (Arc::new(CudaPack::load(&pack, cuda.budget_mb)?) as Arc<dyn KernelProvider>, None),
             })
         });
         match outcome {

@@ -132,6 +132,26 @@ pub struct WasmSection {
     pub fuel: Option<u64>,
 }
 
+/// `[cuda]`: what CUDA packs may hold on the GPU.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CudaSection {
+    /// Device memory a CUDA pack keeps weights resident in, MB (10^6
+    /// bytes; default 1024). Past it, a matrix is uploaded for each call.
+    #[serde(default = "default_cuda_budget")]
+    pub budget_mb: f64,
+}
+
+fn default_cuda_budget() -> f64 {
+    1024.0
+}
+
+impl Default for CudaSection {
+    fn default() -> Self {
+        Self { budget_mb: default_cuda_budget() }
+    }
+}
+
 /// Upper bound of `[wasm] timeout_ms`: one minute per kernel call.
 pub const MAX_WASM_TIMEOUT_MS: u64 = crate::wasm_types::MAX_WASM_TIMEOUT_MS;
 /// Upper bound of `[wasm] max_memory_mb`: wasm32's 4 GiB.

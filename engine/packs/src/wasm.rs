@@ -48,7 +48,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use spinfer_kernels::kernel::{ActType, Form, MatmulCall, MatmulDesc, MatmulKernel, Select, not_offered};
@@ -58,6 +58,7 @@ use spinfer_registry::{PackKind, VerifiedPack};
 use wasmtime::{Config, Engine, Instance, Memory, Module, ResourceLimiter, Store, Trap, TypedFunc};
 
 use super::wasm_types::{MAX_WASM_TIMEOUT_MS, WASM_ABI_VERSION, WasmFault, WasmLimits};
+use crate::spot::{SpotCheck, fingerprint};
 use crate::{Error, Result};
 use spinfer_kernel_select::registry::KernelProvider;
 
@@ -238,24 +239,6 @@ fn deadline_ticks(timeout_ms: u64) -> u64 {
     timeout_ms.div_ceil(EPOCH_TICK.as_millis() as u64).max(1) + 1
 }
 
-/// A cheap fingerprint of a weight slice: length and 64 sampled 8-byte
-/// windows (detects a freed-and-reused host address with other contents).
-fn fingerprint(w: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ w.len() as u64;
-    if w.is_empty() {
-        return h;
-    }
-    let n = 64usize;
-    for i in 0..n {
-        let at = (w.len() - 1) * i / (n - 1);
-        let end = (at + 8).min(w.len());
-        for &b in &w[at..end] {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    h
-}
-
 impl WasmPack {
     /// Compiles and instantiates the module of `pack` (already verified by
     /// the registry) under `limits`. Refuses a pack that is not
@@ -421,8 +404,7 @@ impl KernelProvider for WasmPack {
                     name: k.name.clone(),
                     desc: *desc,
                     row_bytes,
-                    calls: AtomicUsize::new(0),
-                    reference: OnceLock::new(),
+                    spot: SpotCheck::new(*desc, row_bytes),
                 }) as Arc<dyn MatmulKernel>
             })
             .collect()
@@ -435,11 +417,7 @@ struct WasmKernel {
     name: String,
     desc: MatmulDesc,
     row_bytes: usize,
-    /// Calls so far (picks the output each call's spot check recomputes).
-    calls: AtomicUsize,
-    /// The scalar reference kernel for one row of `desc`, with its
-    /// one-thread pool and scratch, built on first use (not per call).
-    reference: OnceLock<Option<Mutex<SpotReference>>>,
+    spot: SpotCheck,
 }
 
 impl MatmulKernel for WasmKernel {
@@ -482,64 +460,11 @@ impl MatmulKernel for WasmKernel {
     }
 }
 
-/// What a [`WasmKernel`]'s spot check reuses from call to call.
-struct SpotReference {
-    kernel: Box<dyn MatmulKernel>,
-    pool: ThreadPool,
-    scratch: Vec<u8>,
-}
-
 impl WasmKernel {
-    /// Recomputes one output of this call, chosen anew on every call
-    /// (deterministically from a call counter), with the engine's scalar
-    /// reference kernel, and disables the pack when they disagree: one row
-    /// of `cols` multiply-adds, next to the `rows x cols` of the call.
+    /// One output of this call recomputed by the scalar reference
+    /// ([`SpotCheck`]); a disagreement disables the pack.
     fn spot_check(&self, w: &[u8], x: &[f32], n_tokens: usize, out: &[f32]) -> Result<()> {
-        let d = &self.desc;
-        if n_tokens == 0 || d.rows == 0 {
-            return Ok(());
-        }
-        let Some(reference) = self.reference.get_or_init(|| {
-            let one_row = MatmulDesc { rows: 1, ..*d };
-            spinfer_kernels::matmul::candidates(&one_row, &spinfer_kernels::cpu::CpuFeatures::default())
-                .pop()
-                .map(|kernel| Mutex::new(SpotReference { kernel, pool: ThreadPool::new(1), scratch: Vec::new() }))
-        }) else {
-            return Ok(()); // no reference for this pair: nothing to compare with
-        };
-        let n = self.calls.fetch_add(1, Ordering::Relaxed) as u64;
-        // splitmix64 of the call number: a different (token, row) each call.
-        let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        let t = (z % n_tokens as u64) as usize;
-        let r = ((z >> 32) % d.rows as u64) as usize;
-        let mut want = [0.0f32];
-        let row = &w[r * self.row_bytes..(r + 1) * self.row_bytes];
-        let xt = &x[t * d.cols..(t + 1) * d.cols];
-        let mut guard = reference.lock().unwrap_or_else(PoisonError::into_inner);
-        let SpotReference { kernel, pool, scratch } = &mut *guard;
-        if kernel.run(pool, MatmulCall::dense(row, xt, 1, &mut want, scratch)).is_err() {
-            return Ok(());
-        }
-        let (got, want) = (out[t * d.rows + r], want[0]);
-        // The same precise contract on both sides: agreement to rounding
-        // (summation order), relative to the token's output scale where a
-        // dot product cancels to ~0.
-        let token = &out[t * d.rows..(t + 1) * d.rows];
-        let scale = (token.iter().map(|v| v * v).sum::<f32>() / token.len() as f32).sqrt();
-        let tol = 1e-3 * want.abs().max(scale) + 1e-6;
-        let ok = if want.is_finite() { (got - want).abs() <= tol } else { got.is_nan() == want.is_nan() };
-        if ok {
-            return Ok(());
-        }
-        Err(self.inner.fail(
-            &self.name,
-            WasmFault::WrongResult(format!(
-                "on call {n}, output [token {t}, row {r}] is {got}, the reference kernel gives {want}"
-            )),
-        ))
+        self.spot.check(w, None, x, n_tokens, out).map_err(|e| self.inner.fail(&self.name, WasmFault::WrongResult(e)))
     }
 }
 

@@ -36,6 +36,12 @@ pub trait KernelProvider: Send + Sync {
     /// How well this provider suits the host; 0 = unsupported. Higher wins.
     fn score(&self) -> u32;
 
+    /// What the score rests on, for reports (a device, or why there is
+    /// none); empty by default.
+    fn detail(&self) -> String {
+        String::new()
+    }
+
     /// Kernels serving `desc` in its form, best first; empty if
     /// unsupported. A kernel offered for a gathered form should carry the
     /// name of the provider's dense kernel it is the form of, so the
@@ -224,6 +230,18 @@ impl KernelRegistry {
     /// Chooses unpinned kernels from `history` (measurements of this host).
     pub fn set_history(&mut self, history: HistoryStore) {
         self.history = Some((history, Host::detect().fingerprint()));
+    }
+
+    /// Every registered kernel provider: name, score, [`KernelProvider::detail`]
+    /// and whether `[kernels] exclude` names it, in registration order.
+    pub fn providers(&self) -> Vec<(String, u32, String, bool)> {
+        self.providers
+            .iter()
+            .map(|p| {
+                let excluded = self.excluded.iter().any(|x| x == base_name(p.name()));
+                (p.name().to_string(), p.score(), p.detail(), excluded)
+            })
+            .collect()
     }
 
     /// Never uses providers whose base name (before `@`) is `name`.
