@@ -21,10 +21,7 @@ use crate::proj::{Part, Proj};
 use crate::slices::{at, at_mut, format_of, internal};
 use crate::{GpuError, Result};
 
-/// Most tokens one pass through the layers takes; a longer
-/// [`GpuModel::forward`] runs in steps of this many (it bounds the
-/// activation buffers).
-pub const UBATCH: usize = 512;
+pub use crate::slices::UBATCH;
 
 /// One transformer block's weights on the device.
 struct Layer {

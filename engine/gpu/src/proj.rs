@@ -6,8 +6,7 @@ use spinfer_kernels_cuda::{CudaBackend, DeviceBuf, DeviceMatrix, WeightFormat};
 
 use crate::Result;
 use crate::fused::Input;
-use crate::model::UBATCH;
-use crate::slices::at_mut;
+use crate::slices::{UBATCH, at_mut};
 
 /// One part of a projection: its format, output rows and GGUF bytes.
 pub(crate) struct Part<'a> {

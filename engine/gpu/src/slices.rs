@@ -7,6 +7,11 @@ use spinfer_kernels_cuda::{DeviceBuf, Slice, SliceMut, WeightFormat};
 
 use crate::{GpuError, Result};
 
+/// Most tokens one pass through the layers takes; a longer
+/// [`crate::GpuModel::forward`] runs in steps of this many (it bounds the
+/// activation buffers).
+pub const UBATCH: usize = 512;
+
 pub(crate) fn internal(what: &str, off: usize, len: usize, have: usize) -> GpuError {
     GpuError::InvalidArgument(format!("{what}: {off}..{} is past its {have} values", off + len))
 }
