@@ -47,7 +47,14 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("spinfer-kernel-select", &["spinfer-kernels", "spinfer-plugin-api", "spinfer-registry"]),
     (
         "spinfer-packs",
-        &["spinfer-kernels", "spinfer-formats", "spinfer-kernel-select", "spinfer-plugin-api", "spinfer-registry"],
+        &[
+            "spinfer-kernels",
+            "spinfer-kernels-cuda",
+            "spinfer-formats",
+            "spinfer-kernel-select",
+            "spinfer-plugin-api",
+            "spinfer-registry",
+        ],
     ),
     (
         "spinfer-sparsity",

@@ -302,19 +302,35 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     }
     if a.device == Device::Cuda {
         refuse_cpu_only_flags(&a)?;
-        let path = a.common.model.as_ref().context("--device cuda needs --model FILE.gguf")?;
-        let split = match a.gpu_budget_mb {
-            None => None,
-            Some(mb) => {
-                let sidecar = a.common.sparsity.clone().context(
-                    "--gpu-budget-mb needs --sparsity SIDECAR (its calibrated activation frequencies choose the hot neurons)",
-                )?;
-                let threads =
-                    a.common.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get()));
-                Some(crate::gpu::Split { budget_mb: mb, sidecar, threads })
-            }
+        // An operator config gives the model, context, `[cuda] budget_mb`
+        // and the `[sparsity] file` whose frequencies split the FFN.
+        let config = a.common.config.is_some().then(|| a.common.config(a.ctx)).transpose()?;
+        if let Some(c) = &config {
+            refuse_cpu_only_settings(c)?;
+        }
+        let path = match (&a.common.model, &config) {
+            (Some(m), _) => m.clone(),
+            (None, Some(c)) => c.model.path.clone(),
+            (None, None) => bail!("--device cuda needs --model FILE.gguf or --config"),
         };
-        let g = crate::gpu::generate(path, a.ctx.unwrap_or(2048), &prompt, &params, !a.common.json, split)?;
+        let sidecar = a.common.sparsity.clone().or_else(|| config.as_ref()?.sparsity.as_ref().map(|s| s.file.clone()));
+        let threads = a.common.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get()));
+        let split = match (a.gpu_budget_mb, &config) {
+            (Some(mb), _) => {
+                if sidecar.is_none() {
+                    bail!(
+                        "--gpu-budget-mb needs --sparsity SIDECAR (its calibrated activation frequencies choose the hot neurons)"
+                    );
+                }
+                Some(crate::gpu::Split { budget_mb: mb, setting: "--gpu-budget-mb", sidecar, threads })
+            }
+            (None, Some(c)) => {
+                Some(crate::gpu::Split { budget_mb: c.cuda.budget_mb, setting: "[cuda] budget_mb", sidecar, threads })
+            }
+            (None, None) => None,
+        };
+        let ctx = a.ctx.or(config.as_ref().and_then(|c| c.model.ctx)).unwrap_or(2048);
+        let g = crate::gpu::generate(&path, ctx, &prompt, &params, !a.common.json, split)?;
         return print_generation(output, &g, serde_json::Value::Null, serde_json::Value::Null);
     }
     let engine = load(&a.common, a.ctx)?;
@@ -346,16 +362,36 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
+/// Operator-config settings that `--device cuda` does not honour, each
+/// refused by name (it reads the model, its context, `[cuda] budget_mb`
+/// and `[sparsity] file`).
+fn refuse_cpu_only_settings(c: &spinfer_engine::config::Config) -> Result<()> {
+    let s = c.sparsity.as_ref();
+    let unsupported = [
+        ("[model] precision (the GPU runs f32 activations)", c.model.precision != PrecisionSetting::Fast),
+        ("[head]", c.head.is_some()),
+        ("[memory]", c.memory.is_some()),
+        ("[sparsity] predictor", s.is_some_and(|s| s.predictor.is_some())),
+        ("[sparsity] dense_above", s.is_some_and(|s| s.dense_above.is_some())),
+        ("[sparsity] ffn_budget_mb", s.is_some_and(|s| s.ffn_budget_mb.is_some())),
+        ("[sparsity] cache_policy", s.is_some_and(|s| s.cache_policy.is_some())),
+        ("[sparsity] lookahead", s.is_some_and(|s| s.lookahead.is_some())),
+    ];
+    if let Some((setting, _)) = unsupported.iter().find(|(_, set)| *set) {
+        bail!("{setting} is not supported with --device cuda yet (remove it, or run on the CPU)");
+    }
+    Ok(())
+}
+
 /// Flags that `--device cuda` does not support yet, each refused by name.
 fn refuse_cpu_only_flags(a: &GenerateArgs) -> Result<()> {
     let c = &a.common;
     let cpu_only = [
-        ("--config", c.config.is_some()),
-        ("--sparsity", c.sparsity.is_some() && a.gpu_budget_mb.is_none()),
+        ("--sparsity", c.sparsity.is_some() && a.gpu_budget_mb.is_none() && c.config.is_none()),
         ("--head-index", c.head_index.is_some()),
         ("--precise", c.precise),
         ("--int8", c.int8),
-        ("--threads", c.threads.is_some() && a.gpu_budget_mb.is_none()),
+        ("--threads", c.threads.is_some() && a.gpu_budget_mb.is_none() && c.config.is_none()),
         ("--stats", a.stats),
     ];
     if let Some((flag, _)) = cpu_only.iter().find(|(_, set)| *set) {

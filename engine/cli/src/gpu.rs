@@ -15,10 +15,13 @@ use spinfer_engine::tokenizer::Tokenizer;
 use spinfer_gpu::placement::{plan, total_bytes};
 use spinfer_gpu::{GpuDecode, GpuModel, ffn_costs};
 
-/// `--gpu-budget-mb` with its sidecar and the CPU side's threads.
+/// The GPU's weight budget (`--gpu-budget-mb` or `[cuda] budget_mb`, named
+/// by `setting` in errors), the sidecar whose frequencies split the FFN
+/// when the model does not fit, and the CPU side's threads.
 pub struct Split {
     pub budget_mb: f64,
-    pub sidecar: PathBuf,
+    pub setting: &'static str,
+    pub sidecar: Option<PathBuf>,
     pub threads: usize,
 }
 
@@ -26,23 +29,32 @@ pub struct Split {
 /// when the budget holds every weight).
 fn load(file: &GgufFile, ctx: usize, split: Option<Split>) -> Result<GpuModel> {
     let Some(split) = split else { return Ok(GpuModel::load(file, ctx)?) };
+    let setting = split.setting;
     if !(split.budget_mb.is_finite() && split.budget_mb > 0.0) {
-        bail!("--gpu-budget-mb must be a positive number of MB, got {}", split.budget_mb);
+        bail!("{setting} must be a positive number of MB, got {}", split.budget_mb);
     }
     let c = file.config()?;
-    let side = Sidecar::read(&split.sidecar)?;
-    side.check_model(&ModelId::of(&c, file)?, &split.sidecar)?;
     let total: usize = file.tensors.iter().map(|t| t.size).sum();
-    let costs = ffn_costs(file, &c)?;
-    let ffn = total_bytes(&costs, c.ffn_dim);
     let budget = (split.budget_mb * 1e6) as usize;
     if budget >= total {
         return Ok(GpuModel::load(file, ctx)?);
     }
+    let Some(sidecar) = &split.sidecar else {
+        bail!(
+            "{setting} {}: the model's {:.1} MB of weights do not fit, and splitting its FFN needs a sidecar's \
+             activation frequencies (--sparsity SIDECAR or [sparsity] file)",
+            split.budget_mb,
+            total as f64 / 1e6
+        );
+    };
+    let side = Sidecar::read(sidecar)?;
+    side.check_model(&ModelId::of(&c, file)?, sidecar)?;
+    let costs = ffn_costs(file, &c)?;
+    let ffn = total_bytes(&costs, c.ffn_dim);
     let rest = total - ffn;
     if budget < rest {
         bail!(
-            "--gpu-budget-mb {}: the weights besides the FFN (attention, embeddings, head) need {:.1} MB on the GPU",
+            "{setting} {}: the weights besides the FFN (attention, embeddings, head) need {:.1} MB on the GPU",
             split.budget_mb,
             rest as f64 / 1e6
         );

@@ -48,7 +48,10 @@ pub fn kernels(a: KernelsArgs) -> Result<()> {
 /// The kernel providers the config registers (built-in and packs), with
 /// their scores and what the scores rest on; and the packs skipped, why.
 fn print_providers(config: &spinfer_engine::config::Config) -> Result<()> {
-    let (registry, status) = spinfer_engine::engine::registry_from_config(config)?;
+    // The history does not change the providers: not read a second time.
+    let mut config = config.clone();
+    config.packs.history = None;
+    let (registry, status) = spinfer_engine::engine::registry_from_config(&config)?;
     for (name, score, detail, excluded) in registry.providers() {
         let note = if excluded { " (excluded by [kernels] exclude)" } else { "" };
         let detail = if detail.is_empty() { String::new() } else { format!(": {detail}") };

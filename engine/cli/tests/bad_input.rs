@@ -229,9 +229,30 @@ fn cuda_device_without_cuda_or_with_cpu_only_flags() {
     assert_mentions(&err, &["--gpu-budget-mb", "--device cuda"]);
     let err = fails(&["generate", "-m", m, "-p", "hi", "-n", "2", "--device", "cuda", "--gpu-budget-mb", "50"]);
     assert_mentions(&err, &["--gpu-budget-mb", "--sparsity"]);
+    // An operator config: the settings the GPU path does not honour are
+    // refused by name.
+    let config = |extra: &str| {
+        let p = dir.path().join("spinfer.toml");
+        std::fs::write(&p, format!("[model]\npath = {:?}\n{extra}", model.to_str().unwrap())).unwrap();
+        p
+    };
+    for (extra, named) in [
+        ("precision = \"precise\"\n", "[model] precision"),
+        ("[head]\nmode = \"dense\"\n", "[head]"),
+        ("[memory]\nbudget_mb = 50\n", "[memory]"),
+        ("[sparsity]\nfile = \"x.json\"\npredictor = \"top-k\"\n", "[sparsity] predictor"),
+    ] {
+        let c = config(extra);
+        let err = fails(&["generate", "--config", c.to_str().unwrap(), "-p", "hi", "-n", "2", "--device", "cuda"]);
+        assert_mentions(&err, &[named, "--device cuda"]);
+    }
     if spinfer_kernels_cuda::probe().is_err() {
-        // No device here (CI): the reason, whichever it is.
+        // No device here (CI): the reason, whichever it is, with a flag or
+        // a config ([cuda] budget_mb) naming the model.
         let err = fails(&["generate", "-m", m, "-p", "hi", "-n", "2", "--device", "cuda"]);
+        assert!(err.contains("cuda"), "{err}");
+        let c = config("[cuda]\nbudget_mb = 50\n");
+        let err = fails(&["generate", "--config", c.to_str().unwrap(), "-p", "hi", "-n", "2", "--device", "cuda"]);
         assert!(err.contains("cuda"), "{err}");
     }
 }
