@@ -3,8 +3,8 @@
 //! tg128 (128 single-token forwards from an empty cache, each with its
 //! logits copied to the host, the next token drawn at random as
 //! llama-bench does), median of `--reps` runs after a warm-up. Decode is
-//! also measured greedy (the host arg-maxes each step's logits, as
-//! `spinfer generate --temp 0` does), with the graph of the unfused steps,
+//! also measured greedy (the host picks each step's token with the sampler
+//! `spinfer generate --temp 0` uses), with the graph of the unfused steps,
 //! and with every kernel launched from the host.
 //!
 //! `--profile N` instead runs a 64-token prompt and then N decode steps
@@ -17,6 +17,7 @@
 use std::time::Instant;
 
 use spinfer_engine::gguf::GgufFile;
+use spinfer_engine::sampling::{Sampler, SamplerParams};
 use spinfer_gpu::{GpuModel, GpuSession};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -34,21 +35,19 @@ where
 }
 
 /// 128 decode steps from an empty cache; tok/s. `greedy`: the next token is
-/// the arg-max of the logits, else a pseudo-random one (llama-bench).
+/// the one `generate --temp 0`'s sampler picks from the logits, else a
+/// pseudo-random one (llama-bench).
 fn decode(m: &GpuModel, s: &mut GpuSession, greedy: bool) -> Res<f64> {
     s.reset();
     let vocab = m.config.vocab_size as u64;
+    let mut sampler = Sampler::new(SamplerParams::greedy())?;
     let t0 = Instant::now();
     let (mut tok, mut rng) = (1u32, 0x9e37_79b9_7f4a_7c15u64);
     for _ in 0..128 {
         m.forward(s, &[tok])?;
         let logits = m.row_logits(s, 0)?;
         rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-        tok = if greedy {
-            logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i as u32)
-        } else {
-            ((rng >> 33) % vocab) as u32
-        };
+        tok = if greedy { sampler.sample(logits, &[]) } else { ((rng >> 33) % vocab) as u32 };
     }
     Ok(128.0 / t0.elapsed().as_secs_f64())
 }

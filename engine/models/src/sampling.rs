@@ -76,6 +76,11 @@ impl Sampler {
     /// Picks the next token from `logits` given the tokens so far.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let p = &self.params;
+        // Greedy without a penalty: the arg-max of the logits themselves
+        // (no candidate list; a 262,144-token vocabulary is 1 MB per token).
+        if p.temperature <= 0.0 && p.repeat_penalty == 1.0 {
+            return argmax_logits(logits);
+        }
         self.cand.clear();
         self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
 
@@ -139,6 +144,27 @@ impl Sampler {
     }
 }
 
+/// The first index of the largest logit (NaN never wins; 0 when no logit
+/// is above -inf): [`argmax`] over `(i, logits[i])`. The maximum is taken
+/// over 16 independent lanes (a max is exact in any order, and the lanes
+/// vectorise), then its first position is found.
+fn argmax_logits(logits: &[f32]) -> u32 {
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    let max = lanes.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    if max == f32::NEG_INFINITY {
+        return 0;
+    }
+    logits.iter().position(|&v| v == max).map_or(0, |i| i as u32)
+}
+
 fn argmax(c: &[(u32, f32)]) -> u32 {
     let mut best = (0u32, f32::NEG_INFINITY);
     for &(i, l) in c {
@@ -170,6 +196,39 @@ mod tests {
         assert_eq!(s.sample(&logits, &[]), 1);
         let mut s = Sampler::new(SamplerParams { repeat_penalty: 1.2, ..SamplerParams::greedy() }).unwrap();
         assert_eq!(s.sample(&logits, &[1]), 2);
+    }
+
+    /// The greedy fast path picks what the candidate list's arg-max picks:
+    /// random logits with ties, NaNs, infinities and lengths around the
+    /// lane count.
+    #[test]
+    fn greedy_fast_path_equals_the_candidate_argmax() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for len in [0usize, 1, 5, 15, 16, 17, 33, 1000, 262_144] {
+            for case in 0..6 {
+                let logits: Vec<f32> = (0..len)
+                    .map(|_| {
+                        let r = next();
+                        match (case, r % 50) {
+                            (1, 0) => f32::NAN,
+                            (2, 0) => f32::NEG_INFINITY,
+                            (3, _) => f32::NEG_INFINITY,
+                            (4, 0) => f32::INFINITY,
+                            (5, _) => (r % 4) as f32, // many ties
+                            _ => (r >> 40) as f32 / (1u64 << 20) as f32 - 8.0,
+                        }
+                    })
+                    .collect();
+                let cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+                assert_eq!(argmax_logits(&logits), argmax(&cand), "length {len}, case {case}");
+            }
+        }
     }
 
     #[test]
