@@ -40,10 +40,11 @@ impl Proj {
                 place.push((UBATCH * base + off, rows));
                 off += p.rows;
             }
-            let bytes: Vec<u8> = if end - i == 1 {
-                parts[i].bytes.to_vec()
+            // One part uploads from its own bytes; several are joined first.
+            let bytes: std::borrow::Cow<'_, [u8]> = if end - i == 1 {
+                parts[i].bytes.into()
             } else {
-                parts[i..end].iter().flat_map(|p| p.bytes.iter().copied()).collect()
+                parts[i..end].iter().flat_map(|p| p.bytes.iter().copied()).collect::<Vec<u8>>().into()
             };
             groups.push(be.upload_matrix(parts[i].format, rows, cols, &bytes)?);
             base += rows;

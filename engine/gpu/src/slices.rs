@@ -2,7 +2,6 @@
 //! small helpers every step of the forward pass uses.
 
 use spinfer_formats::tensor::TensorView;
-use spinfer_kernels::GgmlType;
 use spinfer_kernels_cuda::{DeviceBuf, Slice, SliceMut, WeightFormat};
 
 use crate::{GpuError, Result};
@@ -27,25 +26,8 @@ pub(crate) fn at_mut<'a>(b: &'a mut DeviceBuf<f32>, what: &str, off: usize, len:
 
 /// The CUDA format of a GGUF type, or an error naming the tensor.
 pub(crate) fn format_of(t: &TensorView) -> Result<WeightFormat> {
-    let f = match t.ty {
-        GgmlType::Q4_0 => WeightFormat::Q4_0,
-        GgmlType::Q4_1 => WeightFormat::Q4_1,
-        GgmlType::Q5_0 => WeightFormat::Q5_0,
-        GgmlType::Q5_1 => WeightFormat::Q5_1,
-        GgmlType::Q8_0 => WeightFormat::Q8_0,
-        GgmlType::Q4_K => WeightFormat::Q4_K,
-        GgmlType::Q5_K => WeightFormat::Q5_K,
-        GgmlType::Q6_K => WeightFormat::Q6_K,
-        GgmlType::TQ1_0 => WeightFormat::TQ1_0,
-        GgmlType::TQ2_0 => WeightFormat::TQ2_0,
-        other => {
-            let supported: Vec<&str> = WeightFormat::ALL.iter().map(|f| f.name()).collect();
-            return Err(GpuError::UnsupportedType {
-                tensor: t.name.clone(),
-                ty: other.to_string(),
-                supported: supported.join(", "),
-            });
-        }
-    };
-    Ok(f)
+    WeightFormat::from_name(t.ty.name()).ok_or_else(|| {
+        let supported: Vec<&str> = WeightFormat::ALL.iter().map(|f| f.name()).collect();
+        GpuError::UnsupportedType { tensor: t.name.clone(), ty: t.ty.to_string(), supported: supported.join(", ") }
+    })
 }

@@ -35,7 +35,7 @@ use spinfer_kernel_select::registry::KernelProvider;
 use spinfer_kernels::kernel::{ActType, Form, MatmulCall, MatmulDesc, MatmulKernel, Select, not_offered};
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::{GgmlType, KernelError};
-use spinfer_kernels_cuda::{CudaBackend, DeviceBuf, DeviceMatrix, PACK_ABI_VERSION, WeightFormat};
+use spinfer_kernels_cuda::{CudaBackend, CudaError, DeviceBuf, DeviceMatrix, PACK_ABI_VERSION, WeightFormat};
 use spinfer_registry::{PackKind, VerifiedPack};
 
 use crate::spot::{SpotCheck, fingerprint};
@@ -44,35 +44,9 @@ use crate::{Error, Result};
 /// Largest CUDA source a pack may ship (4 MiB; the built-in one is ~40 kB).
 pub const MAX_SOURCE_BYTES: usize = 4 << 20;
 
-/// The GGUF weight types the CUDA kernels read.
-const CUDA_TYPES: [GgmlType; 10] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::TQ1_0,
-    GgmlType::TQ2_0,
-];
-
 /// The CUDA format of a GGUF weight type, if the kernels read it.
 pub fn cuda_format(t: GgmlType) -> Option<WeightFormat> {
-    Some(match t {
-        GgmlType::Q4_0 => WeightFormat::Q4_0,
-        GgmlType::Q4_1 => WeightFormat::Q4_1,
-        GgmlType::Q5_0 => WeightFormat::Q5_0,
-        GgmlType::Q5_1 => WeightFormat::Q5_1,
-        GgmlType::Q8_0 => WeightFormat::Q8_0,
-        GgmlType::Q4_K => WeightFormat::Q4_K,
-        GgmlType::Q5_K => WeightFormat::Q5_K,
-        GgmlType::Q6_K => WeightFormat::Q6_K,
-        GgmlType::TQ1_0 => WeightFormat::TQ1_0,
-        GgmlType::TQ2_0 => WeightFormat::TQ2_0,
-        _ => return None,
-    })
+    WeightFormat::from_name(t.name())
 }
 
 /// A loaded CUDA kernel pack; a [`KernelProvider`].
@@ -139,7 +113,9 @@ impl CudaPack {
         }
         let mut kernels = Vec::new();
         for k in &m.kernels {
-            let wtype = CUDA_TYPES.into_iter().find(|t| t.name().eq_ignore_ascii_case(&k.weight));
+            let wtype = GgmlType::ALL
+                .into_iter()
+                .find(|t| cuda_format(*t).is_some() && t.name().eq_ignore_ascii_case(&k.weight));
             let format = wtype.and_then(cuda_format);
             match (k.op.as_str(), k.act.as_str(), wtype, format) {
                 ("matmul", "f32", Some(w), Some(f)) => kernels.push((k.name.clone(), w, f)),
@@ -150,7 +126,12 @@ impl CudaPack {
                         k.op,
                         k.weight,
                         k.act,
-                        CUDA_TYPES.map(GgmlType::name).join(", ")
+                        GgmlType::ALL
+                            .into_iter()
+                            .filter(|t| cuda_format(*t).is_some())
+                            .map(GgmlType::name)
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     )));
                 }
             }
@@ -309,11 +290,16 @@ impl Inner {
         out: &mut [f32],
     ) -> spinfer_kernels_cuda::Result<()> {
         let mut guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if guard.is_none() {
-            let be = CudaBackend::with_products(&self.source)?;
-            *guard = Some(State { be, resident: HashMap::new(), resident_bytes: 0, x: None, y: None });
-        }
-        let st = guard.as_mut().expect("opened above");
+        let st = match &mut *guard {
+            Some(st) => st,
+            none => none.insert(State {
+                be: CudaBackend::with_products(&self.source)?,
+                resident: HashMap::new(),
+                resident_bytes: 0,
+                x: None,
+                y: None,
+            }),
+        };
         let mut moved = (x.len() + out.len()) as u64 * 4;
         // The weights: resident, or uploaded (kept when the budget allows).
         let key = (w.as_ptr() as usize, w.len(), cols, format);
@@ -339,6 +325,7 @@ impl Inner {
             None => &resident[&key].m,
         };
         let width = out.len() / n_tokens;
+        // The activation and output buffers, grown to fit this call.
         let grow = |b: &mut Option<DeviceBuf<f32>>, n: usize| -> spinfer_kernels_cuda::Result<()> {
             if b.as_ref().is_none_or(|b| b.len() < n) {
                 *b = Some(be.alloc(n)?);
@@ -347,12 +334,13 @@ impl Inner {
         };
         grow(xb, x.len())?;
         grow(yb, out.len())?;
-        let (xb, yb) = (xb.as_mut().expect("grown"), yb.as_mut().expect("grown"));
-        be.write(xb.at_mut(0, x.len()).expect("grown to fit"), x)?;
+        let short = |what: &str| CudaError::Shape { op: "cuda pack", detail: format!("{what} buffer too short") };
+        let (Some(xb), Some(yb)) = (xb.as_mut(), yb.as_mut()) else { return Err(short("work")) };
+        be.write(xb.at_mut(0, x.len()).ok_or_else(|| short("activation"))?, x)?;
         let idx = rows.map(|r| be.upload_rows(r, w_rows)).transpose()?;
-        let xs = xb.at(0, x.len()).expect("grown to fit");
-        be.gemv_f32(m, xs, n_tokens, idx.as_ref(), yb.at_mut(0, n_tokens * width).expect("grown to fit"))?;
-        be.download_to(yb.at(0, out.len()).expect("grown to fit"), out)?;
+        let xs = xb.at(0, x.len()).ok_or_else(|| short("activation"))?;
+        be.gemv_f32(m, xs, n_tokens, idx.as_ref(), yb.at_mut(0, n_tokens * width).ok_or_else(|| short("output"))?)?;
+        be.download_to(yb.at(0, out.len()).ok_or_else(|| short("output"))?, out)?;
         self.transferred.fetch_add(moved, Ordering::Relaxed);
         Ok(())
     }
