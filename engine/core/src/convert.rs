@@ -377,7 +377,7 @@ fn token_types(src: &GgufFile, n: usize) -> Result<Vec<u64>> {
     if a.len() != n {
         return Err(src.meta_err(key, &format!("has {} entries but tokenizer.ggml.tokens has {n}", a.len())).into());
     }
-    a.iter().map(|x| x.as_u64().ok_or_else(|| src.meta_err(key, "must be an array of integers").into())).collect()
+    a.to_u64s().ok_or_else(|| src.meta_err(key, "must be an array of integers").into())
 }
 
 /// An HF `tokenizer.json` (byte-level BPE) equivalent to the GGUF's
@@ -391,10 +391,16 @@ pub fn tokenizer_json(src: &GgufFile) -> Result<String> {
             src.path().display()
         )));
     }
-    let tokens =
-        src.str_array("tokenizer.ggml.tokens")?.ok_or_else(|| src.meta_err("tokenizer.ggml.tokens", "is missing"))?;
-    let merges =
-        src.str_array("tokenizer.ggml.merges")?.ok_or_else(|| src.meta_err("tokenizer.ggml.merges", "is missing"))?;
+    let tokens: Vec<&str> = src
+        .str_array("tokenizer.ggml.tokens")?
+        .ok_or_else(|| src.meta_err("tokenizer.ggml.tokens", "is missing"))?
+        .iter()
+        .collect();
+    let merges: Vec<&str> = src
+        .str_array("tokenizer.ggml.merges")?
+        .ok_or_else(|| src.meta_err("tokenizer.ggml.merges", "is missing"))?
+        .iter()
+        .collect();
     let types = token_types(src, tokens.len())?;
     let pre = match src.get("tokenizer.ggml.pre") {
         None => "default",
@@ -496,7 +502,7 @@ pub fn tokenizer_json(src: &GgufFile) -> Result<String> {
 
 /// `tokenizer_config.json`: special tokens, BOS policy, chat template.
 fn tokenizer_config_json(src: &GgufFile, cfg: &ModelConfig) -> Result<Value> {
-    let tokens = src.str_array("tokenizer.ggml.tokens")?.unwrap_or_default();
+    let tokens: Vec<&str> = src.str_array("tokenizer.ggml.tokens")?.map(|t| t.iter().collect()).unwrap_or_default();
     let mut c = serde_json::Map::new();
     let add_bos = src.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false);
     c.insert("add_bos_token".into(), json!(add_bos));

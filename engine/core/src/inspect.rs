@@ -135,9 +135,9 @@ fn render(v: &Value) -> String {
         Value::String(s) if s.len() > 60 => format!("{:?}… ({} bytes)", &s[..s.floor_char_boundary(60)], s.len()),
         Value::String(s) => format!("{s:?}"),
         Value::Array(a) if a.len() > 8 => {
-            format!("{} (first: {})", v.type_name(), a.first().map(render).unwrap_or_default())
+            format!("{} (first: {})", v.type_name(), a.render_at(0).unwrap_or_default())
         }
-        Value::Array(a) => format!("[{}]", a.iter().map(render).collect::<Vec<_>>().join(", ")),
+        Value::Array(a) => format!("[{}]", (0..a.len()).filter_map(|i| a.render_at(i)).collect::<Vec<_>>().join(", ")),
         other => match other.as_f64() {
             Some(_) if matches!(other, Value::F32(_) | Value::F64(_)) => {
                 format!("{}", other.as_f64().unwrap_or_default())

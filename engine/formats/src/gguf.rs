@@ -19,6 +19,9 @@ use spinfer_kernels::GgmlType;
 use crate::tensor::{TensorData, TensorView};
 use crate::{Error, Result};
 
+mod array;
+pub use array::{Array, StrList};
+
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
 /// Nested arrays deeper than this are rejected (no real file nests more
@@ -27,8 +30,8 @@ const MAX_ARRAY_DEPTH: usize = 8;
 const MAX_DIMS: u32 = 4;
 /// Longest metadata array accepted. The largest real ones (token lists and
 /// merges of 256k-token vocabularies) hold a few hundred thousand entries;
-/// the bound keeps a 1-byte element (32 bytes decoded) from amplifying a
-/// large file into a much larger allocation.
+/// the bound keeps a hostile count from amplifying a large file into a much
+/// larger allocation.
 const MAX_ARRAY_LEN: u64 = 1 << 24;
 
 /// A metadata value. Arrays may nest.
@@ -46,7 +49,7 @@ pub enum Value {
     F64(f64),
     Bool(bool),
     String(String),
-    Array(Vec<Value>),
+    Array(Array),
 }
 
 impl Value {
@@ -98,7 +101,7 @@ impl Value {
         }
     }
 
-    pub fn as_array(&self) -> Option<&[Value]> {
+    pub fn as_array(&self) -> Option<&Array> {
         match self {
             Value::Array(a) => Some(a),
             _ => None,
@@ -120,10 +123,8 @@ impl Value {
             Value::F64(_) => "f64".into(),
             Value::Bool(_) => "bool".into(),
             Value::String(_) => "string".into(),
-            Value::Array(a) => match a.first() {
-                Some(v) => format!("[{}; {}]", v.type_name(), a.len()),
-                None => "[]".into(),
-            },
+            Value::Array(a) if a.is_empty() => "[]".into(),
+            Value::Array(a) => format!("[{}; {}]", a.elem_type_name(), a.len()),
         }
     }
 }
@@ -319,13 +320,10 @@ impl GgufFile {
     }
 
     /// An optional string array (e.g. `tokenizer.ggml.tokens`).
-    pub fn str_array(&self, key: &str) -> Result<Option<Vec<&str>>> {
+    pub fn str_array(&self, key: &str) -> Result<Option<&StrList>> {
         let Some(v) = self.get(key) else { return Ok(None) };
-        let arr = v.as_array().ok_or_else(|| self.meta_err(key, "must be an array of strings"))?;
-        arr.iter()
-            .map(|x| x.as_str().ok_or_else(|| self.meta_err(key, "must be an array of strings")))
-            .collect::<Result<Vec<_>>>()
-            .map(Some)
+        let arr = v.as_array().and_then(Array::as_strs);
+        arr.map(Some).ok_or_else(|| self.meta_err(key, &format!("must be an array of strings, got {}", v.type_name())))
     }
 
     pub fn meta_err(&self, key: &str, detail: &str) -> Error {
@@ -421,35 +419,105 @@ impl<'a> Reader<'a> {
                 b => return Err(Error::format(self.path, format!("metadata '{key}': invalid bool byte {b}"))),
             },
             8 => Value::String(self.string(&what)?),
-            9 => {
-                if depth >= MAX_ARRAY_DEPTH {
-                    return Err(Error::format(
-                        self.path,
-                        format!("metadata '{key}': arrays nested deeper than {MAX_ARRAY_DEPTH}"),
-                    ));
-                }
-                let elem_ty = self.u32(&what)?;
-                let n = self.u64(&what)?;
-                self.check_count(n, min_value_size(elem_ty), &format!("element count of '{key}'"))?;
-                if n > MAX_ARRAY_LEN {
-                    return Err(Error::format(
-                        self.path,
-                        format!("metadata '{key}' is an array of {n} elements (at most {MAX_ARRAY_LEN} supported)"),
-                    ));
-                }
-                let mut v = Vec::new();
-                v.try_reserve_exact(n as usize).map_err(|e| {
-                    Error::format(self.path, format!("metadata '{key}': {n} elements do not fit in memory: {e}"))
-                })?;
-                for _ in 0..n {
-                    v.push(self.value(elem_ty, key, depth + 1)?);
-                }
-                Value::Array(v)
-            }
+            9 => Value::Array(self.array_value(key, depth)?),
             10 => Value::U64(self.u64(&what)?),
             11 => Value::I64(i64::from_le_bytes(self.array(&what)?)),
             12 => Value::F64(f64::from_le_bytes(self.array(&what)?)),
             t => return Err(Error::format(self.path, format!("metadata '{key}' has unknown value type {t}"))),
+        })
+    }
+
+    /// An array value (after its type tag): element type, count, then the
+    /// elements, read into one vector of that type.
+    fn array_value(&mut self, key: &str, depth: usize) -> Result<Array> {
+        let what = format!("value of '{key}'");
+        if depth >= MAX_ARRAY_DEPTH {
+            return Err(Error::format(
+                self.path,
+                format!("metadata '{key}': arrays nested deeper than {MAX_ARRAY_DEPTH}"),
+            ));
+        }
+        let elem_ty = self.u32(&what)?;
+        let n = self.u64(&what)?;
+        self.check_count(n, min_value_size(elem_ty), &format!("element count of '{key}'"))?;
+        if n > MAX_ARRAY_LEN {
+            return Err(Error::format(
+                self.path,
+                format!("metadata '{key}' is an array of {n} elements (at most {MAX_ARRAY_LEN} supported)"),
+            ));
+        }
+        let n = n as usize;
+        let path = self.path;
+        let oom = |e| Error::format(path, format!("metadata '{key}': {n} elements do not fit in memory: {e}"));
+        macro_rules! fixed {
+            ($variant:ident, $t:ty) => {{
+                let mut v: Vec<$t> = Vec::new();
+                v.try_reserve_exact(n).map_err(oom)?;
+                for _ in 0..n {
+                    v.push(<$t>::from_le_bytes(self.array(&what)?));
+                }
+                Array::$variant(v)
+            }};
+        }
+        Ok(match elem_ty {
+            0 => fixed!(U8, u8),
+            1 => fixed!(I8, i8),
+            2 => fixed!(U16, u16),
+            3 => fixed!(I16, i16),
+            4 => fixed!(U32, u32),
+            5 => fixed!(I32, i32),
+            6 => fixed!(F32, f32),
+            7 => {
+                let mut v = Vec::new();
+                v.try_reserve_exact(n).map_err(oom)?;
+                for _ in 0..n {
+                    v.push(match self.array::<1>(&what)?[0] {
+                        0 => false,
+                        1 => true,
+                        b => return Err(Error::format(self.path, format!("metadata '{key}': invalid bool byte {b}"))),
+                    });
+                }
+                Array::Bool(v)
+            }
+            8 => {
+                // Two passes: the first checks every length and sums them,
+                // so the text is one allocation of the exact size.
+                let start = self.pos;
+                let mut total = 0usize;
+                for _ in 0..n {
+                    let len = self.u64(&what)?;
+                    if len > (self.buf.len() - self.pos) as u64 {
+                        self.check_count(len, 1, &format!("length of {what}"))?;
+                    }
+                    self.bytes(len as usize, &what)?;
+                    total += len as usize;
+                }
+                self.pos = start;
+                let mut l = StrList::default();
+                l.try_reserve(n, total).map_err(oom)?;
+                for _ in 0..n {
+                    let len = self.u64(&what)? as usize;
+                    let b = self.bytes(len, &what)?;
+                    let s = std::str::from_utf8(b)
+                        .map_err(|_| Error::format(self.path, format!("{what} is not valid UTF-8")))?;
+                    l.push(s);
+                }
+                Array::String(l)
+            }
+            9 => {
+                let mut v = Vec::new();
+                v.try_reserve_exact(n).map_err(oom)?;
+                for _ in 0..n {
+                    v.push(self.array_value(key, depth + 1)?);
+                }
+                Array::Array(v)
+            }
+            10 => fixed!(U64, u64),
+            11 => fixed!(I64, i64),
+            12 => fixed!(F64, f64),
+            t => {
+                return Err(Error::format(self.path, format!("metadata '{key}' has arrays of unknown value type {t}")));
+            }
         })
     }
 }
@@ -543,7 +611,7 @@ mod tests {
         assert_eq!(g.get("x.bool"), Some(&Value::Bool(true)));
         assert_eq!(
             g.get("x.nested"),
-            Some(&Value::Array(vec![Value::Array(vec![Value::U8(1), Value::U8(2)]), Value::Array(vec![Value::U8(3)])]))
+            Some(&Value::Array(Array::Array(vec![Array::U8(vec![1, 2]), Array::U8(vec![3])])))
         );
         let t = g.tensor("w").unwrap();
         assert_eq!(t.dims, vec![4, 2]);
@@ -576,6 +644,21 @@ mod tests {
         arr.resize(arr.len() + n as usize, 0);
         let m = msg(&build(&[("x.big", 9, arr)], &[("w", &[4], 0, 0)], &[0u8; 16]));
         assert!(m.contains("'x.big'") && m.contains("16777217 elements"), "{m}");
+        // String arrays: an element running past the end, and one that is
+        // not UTF-8, each named by its key.
+        let strings = |elems: &[&[u8]], lens: &[u64]| {
+            let mut a = 8u32.to_le_bytes().to_vec();
+            a.extend_from_slice(&(elems.len() as u64).to_le_bytes());
+            for (e, l) in elems.iter().zip(lens) {
+                a.extend_from_slice(&l.to_le_bytes());
+                a.extend_from_slice(e);
+            }
+            msg(&build(&[("x.strs", 9, a)], &[("w", &[4], 0, 0)], &[0u8; 16]))
+        };
+        let m = strings(&[b"ok", b"long"], &[2, 1 << 40]);
+        assert!(m.contains("'x.strs'") && m.contains("cannot fit"), "{m}");
+        let m = strings(&[b"ok", b"\xff\xfe"], &[2, 2]);
+        assert!(m.contains("'x.strs'") && m.contains("not valid UTF-8"), "{m}");
         // Offset past the end.
         let past = build(&[], &[("w", &[4], 0, 1 << 20)], &[0u8; 16]);
         assert!(msg(&past).contains("past the end"));

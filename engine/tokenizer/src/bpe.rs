@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use fancy_regex::Regex;
 
 use super::token_type;
+use super::vocab::{Table, TextIndex};
 use crate::{Error, Result};
 
 /// GPT-2's pre-tokeniser (also the `ByteLevel` regex of `tokenizers`).
@@ -42,7 +43,7 @@ pub(crate) struct Bpe {
     stages: Vec<Regex>,
     ignore_merges: bool,
     /// Byte-level token text -> id.
-    token_to_id: HashMap<String, u32>,
+    token_to_id: TextIndex,
     /// Id of the one-character token of each byte.
     byte_ids: [Option<u32>; 256],
     /// `(left << 32) | right` -> (rank, merged id).
@@ -61,15 +62,11 @@ impl Bpe {
             ("tokenizer.ggml.pre", format!("names unknown pre-tokenizer '{pre}' (supported: {SUPPORTED_PRE})"))
         })?;
         let stages = patterns.iter().map(|p| Regex::new(p).expect("built-in pre-tokenizer regex")).collect();
-        let mut token_to_id = HashMap::with_capacity(tokens.len());
-        for (i, t) in tokens.iter().enumerate() {
-            // On duplicates the first id wins, as in llama.cpp.
-            token_to_id.entry(t.to_string()).or_insert(i as u32);
-        }
+        let token_to_id = TextIndex::new(tokens.iter().copied());
         let mut byte_ids = [None; 256];
         let mut buf = [0u8; 4];
         for (b, slot) in byte_ids.iter_mut().enumerate() {
-            *slot = token_to_id.get(BYTE_TO_CHAR[b].encode_utf8(&mut buf) as &str).copied();
+            *slot = token_to_id.get(BYTE_TO_CHAR[b].encode_utf8(&mut buf));
         }
         let mut map = HashMap::with_capacity(merges.len());
         for (rank, m) in merges.iter().enumerate() {
@@ -83,7 +80,7 @@ impl Bpe {
             };
             let (a, b) = (&m[..sp], &m[sp + 1..]);
             let look = |t: &str| {
-                token_to_id.get(t).copied().ok_or_else(|| {
+                token_to_id.get(t).ok_or_else(|| {
                     (
                         "tokenizer.ggml.merges",
                         format!("entry #{rank} '{m}' uses token '{t}', which is not in the vocabulary"),
@@ -155,7 +152,7 @@ impl Bpe {
     fn bpe(&self, word: &str) -> Vec<u32> {
         if self.ignore_merges {
             let text: String = word.bytes().map(|b| BYTE_TO_CHAR[b as usize]).collect();
-            if let Some(&id) = self.token_to_id.get(&text) {
+            if let Some(id) = self.token_to_id.get(&text) {
                 return vec![id];
             }
         }
@@ -288,15 +285,16 @@ pub(crate) fn byte_level_decode(s: &str) -> Vec<u8> {
 
 /// Raw bytes of every token of a byte-level vocabulary: control,
 /// user-defined and unknown tokens are their text as written.
-pub(crate) fn token_bytes(tokens: &[&str], types: &[u8]) -> Vec<Vec<u8>> {
-    tokens
-        .iter()
-        .zip(types)
-        .map(|(t, &ty)| match ty {
-            token_type::CONTROL | token_type::USER_DEFINED | token_type::UNKNOWN => t.as_bytes().to_vec(),
-            _ => byte_level_decode(t),
-        })
-        .collect()
+pub(crate) fn token_bytes(tokens: &[&str], types: &[u8]) -> Table {
+    let mut table = Table::with_capacity(tokens.len());
+    for (t, &ty) in tokens.iter().zip(types) {
+        match ty {
+            token_type::CONTROL | token_type::USER_DEFINED | token_type::UNKNOWN => table.push(t.as_bytes()),
+            _ => table.push(&byte_level_decode(t)),
+        }
+    }
+    table.shrink();
+    table
 }
 
 #[cfg(test)]

@@ -20,11 +20,12 @@ mod spm;
 mod stream;
 #[cfg(test)]
 mod tests;
+mod vocab;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use spinfer_formats::gguf::{GgufFile, Value};
+use spinfer_formats::gguf::{Array, GgufFile, StrList, Value};
 
 pub use error::{Error, Result};
 
@@ -61,7 +62,7 @@ pub struct Tokenizer {
     kind: String,
     backend: Backend,
     /// The raw bytes of every token, as streamed and decoded.
-    bytes: Vec<Vec<u8>>,
+    bytes: vocab::Table,
     /// Tokens matched literally in the text (GGUF backends only; the
     /// `tokenizers` crate matches its own added tokens).
     specials: Specials,
@@ -101,7 +102,7 @@ impl Tokenizer {
     pub fn from_gguf_metadata(metadata: &BTreeMap<String, Value>, path: &Path) -> Result<Self> {
         let m = Meta { md: metadata, path };
         let model = m.str("tokenizer.ggml.model")?;
-        let tokens = m.str_array("tokenizer.ggml.tokens")?;
+        let tokens: Vec<&str> = m.str_array("tokenizer.ggml.tokens")?.iter().collect();
         if tokens.is_empty() {
             return Err(m.err("tokenizer.ggml.tokens", "is empty"));
         }
@@ -113,7 +114,7 @@ impl Tokenizer {
                     let d = format!("has {} entries but tokenizer.ggml.tokens has {n}", a.len());
                     return Err(m.err("tokenizer.ggml.token_type", &d));
                 }
-                let t = a.iter().map(|v| v.as_u64().and_then(|x| u8::try_from(x).ok())).collect::<Option<Vec<_>>>();
+                let t = (0..n).map(|i| a.u64_at(i).and_then(|x| u8::try_from(x).ok())).collect::<Option<Vec<_>>>();
                 t.ok_or_else(|| m.err("tokenizer.ggml.token_type", "must be an array of small integers"))?
             }
         };
@@ -137,7 +138,7 @@ impl Tokenizer {
         let (kind, backend, bytes, default_add_bos) = match model {
             "gpt2" => {
                 let pre = m.opt_str("tokenizer.ggml.pre")?.unwrap_or("default");
-                let merges = m.str_array("tokenizer.ggml.merges")?;
+                let merges: Vec<&str> = m.str_array("tokenizer.ggml.merges")?.iter().collect();
                 let b = bpe::Bpe::new(&tokens, &merges, pre).map_err(|(k, d)| m.err(k, &d))?;
                 let bytes = bpe::token_bytes(&tokens, &types);
                 (format!("gpt2-bpe ({pre})"), Backend::Bpe(b), bytes, false)
@@ -145,9 +146,8 @@ impl Tokenizer {
             "llama" => {
                 let scores = match m.opt_array("tokenizer.ggml.scores")? {
                     None => vec![0.0; n],
-                    Some(a) if a.len() == n => a
-                        .iter()
-                        .map(|v| v.as_f64().map(|x| x as f32))
+                    Some(a) if a.len() == n => (0..n)
+                        .map(|i| a.f64_at(i).map(|x| x as f32))
                         .collect::<Option<Vec<_>>>()
                         .ok_or_else(|| m.err("tokenizer.ggml.scores", "must be an array of numbers"))?,
                     Some(a) => {
@@ -227,7 +227,7 @@ impl Tokenizer {
         let h = hf::load(path)?;
         Ok(Self {
             kind: h.kind,
-            bytes: h.bytes,
+            bytes: h.bytes.iter().map(Vec::as_slice).collect(),
             specials: Specials::default(),
             bos: h.bos,
             eos: h.eos,
@@ -275,7 +275,7 @@ impl Tokenizer {
             backend => {
                 let mut buf = Vec::with_capacity(ids.len() * 4);
                 for (i, &id) in ids.iter().enumerate() {
-                    let b = &self.bytes[id as usize];
+                    let b = self.bytes.get(id as usize);
                     // SentencePiece: the space added in front of the text is not part of it.
                     let strip =
                         i == 0 && matches!(backend, Backend::Spm(s) if s.add_space_prefix) && b.first() == Some(&b' ');
@@ -293,7 +293,7 @@ impl Tokenizer {
 
     pub(crate) fn bytes_of(&self, id: u32) -> Result<&[u8]> {
         self.check_id(id)?;
-        Ok(&self.bytes[id as usize])
+        Ok(self.bytes.get(id as usize))
     }
 
     fn check_id(&self, id: u32) -> Result<()> {
@@ -442,7 +442,7 @@ impl<'a> Meta<'a> {
         }
     }
 
-    fn opt_array(&self, key: &str) -> Result<Option<&'a [Value]>> {
+    fn opt_array(&self, key: &str) -> Result<Option<&'a Array>> {
         match self.md.get(key) {
             None => Ok(None),
             Some(v) => {
@@ -451,8 +451,8 @@ impl<'a> Meta<'a> {
         }
     }
 
-    fn str_array(&self, key: &str) -> Result<Vec<&'a str>> {
+    fn str_array(&self, key: &str) -> Result<&'a StrList> {
         let a = self.opt_array(key)?.ok_or_else(|| self.err(key, "is missing"))?;
-        a.iter().map(|v| v.as_str().ok_or_else(|| self.err(key, "must be an array of strings"))).collect()
+        a.as_strs().ok_or_else(|| self.err(key, &format!("must be an array of strings, got [{}]", a.elem_type_name())))
     }
 }

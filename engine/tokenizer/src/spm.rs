@@ -7,12 +7,13 @@
 //! unknown token).
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
+use super::vocab::{Table, TextIndex};
 use super::{Frag, token_type};
 
 pub(crate) struct Spm {
-    token_to_id: HashMap<String, u32>,
+    token_to_id: TextIndex,
     scores: Vec<f32>,
     byte_ids: [Option<u32>; 256],
     unk: Option<u32>,
@@ -70,10 +71,9 @@ impl Spm {
         unk: Option<u32>,
         add_space_prefix: bool,
     ) -> Self {
-        let mut token_to_id = HashMap::with_capacity(tokens.len());
+        let token_to_id = TextIndex::new(tokens.iter().copied());
         let mut byte_ids = [None; 256];
         for (i, (t, &ty)) in tokens.iter().zip(types).enumerate() {
-            token_to_id.entry(t.to_string()).or_insert(i as u32);
             if ty == token_type::BYTE
                 && let Some(b) = parse_byte_token(t)
             {
@@ -107,7 +107,7 @@ impl Spm {
     }
 
     fn lookup(&self, s: &str) -> Option<u32> {
-        self.token_to_id.get(s).copied()
+        self.token_to_id.get(s)
     }
 
     fn tokenize(&self, text: &str, out: &mut Vec<u32>) {
@@ -168,15 +168,19 @@ impl Spm {
 
 /// Raw bytes of every token: `▁` is a space, `<0xNN>` byte tokens are their
 /// byte, special tokens are their text, unused tokens are empty.
-pub(crate) fn token_bytes(tokens: &[&str], types: &[u8]) -> Vec<Vec<u8>> {
-    tokens
-        .iter()
-        .zip(types)
-        .map(|(t, &ty)| match ty {
-            token_type::BYTE => parse_byte_token(t).map_or_else(|| t.as_bytes().to_vec(), |b| vec![b]),
-            token_type::NORMAL => t.replace('▁', " ").into_bytes(),
-            token_type::UNUSED => Vec::new(),
-            _ => t.as_bytes().to_vec(),
-        })
-        .collect()
+pub(crate) fn token_bytes(tokens: &[&str], types: &[u8]) -> Table {
+    let mut table = Table::with_capacity(tokens.len());
+    for (t, &ty) in tokens.iter().zip(types) {
+        match ty {
+            token_type::BYTE => match parse_byte_token(t) {
+                Some(b) => table.push(&[b]),
+                None => table.push(t.as_bytes()),
+            },
+            token_type::NORMAL if t.contains('▁') => table.push(t.replace('▁', " ").as_bytes()),
+            token_type::UNUSED => table.push(&[]),
+            _ => table.push(t.as_bytes()),
+        }
+    }
+    table.shrink();
+    table
 }

@@ -8,7 +8,7 @@ use super::bpe::BYTE_TO_CHAR;
 use super::*;
 
 fn strs(v: &[&str]) -> Value {
-    Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect())
+    Value::Array(Array::String(v.iter().copied().collect()))
 }
 
 /// A byte-level BPE vocabulary: 2 control tokens, the 256 byte characters,
@@ -20,13 +20,13 @@ fn bpe_meta(pre: &str) -> BTreeMap<String, Value> {
     for m in merges {
         tokens.push(m.replace(' ', ""));
     }
-    let mut types = vec![Value::I32(3), Value::I32(3)];
-    types.resize(tokens.len(), Value::I32(1));
+    let mut types = vec![3i32, 3];
+    types.resize(tokens.len(), 1);
     let mut md = BTreeMap::new();
     md.insert("tokenizer.ggml.model".into(), Value::String("gpt2".into()));
     md.insert("tokenizer.ggml.pre".into(), Value::String(pre.into()));
-    md.insert("tokenizer.ggml.tokens".into(), Value::Array(tokens.into_iter().map(Value::String).collect()));
-    md.insert("tokenizer.ggml.token_type".into(), Value::Array(types));
+    md.insert("tokenizer.ggml.tokens".into(), Value::Array(Array::String(tokens.iter().map(String::as_str).collect())));
+    md.insert("tokenizer.ggml.token_type".into(), Value::Array(Array::I32(types)));
     md.insert("tokenizer.ggml.merges".into(), strs(&merges));
     md.insert("tokenizer.ggml.bos_token_id".into(), Value::U32(0));
     md.insert("tokenizer.ggml.eos_token_id".into(), Value::U32(1));
@@ -157,7 +157,7 @@ fn bad_metadata_names_the_key() {
     assert!(e.contains("'tokenizer.ggml.pre'") && e.contains("klingon"), "{e}");
 
     let mut md = bpe_meta("gpt2");
-    md.insert("tokenizer.ggml.token_type".into(), Value::Array(vec![Value::I32(1)]));
+    md.insert("tokenizer.ggml.token_type".into(), Value::Array(Array::I32(vec![1])));
     assert!(err(&md).contains("'tokenizer.ggml.token_type'"));
 
     let mut md = bpe_meta("gpt2");
@@ -246,12 +246,9 @@ fn spm_from_gguf_metadata() {
     let (tokens, scores, types) = spm_parts();
     let mut md = BTreeMap::new();
     md.insert("tokenizer.ggml.model".into(), Value::String("llama".into()));
-    md.insert("tokenizer.ggml.tokens".into(), Value::Array(tokens.iter().cloned().map(Value::String).collect()));
-    md.insert("tokenizer.ggml.scores".into(), Value::Array(scores.into_iter().map(Value::F32).collect()));
-    md.insert(
-        "tokenizer.ggml.token_type".into(),
-        Value::Array(types.into_iter().map(|t| Value::I32(t.into())).collect()),
-    );
+    md.insert("tokenizer.ggml.tokens".into(), Value::Array(Array::String(tokens.iter().map(String::as_str).collect())));
+    md.insert("tokenizer.ggml.scores".into(), Value::Array(Array::F32(scores)));
+    md.insert("tokenizer.ggml.token_type".into(), Value::Array(Array::I32(types.into_iter().map(i32::from).collect())));
     md.insert("tokenizer.ggml.bos_token_id".into(), Value::U32(1));
     md.insert("tokenizer.ggml.eos_token_id".into(), Value::U32(2));
     let t = load(&md).unwrap();
@@ -261,7 +258,7 @@ fn spm_from_gguf_metadata() {
     assert_eq!(ids.len(), 6);
     assert_eq!(t.decode(&ids[1..]).unwrap(), "hello €");
 
-    md.insert("tokenizer.ggml.scores".into(), Value::Array(vec![Value::F32(0.0)]));
+    md.insert("tokenizer.ggml.scores".into(), Value::Array(Array::F32(vec![0.0])));
     assert!(err(&md).contains("'tokenizer.ggml.scores'"));
 }
 
