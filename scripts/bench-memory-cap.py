@@ -6,6 +6,7 @@ Usage:
   scripts/bench-memory-cap.py [--model M ...] [--caps 100,75,50,35]
       [--threads 1,2] [--reps 1] [--gen 32] [--overhead-mb 40]
       [--spinfer BIN] [--llama-bench BIN] [--spinfer-args "..."]
+      [--variant NAME="spinfer args" ...]
       [--out results.json] [--plot docs/img/memory-cap.svg]
 
 For every model, thread count, cap and rep, each engine runs once in its
@@ -28,7 +29,10 @@ Measured per run:
 llama.cpp runs with its low-memory flags: mmap on (-lm mmap), -b 32
 -ub 32, no repacking into RAM (--repack 0), no warm-up run. spinfer runs
 with --mem-budget-mb = cap - --spinfer-base-mb (its code and allocator
-slack), so it plans to fit the cap.
+slack), so it plans to fit the cap. Each --variant adds an engine
+`spinfer:NAME` that runs spinfer with those extra arguments (after
+--spinfer-args), interleaved with the others: e.g. --variant
+head="--head-index models/SmolLM2-135M-Instruct.spinfer-head".
 
 Needs root (cgroups) and Linux with cgroup v1 or v2 memory control.
 """
@@ -133,10 +137,18 @@ def child_inblock():
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock * 512
 
 
-def spinfer_cmd(a, model, threads, gen, cap):
-    budget = max(1, (cap - a.spinfer_base_mb * MB) // MB)
+def spinfer_cmd(a, engine, model, threads, gen, cap):
+    # --mem-budget-mb counts 10^6 bytes; the cap and the base are in MiB.
+    budget = max(1, (cap - a.spinfer_base_mb * MB) // 10**6)
+    extra = a.spinfer_args.split() + a.variants.get(engine.partition(":")[2], "").split()
     return [a.spinfer, "bench", "-m", str(model), "-t", str(threads), "-r", "1", "--tests", "tg",
-            "--gen", str(gen), "--json", "--quiet", "--mem-budget-mb", str(budget)] + a.spinfer_args.split()
+            "--gen", str(gen), "--json", "--quiet", "--mem-budget-mb", str(budget)] + extra
+
+
+def command(a, engine, model, threads, gen, cap):
+    if engine.startswith("spinfer"):
+        return spinfer_cmd(a, engine, model, threads, gen, cap)
+    return llama_cmd(a, model, threads, gen)
 
 
 def llama_cmd(a, model, threads, gen):
@@ -145,7 +157,7 @@ def llama_cmd(a, model, threads, gen):
 
 
 def tok_s(engine, out, gen):
-    if engine == "spinfer":
+    if engine.startswith("spinfer"):
         return json.loads(out).get(f"tg{gen}")
     recs = json.loads(out)
     return recs[0]["avg_ts"] if recs else None
@@ -154,7 +166,7 @@ def tok_s(engine, out, gen):
 def measure(a, engine, model, threads, cap, tag):
     res = {}
     for gen in (a.gen, 2 * a.gen):
-        cmd = spinfer_cmd(a, model, threads, gen, cap) if engine == "spinfer" else llama_cmd(a, model, threads, gen)
+        cmd = command(a, engine, model, threads, gen, cap)
         evict(model)
         before = child_inblock()
         rc, out, err, cg, secs = run_capped(cmd, cap, f"{tag}-{gen}")
@@ -170,8 +182,7 @@ def measure(a, engine, model, threads, cap, tag):
         "tok_s": two["tok_s"],
         "read_per_token": max(0, two["read"] - one["read"]) / a.gen,
         "peak": max(x["peak"] or 0 for x in res.values()),
-        "cmd": " ".join(spinfer_cmd(a, model, threads, 2 * a.gen, cap) if engine == "spinfer"
-                        else llama_cmd(a, model, threads, 2 * a.gen)),
+        "cmd": " ".join(command(a, engine, model, threads, 2 * a.gen, cap)),
     }
 
 
@@ -212,7 +223,7 @@ def plot(results, path):
     for i, (key, pts) in enumerate(sorted(series.items())):
         pts.sort()
         col = colours[i % len(colours)]
-        dash = "" if key[2] == "spinfer" else ' stroke-dasharray="6 4"'
+        dash = "" if key[2].startswith("spinfer") else ' stroke-dasharray="6 4"'
         d = " ".join(f"{sx(c):.1f},{sy(v):.1f}" for c, v in pts)
         out.append(f'<polyline points="{d}" fill="none" stroke="{col}" stroke-width="2"{dash}/>')
         out.append(f'<text x="{w - m + 4 - 190}" y="{m + 14 * i}" fill="{col}">{key[2]} · {key[0]} · {key[1]}t</text>')
@@ -229,19 +240,28 @@ def main():
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--gen", type=int, default=32, help="decoded tokens (the second run decodes twice as many)")
     p.add_argument("--overhead-mb", type=int, default=40, help="added to every cap: what a process needs besides weights")
-    p.add_argument("--spinfer-base-mb", type=int, default=20,
-                   help="of the cap, what spinfer's budget leaves for its code and allocator slack")
+    p.add_argument("--spinfer-base-mb", type=int, default=8,
+                   help="of the cap (MiB), what spinfer's budget leaves for the rest of the process: its heap "
+                        "besides the budget (tokenizer, metadata: about 4 MB for SmolLM2, 11 for Gemma 3) and slack")
     p.add_argument("--spinfer", default=str(ROOT / "target/release/spinfer"))
     p.add_argument("--spinfer-args", default="", help="extra spinfer bench arguments (e.g. --sparsity FILE)")
     p.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH", DEFAULT_LLAMA))
     p.add_argument("--engines", default="spinfer,llama.cpp")
+    p.add_argument("--variant", action="append", default=[], metavar='NAME="ARGS"',
+                   help="another spinfer engine, spinfer:NAME, with these extra arguments (repeatable)")
     p.add_argument("--out", help="write every run as JSON")
     p.add_argument("--plot", help="write an SVG of tok/s against the cap")
     a = p.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench-memory-cap: needs root to create memory cgroups")
     models = [Path(m) for m in (a.model or [ROOT / "models/SmolLM2-135M-Instruct.Q4_1.gguf"])]
-    engines = a.engines.split(",")
+    a.variants = {}
+    for v in a.variant:
+        name, eq, args = v.partition("=")
+        if not eq or not name:
+            sys.exit(f"bench-memory-cap: --variant {v!r}: expected NAME=\"spinfer args\"")
+        a.variants[name] = args
+    engines = a.engines.split(",") + [f"spinfer:{name}" for name in a.variants]
     if "llama.cpp" in engines and not Path(a.llama_bench).exists():
         sys.exit(f"bench-memory-cap: no llama-bench at {a.llama_bench} (see shared/guides/build-notes.md; --llama-bench)")
     results = []

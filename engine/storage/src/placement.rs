@@ -20,8 +20,11 @@ use crate::{Error, Result};
 /// Bytes in a MB (10^6, as `--mem-budget-mb` and `--ffn-budget-mb` count), for messages.
 const MB: f64 = 1e6;
 
-/// Largest chunk of a streamed matrix.
-pub const CHUNK_BYTES: usize = 1 << 20;
+/// Largest chunk of a streamed matrix: one read. Half a MiB rather than
+/// one: the ring of read-ahead buffers is part of the budget, so smaller
+/// chunks leave more of it resident for the same reads in flight
+/// (docs/benchmarks.md, "Decode under a memory cap").
+pub const CHUNK_BYTES: usize = 1 << 19;
 
 /// Read-ahead buffers of the ring, at most.
 pub const MAX_SLOTS: usize = 6;
@@ -215,15 +218,16 @@ mod tests {
 
     #[test]
     fn a_large_matrix_is_part_resident_chunk_by_chunk() {
-        // One 4 MiB matrix (four 1 MiB chunks), a 2 MiB ring and room for
-        // one and a half chunks.
+        // One 4 MiB matrix (eight chunks), a ring of two chunks and room
+        // for one and a half more.
         let big = m(4 * 1024, 1024);
-        let budget = 2_000 + 2 * (1 << 20) + 3 * (1 << 19);
+        let chunk = CHUNK_BYTES as u64;
+        let budget = 2_000 + 2 * chunk + 3 * chunk / 2;
         let p = plan(budget, FIXED, &[big]).unwrap();
         let cs = p.streamed[0].as_ref().expect("partly streamed");
         let kept = cs.iter().filter(|&&(_, keep)| keep).count();
         assert!((1..cs.len()).contains(&kept), "{cs:?}");
-        assert_eq!(p.resident_bytes, kept as u64 * (1 << 20));
+        assert_eq!(p.resident_bytes, kept as u64 * chunk);
     }
 
     #[test]
