@@ -161,6 +161,7 @@ impl Engine {
             let path = h.index.as_deref().ok_or_else(|| {
                 Error::InvalidArgument("head.mode = \"sparse\" needs head.index (spinfer calibrate-head)".into())
             })?;
+            engine.model.release_dense_head();
             let index = HeadIndex::load(path, &HeadIndex::model_of(&engine.model))?;
             let probes = h.probes.unwrap_or(index.default_probes());
             engine.model.set_sparse_head(Some(index), probes, &registry)?;

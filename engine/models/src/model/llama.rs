@@ -559,6 +559,18 @@ impl Model {
         Ok(&s.logits[..vocab])
     }
 
+    /// Under a memory budget, takes the dense head out of the plan (its
+    /// memory is freed; dense logits read it through the file mapping) ahead
+    /// of loading a sparse head's index, so the index's tables take the
+    /// dense head's room instead of sitting on top of a full budget.
+    /// [`Model::set_sparse_head`] does it too; call this first when the
+    /// index is loaded after the model.
+    pub fn release_dense_head(&mut self) {
+        if let Some(plan) = &mut self.memory {
+            plan.release_output(&mut self.weights);
+        }
+    }
+
     /// Uses `index` as the sparse output head for next-token logits, with
     /// `probes` clusters per token (`None`: back to the dense head).
     pub fn set_sparse_head(
@@ -567,14 +579,18 @@ impl Model {
         probes: usize,
         registry: &KernelRegistry,
     ) -> Result<()> {
+        // Under a memory budget the dense head leaves the streamed cycle
+        // (next-token logits come from the sparse head) before the sparse
+        // head is built, so its tables take the dense head's room; what is
+        // left of that room then goes to the rest.
+        if let (Some(_), Some(plan)) = (&index, &mut self.memory) {
+            plan.release_output(&mut self.weights);
+        }
         self.head = index
             .map(|i| SparseHead::new(&self.config, &self.weights.output, i, probes, registry, self.options.precision))
             .transpose()?;
-        // Under a memory budget the dense head leaves the streamed cycle
-        // (next-token logits come from the sparse head), and its room, less
-        // what the sparse head itself holds, goes to the rest.
         if let (Some(head), Some(plan)) = (&self.head, &mut self.memory) {
-            plan.drop_output(&mut self.weights, head.resident_bytes() as u64)?;
+            plan.promote(&mut self.weights, head.resident_bytes() as u64)?;
         }
         Ok(())
     }

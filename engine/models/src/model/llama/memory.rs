@@ -31,6 +31,10 @@ pub struct MemoryPlan {
     /// Whether the FFN is served from its bundle (so its matrices are not
     /// in [`Placement::streamed`]'s forward order).
     ffn_in_bundle: bool,
+    /// When the dense head is wholly resident: its window of the model
+    /// file, and whether the resident copy also serves the (tied) token
+    /// embedding, so [`MemoryPlan::release_output`] can give the copy up.
+    output_mapped: Option<(TensorData, bool)>,
 }
 
 impl MemoryPlan {
@@ -44,16 +48,24 @@ impl MemoryPlan {
     /// that computes next-token logits from its own rows: its resident
     /// chunks are freed and it is no longer read per step. Dense logits
     /// (`Model::logits`, perplexity) then read it through the file mapping,
-    /// outside the budget. The room it leaves, less `reserved` bytes (what
-    /// the sparse head holds in memory), goes to the other matrices'
-    /// streamed chunks ([`MemoryPlan::promote`]).
-    ///
-    /// # Errors
-    ///
-    /// A read error of a chunk being made resident (naming the tensor).
-    pub(super) fn drop_output(&mut self, weights: &mut Weights, reserved: u64) -> Result<()> {
+    /// outside the budget. Called before the sparse head is built, so the
+    /// head's tables take the dense head's room rather than sit on top of
+    /// a full budget; [`MemoryPlan::promote`] then spends what is left.
+    pub(super) fn release_output(&mut self, weights: &mut Weights) {
         let output = &mut weights.output;
-        let Some(chunks) = output.streamed.take() else { return Ok(()) };
+        let Some(chunks) = output.streamed.take() else {
+            // Wholly resident: back to its window of the file (the copy is
+            // freed once nothing shares it), the tied embedding's rows too.
+            if let Some((mapped, serves_embd)) = self.output_mapped.take() {
+                self.placement.resident_bytes -= output.weight_bytes() as u64;
+                if serves_embd {
+                    weights.token_embd.data = mapped.clone();
+                    self.embd = mapped.file_range().map(|(f, s)| (Arc::clone(f), s));
+                }
+                output.w = mapped;
+            }
+            return;
+        };
         let row_bytes = output.weight_bytes() / output.desc.rows.max(1);
         for (r, c) in &chunks {
             let bytes = (r.len() * row_bytes) as u64;
@@ -65,23 +77,23 @@ impl MemoryPlan {
         if let Some(last) = self.placement.streamed.last_mut() {
             *last = None;
         }
-        self.promote(weights, reserved)?;
         tracing::info!(
             resident = self.placement.resident_bytes,
             streamed_per_step = self.placement.streamed_bytes,
             "the dense head leaves the streamed cycle"
         );
-        Ok(())
     }
 
-    /// Spends the room the budget has left on streamed chunks, in forward
-    /// order: each that fits is read into memory once and leaves the cycle
-    /// (a streamed byte is read every step, so any that can stay should).
+    /// Spends the room the budget has left, less `reserved` bytes held
+    /// outside the plan (a sparse head's tables), on streamed chunks, in
+    /// forward order: each that fits is read into memory once and leaves
+    /// the cycle (a streamed byte is read every step, so any that can stay
+    /// should).
     /// The cycle's remaining items are renumbered, so a session opened
     /// before gets an error naming the change rather than wrong bytes
     /// (`Streamer::acquire` checks each item's offset); with nothing left
     /// streamed the ring goes too.
-    fn promote(&mut self, weights: &mut Weights, reserved: u64) -> Result<()> {
+    pub(super) fn promote(&mut self, weights: &mut Weights, reserved: u64) -> Result<()> {
         let p = &mut self.placement;
         let used = p.fixed.session + p.fixed.work + p.ring_bytes + p.resident_bytes + reserved;
         let mut room = p.budget.saturating_sub(used);
@@ -207,6 +219,7 @@ impl Model {
         ffn_in_bundle: bool,
     ) -> Result<MemoryPlan> {
         let fixed = fixed(c, options)?;
+        let output_window = weights.output.w.clone();
         let mut linears = forward_order(weights, ffn_in_bundle);
         let mut matrices = Vec::with_capacity(linears.len());
         for l in &linears {
@@ -250,6 +263,8 @@ impl Model {
         drop(linears);
         // Rows of the token embedding: from the resident head when tied,
         // else read from storage one row per token.
+        let whole_head = weights.output.streamed.is_none() && output_window.is_mapped();
+        let output_mapped = whole_head.then(|| (output_window, c.tied_embeddings));
         let embd = if c.tied_embeddings && weights.output.streamed.is_none() {
             weights.token_embd.data = weights.output.w.clone();
             None
@@ -264,7 +279,7 @@ impl Model {
             ring = placement.ring_bytes,
             "memory budget placed"
         );
-        Ok(MemoryPlan { placement, items: items.into(), embd, ffn_in_bundle })
+        Ok(MemoryPlan { placement, items: items.into(), embd, ffn_in_bundle, output_mapped })
     }
 
     /// The streamer a new session needs, if any matrix is streamed (`None`
