@@ -193,7 +193,7 @@ def median(xs):
 
 def plot(results, path):
     """A small SVG of decode tok/s against the cap, one line per engine,
-    model and thread count."""
+    model and thread count (the mean of the reps at each cap)."""
     series = {}
     for r in results:
         if r.get("tok_s") is None:
@@ -202,6 +202,12 @@ def plot(results, path):
         series.setdefault(key, []).append((r["cap_pct"], r["tok_s"]))
     if not series:
         return
+    # One point per cap: the mean of its reps.
+    for key, pts in series.items():
+        by_cap = {}
+        for c, v in pts:
+            by_cap.setdefault(c, []).append(v)
+        series[key] = [(c, sum(vs) / len(vs)) for c, vs in by_cap.items()]
     w, h, m = 760, 420, 60
     ymax = max(v for pts in series.values() for _, v in pts) * 1.1
     caps = sorted({c for pts in series.values() for c, _ in pts})
