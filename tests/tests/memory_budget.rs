@@ -35,6 +35,14 @@ fn run(e: &Engine, prompt: &[u32]) -> (Vec<f32>, Vec<u32>) {
     (logits, greedy)
 }
 
+/// Whether this process holds CAP_IPC_LOCK (bit 14 of the effective set),
+/// so `mlock` is not bounded by RLIMIT_MEMLOCK.
+fn may_lock_any() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let caps = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(str::trim).unwrap_or("0");
+    u64::from_str_radix(caps, 16).is_ok_and(|c| c & (1 << 14) != 0)
+}
+
 fn argmax(x: &[f32]) -> u32 {
     x.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32
 }
@@ -47,8 +55,17 @@ fn identical_under_budgets(path: &Path, prompt: &[u32], budgets_mb: &[u64]) {
         let want = run(&load(path, precision, None), prompt);
         for &mb in budgets_mb {
             let e = load(path, precision, Some(mb * 1_000_000));
-            let plan = &e.model.memory.as_ref().expect("a memory plan").placement;
+            let memory = e.model.memory.as_ref().expect("a memory plan");
+            let plan = &memory.placement;
             assert!(plan.streams(), "{mb} MB: nothing streamed, the test checks nothing");
+            // Resident weights are locked in memory where the process may
+            // lock any amount (CAP_IPC_LOCK); elsewhere RLIMIT_MEMLOCK
+            // bounds it, shared with the tests running beside this one.
+            if may_lock_any() {
+                assert_eq!(memory.pinned_bytes, plan.resident_bytes, "{mb} MB: resident weights not all locked");
+            } else {
+                eprintln!("memory_budget: no CAP_IPC_LOCK, so mlock of resident weights is not checked");
+            }
             let got = run(&e, prompt);
             assert_eq!(got.1, want.1, "{precision:?}, {mb} MB: greedy tokens differ");
             assert!(got.0 == want.0, "{precision:?}, {mb} MB: logits differ from the unbudgeted engine's");

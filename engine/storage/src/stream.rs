@@ -459,6 +459,25 @@ fn open_direct(file: &File) -> Option<File> {
     }
 }
 
+/// Locks the pages of `bytes` in memory (`mlock`), so neither swap nor
+/// reclaim takes a resident weight. Returns whether the kernel allowed it
+/// (`RLIMIT_MEMLOCK`, or `CAP_IPC_LOCK`); where it does not, the bytes stay
+/// ordinary anonymous memory, which only swap can evict.
+pub fn pin(bytes: &[u8]) -> bool {
+    if bytes.is_empty() {
+        return true;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `bytes` is a live allocation of this process; `mlock`
+        // only changes whether its pages may be evicted, never their
+        // contents.
+        unsafe { libc::mlock(bytes.as_ptr().cast(), bytes.len()) == 0 }
+    }
+    #[cfg(not(target_os = "linux"))]
+    false
+}
+
 /// Asks the kernel to drop `file`'s cached pages of `[offset, offset +
 /// len)`: the bytes were copied out, and a memory cap counts page cache.
 pub fn drop_cached(file: &File, offset: u64, len: usize) {

@@ -12,7 +12,7 @@ use spinfer_formats::tensor::{TensorData, release_pages};
 use super::linear::Chunk;
 use super::{Linear, Model, ModelOptions, Session, Weights, session_bytes};
 use crate::placement::{Fixed, Matrix, Placement, plan};
-use crate::stream::{Item, StreamStats, Streamer, drop_cached};
+use crate::stream::{Item, StreamStats, Streamer, drop_cached, pin};
 use crate::{Error, Result};
 use spinfer_sparsity as sparse;
 
@@ -35,9 +35,43 @@ pub struct MemoryPlan {
     /// file, and whether the resident copy also serves the (tied) token
     /// embedding, so [`MemoryPlan::release_output`] can give the copy up.
     output_mapped: Option<(TensorData, bool)>,
+    /// Resident weight bytes locked in memory (`mlock`); less than
+    /// `placement.resident_bytes` where the kernel does not allow it.
+    pub pinned_bytes: u64,
 }
 
 impl MemoryPlan {
+    /// Locks every resident weight chunk in memory (`mlock`, where
+    /// permitted: the issue's "pinned"), and records how many bytes are.
+    fn pin_resident(&mut self, weights: &mut Weights) {
+        let (mut pinned, mut refused) = (0u64, 0u64);
+        let mut count = |ok: bool, n: usize| if ok { pinned += n as u64 } else { refused += n as u64 };
+        for l in forward_order(weights, self.ffn_in_bundle) {
+            match &l.streamed {
+                Some(chunks) => {
+                    for (_, c) in chunks {
+                        if let Chunk::Resident(b) = c {
+                            count(pin(b), b.len());
+                        }
+                    }
+                }
+                None if !l.w.is_mapped() => count(pin(l.w.bytes()), l.w.bytes().len()),
+                None => {}
+            }
+        }
+        self.pinned_bytes = pinned;
+        if refused > 0 {
+            tracing::warn!(
+                pinned,
+                refused,
+                "mlock not permitted for all resident weights (RLIMIT_MEMLOCK); the rest stay ordinary memory, \
+                 which only swap can evict"
+            );
+        } else {
+            tracing::info!(pinned, "resident weights locked in memory (mlock)");
+        }
+    }
+
     /// Bytes read from storage per step for the matrices.
     pub fn streamed_bytes(&self) -> u64 {
         self.placement.streamed_bytes
@@ -64,6 +98,7 @@ impl MemoryPlan {
                 }
                 output.w = mapped;
             }
+            self.pin_resident(weights);
             return;
         };
         let row_bytes = output.weight_bytes() / output.desc.rows.max(1);
@@ -82,6 +117,7 @@ impl MemoryPlan {
             streamed_per_step = self.placement.streamed_bytes,
             "the dense head leaves the streamed cycle"
         );
+        self.pin_resident(weights);
     }
 
     /// Spends the room the budget has left, less `reserved` bytes held
@@ -135,6 +171,7 @@ impl MemoryPlan {
             (p.slots, p.ring_bytes) = (0, 0);
         }
         self.items = items.into();
+        self.pin_resident(weights);
         Ok(())
     }
 }
@@ -279,7 +316,10 @@ impl Model {
             ring = placement.ring_bytes,
             "memory budget placed"
         );
-        Ok(MemoryPlan { placement, items: items.into(), embd, ffn_in_bundle, output_mapped })
+        let mut plan =
+            MemoryPlan { placement, items: items.into(), embd, ffn_in_bundle, output_mapped, pinned_bytes: 0 };
+        plan.pin_resident(weights);
+        Ok(plan)
     }
 
     /// The streamer a new session needs, if any matrix is streamed (`None`
