@@ -215,6 +215,12 @@ pub fn pack_legacy(l: &LegacyLayout, x: &[f32], dst: &mut [u8]) {
         unsafe { avx512::pack_legacy(l, x, dst) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::CpuFeatures::detect().has_avx2_fma() {
+        // SAFETY: `has_avx2_fma` implies AVX2, FMA and F16C.
+        unsafe { avx2::pack_legacy(l, x, dst) };
+        return;
+    }
     pack_legacy_scalar(l, x, dst);
 }
 
@@ -287,6 +293,105 @@ pub fn pack_k(l: &KLayout, x: &[f32], dst: &mut [u8]) {
         d[b] = blk.d;
         qs[b * QK_K..(b + 1) * QK_K].copy_from_slice(&blk.qs);
         bsums[b * 16..(b + 1) * 16].copy_from_slice(&blk.bsums);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{LegacyLayout, QK, legacy_sections};
+    use std::arch::x86_64::*;
+
+    /// `roundf` on 8 lanes: truncate, then step away from zero when the
+    /// dropped fraction is at least one half (as `avx512::round_away`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn round_away(v: __m256) -> __m256i {
+        let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
+        let frac = _mm256_sub_ps(v, t);
+        // Compare masks are all ones (-1) where true.
+        let up = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, _mm256_set1_ps(0.5)));
+        let down = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(frac, _mm256_set1_ps(-0.5)));
+        _mm256_add_epi32(_mm256_sub_epi32(_mm256_cvttps_epi32(t), up), down)
+    }
+
+    /// The sum of 8 i32 lanes (exact: quantised values are small).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn sum_epi32(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s)))
+    }
+
+    /// AVX2 version of `pack_legacy_scalar`, bit-identical to it.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn pack_legacy(l: &LegacyLayout, x: &[f32], dst: &mut [u8]) {
+        assert_eq!(x.len(), l.blocks * QK, "pack_legacy: length mismatch");
+        let (qs, d, s, corr) = legacy_sections(l, dst);
+        // Zero the padding: the odd block of the last pair, scale tails.
+        if l.blocks % 2 == 1 {
+            qs[(l.pairs - 1) * 64..].fill(0);
+            if l.offset != 0 {
+                corr[(l.pairs - 1) * 16..].fill(0);
+            }
+        }
+        d[l.blocks..].fill(0.0);
+        s[l.blocks..].fill(0.0);
+        let sign = _mm256_set1_ps(-0.0);
+        let neg_off = _mm_set1_epi32(-l.offset);
+        // packs_epi32 then packs_epi16 leave the 4-byte groups of the four
+        // vectors interleaved by 128-bit lane; this puts them back in order.
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (b, xb) in x.as_chunks::<QK>().0.iter().enumerate() {
+            // SAFETY: `xb` holds 32 f32, read as four unaligned 8-lane loads.
+            let v = unsafe { [0, 8, 16, 24].map(|o| _mm256_loadu_ps(xb.as_ptr().add(o))) };
+            let m = v.map(|v| _mm256_andnot_ps(sign, v));
+            let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+            let db = amax / 127.0;
+            let id = if db != 0.0 { 1.0 / db } else { 0.0 };
+            let idv = _mm256_set1_ps(id);
+            let q = v.map(|v| round_away(_mm256_mul_ps(v, idv)));
+            let sum = sum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+            // Round d and s through f16 (round to nearest even, as
+            // `half::f16::from_f32`) with F16C.
+            let ds =
+                _mm_cvtph_ps(_mm_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(_mm_setr_ps(db, sum as f32 * db, 0.0, 0.0)));
+            d[b] = _mm_cvtss_f32(ds);
+            s[b] = _mm_cvtss_f32(_mm_movehdup_ps(ds));
+            let bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            let bytes = _mm256_permutevar8x32_epi32(bytes, order);
+            let (p0, p1) = (l.pos(b, 0), l.pos(b, 16));
+            assert!(p0 + 16 <= qs.len() && p1 + 16 <= qs.len());
+            // SAFETY: both 16-byte stores are in bounds of `qs` (asserted).
+            unsafe {
+                _mm_storeu_si128(qs.as_mut_ptr().add(p0).cast(), _mm256_castsi256_si128(bytes));
+                _mm_storeu_si128(qs.as_mut_ptr().add(p1).cast(), _mm256_extracti128_si256::<1>(bytes));
+            }
+            if l.offset != 0 {
+                // Sums of each 4 consecutive values: two horizontal adds
+                // give, per 128-bit lane, the groups of 0..4 and 4..8 of
+                // each input vector.
+                let group = |a: __m256i, b: __m256i| {
+                    let h = _mm256_hadd_epi32(a, b);
+                    let h = _mm256_hadd_epi32(h, h);
+                    let (lo, hi) = (_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                    _mm_mullo_epi32(_mm_unpacklo_epi32(lo, hi), neg_off)
+                };
+                let (c0, c1) = (group(q[0], q[1]), group(q[2], q[3]));
+                assert!(p0 / 4 + 4 <= corr.len() && p1 / 4 + 4 <= corr.len());
+                // SAFETY: 4-lane stores at p0/4 and p1/4, in bounds (asserted).
+                unsafe {
+                    _mm_storeu_si128(corr.as_mut_ptr().add(p0 / 4).cast(), c0);
+                    _mm_storeu_si128(corr.as_mut_ptr().add(p1 / 4).cast(), c1);
+                }
+            }
+        }
     }
 }
 
@@ -396,22 +501,53 @@ mod tests {
         quantize_row_q8_0_ref(&x, &mut out).unwrap();
     }
 
+    /// Each SIMD packer the CPU has gives the scalar packer's bytes, on
+    /// random values, exact halves (the rounding's edge), a zero block and
+    /// a denormal maximum.
     #[test]
     fn simd_pack_matches_scalar() {
-        if !crate::cpu::CpuFeatures::detect().has_avx512() {
-            return;
+        let cpu = crate::cpu::CpuFeatures::detect();
+        type Packer = unsafe fn(&LegacyLayout, &[f32], &mut [u8]);
+        let mut packers: Vec<(&str, Packer)> = Vec::new();
+        if cpu.has_avx2_fma() {
+            packers.push(("avx2", avx2::pack_legacy));
         }
-        for (cols, inter, off) in [(576, true, 0), (96, true, 8), (96, false, 128), (1536, true, 16)] {
+        if cpu.has_avx512() {
+            packers.push(("avx512", avx512::pack_legacy));
+        }
+        if packers.is_empty() {
+            eprintln!("simd_pack_matches_scalar: no AVX2 here, nothing to compare");
+        }
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        for (cols, inter, off) in [(576, true, 0), (96, true, 8), (96, false, 128), (1536, true, 16), (160, true, 8)] {
             let l = LegacyLayout::new(cols, inter, off);
-            let x: Vec<f32> =
-                (0..cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 0.013 * (1 + i % 5) as f32).collect();
+            let mut x: Vec<f32> = (0..cols).map(|i| next() * (1 + i % 5) as f32 * 3.0).collect();
+            // Block 1: halves after scaling (max 127 -> id = 1); block 2: zeros;
+            // block 0 of the wide rows keeps its random values.
+            for (j, v) in x[32..64].iter_mut().enumerate() {
+                *v = if j == 0 { 127.0 } else { j as f32 - 15.5 };
+            }
+            x[64..96].fill(0.0);
+            if cols > 96 {
+                x[96] = f32::from_bits(1);
+                x[97..128].fill(0.0);
+            }
             let mut a = vec![0xAAu8; l.stride + 64];
-            let mut b = vec![0x55u8; l.stride + 64];
             let oa = a.as_ptr().align_offset(64);
-            let ob = b.as_ptr().align_offset(64);
             pack_legacy_scalar(&l, &x, &mut a[oa..oa + l.stride]);
-            pack_legacy(&l, &x, &mut b[ob..ob + l.stride]);
-            assert_eq!(a[oa..oa + l.stride], b[ob..ob + l.stride], "{cols} {inter} {off}");
+            for (name, pack) in &packers {
+                let mut b = vec![0x55u8; l.stride + 64];
+                let ob = b.as_ptr().align_offset(64);
+                // SAFETY: the CPU has the packer's features (checked above).
+                unsafe { pack(&l, &x, &mut b[ob..ob + l.stride]) };
+                assert_eq!(a[oa..oa + l.stride], b[ob..ob + l.stride], "{name}: {cols} {inter} {off}");
+            }
         }
     }
 }
