@@ -297,7 +297,7 @@ pub fn pack_k(l: &KLayout, x: &[f32], dst: &mut [u8]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use super::{LegacyLayout, QK, legacy_sections};
     use std::arch::x86_64::*;
 
@@ -305,7 +305,7 @@ mod avx2 {
     /// dropped fraction is at least one half (as `avx512::round_away`).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn round_away(v: __m256) -> __m256i {
+    pub(crate) fn round_away(v: __m256) -> __m256i {
         let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
         let frac = _mm256_sub_ps(v, t);
         // Compare masks are all ones (-1) where true.
