@@ -301,7 +301,7 @@ impl Model {
         // Rows of the token embedding: from the resident head when tied,
         // else read from storage one row per token.
         let whole_head = weights.output.streamed.is_none() && output_window.is_mapped();
-        let output_mapped = whole_head.then(|| (output_window, c.tied_embeddings));
+        let output_mapped = whole_head.then_some((output_window, c.tied_embeddings));
         let embd = if c.tied_embeddings && weights.output.streamed.is_none() {
             weights.token_embd.data = weights.output.w.clone();
             None
