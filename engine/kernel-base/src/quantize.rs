@@ -206,6 +206,26 @@ fn legacy_sections<'a>(
     )
 }
 
+/// [`legacy_sections`] with their padding zeroed (the odd block of the
+/// last pair, the scales' tails), for the SIMD packers, which write every
+/// block in full.
+#[cfg(target_arch = "x86_64")]
+fn padded_sections<'a>(
+    l: &LegacyLayout,
+    dst: &'a mut [u8],
+) -> (&'a mut [i8], &'a mut [f32], &'a mut [f32], &'a mut [i32]) {
+    let (qs, d, s, corr) = legacy_sections(l, dst);
+    if l.blocks % 2 == 1 {
+        qs[(l.pairs - 1) * 64..].fill(0);
+        if l.offset != 0 {
+            corr[(l.pairs - 1) * 16..].fill(0);
+        }
+    }
+    d[l.blocks..].fill(0.0);
+    s[l.blocks..].fill(0.0);
+    (qs, d, s, corr)
+}
+
 /// Packs one token (`x.len() == 32 * l.blocks`) into `dst` (`l.stride`
 /// bytes, 64-byte aligned). Padding is zeroed.
 pub fn pack_legacy(l: &LegacyLayout, x: &[f32], dst: &mut [u8]) {
@@ -298,7 +318,7 @@ pub fn pack_k(l: &KLayout, x: &[f32], dst: &mut [u8]) {
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
-    use super::{LegacyLayout, QK, legacy_sections};
+    use super::{LegacyLayout, QK, padded_sections};
     use std::arch::x86_64::*;
 
     /// `roundf` on 8 lanes: truncate, then step away from zero when the
@@ -312,6 +332,17 @@ pub(crate) mod avx2 {
         let up = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, _mm256_set1_ps(0.5)));
         let down = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(frac, _mm256_set1_ps(-0.5)));
         _mm256_add_epi32(_mm256_sub_epi32(_mm256_cvttps_epi32(t), up), down)
+    }
+
+    /// The largest `|x|` of a block's 32 values (four 8-lane vectors).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn block_amax(v: &[__m256; 4]) -> f32 {
+        let m = v.map(|v| _mm256_andnot_ps(_mm256_set1_ps(-0.0), v));
+        let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
     }
 
     /// The sum of 8 i32 lanes (exact: quantised values are small).
@@ -330,17 +361,7 @@ pub(crate) mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn pack_legacy(l: &LegacyLayout, x: &[f32], dst: &mut [u8]) {
         assert_eq!(x.len(), l.blocks * QK, "pack_legacy: length mismatch");
-        let (qs, d, s, corr) = legacy_sections(l, dst);
-        // Zero the padding: the odd block of the last pair, scale tails.
-        if l.blocks % 2 == 1 {
-            qs[(l.pairs - 1) * 64..].fill(0);
-            if l.offset != 0 {
-                corr[(l.pairs - 1) * 16..].fill(0);
-            }
-        }
-        d[l.blocks..].fill(0.0);
-        s[l.blocks..].fill(0.0);
-        let sign = _mm256_set1_ps(-0.0);
+        let (qs, d, s, corr) = padded_sections(l, dst);
         let neg_off = _mm_set1_epi32(-l.offset);
         // packs_epi32 then packs_epi16 leave the 4-byte groups of the four
         // vectors interleaved by 128-bit lane; this puts them back in order.
@@ -348,12 +369,7 @@ pub(crate) mod avx2 {
         for (b, xb) in x.as_chunks::<QK>().0.iter().enumerate() {
             // SAFETY: `xb` holds 32 f32, read as four unaligned 8-lane loads.
             let v = unsafe { [0, 8, 16, 24].map(|o| _mm256_loadu_ps(xb.as_ptr().add(o))) };
-            let m = v.map(|v| _mm256_andnot_ps(sign, v));
-            let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
-            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-            let db = amax / 127.0;
+            let db = block_amax(&v) / 127.0;
             let id = if db != 0.0 { 1.0 / db } else { 0.0 };
             let idv = _mm256_set1_ps(id);
             let q = v.map(|v| round_away(_mm256_mul_ps(v, idv)));
@@ -397,7 +413,7 @@ pub(crate) mod avx2 {
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512 {
-    use super::{LegacyLayout, QK, legacy_sections};
+    use super::{LegacyLayout, QK, padded_sections};
     use std::arch::x86_64::*;
 
     /// `roundf` on 16 lanes: truncate, then step away from zero when the
@@ -421,16 +437,7 @@ pub(crate) mod avx512 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(super) unsafe fn pack_legacy(l: &LegacyLayout, x: &[f32], dst: &mut [u8]) {
         assert_eq!(x.len(), l.blocks * QK, "pack_legacy: length mismatch");
-        let (qs, d, s, corr) = legacy_sections(l, dst);
-        // Zero the padding: the odd block of the last pair, scale tails.
-        if l.blocks % 2 == 1 {
-            qs[(l.pairs - 1) * 64..].fill(0);
-            if l.offset != 0 {
-                corr[(l.pairs - 1) * 16..].fill(0);
-            }
-        }
-        d[l.blocks..].fill(0.0);
-        s[l.blocks..].fill(0.0);
+        let (qs, d, s, corr) = padded_sections(l, dst);
         let ones = _mm_set1_epi8(1);
         let neg_off = _mm_set1_epi32(-l.offset);
         for (b, xb) in x.as_chunks::<QK>().0.iter().enumerate() {

@@ -83,7 +83,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use crate::blocks::QK;
-    use crate::quantize::avx2::round_away as avx2_round_away;
+    use crate::quantize::avx2::{block_amax, round_away as avx2_round_away};
     use crate::quantize::avx512::round_away;
 
     /// [`super::split_q8_0_scalar`] on 16 lanes, bit for bit the same for
@@ -126,19 +126,13 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn split_q8_0_avx2(x: &[f32], hi: &mut [f32], lo: &mut [f32]) {
         assert!(hi.len() == x.len() && lo.len() == x.len() && x.len().is_multiple_of(QK));
-        let sign = _mm256_set1_ps(-0.0);
         for b in 0..x.len() / QK {
             let at = b * QK;
             // SAFETY: block `b` holds 32 floats of each slice (asserted
             // lengths), read and written as four unaligned 8-lane quarters.
             unsafe {
                 let v = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(x.as_ptr().add(at + o)));
-                let m = v.map(|v| _mm256_andnot_ps(sign, v));
-                let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
-                let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-                let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-                let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-                let d = amax / 127.0;
+                let d = block_amax(&v) / 127.0;
                 let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
                 let dv = _mm256_set1_ps(half::f16::from_f32(d).to_f32());
                 for (k, xv) in v.into_iter().enumerate() {

@@ -23,10 +23,11 @@ pub enum Array {
     Array(Vec<Array>),
 }
 
-/// Runs `$body` with `$v` bound to the element vector of any numeric or
-/// bool variant; `$other` for strings and nested arrays.
-macro_rules! each_scalar {
-    ($a:expr, $v:ident => $body:expr, $other:pat => $rest:expr) => {
+/// Matches every variant: `$body` with `$v` bound to the element vector
+/// of any numeric or bool one, `$strs` with `$s` bound to the strings,
+/// `$nested` with `$n` bound to the nested arrays.
+macro_rules! by_type {
+    ($a:expr, $v:ident => $body:expr, $s:ident => $strs:expr, $n:ident => $nested:expr) => {
         match $a {
             Array::U8($v) => $body,
             Array::I8($v) => $body,
@@ -39,18 +40,15 @@ macro_rules! each_scalar {
             Array::F32($v) => $body,
             Array::F64($v) => $body,
             Array::Bool($v) => $body,
-            $other => $rest,
+            Array::String($s) => $strs,
+            Array::Array($n) => $nested,
         }
     };
 }
 
 impl Array {
     pub fn len(&self) -> usize {
-        each_scalar!(self, v => v.len(), other => match other {
-            Array::String(s) => s.len(),
-            Array::Array(a) => a.len(),
-            _ => unreachable!("scalar variants are matched above"),
-        })
+        by_type!(self, v => v.len(), s => s.len(), a => a.len())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -110,11 +108,6 @@ impl Array {
         (0..self.len()).map(|i| self.u64_at(i)).collect()
     }
 
-    /// Every element as a number, or `None` if any is not one.
-    pub fn to_f64s(&self) -> Option<Vec<f64>> {
-        (0..self.len()).map(|i| self.f64_at(i)).collect()
-    }
-
     /// The strings, if this is an array of strings.
     pub fn as_strs(&self) -> Option<&StrList> {
         match self {
@@ -125,11 +118,12 @@ impl Array {
 
     /// Element `i` rendered for `inspect` and error messages.
     pub fn render_at(&self, i: usize) -> Option<String> {
-        each_scalar!(self, v => v.get(i).map(|x| format!("{x:?}")), other => match other {
-            Array::String(s) => s.get(i).map(|x| format!("{x:?}")),
-            Array::Array(a) => a.get(i).map(|x| format!("[{}; {}]", x.elem_type_name(), x.len())),
-            _ => unreachable!("scalar variants are matched above"),
-        })
+        by_type!(
+            self,
+            v => v.get(i).map(|x| format!("{x:?}")),
+            s => s.get(i).map(|x| format!("{x:?}")),
+            a => a.get(i).map(|x| format!("[{}; {}]", x.elem_type_name(), x.len()))
+        )
     }
 }
 
@@ -175,11 +169,6 @@ impl StrList {
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
         (0..self.len()).map(|i| self.get(i).unwrap_or_default())
     }
-
-    /// Bytes held (text and ends), for memory accounting.
-    pub fn heap_bytes(&self) -> usize {
-        self.text.capacity() + self.ends.capacity() * size_of::<usize>()
-    }
 }
 
 impl<'a> FromIterator<&'a str> for StrList {
@@ -207,9 +196,9 @@ mod tests {
         assert_eq!(a.u64_at(0), Some(1));
         assert_eq!(a.u64_at(1), None, "negative");
         assert_eq!(a.to_u64s(), None);
-        assert_eq!(a.to_f64s(), Some(vec![1.0, -1.0, 6.0]));
+        assert_eq!((0..3).map(|i| a.f64_at(i)).collect::<Vec<_>>(), [Some(1.0), Some(-1.0), Some(6.0)]);
         assert_eq!(Array::F32(vec![0.5]).u64_at(0), None, "a float is not an integer");
-        assert_eq!(Array::String(l).to_f64s(), None);
+        assert_eq!(Array::String(l).f64_at(0), None);
         assert_eq!(Array::Bool(vec![true]).render_at(0).as_deref(), Some("true"));
     }
 }

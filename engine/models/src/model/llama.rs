@@ -583,8 +583,8 @@ impl Model {
         // (next-token logits come from the sparse head) before the sparse
         // head is built, so its tables take the dense head's room; what is
         // left of that room then goes to the rest.
-        if let (Some(_), Some(plan)) = (&index, &mut self.memory) {
-            plan.release_output(&mut self.weights);
+        if index.is_some() {
+            self.release_dense_head();
         }
         self.head = index
             .map(|i| SparseHead::new(&self.config, &self.weights.output, i, probes, registry, self.options.precision))

@@ -84,7 +84,8 @@ impl MemoryPlan {
     /// (`Model::logits`, perplexity) then read it through the file mapping,
     /// outside the budget. Called before the sparse head is built, so the
     /// head's tables take the dense head's room rather than sit on top of
-    /// a full budget; [`MemoryPlan::promote`] then spends what is left.
+    /// a full budget; [`MemoryPlan::promote`] then spends what is left
+    /// (and recounts [`MemoryPlan::pinned_bytes`]).
     pub(super) fn release_output(&mut self, weights: &mut Weights) {
         let output = &mut weights.output;
         let Some(chunks) = output.streamed.take() else {
@@ -98,7 +99,6 @@ impl MemoryPlan {
                 }
                 output.w = mapped;
             }
-            self.pin_resident(weights);
             return;
         };
         let row_bytes = output.weight_bytes() / output.desc.rows.max(1);
@@ -117,7 +117,6 @@ impl MemoryPlan {
             streamed_per_step = self.placement.streamed_bytes,
             "the dense head leaves the streamed cycle"
         );
-        self.pin_resident(weights);
     }
 
     /// Spends the room the budget has left, less `reserved` bytes held
