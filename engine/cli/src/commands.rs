@@ -37,8 +37,8 @@ pub struct CommonArgs {
     /// planes, which is nearly as accurate.
     #[arg(long, conflicts_with = "int8")]
     pub precise: bool,
-    /// One 8-bit activation plane, as llama.cpp: fastest prefill, max
-    /// logit error ~1.
+    /// One 8-bit activation plane, as llama.cpp: its numerics, max logit
+    /// error ~1; the fastest decode.
     #[arg(long)]
     pub int8: bool,
     /// Run the FFN sparse with this calibration sidecar (written by

@@ -1,6 +1,6 @@
-//! The packed f32 GEMM (F32/F16/BF16 weights, f32 activations, at least 128
-//! tokens: below that the dot-product tiles run) against the scalar
-//! reference kernel on random data, ragged shapes included (rows, columns
+//! The packed f32 GEMM (F32/F16/BF16 weights from 128 tokens: below that
+//! the dot-product tiles run; quantised weights, dequantised as they are
+//! packed, for a prompt's tokens) against the scalar reference kernel on random data, ragged shapes included (rows, columns
 //! and tokens that are not multiples of the register tiles or the K block),
 //! over 1 and 3 threads.
 
@@ -17,7 +17,7 @@ use spinfer_kernels::pool::ThreadPool;
 fn run(k: &dyn MatmulKernel, pool: &ThreadPool, w: &[u8], x: &[f32], n: usize, rows: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; n * rows];
     let mut scratch = Vec::new();
-    k.run(pool, MatmulCall::dense(w, x, n, &mut out, &mut scratch)).unwrap();
+    k.run(pool, MatmulCall::dense(w, x, n, &mut out, &mut scratch).prefill(true)).unwrap();
     out
 }
 
@@ -87,6 +87,50 @@ fn gemm_matches_scalar_for_half_weights() {
     for ty in [GgmlType::F16, GgmlType::BF16] {
         for (i, &(rows, cols, n)) in [(96, 64, 128), (50, 290, 137), (384, 384, 140)].iter().enumerate() {
             check_shape(ty, rows, cols, n, 200 + i as u64, &pools);
+        }
+    }
+}
+
+/// Quantised weights, dequantised into the panels (the 32-element formats
+/// eight rows at a time on AVX2, the K-quants through `dequantize_row`):
+/// rows that leave a partial 8-row group and a partial panel, columns that
+/// leave a partial K block (whole blocks of the format).
+#[test]
+fn gemm_matches_scalar_for_quantised_weights() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(3)];
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
+        for (i, &(rows, cols, n)) in [(576, 576, 128), (53, 288, 131), (5, 32, 1), (100, 1536, 7)].iter().enumerate() {
+            check_shape(ty, rows, cols, n, 300 + i as u64, &pools);
+        }
+    }
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q2_K, GgmlType::Q3_K] {
+        for (i, &(rows, cols, n)) in [(40, 512, 128), (17, 768, 3)].iter().enumerate() {
+            check_shape(ty, rows, cols, n, 400 + i as u64, &pools);
+        }
+    }
+}
+
+/// A prompt row's value does not depend on how many tokens share the call
+/// (a server chunks and batches prompts as load dictates): each token
+/// alone, and a few tokens, give exactly the rows of one 133-token call,
+/// over 1 and 2 threads.
+#[test]
+fn gemm_rows_do_not_depend_on_the_batch() {
+    let (rows, cols, n) = (100, 576, 133);
+    let mut r = rng(9);
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q6_K] {
+        let cols = if ty == GgmlType::Q6_K { 768 } else { cols };
+        let w = random_weights(&mut r, ty, rows, cols);
+        let x: Vec<f32> = (0..n * cols).map(|_| r.random_range(-1.0f32..1.0)).collect();
+        let desc = MatmulDesc::dense(ty, ActType::F32, rows, cols);
+        let ks = candidates(&desc, &CpuFeatures::detect());
+        for k in ks.iter().filter(|k| !k.name().starts_with("scalar")) {
+            let all = run(k.as_ref(), &ThreadPool::new(2), &w, &x, n, rows);
+            let pool = ThreadPool::new(1);
+            for (t0, len) in [(0, 1), (5, 1), (7, 3), (132, 1), (40, 17)] {
+                let part = run(k.as_ref(), &pool, &w, &x[t0 * cols..(t0 + len) * cols], len, rows);
+                assert_eq!(part, all[t0 * rows..(t0 + len) * rows], "{} {ty:?}: tokens {t0}..+{len}", k.name());
+            }
         }
     }
 }

@@ -22,7 +22,7 @@ use crate::quantize::LegacyLayout;
 /// `p` must point at one readable block of `F`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn unpack_block<const F: u8>(p: *const u8) -> __m256i {
+pub(crate) unsafe fn unpack_block<const F: u8>(p: *const u8) -> __m256i {
     if F == fmt::Q8_0 {
         // SAFETY: 32 quants after the 2-byte scale.
         return unsafe { _mm256_loadu_si256(p.add(2).cast()) };

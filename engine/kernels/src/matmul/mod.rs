@@ -65,6 +65,30 @@ pub fn is_supported_pair(wtype: GgmlType, act: ActType) -> bool {
     }
 }
 
+/// Whether fast mode should run a prompt's products over `wtype` weights
+/// with the f32-activation kernel of precise mode, whose prompt path is
+/// the f32 GEMM over weights dequantised once per call, instead of the
+/// int8 kernels on two activation planes. It should on x86-64 CPUs with
+/// AVX2, except for the formats that run on AMX int8 tiles where the OS
+/// grants them: without tiles, two int8 planes cost as much integer work
+/// per weight as f32 FMAs and use it less well, and the GEMM's result is
+/// f32-exact (docs/benchmarks.md, "Prompts as an f32 GEMM over dequantised
+/// weights").
+pub fn prompt_gemm_pays(features: &CpuFeatures, wtype: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let quantised = !matches!(wtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+        let on_tiles = amx_int8::available()
+            && matches!(wtype, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0);
+        features.has_avx2_fma() && quantised && gemm_f32::supports(wtype) && !on_tiles
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (features, wtype);
+        false
+    }
+}
+
 /// Whether a SIMD kernel of `isa` exists for the pair.
 fn simd_supported(isa: Isa, wtype: GgmlType, act: ActType) -> bool {
     use GgmlType::*;

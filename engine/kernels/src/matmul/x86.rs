@@ -36,9 +36,7 @@ macro_rules! tiles {
 pub(super) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) -> Result<()> {
     let d = job.desc;
     match d.act {
-        ActType::F32 if job.idx.is_none() && job.n_tokens >= gemm_f32::MIN_TOKENS && gemm_f32::supports(d.wtype) => {
-            gemm_f32::run(isa, pool, job, scratch)
-        }
+        ActType::F32 if gemm_f32::serves(job) => gemm_f32::run(isa, pool, job, scratch),
         ActType::F32 => run_precise(isa, pool, job),
         ActType::Q8_0 | ActType::Q8_1 => {
             let f = match d.wtype {
@@ -100,11 +98,7 @@ fn run_legacy<const F: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: 
     let l = LegacyLayout::new(d.cols, avx512 && !ymm, offset);
     let buf = scratch_aligned(scratch, l.stride * job.n_tokens);
     pack_tokens(pool, job.x, d.cols, job.n_tokens, buf, l.stride, &|x, dst| {
-        if avx512 {
-            quantize::pack_legacy(&l, x, dst);
-        } else {
-            quantize::pack_legacy_scalar(&l, x, dst);
-        }
+        quantize::pack_legacy(&l, x, dst);
     });
     let act = buf.as_ptr() as usize;
     let (w, rb, rows) = (job.w.as_ptr() as usize, job.row_bytes, job.out_rows());

@@ -21,6 +21,7 @@ use spinfer_kernel_select::registry::KernelRegistry;
 use spinfer_plugin_api::PredictorSpec;
 use spinfer_sparsity::{self as sparse, ModelId, SparseFfn, SparsityOptions};
 
+mod attend;
 mod batch;
 mod experimental;
 mod kv;
@@ -124,15 +125,17 @@ pub fn kv_positions(c: &ModelConfig, l: usize, ctx: usize) -> usize {
 
 /// Bytes a session of `ctx` positions and `threads` threads holds for the
 /// model `c` beyond its activations: the KV cache (`2 x kv_dim` f32 per
-/// position of every layer's [`kv_positions`]), the attention scores
-/// (`threads x ctx` f32) and the model's RoPE tables (`ctx x head_dim` f32
+/// position of every layer's [`kv_positions`]), the attention scratch
+/// (per thread, a block of prompt rows' scores and outputs:
+/// `attend::scratch_floats` f32) and the model's RoPE tables (`ctx x head_dim` f32
 /// each). `None` if it overflows.
 pub fn session_bytes(c: &ModelConfig, ctx: usize, threads: usize) -> Option<u64> {
     let f32s = |a: usize, b: usize| (a as u64).checked_mul(b as u64)?.checked_mul(4);
     let positions = (0..c.n_layers).try_fold(0usize, |acc, l| acc.checked_add(kv_positions(c, l, ctx)))?;
     let kv = f32s(positions, c.n_kv_heads.checked_mul(c.head_dim)?)?.checked_mul(2)?;
     let tables = if c.sliding_window.is_some() { 2 } else { 1 };
-    let total = kv.checked_add(f32s(threads, ctx)?)?.checked_add(f32s(ctx, c.head_dim)?.checked_mul(tables)?)?;
+    let scratch = f32s(threads, attend::scratch_floats(ctx, c.head_dim))?;
+    let total = kv.checked_add(scratch)?.checked_add(f32s(ctx, c.head_dim)?.checked_mul(tables)?)?;
     // One Vec holds a layer-major cache: it must stay under isize::MAX.
     (total <= isize::MAX as u64).then_some(total)
 }
@@ -472,14 +475,16 @@ impl Model {
             }
             // Causal multi-head attention, each row over its sequence's
             // cache (a local layer over its window only).
-            let attention = kv::Attention {
+            let attention = attend::Attention {
                 pool: &s.pool,
                 seqs,
                 rows: &s.rows,
+                roles: &s.scratch.roles,
                 q: &s.q[..n * q_dim],
                 att: &mut s.att,
                 scores: &mut s.scores,
                 score_len: s.ctx,
+                items: &mut s.attn_items,
             };
             self.attention(attention, l, local);
             // Output projection (input-sparse with attention thresholds),

@@ -5,13 +5,16 @@
 pub enum Precision {
     /// Integer dot products on two 8-bit activation planes (`x = hi + lo`,
     /// see `spinfer_kernels::split`): near-f32 accuracy, weights streamed
-    /// once. The default.
+    /// once. A prompt's products run as precise mode's f32 GEMM where that
+    /// is faster (`spinfer_kernels::matmul::prompt_gemm_pays`: CPUs
+    /// without AMX int8 tiles). The default.
     #[default]
     Fast,
     /// Integer dot products on one 8-bit activation plane: llama.cpp's
-    /// numerics, the fastest prefill, max logit error ~1 on SmolLM2.
+    /// numerics, max logit error ~1 on SmolLM2; the fastest decode.
     Int8,
-    /// f32 activations times weights dequantised on the fly: the function
+    /// f32 activations times weights dequantised on the fly (a prompt's:
+    /// dequantised once per product, into an f32 GEMM): the function
     /// PyTorch computes on the dequantised model.
     Precise,
 }

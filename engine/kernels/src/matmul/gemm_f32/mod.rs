@@ -1,5 +1,6 @@
-//! Blocked f32 GEMM for matmuls over many tokens with F32/F16/BF16 weights
-//! and f32 activations: `out[t, r] = Σ_c W[r, c] · x[t, c]`.
+//! Blocked f32 GEMM for matmuls over many tokens with F32/F16/BF16 or
+//! quantised (GGUF block) weights, dequantised as they are packed, and f32
+//! activations: `out[t, r] = Σ_c W[r, c] · x[t, c]`.
 //!
 //! The tile kernels of [`crate::dot::f32simd`] compute dot products (one
 //! horizontal reduction per output, two loads per FMA); over many tokens
@@ -35,16 +36,37 @@
 
 use crate::GgmlType;
 
-/// Fewest tokens for which the GEMM beats the dot-product tiles (decode and
-/// short prefills keep the existing path): packing costs a pass over the
-/// weights that the tiles do not make (docs/benchmarks.md, "Design
-/// measurements cited by the code").
+/// Fewest tokens for which the GEMM beats the dot-product tiles on F32,
+/// F16 or BF16 weights (decode and short prefills keep the existing path):
+/// packing costs a pass over the weights that the tiles do not make
+/// (docs/benchmarks.md, "Design measurements cited by the code").
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(super) const MIN_TOKENS: usize = 128;
+const MIN_TOKENS: usize = 128;
+
+/// Whether `job` runs as the GEMM: F32/F16/BF16 weights from
+/// [`MIN_TOKENS`] tokens; quantised weights for a prompt's tokens
+/// ([`MatmulCall::prefill`](crate::kernel::MatmulCall)), however many, so
+/// that a prompt row's value does not depend on how its prompt was chunked
+/// or batched (the GEMM's value of an output is one FMA chain over the
+/// columns, whatever the number of tokens); decode rows keep the
+/// dot-product tiles. The GEMM dequantises each weight once per call, the
+/// tiles once per 4 tokens: it is as fast from 8 tokens, twice as fast from
+/// 32 (docs/benchmarks.md, "Prompts as an f32 GEMM over dequantised
+/// weights").
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) fn serves(job: &super::Job<'_>) -> bool {
+    let ty = job.desc.wtype;
+    let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+    job.idx.is_none() && supports(ty) && if float { job.n_tokens >= MIN_TOKENS } else { job.prefill }
+}
 
 /// Whether the GEMM serves weights of type `ty`.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) fn supports(ty: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if dequant::supports(ty) {
+        return true;
+    }
     matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
 }
 
@@ -189,5 +211,7 @@ fn check_operands(
 #[cfg(target_arch = "x86_64")]
 pub(super) use simd::run;
 
+#[cfg(target_arch = "x86_64")]
+mod dequant;
 #[cfg(target_arch = "x86_64")]
 mod simd;

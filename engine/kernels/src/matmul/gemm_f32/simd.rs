@@ -7,12 +7,12 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use super::super::{Isa, Job, OutPtr, SharedBuf, scratch_aligned};
-use super::BLayout;
+use super::{BLayout, dequant};
 use crate::GgmlType;
 use crate::pool::{ThreadPool, chunk_aligned};
 
 /// Columns per K block.
-const KC: usize = 256;
+pub(super) const KC: usize = 256;
 
 /// Register-tile geometry of one instruction set.
 #[derive(Clone, Copy)]
@@ -30,8 +30,8 @@ fn geometry(isa: Isa) -> Geometry {
     }
 }
 
-/// Runs `job` (F32/F16/BF16 weights, f32 activations, any shape) as a
-/// packed GEMM with the kernels of `isa` (AVX2 or AVX-512; the caller
+/// Runs `job` (F32/F16/BF16 or [`dequant::supports`] block weights, f32
+/// activations, any shape) as a packed GEMM with the kernels of `isa` (AVX2 or AVX-512; the caller
 /// checked that the CPU supports it).
 pub(in crate::matmul) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) {
     let g = geometry(isa);
@@ -44,6 +44,7 @@ pub(in crate::matmul) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch
     let (w, x) = (job.w.as_ptr() as usize, job.x.as_ptr() as usize);
     let (rows, cols, n, rb, ty) = (d.rows, d.cols, job.n_tokens, job.row_bytes, d.wtype);
     let out: OutPtr = job.out;
+    let quantised = dequant::supports(ty);
     pool.broadcast(&|ti, nt| {
         let rr = chunk_aligned(rows, ti, nt, g.nr);
         // SAFETY: index `ti` runs once per broadcast and uses only its own
@@ -59,7 +60,6 @@ pub(in crate::matmul) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch
                 let mr = g.mc.min(rr.end - r0);
                 // The next block's weights, fetched into L2 while this
                 // one is computed (packing then does not wait on DRAM).
-                let esize = if ty == GgmlType::F32 { 4 } else { 2 };
                 let next = if r0 + mr < rr.end {
                     Some((pc, r0 + mr, kc))
                 } else if pc + kc < cols {
@@ -69,10 +69,10 @@ pub(in crate::matmul) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch
                 };
                 let pf = match next {
                     Some((npc, nr0, nkc)) => Prefetch {
-                        base: w.wrapping_add(nr0 * rb + npc * esize),
+                        base: w.wrapping_add(nr0 * rb + col_bytes(ty, npc)),
                         rb,
                         rows: g.mc.min(rr.end - nr0),
-                        bytes: nkc * esize,
+                        bytes: col_bytes(ty, nkc),
                     },
                     None => Prefetch::NONE,
                 };
@@ -86,15 +86,18 @@ pub(in crate::matmul) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch
                 // CPU supports `isa`.
                 unsafe {
                     let wb = w.add(r0 * rb);
+                    if quantised {
+                        dequant::pack(ty, wb, rb, mr, pc, kc, g.nr, pk);
+                    } else if isa == Isa::Avx512 {
+                        pack_avx512(ty, wb, rb, mr, pc, kc, pk);
+                    } else {
+                        pack_scalar(ty, wb, rb, mr, pc, kc, 16, pk);
+                    }
                     match isa {
                         Isa::Avx512 => {
-                            pack_avx512(ty, wb, rb, mr, pc, kc, pk);
-                            block_avx512(x.add(pc), cols, n, pk, kc, mr, out.ptr().add(r0), rows, pc > 0, pf);
+                            block_avx512(x.add(pc), cols, n, pk, kc, mr, out.ptr().add(r0), rows, pc > 0, pf)
                         }
-                        _ => {
-                            pack_scalar(ty, wb, rb, mr, pc, kc, 16, pk);
-                            block_avx2(x.add(pc), cols, n, pk, kc, mr, out.ptr().add(r0), rows, pc > 0, pf);
-                        }
+                        _ => block_avx2(x.add(pc), cols, n, pk, kc, mr, out.ptr().add(r0), rows, pc > 0, pf),
                     }
                 }
                 r0 += mr;
@@ -217,6 +220,16 @@ impl Prefetch {
             // effect on memory contents.
             unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) };
         }
+    }
+}
+
+/// Byte offset of column `c` in a row of `ty` (for block formats, `c` is a
+/// multiple of the block size).
+fn col_bytes(ty: GgmlType, c: usize) -> usize {
+    match ty {
+        GgmlType::F32 => 4 * c,
+        GgmlType::F16 | GgmlType::BF16 => 2 * c,
+        _ => dequant::col_offset(ty, c),
     }
 }
 

@@ -1,11 +1,7 @@
-//! One sequence's KV cache, and causal attention over the caches of the
-//! sequences of one forward step: one request's prompt, or several
-//! requests decoding together ([`Model::forward_batch`]).
-
-use spinfer_kernels::pool::{SyncPtr, ThreadPool, chunk};
+//! One sequence's KV cache: every layer's keys and values by position
+//! (a ring for a local layer), read by [`super::attend`].
 
 use super::{Model, kv_positions};
-use crate::model::math;
 use crate::{Error, Result};
 
 /// The keys and values of one sequence, every layer, and its position.
@@ -93,6 +89,19 @@ impl KvCache {
         self.pos += n;
     }
 
+    /// Layer `l`'s keys and values.
+    pub(super) fn layer(&self, l: usize) -> LayerKv<'_> {
+        let (slots, kv_dim) = (self.len[l], self.kv_dim);
+        let base = self.start[l] * kv_dim;
+        LayerKv {
+            keys: &self.keys[base..base + slots * kv_dim],
+            values: &self.values[base..base + slots * kv_dim],
+            slots,
+            kv_dim,
+            window: self.window,
+        }
+    }
+
     /// Stores layer `l`'s key and value of position `p` (in slot p mod
     /// the layer's length: a ring for a local layer).
     pub(super) fn store(&mut self, l: usize, p: usize, k: &[f32], v: &[f32]) {
@@ -136,66 +145,21 @@ pub(super) struct RowPos {
     pub pos: usize,
 }
 
-/// The operands of one layer's attention for every row of a step.
-pub(super) struct Attention<'a> {
-    pub pool: &'a ThreadPool,
-    pub seqs: &'a [&'a mut KvCache],
-    pub rows: &'a [RowPos],
-    pub q: &'a [f32],          // (rows, n_heads * head_dim)
-    pub att: &'a mut [f32],    // (rows, n_heads * head_dim): the output
-    pub scores: &'a mut [f32], // (threads, score_len)
-    pub score_len: usize,
+/// One layer's cache: position `p` in slot `p % slots`.
+pub(super) struct LayerKv<'a> {
+    pub keys: &'a [f32],   // (slots, kv_dim)
+    pub values: &'a [f32], // (slots, kv_dim)
+    pub slots: usize,
+    pub kv_dim: usize,
+    /// The local layers' window (0: every layer is global).
+    pub window: usize,
 }
 
-impl Model {
-    /// Causal multi-head attention of layer `l` for every row (GQA: each kv
-    /// head serves n_heads / n_kv_heads query heads), each row over its own
-    /// sequence's cache up to its position, a `local` layer over its window
-    /// only.
-    pub(super) fn attention(&self, a: Attention<'_>, l: usize, local: bool) {
-        let c = &self.config;
-        let (hd, n_heads) = (c.head_dim, c.n_heads);
-        let group = n_heads / c.n_kv_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let Attention { pool, seqs, rows, q, att, scores, score_len } = a;
-        assert!(att.len() >= rows.len() * n_heads * hd && scores.len() >= pool.n_threads() * score_len);
-        let att = SyncPtr::new(att.as_mut_ptr());
-        let scores = SyncPtr::new(scores.as_mut_ptr());
-        let work = rows.len() * n_heads;
-        pool.broadcast(&|ti, nt| {
-            // SAFETY: thread `ti` writes only its own row of `scores`
-            // (`score_len` floats at `ti * score_len`; the buffer holds
-            // `threads * score_len`, asserted above) and the `att` head
-            // slices of its own work items; work items are disjoint across
-            // threads, and both buffers outlive the broadcast, which
-            // returns only when every thread is done.
-            let sc = unsafe { std::slice::from_raw_parts_mut(scores.get().add(ti * score_len), score_len) };
-            for item in chunk(work, ti, nt) {
-                let (t, h) = (item / n_heads, item % n_heads);
-                let RowPos { seq, pos: p } = rows[t];
-                let kv = &seqs[seq];
-                let (slots, kv_dim) = (kv.len[l], kv.kv_dim);
-                let base = kv.start[l] * kv_dim;
-                let keys = &kv.keys[base..base + slots * kv_dim];
-                let values = &kv.values[base..base + slots * kv_dim];
-                let window = if local { kv.window } else { usize::MAX };
-                let qv = &q[(t * n_heads + h) * hd..(t * n_heads + h + 1) * hd];
-                let kv_off = (h / group) * hd;
-                // Positions first..=p, position j in slot j mod slots.
-                let first = (p + 1).saturating_sub(window);
-                let len = p + 1 - first;
-                let at = |j: usize| ((first + j) % slots) * kv_dim + kv_off;
-                for (j, sj) in sc[..len].iter_mut().enumerate() {
-                    *sj = math::dot(qv, &keys[at(j)..at(j) + hd]) * scale;
-                }
-                math::softmax(&mut sc[..len]);
-                // SAFETY: see above; this (t, h) slice belongs to this item.
-                let out = unsafe { std::slice::from_raw_parts_mut(att.get().add((t * n_heads + h) * hd), hd) };
-                out.fill(0.0);
-                for (j, &w) in sc[..len].iter().enumerate() {
-                    math::axpy(w, &values[at(j)..at(j) + hd], out);
-                }
-            }
-        });
+impl LayerKv<'_> {
+    /// The positions a query at `p` attends to: all up to `p`, or the last
+    /// `window` of them in a `local` layer.
+    pub fn span(&self, p: usize, local: bool) -> std::ops::Range<usize> {
+        let window = if local && self.window > 0 { self.window } else { usize::MAX };
+        (p + 1).saturating_sub(window)..p + 1
     }
 }

@@ -5,7 +5,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, Form, MatmulCall, MatmulDesc, MatmulKernel, Select};
+use spinfer_kernels::matmul::prompt_gemm_pays;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::split::split_hi_lo;
 
@@ -39,6 +41,10 @@ pub struct Linear {
     bias: Option<Vec<f32>>,
     /// Feed activations as two 8-bit planes (see [`Precision::Fast`]).
     two_planes: bool,
+    /// In fast mode, the built-in f32-activation kernel that runs a
+    /// prompt's dense products instead of the two planes where that pays
+    /// ([`prompt_gemm_pays`]: an f32 GEMM over weights dequantised once).
+    prompt: Option<Arc<dyn MatmulKernel>>,
     /// Under a memory budget, a matrix read from storage per step: its row
     /// chunks, each resident or an item of the session streamer's cycle.
     pub(crate) streamed: Option<Vec<(Range<usize>, Chunk)>>,
@@ -122,6 +128,11 @@ impl Linear {
         let dense = registry.resolve(&desc)?;
         let gathered = desc.with_form(Form::GatheredRows);
         let rows_kernel = registry.resolve_gathered(&gathered, &dense.provider, dense.kernel.name()).ok();
+        let two_planes = precision == Precision::Fast && act != ActType::F32;
+        let prompt = match two_planes && prompt_gemm_pays(&CpuFeatures::detect(), ty) {
+            true => Some(registry.builtin_kernel_for(&MatmulDesc { act: ActType::F32, ..desc })?),
+            false => None,
+        };
         Ok(Self {
             name: name.to_string(),
             w: data,
@@ -130,7 +141,8 @@ impl Linear {
             dense: dense.into(),
             rows: rows_kernel.map(BoundKernel::from),
             bias: None,
-            two_planes: precision == Precision::Fast && act != ActType::F32,
+            two_planes,
+            prompt,
             streamed: None,
         })
     }
@@ -154,7 +166,7 @@ impl Linear {
                         .run(pool, &self.name, MatmulCall::dense(w, x, n, out, bytes).prefill(prefill))
                         .map_err(|source| Error::Kernel { kernel: self.dense.active().name().into(), source })
                 };
-                self.matmul(&run, rows, x, n, &mut out[..n * rows], scratch)?;
+                self.matmul(&run, rows, x, n, &mut out[..n * rows], scratch, Some((pool, w)))?;
             }
         }
         if let Some(b) = &self.bias {
@@ -211,10 +223,10 @@ impl Linear {
             };
             let k = range.len();
             if n == 1 {
-                self.matmul(&run, k, x, 1, &mut out[range.clone()], scratch)?;
+                self.matmul(&run, k, x, 1, &mut out[range.clone()], scratch, None)?;
             } else {
                 grow(&mut part, n * k);
-                self.matmul(&run, k, x, n, &mut part[..n * k], scratch)?;
+                self.matmul(&run, k, x, n, &mut part[..n * k], scratch, Some((pool, w)))?;
                 for (t, p) in part[..n * k].chunks_exact(k).enumerate() {
                     out[t * rows + range.start..t * rows + range.end].copy_from_slice(p);
                 }
@@ -255,7 +267,7 @@ impl Linear {
                     .run(pool, &self.name, call)
                     .map_err(|source| Error::Kernel { kernel: kernel.active().name().into(), source })
             };
-            self.matmul(&run, k, x, n, &mut out[..n * k], scratch)?;
+            self.matmul(&run, k, x, n, &mut out[..n * k], scratch, None)?;
             self.add_row_bias(idx, n, out);
             return Ok(());
         }
@@ -288,7 +300,7 @@ impl Linear {
                 .run(pool, MatmulCall::dense(rows, x, n, out, bytes).prefill(prefill))
                 .map_err(|source| Error::Kernel { kernel: self.compact.name().into(), source })
         };
-        self.matmul(&run, k, x, n, &mut out[..n * k], scratch)?;
+        self.matmul(&run, k, x, n, &mut out[..n * k], scratch, Some((pool, rows)))?;
         self.add_row_bias(idx, n, out);
         Ok(())
     }
@@ -306,7 +318,10 @@ impl Linear {
 
     /// Runs `run` on `x` (n tokens) into `out` (n × rows), as two 8-bit
     /// planes in fast mode; a step's prompt rows and decode rows as
-    /// separate calls ([`Scratch::roles`]).
+    /// separate calls ([`Scratch::roles`]). `dense` names the weights of a
+    /// dense product (all `rows` rows of `w`), whose prompt rows may take
+    /// [`Linear::prompt`]'s kernel instead.
+    #[allow(clippy::too_many_arguments, reason = "the product's operands")]
     fn matmul(
         &self,
         run: &RunFn,
@@ -315,6 +330,7 @@ impl Linear {
         n: usize,
         out: &mut [f32],
         scratch: &mut Scratch,
+        dense: Option<(&ThreadPool, &[u8])>,
     ) -> Result<()> {
         let roles = std::mem::take(&mut scratch.roles);
         let result = if roles.iter().map(|r| r.0).sum::<usize>() == n {
@@ -322,16 +338,18 @@ impl Linear {
             roles.iter().try_for_each(|&(len, prefill)| {
                 let (x, out) = (&x[at * cols..(at + len) * cols], &mut out[at * rows..(at + len) * rows]);
                 at += len;
-                self.matmul_planes(run, rows, x, len, out, scratch, prefill)
+                let dense = dense.filter(|_| prefill);
+                self.matmul_planes(run, rows, x, len, out, scratch, prefill, dense)
             })
         } else {
-            self.matmul_planes(run, rows, x, n, out, scratch, false)
+            self.matmul_planes(run, rows, x, n, out, scratch, false, None)
         };
         scratch.roles = roles;
         result
     }
 
-    /// One call of [`Linear::matmul`] (all rows of one role).
+    /// One call of [`Linear::matmul`] (all rows of one role; `prompt`: the
+    /// dense weights of a prompt's rows).
     #[allow(clippy::too_many_arguments, reason = "the product's operands and its role")]
     fn matmul_planes(
         &self,
@@ -342,9 +360,15 @@ impl Linear {
         out: &mut [f32],
         scratch: &mut Scratch,
         prefill: bool,
+        prompt: Option<(&ThreadPool, &[u8])>,
     ) -> Result<()> {
         let cols = self.desc.cols;
         let x = &x[..n * cols];
+        if let (Some(kernel), Some((pool, w))) = (&self.prompt, prompt) {
+            return kernel
+                .run(pool, MatmulCall::dense(w, x, n, out, &mut scratch.bytes).prefill(true))
+                .map_err(|source| Error::Kernel { kernel: kernel.name().into(), source });
+        }
         if !self.two_planes {
             return run(x, n, out, &mut scratch.bytes, prefill);
         }

@@ -15,24 +15,25 @@ pub struct Session {
     pub(super) pool: ThreadPool,
     pub(super) kv: KvCache, // this session's own sequence
     pub(super) ctx: usize,
-    pub(super) rows: Vec<RowPos>,     // the current step's rows: their sequence and position
-    pub(super) at_start: bool,        // the current step starts a sequence (its first position is 0)
-    pub(super) x: Vec<f32>,           // residual stream (n, dim)
-    pub(super) xn: Vec<f32>,          // normalised input of the current step (n, dim)
-    pub(super) q: Vec<f32>,           // (n, n_heads * head_dim)
-    pub(super) k: Vec<f32>,           // (n, kv_dim)
-    pub(super) v: Vec<f32>,           // (n, kv_dim)
-    pub(super) att: Vec<f32>,         // attention output (n, n_heads * head_dim)
-    pub(super) scores: Vec<f32>,      // per-thread attention scores (threads, ctx)
-    pub(super) gate: Vec<f32>,        // (n, ffn_dim)
-    pub(super) up: Vec<f32>,          // (n, ffn_dim)
-    pub(super) tmp: Vec<f32>,         // projection output before the residual add (n, dim)
-    pub(super) embd_row: Vec<u8>,     // a token's embedding row read from storage (under a memory budget)
-    pub(super) hidden: Vec<f32>,      // final-normed hidden states of the last forward call (tokens, dim)
-    pub(super) last_tokens: usize,    // tokens of the last forward call
-    pub(super) logits: Vec<f32>,      // (rows requested, vocab)
-    pub(super) scratch: Scratch,      // matmul buffers
-    pub(super) head: HeadScratch,     // sparse head buffers and counters
+    pub(super) rows: Vec<RowPos>, // the current step's rows: their sequence and position
+    pub(super) at_start: bool,    // the current step starts a sequence (its first position is 0)
+    pub(super) x: Vec<f32>,       // residual stream (n, dim)
+    pub(super) xn: Vec<f32>,      // normalised input of the current step (n, dim)
+    pub(super) q: Vec<f32>,       // (n, n_heads * head_dim)
+    pub(super) k: Vec<f32>,       // (n, kv_dim)
+    pub(super) v: Vec<f32>,       // (n, kv_dim)
+    pub(super) att: Vec<f32>,     // attention output (n, n_heads * head_dim)
+    pub(super) scores: Vec<f32>,  // per-thread attention scratch (threads, attend::scratch_floats)
+    pub(super) attn_items: Vec<super::attend::Item>, // the attention's work items
+    pub(super) gate: Vec<f32>,    // (n, ffn_dim)
+    pub(super) up: Vec<f32>,      // (n, ffn_dim)
+    pub(super) tmp: Vec<f32>,     // projection output before the residual add (n, dim)
+    pub(super) embd_row: Vec<u8>, // a token's embedding row read from storage (under a memory budget)
+    pub(super) hidden: Vec<f32>,  // final-normed hidden states of the last forward call (tokens, dim)
+    pub(super) last_tokens: usize, // tokens of the last forward call
+    pub(super) logits: Vec<f32>,  // (rows requested, vocab)
+    pub(super) scratch: Scratch,  // matmul buffers
+    pub(super) head: HeadScratch, // sparse head buffers and counters
     pub(super) sparse: SparseScratch, // sparse FFN buffers and counters
     /// Called in each dense FFN with `(layer, input, gate, up)`
     /// (calibration collects its statistics here).
@@ -147,7 +148,8 @@ impl Model {
             k: Vec::new(),
             v: Vec::new(),
             att: Vec::new(),
-            scores: vec![0.0; threads * ctx],
+            scores: vec![0.0; threads * super::attend::scratch_floats(ctx, c.head_dim)],
+            attn_items: Vec::new(),
             gate: Vec::new(),
             up: Vec::new(),
             tmp: Vec::new(),
