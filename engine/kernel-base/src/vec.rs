@@ -44,22 +44,58 @@ pub fn softmax(x: &mut [f32]) {
 
 /// `silu(x) = x · sigmoid(x)`, in place (the same expression as
 /// [`swiglu`], so `silu` then `* up` equals it bit for bit).
+///
+/// The AVX2 version computes every element the same way wherever it sits
+/// in the slice (a tail goes through a padded vector), so `silu` of
+/// gathered values then `* up` equals [`swiglu`]'s value bit for bit.
 pub fn silu(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        return unsafe { x86::glu::<{ x86::SILU }>(x, None) };
+    }
+    silu_scalar(x)
+}
+
+/// `gate = silu(gate) * up` (SwiGLU), in place (see [`silu`]).
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        return unsafe { x86::glu::<{ x86::SILU }>(gate, Some(up)) };
+    }
+    swiglu_scalar(gate, up)
+}
+
+/// `gate = gelu(gate) * up` (GeGLU) with PyTorch's tanh approximation
+/// `gelu(x) = x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`, in place.
+/// The AVX2 version computes it as `x · sigmoid(2 √(2/π) (x + 0.044715
+/// x³))`, the same function, with a vector exp.
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        return unsafe { x86::glu::<{ x86::GELU }>(gate, Some(up)) };
+    }
+    geglu_scalar(gate, up)
+}
+
+/// Scalar reference of [`silu`].
+pub fn silu_scalar(x: &mut [f32]) {
     for g in x {
         *g = *g / (1.0 + (-*g).exp());
     }
 }
 
-/// `gate = silu(gate) * up` (SwiGLU), in place.
-pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+/// Scalar reference of [`swiglu`].
+pub fn swiglu_scalar(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + (-*g).exp()) * u;
     }
 }
 
-/// `gate = gelu(gate) * up` (GeGLU) with PyTorch's tanh approximation
-/// `gelu(x) = x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`, in place.
-pub fn geglu(gate: &mut [f32], up: &[f32]) {
+/// Scalar reference of [`geglu`].
+pub fn geglu_scalar(gate: &mut [f32], up: &[f32]) {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     for (g, &u) in gate.iter_mut().zip(up) {
         let x = *g;
@@ -195,7 +231,58 @@ mod x86 {
         s
     }
 
-    /// exp(x) for x <= 0 (inputs below -87.3 flush to 0).
+    /// The activation of [`glu`]: SiLU.
+    pub const SILU: u8 = 0;
+    /// The activation of [`glu`]: tanh-approximated GELU.
+    pub const GELU: u8 = 1;
+
+    /// `x = act(x) (* up)` for the activation `A`, 8 lanes at a time; a
+    /// tail goes through a zero-padded vector, so each element's value
+    /// does not depend on its place in the slice.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn glu<const A: u8>(x: &mut [f32], up: Option<&[f32]>) {
+        let n = up.map_or(x.len(), |u| u.len().min(x.len()));
+        let one = _mm256_set1_ps(1.0);
+        let f = |g: __m256, u: __m256| {
+            // x / (1 + exp(-z)): z = x for SiLU; for GELU z = 2 √(2/π) (x
+            // + 0.044715 x³), as 1 + tanh(z/2) = 2 / (1 + exp(-z)).
+            let z = if A == SILU {
+                g
+            } else {
+                let x3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+                _mm256_mul_ps(_mm256_set1_ps(2.0 * 0.797_884_6), _mm256_fmadd_ps(_mm256_set1_ps(0.044715), x3, g))
+            };
+            let e = exp256_any(_mm256_sub_ps(_mm256_setzero_ps(), z));
+            _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u)
+        };
+        let mut i = 0;
+        while i < n {
+            let len = (n - i).min(8);
+            let (mut gb, mut ub) = ([0.0f32; 8], [1.0f32; 8]);
+            gb[..len].copy_from_slice(&x[i..i + len]);
+            if let Some(u) = up {
+                ub[..len].copy_from_slice(&u[i..i + len]);
+            }
+            // SAFETY: `gb` and `ub` hold 8 floats each.
+            let r = unsafe { f(_mm256_loadu_ps(gb.as_ptr()), _mm256_loadu_ps(ub.as_ptr())) };
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(gb.as_mut_ptr(), r) };
+            x[i..i + len].copy_from_slice(&gb[..len]);
+            i += len;
+        }
+    }
+
+    /// exp(x) for any x: below -87.3 it flushes to 0, above 88 it stays
+    /// at exp(88) (~1.7e38).
+    #[target_feature(enable = "avx2,fma")]
+    fn exp256_any(x: __m256) -> __m256 {
+        exp256(_mm256_min_ps(x, _mm256_set1_ps(88.0)))
+    }
+
+    /// exp(x) for x <= 88 (inputs below -87.3 flush to 0).
     #[target_feature(enable = "avx2,fma")]
     fn exp256(x: __m256) -> __m256 {
         let x = _mm256_max_ps(x, _mm256_set1_ps(-87.336_55));
@@ -262,6 +349,46 @@ mod tests {
             let sum = exp_sub_sum_scalar(&mut ss, max);
             for (u, v) in s.iter().zip(&ss) {
                 assert!((u - v / sum).abs() <= 1e-6, "softmax n={n}: {u} vs {}", v / sum);
+            }
+        }
+    }
+
+    /// The activations against their scalar references, and the same value
+    /// for an element wherever it sits (vector body or tail).
+    #[test]
+    fn activations_match_scalar_and_do_not_depend_on_position() {
+        for n in [1, 7, 8, 13, 64, 100] {
+            let (g, u) = (random(n, 7 + n as u64), random(n, 70 + n as u64));
+            let mut g = g.clone();
+            g[0] = 40.0;
+            if n > 1 {
+                g[1] = -40.0;
+            }
+            for (f, fs, name) in [
+                (swiglu as fn(&mut [f32], &[f32]), swiglu_scalar as fn(&mut [f32], &[f32]), "swiglu"),
+                (geglu, geglu_scalar, "geglu"),
+            ] {
+                let (mut a, mut b) = (g.clone(), g.clone());
+                f(&mut a, &u);
+                fs(&mut b, &u);
+                for (j, (x, y)) in a.iter().zip(&b).enumerate() {
+                    assert!((x - y).abs() <= 2e-6 * (1.0 + y.abs()), "{name} n={n} [{j}]: {x} vs {y}");
+                }
+                // Element j alone gives the same bits.
+                for j in [0, n - 1] {
+                    let mut one = [g[j]];
+                    f(&mut one, &u[j..j + 1]);
+                    assert_eq!(one[0].to_bits(), a[j].to_bits(), "{name} n={n} [{j}] alone");
+                }
+            }
+            let (mut a, mut b) = (g.clone(), g.clone());
+            silu(&mut a);
+            silu_scalar(&mut b);
+            let mut sw = g.clone();
+            swiglu(&mut sw, &u);
+            for j in 0..n {
+                assert!((a[j] - b[j]).abs() <= 2e-6 * (1.0 + b[j].abs()), "silu n={n} [{j}]");
+                assert_eq!((a[j] * u[j]).to_bits(), sw[j].to_bits(), "silu then * up = swiglu, n={n} [{j}]");
             }
         }
     }

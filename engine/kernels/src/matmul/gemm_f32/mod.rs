@@ -23,8 +23,10 @@
 //!
 //! AVX-512 uses 8 tokens × 48 rows (24 zmm accumulators) and packs with
 //! 16 × 16 in-register transposes; AVX2 uses 6 tokens × 16 rows (12 ymm
-//! accumulators) and packs with scalar code. Ragged shapes: a token tail
-//! runs a micro-kernel instantiated for its size, a row tail (a partial
+//! accumulators) and packs eight rows at a time through a staging tile
+//! and 8 × 8 transposes (`pack8.rs`, which also dequantises the block
+//! formats, for both). Ragged shapes: a token tail runs a micro-kernel
+//! instantiated for its size, a row tail (a partial
 //! panel, zero-padded when packed) goes through a stack tile, a column
 //! tail is just a shorter K block.
 //!
@@ -64,7 +66,7 @@ pub(super) fn serves(job: &super::Job<'_>) -> bool {
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) fn supports(ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if dequant::supports(ty) {
+    if pack8::supports_quantised(ty) {
         return true;
     }
     matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
@@ -212,6 +214,6 @@ fn check_operands(
 pub(super) use simd::run;
 
 #[cfg(target_arch = "x86_64")]
-mod dequant;
+mod pack8;
 #[cfg(target_arch = "x86_64")]
 mod simd;

@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use super::super::{Isa, Job, OutPtr, SharedBuf, scratch_aligned};
-use super::{BLayout, dequant};
+use super::{BLayout, pack8};
 use crate::GgmlType;
 use crate::pool::{ThreadPool, chunk_aligned};
 
@@ -30,7 +30,7 @@ fn geometry(isa: Isa) -> Geometry {
     }
 }
 
-/// Runs `job` (F32/F16/BF16 or [`dequant::supports`] block weights, f32
+/// Runs `job` (F32/F16/BF16 or [`pack8::supports_quantised`] block weights, f32
 /// activations, any shape) as a packed GEMM with the kernels of `isa` (AVX2 or AVX-512; the caller
 /// checked that the CPU supports it).
 pub(in crate::matmul) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) {
@@ -44,7 +44,7 @@ pub(in crate::matmul) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch
     let (w, x) = (job.w.as_ptr() as usize, job.x.as_ptr() as usize);
     let (rows, cols, n, rb, ty) = (d.rows, d.cols, job.n_tokens, job.row_bytes, d.wtype);
     let out: OutPtr = job.out;
-    let quantised = dequant::supports(ty);
+    let quantised = pack8::supports_quantised(ty);
     pool.broadcast(&|ti, nt| {
         let rr = chunk_aligned(rows, ti, nt, g.nr);
         // SAFETY: index `ti` runs once per broadcast and uses only its own
@@ -86,12 +86,10 @@ pub(in crate::matmul) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch
                 // CPU supports `isa`.
                 unsafe {
                     let wb = w.add(r0 * rb);
-                    if quantised {
-                        dequant::pack(ty, wb, rb, mr, pc, kc, g.nr, pk);
-                    } else if isa == Isa::Avx512 {
-                        pack_avx512(ty, wb, rb, mr, pc, kc, pk);
+                    if quantised || isa != Isa::Avx512 {
+                        pack8::pack(ty, wb, rb, mr, pc, kc, g.nr, pk);
                     } else {
-                        pack_scalar(ty, wb, rb, mr, pc, kc, 16, pk);
+                        pack_avx512(ty, wb, rb, mr, pc, kc, pk);
                     }
                     match isa {
                         Isa::Avx512 => {
@@ -153,7 +151,7 @@ pub(in crate::matmul) unsafe fn sgemm(
                         if avx512 {
                             pack_avx512(GgmlType::F32, bb, ldb * 4, mr, pc, kc, pk);
                         } else {
-                            pack_scalar(GgmlType::F32, bb, ldb * 4, mr, pc, kc, g.nr, pk);
+                            pack8::pack(GgmlType::F32, bb, ldb * 4, mr, pc, kc, g.nr, pk);
                         }
                     }
                     BLayout::Normal => pack_normal(b.add(pc * ldb + r0), ldb, mr, kc, g.nr, pk),
@@ -171,7 +169,7 @@ pub(in crate::matmul) unsafe fn sgemm(
 }
 
 /// Packs `kc` rows of `mr` columns of a row-major `b` (stride `ldb`) into
-/// panels of `nr` columns (zero-padded), as [`pack_scalar`] lays them out.
+/// panels of `nr` columns (zero-padded), as [`pack8::pack`] lays them out.
 ///
 /// # Safety
 /// `b` must hold the `kc × mr` block; `dst` `ceil(mr / nr) * kc * nr`
@@ -229,7 +227,7 @@ fn col_bytes(ty: GgmlType, c: usize) -> usize {
     match ty {
         GgmlType::F32 => 4 * c,
         GgmlType::F16 | GgmlType::BF16 => 2 * c,
-        _ => dequant::col_offset(ty, c),
+        _ => pack8::col_offset(ty, c),
     }
 }
 
@@ -247,39 +245,6 @@ unsafe fn weight_at(ty: GgmlType, w: *const u8, rb: usize, r: usize, c: usize) -
             GgmlType::F16 => f16::from_bits(row.add(2 * c).cast::<u16>().read_unaligned()).to_f32(),
             // A plain shift, as `crate::dequant` (keeps NaN payloads).
             _ => f32::from_bits(u32::from(row.add(2 * c).cast::<u16>().read_unaligned()) << 16),
-        }
-    }
-}
-
-/// Packs rows `0..mr` (relative to `w`), columns `pc..pc + kc` into panels
-/// of `nr` rows: panel `p`, column `k`, row `j` at `dst[p * kc * nr + k * nr
-/// + j]`; rows past `mr` in the last panel are zero.
-///
-/// # Safety
-/// The rows and columns must lie inside the matrix; `dst` must hold
-/// `ceil(mr / nr) * kc * nr` floats.
-#[allow(clippy::too_many_arguments, reason = "the block's coordinates")]
-unsafe fn pack_scalar(
-    ty: GgmlType,
-    w: *const u8,
-    rb: usize,
-    mr: usize,
-    pc: usize,
-    kc: usize,
-    nr: usize,
-    dst: *mut f32,
-) {
-    for p in 0..mr.div_ceil(nr) {
-        for j in 0..nr {
-            let r = p * nr + j;
-            for k in 0..kc {
-                // SAFETY: `r < mr` and `pc + k` are inside the matrix; the
-                // destination index is inside the packed block.
-                unsafe {
-                    let v = if r < mr { weight_at(ty, w, rb, r, pc + k) } else { 0.0 };
-                    *dst.add(p * kc * nr + k * nr + j) = v;
-                }
-            }
         }
     }
 }
@@ -335,11 +300,11 @@ fn transpose16(r: &mut [__m512; 16]) {
     }
 }
 
-/// As [`pack_scalar`] with `nr = 48`, 16 × 16 blocks transposed in
+/// As [`pack8::pack`] with `nr = 48` (F32, F16, BF16), 16 × 16 blocks transposed in
 /// registers.
 ///
 /// # Safety
-/// As [`pack_scalar`]; AVX-512 F/BW must be available.
+/// As [`pack8::pack`]; AVX-512 F/BW must be available.
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 unsafe fn pack_avx512(ty: GgmlType, w: *const u8, rb: usize, mr: usize, pc: usize, kc: usize, dst: *mut f32) {
     const NR: usize = 48;
@@ -382,7 +347,8 @@ unsafe fn pack_avx512(ty: GgmlType, w: *const u8, rb: usize, mr: usize, pc: usiz
             }
             for k in k16..kc {
                 for j in 0..16 {
-                    // SAFETY: as in `pack_scalar`.
+                    // SAFETY: row `r0 + j < mr` and column `pc + k` are inside
+                    // the matrix; the index is inside the panel.
                     unsafe {
                         let v = if j < valid { weight_at(ty, w, rb, r0 + j, pc + k) } else { 0.0 };
                         *pd.add(k * NR + g * 16 + j) = v;

@@ -1,7 +1,8 @@
-//! Packing quantised weights (GGUF blocks) for the f32 GEMM: eight rows at
-//! a time are dequantised into a row-major staging tile (AVX2 for the
-//! 32-element formats, [`crate::dequant::dequantize_row`] for the others),
-//! which is then transposed 8 × 8 in registers into the k-major panels.
+//! Packing for the f32 GEMM on AVX2, any weight type: eight rows at a
+//! time are converted into a row-major staging tile (AVX2 for the
+//! 32-element formats, a copy for F32, [`crate::dequant::dequantize_row`]
+//! for the others), which is then transposed 8 × 8 in registers into the
+//! k-major panels.
 //!
 //! The values are exactly those of [`crate::dequant`] (same operations in
 //! the same order: `q · d + m`, `(q − offset) · d`), so the GEMM over them
@@ -29,14 +30,16 @@ fn legacy(ty: GgmlType) -> Option<u8> {
     })
 }
 
-/// Whether [`pack`] serves `ty`: the block formats whose blocks divide
-/// [`KC`] (so that every K block is whole blocks).
-pub(super) fn supports(ty: GgmlType) -> bool {
+/// Whether [`pack`] serves quantised `ty`: the block formats whose blocks
+/// divide [`KC`] (so that every K block is whole blocks). It also serves
+/// F32, F16 and BF16.
+pub(super) fn supports_quantised(ty: GgmlType) -> bool {
     let bs = ty.block_size();
     bs > 1 && KC.is_multiple_of(bs) && ty != GgmlType::Q8_1
 }
 
-/// Byte offset of column `c` (a multiple of the block size) in a row.
+/// Byte offset of column `c` (for a block format, a multiple of the block
+/// size) in a row.
 pub(super) fn col_offset(ty: GgmlType, c: usize) -> usize {
     c / ty.block_size() * ty.type_size()
 }
@@ -103,6 +106,10 @@ unsafe fn row(ty: GgmlType, row: *const u8, pc: usize, kc: usize, dst: &mut [f32
         Some(fmt::Q5_0) => each(block32::<{ fmt::Q5_0 }>),
         Some(fmt::Q5_1) => each(block32::<{ fmt::Q5_1 }>),
         Some(_) => each(block32::<{ fmt::Q8_0 }>),
+        None if ty == GgmlType::F32 => {
+            // SAFETY: `kc` floats from `src` (caller); `dst` holds `kc`.
+            unsafe { std::ptr::copy_nonoverlapping(src.cast::<f32>(), dst.as_mut_ptr(), kc) };
+        }
         None => {
             // SAFETY: `kc / bs` whole blocks from `src` (caller).
             let bytes = unsafe { std::slice::from_raw_parts(src, kc / bs * bb) };
@@ -141,10 +148,10 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
 /// `mr` in the last panel are zero.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available; [`supports`]`(ty)`; `nr` a
-/// multiple of 8; `pc` and `kc` multiples of the block size, `kc <= KC`,
-/// the rows and columns inside the matrix (`rb` bytes per row); `dst` must
-/// hold `ceil(mr / nr) * kc * nr` floats.
+/// AVX2, FMA and F16C must be available; `ty` F32, F16, BF16 or
+/// [`supports_quantised`]; `nr` a multiple of 8; `pc` and `kc` multiples
+/// of the block size, `kc <= KC`, the rows and columns inside the matrix
+/// (`rb` bytes per row); `dst` must hold `ceil(mr / nr) * kc * nr` floats.
 #[allow(clippy::too_many_arguments, reason = "the block's coordinates")]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn pack(
@@ -157,7 +164,7 @@ pub(super) unsafe fn pack(
     nr: usize,
     dst: *mut f32,
 ) {
-    debug_assert!(nr.is_multiple_of(ROWS) && kc <= KC && kc.is_multiple_of(ROWS));
+    debug_assert!(nr.is_multiple_of(ROWS) && kc <= KC);
     let mut stage = [[0.0f32; KC]; ROWS];
     let mut r0 = 0;
     while r0 < mr.div_ceil(nr) * nr {
@@ -171,13 +178,20 @@ pub(super) unsafe fn pack(
             }
         }
         let (p, g) = (r0 / nr, r0 % nr);
-        for k in (0..kc).step_by(ROWS) {
+        let k8 = kc / ROWS * ROWS;
+        for k in (0..k8).step_by(ROWS) {
             // SAFETY: `k + 8 <= kc <= KC` floats of each staging row.
             let cols = transpose8(std::array::from_fn(|i| unsafe { _mm256_loadu_ps(stage[i].as_ptr().add(k)) }));
             for (j, c) in cols.into_iter().enumerate() {
                 // SAFETY: panel `p`, column `k + j < kc`, rows `g..g + 8` of
                 // the panel (`g + 8 <= nr`): inside `dst`.
                 unsafe { _mm256_storeu_ps(dst.add(p * kc * nr + (k + j) * nr + g), c) };
+            }
+        }
+        for k in k8..kc {
+            for (i, s) in stage.iter().enumerate() {
+                // SAFETY: as above, one float.
+                unsafe { *dst.add(p * kc * nr + k * nr + g + i) = s[k] };
             }
         }
         r0 += ROWS;
