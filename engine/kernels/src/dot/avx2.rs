@@ -52,6 +52,12 @@ pub(crate) unsafe fn unpack_block<const F: u8>(p: *const u8) -> __m256i {
     _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(16)))
 }
 
+/// Bytes ahead of the weights in use that each row of a tile prefetches
+/// (here per group of 8 blocks; per super-block in `avx2_k`): the
+/// hardware prefetcher alone left decode waiting on memory on an AVX2 AMD
+/// Zen 3 (docs/benchmarks.md, "Design measurements cited by the code").
+pub(super) const PF_AHEAD: usize = 1024;
+
 /// Packs the low 16 bits (`HI == false`) or high 16 bits of 8 u32 lanes
 /// into 8 f16 and converts them to f32.
 #[inline]
@@ -103,6 +109,10 @@ pub(crate) unsafe fn legacy_tile<const F: u8, const R: usize, const T: usize>(
             // The first 4 bytes of each block hold `d` (and `m`); plain
             // loads (gathers are slow on AMD cores).
             let rp = w.wrapping_add(r * row_bytes + b0 * bs);
+            for line in 0..(8 * bs).div_ceil(64) {
+                // A hint only: it never faults, even past the matrix.
+                _mm_prefetch::<_MM_HINT_T0>(rp.wrapping_add(PF_AHEAD + 64 * line).cast());
+            }
             let head = |k: usize| -> i32 {
                 if k < gn {
                     // SAFETY: block `b0 + k < nb` of row `r` is readable.

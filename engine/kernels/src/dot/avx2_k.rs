@@ -122,8 +122,13 @@ pub(crate) unsafe fn k_tile<const K: u8, const R: usize, const T: usize>(
     for sb in 0..l.blocks {
         let mut rows = [SbRow { d: 0.0, dmin: 0.0, sc: [0; 16], aux: _mm256_setzero_si256() }; R];
         for (r, row) in rows.iter_mut().enumerate() {
+            let p = w.wrapping_add(r * row_bytes + sb * bsz);
+            for line in 0..bsz.div_ceil(64) {
+                // A hint only: it never faults, even past the matrix.
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(super::avx2::PF_AHEAD + 64 * line).cast());
+            }
             // SAFETY: super-block `sb` of row `r`.
-            *row = unsafe { sb_row::<K>(w.add(r * row_bytes + sb * bsz)) };
+            *row = unsafe { sb_row::<K>(p) };
         }
         let mut iacc = [[_mm256_setzero_si256(); T]; R];
         let mut dx = [0.0f32; T];
