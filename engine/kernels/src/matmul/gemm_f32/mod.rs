@@ -38,6 +38,11 @@
 
 use crate::GgmlType;
 
+/// Columns per K block (of the packed weights and of each micro-kernel
+/// call).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const KC: usize = 256;
+
 /// Fewest tokens for which the GEMM beats the dot-product tiles on F32,
 /// F16 or BF16 weights (decode and short prefills keep the existing path):
 /// packing costs a pass over the weights that the tiles do not make

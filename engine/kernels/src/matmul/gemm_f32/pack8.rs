@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::simd::KC;
+use super::KC;
 use crate::GgmlType;
 use crate::dot::{avx2, fmt};
 

@@ -7,12 +7,9 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use super::super::{Isa, Job, OutPtr, SharedBuf, scratch_aligned};
-use super::{BLayout, pack8};
+use super::{BLayout, KC, pack8};
 use crate::GgmlType;
 use crate::pool::{ThreadPool, chunk_aligned};
-
-/// Columns per K block.
-pub(super) const KC: usize = 256;
 
 /// Register-tile geometry of one instruction set.
 #[derive(Clone, Copy)]

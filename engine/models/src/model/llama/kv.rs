@@ -1,6 +1,8 @@
 //! One sequence's KV cache: every layer's keys and values by position
 //! (a ring for a local layer), read by [`super::attend`].
 
+use spinfer_kernels::attention::Cache;
+
 use super::{Model, kv_positions};
 use crate::{Error, Result};
 
@@ -90,10 +92,10 @@ impl KvCache {
     }
 
     /// Layer `l`'s keys and values.
-    pub(super) fn layer(&self, l: usize) -> LayerKv<'_> {
+    pub(super) fn layer(&self, l: usize) -> Cache<'_> {
         let (slots, kv_dim) = (self.len[l], self.kv_dim);
         let base = self.start[l] * kv_dim;
-        LayerKv {
+        Cache {
             keys: &self.keys[base..base + slots * kv_dim],
             values: &self.values[base..base + slots * kv_dim],
             slots,
@@ -143,23 +145,4 @@ fn release_pages(v: &mut [f32]) {
 pub(super) struct RowPos {
     pub seq: usize,
     pub pos: usize,
-}
-
-/// One layer's cache: position `p` in slot `p % slots`.
-pub(super) struct LayerKv<'a> {
-    pub keys: &'a [f32],   // (slots, kv_dim)
-    pub values: &'a [f32], // (slots, kv_dim)
-    pub slots: usize,
-    pub kv_dim: usize,
-    /// The local layers' window (0: every layer is global).
-    pub window: usize,
-}
-
-impl LayerKv<'_> {
-    /// The positions a query at `p` attends to: all up to `p`, or the last
-    /// `window` of them in a `local` layer.
-    pub fn span(&self, p: usize, local: bool) -> std::ops::Range<usize> {
-        let window = if local && self.window > 0 { self.window } else { usize::MAX };
-        (p + 1).saturating_sub(window)..p + 1
-    }
 }
