@@ -259,19 +259,25 @@ mod x86 {
             _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u)
         };
         let mut i = 0;
-        while i < n {
-            let len = (n - i).min(8);
+        while i + 8 <= n {
+            // SAFETY: `i + 8 <= n` floats of `x` and of `up`.
+            unsafe {
+                let u = up.map_or(one, |u| _mm256_loadu_ps(u.as_ptr().add(i)));
+                let p = x.as_mut_ptr().add(i);
+                _mm256_storeu_ps(p, f(_mm256_loadu_ps(p), u));
+            }
+            i += 8;
+        }
+        if i < n {
+            let len = n - i;
             let (mut gb, mut ub) = ([0.0f32; 8], [1.0f32; 8]);
-            gb[..len].copy_from_slice(&x[i..i + len]);
+            gb[..len].copy_from_slice(&x[i..n]);
             if let Some(u) = up {
-                ub[..len].copy_from_slice(&u[i..i + len]);
+                ub[..len].copy_from_slice(&u[i..n]);
             }
             // SAFETY: `gb` and `ub` hold 8 floats each.
-            let r = unsafe { f(_mm256_loadu_ps(gb.as_ptr()), _mm256_loadu_ps(ub.as_ptr())) };
-            // SAFETY: as above.
-            unsafe { _mm256_storeu_ps(gb.as_mut_ptr(), r) };
-            x[i..i + len].copy_from_slice(&gb[..len]);
-            i += len;
+            unsafe { _mm256_storeu_ps(gb.as_mut_ptr(), f(_mm256_loadu_ps(gb.as_ptr()), _mm256_loadu_ps(ub.as_ptr()))) };
+            x[i..n].copy_from_slice(&gb[..len]);
         }
     }
 

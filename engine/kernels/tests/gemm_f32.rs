@@ -1,7 +1,7 @@
 //! The packed f32 GEMM (F32/F16/BF16 weights from 128 tokens: below that
 //! the dot-product tiles run; quantised weights, dequantised as they are
-//! packed, for a prompt's tokens) against the scalar reference kernel on random data, ragged shapes included (rows, columns
-//! and tokens that are not multiples of the register tiles or the K block),
+//! packed, for a prompt's tokens) against the scalar reference kernel on
+//! random data, ragged shapes included (rows, columns and tokens that are not multiples of the register tiles or the K block),
 //! over 1 and 3 threads.
 
 mod kernels_common;

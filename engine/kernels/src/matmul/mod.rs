@@ -77,10 +77,9 @@ pub fn is_supported_pair(wtype: GgmlType, act: ActType) -> bool {
 pub fn prompt_gemm_pays(features: &CpuFeatures, wtype: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        let quantised = !matches!(wtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
         let on_tiles = amx_int8::available()
             && matches!(wtype, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0);
-        features.has_avx2_fma() && quantised && gemm_f32::supports(wtype) && !on_tiles
+        features.has_avx2_fma() && gemm_f32::quantised(wtype) && !on_tiles
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

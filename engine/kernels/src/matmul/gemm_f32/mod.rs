@@ -64,17 +64,20 @@ const MIN_TOKENS: usize = 128;
 pub(super) fn serves(job: &super::Job<'_>) -> bool {
     let ty = job.desc.wtype;
     let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-    job.idx.is_none() && supports(ty) && if float { job.n_tokens >= MIN_TOKENS } else { job.prefill }
+    job.idx.is_none() && if quantised(ty) { job.prefill } else { float && job.n_tokens >= MIN_TOKENS }
 }
 
-/// Whether the GEMM serves weights of type `ty`.
+/// Whether the GEMM serves quantised weights of type `ty` (dequantised as
+/// they are packed).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(super) fn supports(ty: GgmlType) -> bool {
+pub(super) fn quantised(ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if pack8::supports_quantised(ty) {
-        return true;
+    return pack8::serves_quantised(ty);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        false
     }
-    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
 }
 
 /// How the right-hand operand `B` (`k × n`) of [`sgemm`] is stored.

@@ -33,13 +33,13 @@ fn legacy(ty: GgmlType) -> Option<u8> {
 /// Whether [`pack`] serves quantised `ty`: the block formats whose blocks
 /// divide [`KC`] (so that every K block is whole blocks). It also serves
 /// F32, F16 and BF16.
-pub(super) fn supports_quantised(ty: GgmlType) -> bool {
+pub(super) fn serves_quantised(ty: GgmlType) -> bool {
     let bs = ty.block_size();
     bs > 1 && KC.is_multiple_of(bs) && ty != GgmlType::Q8_1
 }
 
-/// Byte offset of column `c` (for a block format, a multiple of the block
-/// size) in a row.
+/// Byte offset of column `c` in a row of `ty` (any type; for a block
+/// format, `c` is a multiple of the block size).
 pub(super) fn col_offset(ty: GgmlType, c: usize) -> usize {
     c / ty.block_size() * ty.type_size()
 }
@@ -106,10 +106,6 @@ unsafe fn row(ty: GgmlType, row: *const u8, pc: usize, kc: usize, dst: &mut [f32
         Some(fmt::Q5_0) => each(block32::<{ fmt::Q5_0 }>),
         Some(fmt::Q5_1) => each(block32::<{ fmt::Q5_1 }>),
         Some(_) => each(block32::<{ fmt::Q8_0 }>),
-        None if ty == GgmlType::F32 => {
-            // SAFETY: `kc` floats from `src` (caller); `dst` holds `kc`.
-            unsafe { std::ptr::copy_nonoverlapping(src.cast::<f32>(), dst.as_mut_ptr(), kc) };
-        }
         None => {
             // SAFETY: `kc / bs` whole blocks from `src` (caller).
             let bytes = unsafe { std::slice::from_raw_parts(src, kc / bs * bb) };
@@ -149,7 +145,7 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; `ty` F32, F16, BF16 or
-/// [`supports_quantised`]; `nr` a multiple of 8; `pc` and `kc` multiples
+/// [`serves_quantised`]; `nr` a multiple of 8; `pc` and `kc` multiples
 /// of the block size, `kc <= KC`, the rows and columns inside the matrix
 /// (`rb` bytes per row); `dst` must hold `ceil(mr / nr) * kc * nr` floats.
 #[allow(clippy::too_many_arguments, reason = "the block's coordinates")]

@@ -27,9 +27,9 @@ fn geometry(isa: Isa) -> Geometry {
     }
 }
 
-/// Runs `job` (F32/F16/BF16 or [`pack8::supports_quantised`] block weights, f32
-/// activations, any shape) as a packed GEMM with the kernels of `isa` (AVX2 or AVX-512; the caller
-/// checked that the CPU supports it).
+/// Runs `job` (F32/F16/BF16 or [`super::quantised`] block weights, f32
+/// activations, any shape) as a packed GEMM with the kernels of `isa`
+/// (AVX2 or AVX-512; the caller checked that the CPU supports it).
 pub(in crate::matmul) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) {
     let g = geometry(isa);
     let d = job.desc;
@@ -41,7 +41,7 @@ pub(in crate::matmul) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch
     let (w, x) = (job.w.as_ptr() as usize, job.x.as_ptr() as usize);
     let (rows, cols, n, rb, ty) = (d.rows, d.cols, job.n_tokens, job.row_bytes, d.wtype);
     let out: OutPtr = job.out;
-    let quantised = pack8::supports_quantised(ty);
+    let quantised = super::quantised(ty);
     pool.broadcast(&|ti, nt| {
         let rr = chunk_aligned(rows, ti, nt, g.nr);
         // SAFETY: index `ti` runs once per broadcast and uses only its own
@@ -66,10 +66,10 @@ pub(in crate::matmul) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch
                 };
                 let pf = match next {
                     Some((npc, nr0, nkc)) => Prefetch {
-                        base: w.wrapping_add(nr0 * rb + col_bytes(ty, npc)),
+                        base: w.wrapping_add(nr0 * rb + pack8::col_offset(ty, npc)),
                         rb,
                         rows: g.mc.min(rr.end - nr0),
-                        bytes: col_bytes(ty, nkc),
+                        bytes: pack8::col_offset(ty, nkc),
                     },
                     None => Prefetch::NONE,
                 };
@@ -215,16 +215,6 @@ impl Prefetch {
             // effect on memory contents.
             unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) };
         }
-    }
-}
-
-/// Byte offset of column `c` in a row of `ty` (for block formats, `c` is a
-/// multiple of the block size).
-fn col_bytes(ty: GgmlType, c: usize) -> usize {
-    match ty {
-        GgmlType::F32 => 4 * c,
-        GgmlType::F16 | GgmlType::BF16 => 2 * c,
-        _ => pack8::col_offset(ty, c),
     }
 }
 

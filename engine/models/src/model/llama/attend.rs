@@ -84,18 +84,18 @@ impl Model {
                 let out = |i: usize| unsafe {
                     std::slice::from_raw_parts_mut(att.get().add(((it.t + i) * n_heads + it.head) * hd), hd)
                 };
-                let qrow = |i: usize| &q[((it.t + i) * n_heads + it.head) * hd..][..hd];
+                let q = &q[(it.t * n_heads + it.head) * hd..];
                 let kv_off = it.head / (n_heads / self.config.n_kv_heads) * hd;
                 let first = rows[it.t].pos;
                 if it.prompt {
                     let (scores, outs) = sc.split_at_mut(QUERY_BLOCK * score_len);
                     let block = Block { first, len: it.len, kv_off, hd, ld_q: n_heads * hd };
-                    attend_block(&kv, &block, local, &q[(it.t * n_heads + it.head) * hd..], scores, outs);
+                    attend_block(&kv, &block, local, q, scores, outs);
                     for i in 0..it.len {
                         out(i).copy_from_slice(&outs[i * hd..(i + 1) * hd]);
                     }
                 } else {
-                    attend_row(&kv, first, local, kv_off, qrow(0), &mut sc[..score_len], out(0));
+                    attend_row(&kv, first, local, kv_off, &q[..hd], &mut sc[..score_len], out(0));
                 }
             }
         });

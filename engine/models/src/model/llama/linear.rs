@@ -129,10 +129,9 @@ impl Linear {
         let gathered = desc.with_form(Form::GatheredRows);
         let rows_kernel = registry.resolve_gathered(&gathered, &dense.provider, dense.kernel.name()).ok();
         let two_planes = precision == Precision::Fast && act != ActType::F32;
-        let prompt = match two_planes && prompt_gemm_pays(&CpuFeatures::detect(), ty) {
-            true => Some(registry.builtin_kernel_for(&MatmulDesc { act: ActType::F32, ..desc })?),
-            false => None,
-        };
+        let prompt = (two_planes && prompt_gemm_pays(&CpuFeatures::detect(), ty))
+            .then(|| registry.builtin_kernel_for(&MatmulDesc { act: ActType::F32, ..desc }))
+            .transpose()?;
         Ok(Self {
             name: name.to_string(),
             w: data,
