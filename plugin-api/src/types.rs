@@ -210,7 +210,8 @@ named_debug_display!(WeightType);
 /// How activations are fed to a kernel: f32 as given, or quantised by the
 /// kernel (into scratch memory of its own) to the named GGML block format
 /// before the dot products. Values are GGML type ids, as for
-/// [`WeightType`].
+/// [`WeightType`], and extension ids from [`EXTENSION_TYPE_BASE`] for
+/// formats GGML does not have.
 #[repr(transparent)]
 #[derive(StableAbi, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ActType(pub u32);
@@ -225,9 +226,14 @@ impl ActType {
     pub const Q8_1: ActType = ActType(9);
     /// 256-element super-blocks (pairs with the K-quants and TQ*).
     pub const Q8_K: ActType = ActType(15);
+    /// One 16-bit plane per 32 elements, an f32 scale and an f32 scaled
+    /// sum per block (pairs with Q4_0/Q4_1/Q5_0/Q5_1/Q8_0): the host's fast
+    /// mode on CPUs without VNNI. Not a GGML type, so numbered from
+    /// [`EXTENSION_TYPE_BASE`].
+    pub const Q16: ActType = ActType(EXTENSION_TYPE_BASE);
 
     /// Every activation type this build names.
-    pub const ALL: [ActType; 4] = [ActType::F32, ActType::Q8_0, ActType::Q8_1, ActType::Q8_K];
+    pub const ALL: [ActType; 5] = [ActType::F32, ActType::Q8_0, ActType::Q8_1, ActType::Q8_K, ActType::Q16];
 
     /// Name as GGML spells it (`"q8_K"`); `None` for values this build does
     /// not name.
@@ -237,6 +243,7 @@ impl ActType {
             ActType::Q8_0 => "q8_0",
             ActType::Q8_1 => "q8_1",
             ActType::Q8_K => "q8_K",
+            ActType::Q16 => "q16",
             _ => return None,
         })
     }

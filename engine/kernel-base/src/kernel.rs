@@ -22,6 +22,9 @@ pub enum ActType {
     Q8_1,
     /// Activations quantised per 256 elements (for K-quant weights).
     Q8_K,
+    /// One 16-bit plane per 32 elements ([`crate::q16`]): fast mode's
+    /// arithmetic for the 32-element formats on CPUs without VNNI.
+    Q16,
 }
 
 impl ActType {
@@ -43,6 +46,7 @@ impl ActType {
             ActType::Q8_0 => "q8_0",
             ActType::Q8_1 => "q8_1",
             ActType::Q8_K => "q8_K",
+            ActType::Q16 => "q16",
         }
     }
 }

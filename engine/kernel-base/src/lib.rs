@@ -15,6 +15,7 @@ pub mod dequant;
 mod error;
 pub mod kernel;
 pub mod pool;
+pub mod q16;
 pub mod quantize;
 pub mod random;
 mod row_layout;

@@ -19,7 +19,8 @@ use crate::{KernelError, Result};
 
 /// Splits `x` into `hi` (representable exactly by `act`'s quantiser) and
 /// `lo = x - hi`. All three slices have the same length, a multiple of the
-/// activation block size. For `ActType::F32` there is nothing to split:
+/// activation block size. For `ActType::F32` and `ActType::Q16` there is
+/// nothing to split:
 /// `hi = x`, `lo = 0`.
 pub fn split_hi_lo(act: ActType, x: &[f32], hi: &mut [f32], lo: &mut [f32]) -> Result<()> {
     if hi.len() != x.len() || lo.len() != x.len() {
@@ -29,7 +30,8 @@ pub fn split_hi_lo(act: ActType, x: &[f32], hi: &mut [f32], lo: &mut [f32]) -> R
         });
     }
     match act {
-        ActType::F32 => {
+        // One 16-bit plane is not split either.
+        ActType::F32 | ActType::Q16 => {
             hi.copy_from_slice(x);
             lo.fill(0.0);
         }

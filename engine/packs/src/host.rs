@@ -55,6 +55,7 @@ pub fn abi_act_type(a: KActType) -> ActType {
         KActType::Q8_0 => ActType::Q8_0,
         KActType::Q8_1 => ActType::Q8_1,
         KActType::Q8_K => ActType::Q8_K,
+        KActType::Q16 => ActType::Q16,
     }
 }
 
@@ -87,6 +88,7 @@ mod tests {
             (KActType::Q8_0, ActType::Q8_0),
             (KActType::Q8_1, ActType::Q8_1),
             (KActType::Q8_K, ActType::Q8_K),
+            (KActType::Q16, ActType::Q16),
         ] {
             assert_eq!(abi_act_type(k), a);
             assert_eq!(a.name(), Some(k.name()));

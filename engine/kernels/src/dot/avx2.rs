@@ -62,7 +62,7 @@ pub(super) const PF_AHEAD: usize = 1024;
 /// into 8 f16 and converts them to f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn halves_to_f32<const HI: bool>(raw: __m256i) -> __m256 {
+pub(super) fn halves_to_f32<const HI: bool>(raw: __m256i) -> __m256 {
     let shuf = if HI {
         _mm256_setr_epi8(
             2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1, 2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1,

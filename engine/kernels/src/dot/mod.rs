@@ -9,7 +9,9 @@
 //!   of [`crate::quantize`]: `avx512` (Q4_0/Q4_1/Q5_0/Q5_1, two blocks per
 //!   512-bit `vpdpbusd`), `avx512_ymm` (Q8_0, one block per 256-bit
 //!   `vpdpbusd`), `avx512_k` (Q4_K/Q5_K/Q6_K), `avx2` and `avx2_k` (the same
-//!   with `vpmaddubsw`), and `f32simd` (precise mode, AVX-512 and AVX2).
+//!   with `vpmaddubsw`), `avx2_16` (the 32-element formats against one
+//!   16-bit activation plane, [`crate::q16`], with `vpmaddwd`), and
+//!   `f32simd` (precise mode, AVX-512 and AVX2).
 //!   `ternary` holds the TQ1_0/TQ2_0/I2_S kernels (scalar, AVX2, AVX-512)
 //!   and the I2_S layout.
 //!   They are `#[target_feature]` functions; [`crate::matmul`] selects them
@@ -21,6 +23,8 @@ pub mod ternary;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_16;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_k;
 #[cfg(target_arch = "x86_64")]

@@ -104,6 +104,49 @@ pub fn dot_q8_0_q8_0(w: &[u8], x: &[BlockQ8_0]) -> f32 {
     sumf
 }
 
+/// The integer values (the quants minus the format's offset), scale and
+/// min of one block of a 32-element-format weight row.
+fn legacy_block(ty: GgmlType, blk: &[u8]) -> ([i32; QK], f32, f32) {
+    let nib = |qs: &[u8; 16], off: i32| -> [i32; QK] {
+        std::array::from_fn(|j| i32::from(if j < 16 { qs[j] & 0x0F } else { qs[j - 16] >> 4 }) - off)
+    };
+    match ty {
+        GgmlType::Q4_0 => {
+            let b: BlockQ4_0 = bytemuck::pod_read_unaligned(blk);
+            (nib(&b.qs, 8), h(b.d), 0.0)
+        }
+        GgmlType::Q4_1 => {
+            let b: BlockQ4_1 = bytemuck::pod_read_unaligned(blk);
+            (nib(&b.qs, 0), h(b.d), h(b.m))
+        }
+        GgmlType::Q5_0 => {
+            let b: BlockQ5_0 = bytemuck::pod_read_unaligned(blk);
+            (q5_values(&b.qs, b.qh).map(|v| v - 16), h(b.d), 0.0)
+        }
+        GgmlType::Q5_1 => {
+            let b: BlockQ5_1 = bytemuck::pod_read_unaligned(blk);
+            (q5_values(&b.qs, b.qh), h(b.d), h(b.m))
+        }
+        _ => {
+            let b: BlockQ8_0 = bytemuck::pod_read_unaligned(blk);
+            (b.qs.map(i32::from), h(b.d), 0.0)
+        }
+    }
+}
+
+/// Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights · one 16-bit activation plane
+/// (`v`, `d`, `s`: a token's sections of [`crate::q16::Q16Layout`]): per
+/// block, an exact integer dot, then `(dw * d) * sum + mw * s`.
+pub fn dot_q16(ty: GgmlType, w: &[u8], v: &[i16], d: &[f32], s: &[f32]) -> f32 {
+    let mut sumf = 0.0f32;
+    for (b, blk) in w.chunks_exact(ty.type_size()).enumerate() {
+        let (q, dw, mw) = legacy_block(ty, blk);
+        let sumi: i32 = q.iter().zip(&v[b * QK..(b + 1) * QK]).map(|(&a, &c)| a * i32::from(c)).sum();
+        sumf += (dw * d[b]) * sumi as f32 + mw * s[b];
+    }
+    sumf
+}
+
 /// Q2_K weights · Q8_K activations.
 pub fn dot_q2_k_q8_k(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let mut sumf = 0.0f32;

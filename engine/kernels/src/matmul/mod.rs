@@ -7,6 +7,8 @@
 //! * fast mode: Q4_0·Q8_0, Q4_1·Q8_1, Q5_0·Q8_0, Q5_1·Q8_1, Q8_0·Q8_0 and
 //!   Q2_K..Q6_K·Q8_K (Q2_K/Q3_K are scalar only), and the ternary
 //!   TQ1_0·Q8_K and TQ2_0·Q8_K ([`crate::dot::ternary`]);
+//! * fast mode's one 16-bit plane ([`ActType::Q16`], [`fast_act`]): the
+//!   32-element formats, AVX2 and scalar;
 //! * precise mode (`ActType::F32`): F32, F16, BF16 and all the quantised
 //!   types above, dequantised on the fly.
 //!
@@ -62,7 +64,21 @@ pub fn is_supported_pair(wtype: GgmlType, act: ActType) -> bool {
         ActType::Q8_0 => matches!(wtype, Q4_0 | Q5_0 | Q8_0),
         ActType::Q8_1 => matches!(wtype, Q4_1 | Q5_1),
         ActType::Q8_K => matches!(wtype, Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | TQ1_0 | TQ2_0),
+        ActType::Q16 => matches!(wtype, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0),
     }
+}
+
+/// The activation format of fast mode for `wtype` weights on a CPU with
+/// `features`: one 16-bit plane ([`ActType::Q16`]) for the 32-element
+/// formats where the kernels would run on AVX2 without VNNI (there
+/// `vpmaddwd` multiplies int16 pairs at the rate the 8-bit kernels'
+/// `vpmaddubsw` + `vpmaddwd` multiply int8 quads, so one 16-bit plane
+/// costs half of two 8-bit planes: docs/benchmarks.md, "One 16-bit
+/// activation plane"); elsewhere llama.cpp's format
+/// ([`ActType::fast_for`]), which fast mode feeds as two 8-bit planes.
+pub fn fast_act(features: &CpuFeatures, wtype: GgmlType) -> ActType {
+    let sixteen = cfg!(target_arch = "x86_64") && features.has_avx2_fma() && !features.has_avx512();
+    if sixteen && is_supported_pair(wtype, ActType::Q16) { ActType::Q16 } else { ActType::fast_for(wtype) }
 }
 
 /// Whether fast mode should run a prompt's products over `wtype` weights
@@ -95,6 +111,8 @@ fn simd_supported(isa: Isa, wtype: GgmlType, act: ActType) -> bool {
         Isa::Scalar => true,
         Isa::Avx2 | Isa::Avx512 => match act {
             ActType::Q8_K => matches!(wtype, Q4_K | Q5_K | Q6_K | TQ1_0 | TQ2_0),
+            // CPUs with AVX-512 VNNI multiply two 8-bit planes as fast.
+            ActType::Q16 => isa == Isa::Avx2 && is_supported_pair(wtype, act),
             _ => is_supported_pair(wtype, act),
         },
     }

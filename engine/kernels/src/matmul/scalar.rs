@@ -8,6 +8,7 @@ use crate::blocks::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 use crate::dot::scalar as dot;
 use crate::kernel::ActType;
 use crate::pool::{ThreadPool, chunk};
+use crate::q16::{Q16Layout, pack_q16_scalar};
 use crate::quantize;
 use crate::{GgmlType, Result};
 
@@ -44,6 +45,16 @@ pub(super) fn run(pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) -> Re
             });
             let nb = d.cols / 32;
             rows_loop(pool, job, |row, t| f(row, &q[t * nb..(t + 1) * nb]));
+        }
+        ActType::Q16 => {
+            let l = Q16Layout::new(d.cols);
+            let buf = scratch_aligned(scratch, l.stride * job.n_tokens);
+            pack_tokens(pool, job.x, d.cols, job.n_tokens, buf, l.stride, &|x, dst| pack_q16_scalar(&l, x, dst));
+            let buf = &*buf;
+            rows_loop(pool, job, |row, t| {
+                let (v, dx, s) = l.sections(&buf[t * l.stride..(t + 1) * l.stride]);
+                dot::dot_q16(d.wtype, row, v, dx, s)
+            });
         }
         ActType::Q8_K => {
             let f = match d.wtype {

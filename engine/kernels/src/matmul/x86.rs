@@ -6,9 +6,10 @@ use crate::GgmlType;
 use crate::Result;
 use crate::dot::avx512_k::{KQ4, KQ5, KQ6};
 use crate::dot::f32simd::wt;
-use crate::dot::{avx2, avx2_k, avx512, avx512_k, avx512_ymm, f32simd, fmt};
+use crate::dot::{avx2, avx2_16, avx2_k, avx512, avx512_k, avx512_ymm, f32simd, fmt};
 use crate::kernel::ActType;
 use crate::pool::ThreadPool;
+use crate::q16::{Q16Layout, pack_q16};
 use crate::quantize::{self, KLayout, LegacyLayout};
 
 /// Maximum tokens per tile.
@@ -65,6 +66,13 @@ pub(super) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<
                 _ => run_legacy::<{ fmt::Q8_0 }>(isa, pool, job, scratch),
             }
         }
+        ActType::Q16 => match d.wtype {
+            GgmlType::Q4_0 => run_q16::<{ fmt::Q4_0 }>(pool, job, scratch),
+            GgmlType::Q4_1 => run_q16::<{ fmt::Q4_1 }>(pool, job, scratch),
+            GgmlType::Q5_0 => run_q16::<{ fmt::Q5_0 }>(pool, job, scratch),
+            GgmlType::Q5_1 => run_q16::<{ fmt::Q5_1 }>(pool, job, scratch),
+            _ => run_q16::<{ fmt::Q8_0 }>(pool, job, scratch),
+        },
         ActType::Q8_K => match d.wtype {
             GgmlType::Q4_K => run_k::<KQ4>(isa, pool, job, scratch),
             GgmlType::Q5_K => run_k::<KQ5>(isa, pool, job, scratch),
@@ -144,6 +152,26 @@ fn run_legacy<const F: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: 
         };
         let scattered: Option<&mut dyn FnMut(_, _, _, _)> = if avx512 && !ymm { Some(&mut scattered) } else { None };
         for_each_job_tile(job, ti, nt, rmax, TMAX, tile, scattered);
+    });
+}
+
+/// One 16-bit activation plane, AVX2 only (`simd_supported`).
+fn run_q16<const F: u8>(pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) {
+    let l = Q16Layout::new(job.desc.cols);
+    let buf = scratch_aligned(scratch, l.stride * job.n_tokens);
+    pack_tokens(pool, job.x, job.desc.cols, job.n_tokens, buf, l.stride, &|x, dst| pack_q16(&l, x, dst));
+    let act = buf.as_ptr() as usize;
+    let (w, rb, rows) = (job.w.as_ptr() as usize, job.row_bytes, job.out_rows());
+    let out: OutPtr = job.out;
+    broadcast_work(pool, job.macs(), &|ti, nt| {
+        let (w, act) = (w as *const u8, act as *const u8);
+        let tile = |r: usize, wr: usize, nr: usize, t: usize, ntk: usize| {
+            let (wp, ap, op) =
+                (w.wrapping_add(wr * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
+            // SAFETY: as in `run_legacy`.
+            unsafe { tiles!(avx2_16::q16_tile, [F], 2, nr, ntk, (wp, rb, &l, ap, op, rows)) };
+        };
+        for_each_job_tile(job, ti, nt, 2, TMAX, tile, None);
     });
 }
 

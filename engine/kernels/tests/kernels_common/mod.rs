@@ -14,6 +14,7 @@ use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::dot::scalar as dot;
 use spinfer_kernels::kernel::{ActType, MatmulDesc, MatmulKernel};
 use spinfer_kernels::matmul::candidates;
+use spinfer_kernels::q16::{Q16Layout, pack_q16_scalar};
 use spinfer_kernels::quantize;
 
 pub fn rng(seed: u64) -> StdRng {
@@ -90,6 +91,13 @@ pub fn reference_dot(ty: GgmlType, act: ActType, row: &[u8], x: &[f32]) -> f32 {
                 _ => dot::dot_q6_k_q8_k(row, &q),
             }
         }
+        ActType::Q16 => {
+            let l = Q16Layout::new(n);
+            let mut buf = vec![0u8; l.stride];
+            pack_q16_scalar(&l, x, &mut buf);
+            let (v, d, s) = l.sections(&buf);
+            dot::dot_q16(ty, row, v, d, s)
+        }
     }
 }
 
@@ -113,6 +121,9 @@ pub fn all_pairs() -> Vec<(GgmlType, ActType)> {
         (Q5_K, ActType::Q8_K),
         (Q6_K, ActType::Q8_K),
     ];
+    for t in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0] {
+        v.push((t, ActType::Q16));
+    }
     for t in [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K] {
         v.push((t, ActType::F32));
     }

@@ -474,7 +474,8 @@ mod tests {
         let reg = KernelRegistry::builtin();
         let opts = BenchOptions { warmup: 0, runs: 1, rounds: 1, prefill_tokens: 4, seed: 3 };
         for wtype in [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K] {
-            for act in [ActType::F32, ActType::fast_for(wtype)] {
+            let sixteen = matches!(wtype, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0).then_some(ActType::Q16);
+            for act in [ActType::F32, ActType::fast_for(wtype)].into_iter().chain(sixteen) {
                 let desc = MatmulDesc::dense(wtype, act, 16, 256);
                 let m = benchmark(&desc, &reg.candidates(&desc), &pool, &opts, &mut |_, _, _| {});
                 assert!(!m.is_empty());

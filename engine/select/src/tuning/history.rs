@@ -523,7 +523,7 @@ pub fn wtype_from_name(name: &str) -> Option<GgmlType> {
 
 /// Parses an activation type name as stored in records.
 pub fn act_from_name(name: &str) -> Option<ActType> {
-    [ActType::F32, ActType::Q8_0, ActType::Q8_1, ActType::Q8_K].into_iter().find(|a| a.name() == name)
+    [ActType::F32, ActType::Q8_0, ActType::Q8_1, ActType::Q8_K, ActType::Q16].into_iter().find(|a| a.name() == name)
 }
 
 #[cfg(test)]

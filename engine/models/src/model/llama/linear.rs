@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::kernel::{ActType, Form, MatmulCall, MatmulDesc, MatmulKernel, Select};
-use spinfer_kernels::matmul::prompt_gemm_pays;
+use spinfer_kernels::matmul::{fast_act, prompt_gemm_pays};
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels::split::split_hi_lo;
 
@@ -39,7 +39,8 @@ pub struct Linear {
     /// under a memory budget, the compact copy above).
     compact: Arc<dyn MatmulKernel>,
     bias: Option<Vec<f32>>,
-    /// Feed activations as two 8-bit planes (see [`Precision::Fast`]).
+    /// Feed activations as two 8-bit planes (see [`Precision::Fast`]; not
+    /// for its one 16-bit plane, [`ActType::Q16`]).
     two_planes: bool,
     /// In fast mode, the built-in f32-activation kernel that runs a
     /// prompt's dense products instead of the two planes where that pays
@@ -120,16 +121,19 @@ impl Linear {
         rows: usize,
         cols: usize,
     ) -> Result<Self> {
+        let features = CpuFeatures::detect();
         let act = match precision {
-            Precision::Fast | Precision::Int8 => ActType::fast_for(ty),
+            Precision::Fast => fast_act(&features, ty),
+            Precision::Int8 => ActType::fast_for(ty),
             Precision::Precise => ActType::F32,
         };
         let desc = MatmulDesc::dense(ty, act, rows, cols);
         let dense = registry.resolve(&desc)?;
         let gathered = desc.with_form(Form::GatheredRows);
         let rows_kernel = registry.resolve_gathered(&gathered, &dense.provider, dense.kernel.name()).ok();
-        let two_planes = precision == Precision::Fast && act != ActType::F32;
-        let prompt = (two_planes && prompt_gemm_pays(&CpuFeatures::detect(), ty))
+        let fast = precision == Precision::Fast && act != ActType::F32;
+        let two_planes = fast && act != ActType::Q16;
+        let prompt = (fast && prompt_gemm_pays(&features, ty))
             .then(|| registry.builtin_kernel_for(&MatmulDesc { act: ActType::F32, ..desc }))
             .transpose()?;
         Ok(Self {
