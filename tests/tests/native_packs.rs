@@ -13,7 +13,10 @@ use spinfer_engine::packs::{NativePack, host_info};
 use spinfer_engine::registry::{KernelProvider, KernelRegistry};
 use spinfer_engine::sparse::calibrate::{CalibrateOptions, calibrate};
 use spinfer_engine::sparse::{CalibrationInfo, PredictorKind, SparsityOptions};
+use spinfer_kernels::GgmlType;
 use spinfer_kernels::cpu::CpuFeatures;
+use spinfer_kernels::kernel::ActType;
+use spinfer_kernels::matmul::fast_act;
 use spinfer_plugin_api::{CpuFeatureSet, HostInfo};
 use spinfer_registry::{KeyPair, RegistryError, TrustPolicy, VerifiedPack, sha256_file, sign_pack, verify_pack};
 use spinfer_tests::smollm2;
@@ -161,6 +164,31 @@ fn smollm2_through_each_pack_matches_builtin_kernels() {
             );
             assert!(d <= 0.3, "{provider} {precision:?}: max |Δlogit| {d} > 0.3 vs built-in {isa} kernels");
         }
+    }
+}
+
+/// Fast mode feeds the built-in kernels the activation format
+/// `fast_act` picks for the CPU (one 16-bit plane for the 32-element
+/// formats without AVX-512 VNNI), but a pin on the 8-bit planes' operation
+/// stands (as a pack chosen for it does: the test above).
+#[test]
+fn fast_mode_takes_fast_act_unless_a_pin_says_otherwise() {
+    let Some(model) = smollm2() else { return };
+    let options = ModelOptions { precision: Precision::Fast, ctx: 64, threads: 1, sparsity: None, mem_budget: None };
+    let features = CpuFeatures::detect();
+    let e = Engine::load_with(&model, options.clone(), &KernelRegistry::builtin()).unwrap();
+    let mut checked = 0;
+    for lin in e.model.linears().filter(|l| matches!(l.desc.wtype, GgmlType::Q4_1 | GgmlType::Q8_0)) {
+        assert_eq!(lin.desc.act, fast_act(&features, lin.desc.wtype), "{}", lin.name);
+        checked += 1;
+    }
+    assert!(checked > 0);
+    let mut pinned = KernelRegistry::builtin();
+    pinned.pin("q4_1*q8_1", "scalar/q4_1*q8_1");
+    let e = Engine::load_with(&model, options, &pinned).unwrap();
+    for lin in e.model.linears().filter(|l| l.desc.wtype == GgmlType::Q4_1) {
+        assert_eq!(lin.desc.act, ActType::Q8_1, "{}", lin.name);
+        assert_eq!(lin.kernel_name(), "scalar/q4_1*q8_1");
     }
 }
 
@@ -337,17 +365,20 @@ fn sparse_gate_and_up_rows_run_through_the_pack() {
 #[test]
 fn sparse_down_projection_runs_through_the_pack() {
     let Some(model) = smollm2() else { return };
-    if simd_isa().is_none() {
-        return;
-    }
+    let Some(isa) = simd_isa() else { return };
     let root = tempfile::tempdir().unwrap();
     let so = gt50_sidecar(&model, root.path());
     let pack = Arc::new(NativePack::load(&verified(root.path(), "cpu-simd", "cpu_simd"), &host_info()).unwrap());
     let mut registry = KernelRegistry::builtin();
     registry.add_provider(Arc::clone(&pack) as Arc<dyn KernelProvider>);
+    // The built-in kernels the pack wraps, pinned: without the pin, fast
+    // mode would feed one 16-bit plane where that pays (`fast_act`).
+    let mut builtin = KernelRegistry::builtin();
+    builtin.pin("q4_1*q8_1", format!("{isa}/q4_1*q8_1"));
+    builtin.pin("q8_0*q8_0", format!("{isa}/q8_0*q8_0"));
     for precision in [Precision::Precise, Precision::Fast] {
         let options = ModelOptions { precision, ctx: 64, threads: 2, sparsity: Some(so.clone()), mem_budget: None };
-        let want = Engine::load_with(&model, options.clone(), &KernelRegistry::builtin()).unwrap();
+        let want = Engine::load_with(&model, options.clone(), &builtin).unwrap();
         let got = Engine::load_with(&model, options, &registry).unwrap();
         assert!(got.model.linears().all(|l| l.provider() == pack.name()), "{precision:?}: dense kernels from the pack");
         let int8_offered = spinfer_sparse_kernels::NeuronMajor::axpy_fast_is_int8();

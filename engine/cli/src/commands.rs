@@ -33,8 +33,9 @@ pub struct CommonArgs {
     #[arg(short, long)]
     pub threads: Option<usize>,
     /// f32 activations: PyTorch's function on the dequantised weights
-    /// (slowest). The default runs integer kernels on two 8-bit activation
-    /// planes, which is nearly as accurate.
+    /// (slowest). The default runs integer kernels on 16-bit activations
+    /// (two 8-bit planes, or one 16-bit plane on CPUs without AVX-512
+    /// VNNI), which is nearly as accurate.
     #[arg(long, conflicts_with = "int8")]
     pub precise: bool,
     /// One 8-bit activation plane, as llama.cpp: its numerics, max logit

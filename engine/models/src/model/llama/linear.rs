@@ -123,12 +123,20 @@ impl Linear {
     ) -> Result<Self> {
         let features = CpuFeatures::detect();
         let act = match precision {
-            Precision::Fast => fast_act(&features, ty),
-            Precision::Int8 => ActType::fast_for(ty),
+            Precision::Fast | Precision::Int8 => ActType::fast_for(ty),
             Precision::Precise => ActType::F32,
         };
-        let desc = MatmulDesc::dense(ty, act, rows, cols);
-        let dense = registry.resolve(&desc)?;
+        let mut desc = MatmulDesc::dense(ty, act, rows, cols);
+        let mut dense = registry.resolve(&desc)?;
+        // Fast mode's one 16-bit plane where it pays (`fast_act`), unless
+        // the operator pinned a kernel of the 8-bit planes or the registry
+        // chose a pack's: that choice stands.
+        let sixteen = precision == Precision::Fast && fast_act(&features, ty) == ActType::Q16;
+        if sixteen && dense.provider == BUILTIN && dense.choice != Choice::Pinned {
+            desc.act = ActType::Q16;
+            dense = registry.resolve(&desc)?;
+        }
+        let act = desc.act;
         let gathered = desc.with_form(Form::GatheredRows);
         let rows_kernel = registry.resolve_gathered(&gathered, &dense.provider, dense.kernel.name()).ok();
         let fast = precision == Precision::Fast && act != ActType::F32;
