@@ -11,8 +11,9 @@
 //! plane quantises the first one's rounding error, a step of about
 //! `amax / 32258`), in one plane: on CPUs without VNNI, `vpmaddwd` takes
 //! int16 pairs at the rate `vpmaddubsw` + `vpmaddwd` take int8 quads, so
-//! one 16-bit plane costs what one 8-bit plane costs, half the two planes'
-//! work (docs/benchmarks.md, "One 16-bit activation plane").
+//! one 16-bit plane takes one 8-bit plane's integer instructions, half the
+//! two planes' (measured: 1.4–1.7x the two planes' rate from 4 tokens;
+//! docs/benchmarks.md, "One 16-bit activation plane").
 //!
 //! One token packs into a [`Q16Layout`]: the int16 values (64 bytes a
 //! block), then the `d` and the `s` of every block as f32, each section

@@ -1,8 +1,8 @@
 //! AVX2 tile kernels for fast mode's one 16-bit activation plane
 //! ([`crate::q16`]): Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights widened to
 //! int16 and multiplied with `vpmaddwd`, the instruction the 8-bit kernels
-//! ([`super::avx2`]) finish with, so one 16-bit plane costs what one 8-bit
-//! plane does on CPUs without VNNI.
+//! ([`super::avx2`]) finish with, so one 16-bit plane takes one 8-bit
+//! plane's integer instructions on CPUs without VNNI.
 //!
 //! Per block and (row, token): two `vpmaddwd` give 8 lanes of exact
 //! 4-element sums, then one multiply-add by `dw * d`; the mins of Q4_1 and

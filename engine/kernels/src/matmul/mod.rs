@@ -73,8 +73,9 @@ pub fn is_supported_pair(wtype: GgmlType, act: ActType) -> bool {
 /// formats where the kernels would run on AVX2 without VNNI (there
 /// `vpmaddwd` multiplies int16 pairs at the rate the 8-bit kernels'
 /// `vpmaddubsw` + `vpmaddwd` multiply int8 quads, so one 16-bit plane
-/// costs half of two 8-bit planes: docs/benchmarks.md, "One 16-bit
-/// activation plane"); elsewhere llama.cpp's format
+/// takes half the two 8-bit planes' integer instructions and runs
+/// 1.4–1.7x faster in batches: docs/benchmarks.md, "One 16-bit activation
+/// plane"); elsewhere llama.cpp's format
 /// ([`ActType::fast_for`]), which fast mode feeds as two 8-bit planes.
 pub fn fast_act(features: &CpuFeatures, wtype: GgmlType) -> ActType {
     let sixteen = cfg!(target_arch = "x86_64") && features.has_avx2_fma() && !features.has_avx512();
