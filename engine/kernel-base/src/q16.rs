@@ -107,7 +107,9 @@ mod avx2 {
     use crate::quantize::avx2::{block_amax, round_away};
     use std::arch::x86_64::*;
 
-    /// AVX2 version of [`super::pack_q16_scalar`], bit-identical to it.
+    /// AVX2 version of [`super::pack_q16_scalar`], bit-identical to it for
+    /// finite inputs (a NaN quantises to 0 there and to -32768 here; the
+    /// 8-bit packers behave alike).
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.
