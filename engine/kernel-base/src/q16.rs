@@ -104,7 +104,7 @@ pub fn pack_q16_scalar(l: &Q16Layout, x: &[f32], dst: &mut [u8]) {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{Q16Layout, QK16, scale};
-    use crate::quantize::avx2::{block_amax, round_away};
+    use crate::quantize::avx2::{block_amax, round_away, sum_epi32};
     use std::arch::x86_64::*;
 
     /// AVX2 version of [`super::pack_q16_scalar`], bit-identical to it for
@@ -137,10 +137,7 @@ mod avx2 {
             }
             // The sum of the saturated values, as the scalar packer's.
             let ones = _mm256_set1_epi16(1);
-            let sums = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
-            let s4 = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256::<1>(sums));
-            let s2 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b01_00_11_10>(s4));
-            let sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<0b10_11_00_01>(s2)));
+            let sum = sum_epi32(_mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones)));
             d[b] = db;
             s[b] = db * sum as f32;
         }

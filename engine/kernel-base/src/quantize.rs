@@ -348,7 +348,7 @@ pub(crate) mod avx2 {
     /// The sum of 8 i32 lanes (exact: quantised values are small).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn sum_epi32(v: __m256i) -> i32 {
+    pub(crate) fn sum_epi32(v: __m256i) -> i32 {
         let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
         let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
         _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s)))

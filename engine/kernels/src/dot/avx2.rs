@@ -62,7 +62,7 @@ pub(super) const PF_AHEAD: usize = 1024;
 /// into 8 f16 and converts them to f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn halves_to_f32<const HI: bool>(raw: __m256i) -> __m256 {
+fn halves_to_f32<const HI: bool>(raw: __m256i) -> __m256 {
     let shuf = if HI {
         _mm256_setr_epi8(
             2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1, 2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1,
@@ -76,6 +76,65 @@ pub(super) fn halves_to_f32<const HI: bool>(raw: __m256i) -> __m256 {
     };
     let packed = _mm256_permute4x64_epi64::<0b1000>(_mm256_shuffle_epi8(raw, shuf));
     _mm256_cvtph_ps(_mm256_castsi256_si128(packed))
+}
+
+/// The start of a group of `gn <= 8` blocks from block `b0` in the tiles
+/// of the 32-element formats: for each of the `R` rows (`row_bytes`
+/// apart), prefetches [`PF_AHEAD`] bytes ahead, reads the blocks' `d` (and
+/// `m`), and for each of the `T` tokens (`stride` bytes apart, their block
+/// scales at `off_d`, their scaled sums at `off_s`) stores
+/// `sc[r][t] = dw * d` and adds `mw * s` to `acc[r][t]`.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; blocks `b0..b0 + gn` of the `R`
+/// rows must be readable, and 8 f32 from block `b0` of both sections of
+/// each token.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments, reason = "the tile's pointers and its accumulators")]
+pub(super) unsafe fn group_scales<const F: u8, const R: usize, const T: usize>(
+    w: *const u8,
+    row_bytes: usize,
+    b0: usize,
+    gn: usize,
+    act: *const u8,
+    (stride, off_d, off_s): (usize, usize, usize),
+    sc: &mut [[[f32; 8]; T]; R],
+    acc: &mut [[__m256; T]; R],
+) {
+    let bs = fmt::block_bytes(F);
+    for r in 0..R {
+        // The first 4 bytes of each block hold `d` (and `m`); plain
+        // loads (gathers are slow on AMD cores).
+        let rp = w.wrapping_add(r * row_bytes + b0 * bs);
+        for line in 0..(8 * bs).div_ceil(64) {
+            // A hint only: it never faults, even past the matrix.
+            _mm_prefetch::<_MM_HINT_T0>(rp.wrapping_add(PF_AHEAD + 64 * line).cast());
+        }
+        let head = |k: usize| -> i32 {
+            if k < gn {
+                // SAFETY: block `b0 + k` of row `r` is readable (the caller).
+                unsafe { rp.add(k * bs).cast::<i32>().read_unaligned() }
+            } else {
+                0
+            }
+        };
+        let raw = _mm256_setr_epi32(head(0), head(1), head(2), head(3), head(4), head(5), head(6), head(7));
+        let dw = halves_to_f32::<false>(raw);
+        let mw = if fmt::has_min(F) { halves_to_f32::<true>(raw) } else { _mm256_setzero_ps() };
+        for t in 0..T {
+            // SAFETY: 8 f32 of each section of token `t` (the caller).
+            let (xd, xs) = unsafe {
+                let xa = act.add(t * stride);
+                (_mm256_loadu_ps(xa.add(off_d + b0 * 4).cast()), _mm256_loadu_ps(xa.add(off_s + b0 * 4).cast()))
+            };
+            // SAFETY: `sc[r][t]` is an [f32; 8].
+            unsafe { _mm256_storeu_ps(sc[r][t].as_mut_ptr(), _mm256_mul_ps(dw, xd)) };
+            if fmt::has_min(F) {
+                acc[r][t] = _mm256_fmadd_ps(mw, xs, acc[r][t]);
+            }
+        }
+    }
 }
 
 /// Dots `R` weight rows with `T` packed activation rows (see
@@ -105,37 +164,10 @@ pub(crate) unsafe fn legacy_tile<const F: u8, const R: usize, const T: usize>(
     let mut b0 = 0;
     while b0 < nb {
         let gn = (nb - b0).min(8);
-        for r in 0..R {
-            // The first 4 bytes of each block hold `d` (and `m`); plain
-            // loads (gathers are slow on AMD cores).
-            let rp = w.wrapping_add(r * row_bytes + b0 * bs);
-            for line in 0..(8 * bs).div_ceil(64) {
-                // A hint only: it never faults, even past the matrix.
-                _mm_prefetch::<_MM_HINT_T0>(rp.wrapping_add(PF_AHEAD + 64 * line).cast());
-            }
-            let head = |k: usize| -> i32 {
-                if k < gn {
-                    // SAFETY: block `b0 + k < nb` of row `r` is readable.
-                    unsafe { rp.add(k * bs).cast::<i32>().read_unaligned() }
-                } else {
-                    0
-                }
-            };
-            let raw = _mm256_setr_epi32(head(0), head(1), head(2), head(3), head(4), head(5), head(6), head(7));
-            let dw = halves_to_f32::<false>(raw);
-            let mw = if fmt::has_min(F) { halves_to_f32::<true>(raw) } else { _mm256_setzero_ps() };
-            for t in 0..T {
-                // SAFETY: `d`/`s` have `groups * 16 >= b0 + 8` f32 per token.
-                let (xd, xs) = unsafe {
-                    let xa = act.add(t * l.stride);
-                    (_mm256_loadu_ps(xa.add(l.off_d + b0 * 4).cast()), _mm256_loadu_ps(xa.add(l.off_s + b0 * 4).cast()))
-                };
-                // SAFETY: `sc[r][t]` is an [f32; 8].
-                unsafe { _mm256_storeu_ps(sc[r][t].as_mut_ptr(), _mm256_mul_ps(dw, xd)) };
-                if fmt::has_min(F) {
-                    acc[r][t] = _mm256_fmadd_ps(mw, xs, acc[r][t]);
-                }
-            }
+        // SAFETY: as this function's contract; `d`/`s` have
+        // `groups * 16 >= b0 + 8` f32 per token.
+        unsafe {
+            group_scales::<F, R, T>(w, row_bytes, b0, gn, act, (l.stride, l.off_d, l.off_s), &mut sc, &mut acc);
         }
         for k in 0..gn {
             let b = b0 + k;
@@ -170,14 +202,6 @@ pub(crate) unsafe fn legacy_tile<const F: u8, const R: usize, const T: usize>(
         }
         b0 += 8;
     }
-    for r in 0..R {
-        for t in 0..T {
-            let v = acc[r][t];
-            let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-            let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2));
-            // SAFETY: the caller guarantees `out` covers these positions.
-            unsafe { *out.add(t * out_stride + r) = _mm_cvtss_f32(s1) };
-        }
-    }
+    // SAFETY: the caller guarantees `out` covers the tile.
+    unsafe { super::store_tile(&acc, out, out_stride) };
 }

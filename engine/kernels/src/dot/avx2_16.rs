@@ -13,7 +13,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{PF_AHEAD, halves_to_f32, unpack_block};
+use super::avx2::{group_scales, unpack_block};
 use super::fmt;
 use crate::q16::Q16Layout;
 
@@ -59,36 +59,10 @@ pub(crate) unsafe fn q16_tile<const F: u8, const R: usize, const T: usize>(
     let mut b0 = 0;
     while b0 < nb {
         let gn = (nb - b0).min(8);
-        for r in 0..R {
-            let rp = w.wrapping_add(r * row_bytes + b0 * bs);
-            for line in 0..(8 * bs).div_ceil(64) {
-                // A hint only: it never faults, even past the matrix.
-                _mm_prefetch::<_MM_HINT_T0>(rp.wrapping_add(PF_AHEAD + 64 * line).cast());
-            }
-            let head = |k: usize| -> i32 {
-                if k < gn {
-                    // SAFETY: block `b0 + k < nb` of row `r` is readable.
-                    unsafe { rp.add(k * bs).cast::<i32>().read_unaligned() }
-                } else {
-                    0
-                }
-            };
-            let raw = _mm256_setr_epi32(head(0), head(1), head(2), head(3), head(4), head(5), head(6), head(7));
-            let dw = halves_to_f32::<false>(raw);
-            let mw = if fmt::has_min(F) { halves_to_f32::<true>(raw) } else { _mm256_setzero_ps() };
-            for t in 0..T {
-                // SAFETY: `d`/`s` hold `ceil(blocks / 16) * 16 >= b0 + 8`
-                // f32 per token.
-                let (xd, xs) = unsafe {
-                    let xa = act.add(t * l.stride);
-                    (_mm256_loadu_ps(xa.add(l.off_d + b0 * 4).cast()), _mm256_loadu_ps(xa.add(l.off_s + b0 * 4).cast()))
-                };
-                // SAFETY: `sc[r][t]` is an [f32; 8].
-                unsafe { _mm256_storeu_ps(sc[r][t].as_mut_ptr(), _mm256_mul_ps(dw, xd)) };
-                if fmt::has_min(F) {
-                    acc[r][t] = _mm256_fmadd_ps(mw, xs, acc[r][t]);
-                }
-            }
+        // SAFETY: as this function's contract; `d`/`s` hold
+        // `ceil(blocks / 16) * 16 >= b0 + 8` f32 per token.
+        unsafe {
+            group_scales::<F, R, T>(w, row_bytes, b0, gn, act, (l.stride, l.off_d, l.off_s), &mut sc, &mut acc);
         }
         for k in 0..gn {
             let b = b0 + k;
@@ -112,14 +86,6 @@ pub(crate) unsafe fn q16_tile<const F: u8, const R: usize, const T: usize>(
         }
         b0 += 8;
     }
-    for r in 0..R {
-        for t in 0..T {
-            let v = acc[r][t];
-            let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-            let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2));
-            // SAFETY: the caller guarantees `out` covers these positions.
-            unsafe { *out.add(t * out_stride + r) = _mm_cvtss_f32(s1) };
-        }
-    }
+    // SAFETY: the caller guarantees `out` covers the tile.
+    unsafe { super::store_tile(&acc, out, out_stride) };
 }

@@ -113,14 +113,6 @@ pub(crate) unsafe fn q8_0_tile<const R: usize, const T: usize>(
     if !nb.is_multiple_of(16) {
         group!(full_groups, nb % 16);
     }
-    for r in 0..R {
-        for t in 0..T {
-            let v = acc[r][t];
-            let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-            let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2));
-            // SAFETY: the caller guarantees `out` covers these positions.
-            unsafe { *out.add(t * out_stride + r) = _mm_cvtss_f32(s1) };
-        }
-    }
+    // SAFETY: the caller guarantees `out` covers the tile.
+    unsafe { super::store_tile(&acc, out, out_stride) };
 }

@@ -60,6 +60,38 @@ pub(crate) unsafe fn f16_at(p: *const u8) -> f32 {
     f16_bits_to_f32(unsafe { p.cast::<u16>().read_unaligned() })
 }
 
+/// The sum of the 8 lanes of `v`, in the order every tile kernel uses
+/// (halves, then pairs, then the last two lanes).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn hsum8(v: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
+}
+
+/// Writes `out[t * out_stride + r] = hsum8(acc[r][t])`: a tile's results.
+///
+/// # Safety
+/// `out` must be valid for those `R * T` writes.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn store_tile<const R: usize, const T: usize>(
+    acc: &[[std::arch::x86_64::__m256; T]; R],
+    out: *mut f32,
+    out_stride: usize,
+) {
+    for (r, row) in acc.iter().enumerate() {
+        for (t, &v) in row.iter().enumerate() {
+            // SAFETY: the caller guarantees `out` covers these positions.
+            unsafe { *out.add(t * out_stride + r) = hsum8(v) };
+        }
+    }
+}
+
 /// Weight formats of the 32-element family, as const-generic tags for the
 /// SIMD tile kernels.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]

@@ -592,11 +592,7 @@ macro_rules! ternary_simd {
                         1.0
                     };
                     for t in 0..T {
-                        let v = facc[r][t];
-                        let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-                        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-                        let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2));
-                        let y = _mm_cvtss_f32(s1);
+                        let y = crate::dot::hsum8(facc[r][t]);
                         // SAFETY: the caller guarantees `out` covers these positions.
                         unsafe { *out.add(t * out_stride + r) = if F == tfmt::I2S { y * scale } else { y } };
                     }
