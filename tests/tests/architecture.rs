@@ -40,7 +40,8 @@ fn dependencies() -> BTreeMap<String, BTreeSet<String>> {
 const LAYERS: &[(&str, &[&str])] = &[
     ("spinfer-kernel-base", &[]),
     ("spinfer-gemm", &["spinfer-kernel-base"]),
-    ("spinfer-kernels", &["spinfer-kernel-base", "spinfer-gemm"]),
+    ("spinfer-ternary", &["spinfer-kernel-base"]),
+    ("spinfer-kernels", &["spinfer-kernel-base", "spinfer-gemm", "spinfer-ternary"]),
     ("spinfer-sparse-kernels", &["spinfer-kernels"]),
     ("spinfer-formats", &["spinfer-kernels"]),
     ("spinfer-tokenizer", &["spinfer-formats"]),
@@ -196,7 +197,8 @@ fn products_are_resolved_at_load_through_the_registry() {
 #[test]
 fn the_kernels_crates_open_no_file_and_read_one_variable() {
     let base = workspace().join("engine/kernel-base/src");
-    let others = ["engine/kernels/src", "engine/sparse-kernels/src"].map(|d| sources(&workspace().join(d)));
+    let others = ["engine/kernels/src", "engine/ternary/src", "engine/sparse-kernels/src"]
+        .map(|d| sources(&workspace().join(d)));
     for (p, code) in sources(&base).into_iter().chain(others.into_iter().flatten()) {
         if p == base.join("cpu.rs") {
             // The one place that reads the environment (SPINFER_CPU, once)

@@ -12,6 +12,7 @@
 pub mod blocks;
 pub mod cpu;
 pub mod dequant;
+pub mod drive;
 mod error;
 pub mod kernel;
 pub mod pool;

@@ -12,14 +12,14 @@
 //!   with `vpmaddubsw`), `avx2_16` (the 32-element formats against one
 //!   16-bit activation plane, [`crate::q16`], with `vpmaddwd`), and
 //!   `f32simd` (precise mode, AVX-512 and AVX2).
-//!   `ternary` holds the TQ1_0/TQ2_0/I2_S kernels (scalar, AVX2, AVX-512)
-//!   and the I2_S layout.
+//!   [`ternary`] (the `spinfer-ternary` crate) holds the TQ1_0/TQ2_0/I2_S
+//!   kernels (scalar, AVX2, AVX-512) and the I2_S layout.
 //!   They are `#[target_feature]` functions; [`crate::matmul`] selects them
 //!   at run time from [`crate::cpu::CpuFeatures`] and the tests check them
 //!   against [`scalar`].
 
 pub mod scalar;
-pub mod ternary;
+pub use spinfer_ternary as ternary;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
@@ -38,39 +38,8 @@ pub(crate) mod f32simd;
 
 pub use scalar::*;
 
-/// f16 → f32 with the F16C instruction (half's `to_f32` checks CPU
-/// features at run time on every call).
 #[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn f16_bits_to_f32(bits: u16) -> f32 {
-    use std::arch::x86_64::*;
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-}
-
-/// Reads the little-endian f16 at `p` and converts it (F16C).
-///
-/// # Safety
-/// `p..p + 2` must be readable.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn f16_at(p: *const u8) -> f32 {
-    // SAFETY: the caller guarantees 2 readable bytes.
-    f16_bits_to_f32(unsafe { p.cast::<u16>().read_unaligned() })
-}
-
-/// The sum of the 8 lanes of `v`, in the order every tile kernel uses
-/// (halves, then pairs, then the last two lanes).
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn hsum8(v: std::arch::x86_64::__m256) -> f32 {
-    use std::arch::x86_64::*;
-    let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
-}
+pub(crate) use spinfer_kernel_base::drive::{f16_at, hsum8};
 
 /// Writes `out[t * out_stride + r] = hsum8(acc[r][t])`: a tile's results.
 ///

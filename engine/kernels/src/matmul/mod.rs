@@ -41,9 +41,7 @@ use std::ops::Range;
 
 pub use gemm_f32::{BLayout, sgemm, sgemm_scalar};
 
-pub(crate) mod common;
-
-pub(crate) use common::{Isa, OutPtr, SharedBuf, broadcast_work, for_each_tile, pack_tokens};
+pub(crate) use spinfer_kernel_base::drive::{Isa, OutPtr, SharedBuf, broadcast_work, for_each_tile, pack_tokens};
 pub(crate) use spinfer_kernel_base::kernel::scratch_aligned;
 
 use crate::cpu::CpuFeatures;

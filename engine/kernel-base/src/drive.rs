@@ -1,7 +1,8 @@
-//! The pieces every matmul driver shares (the dense kernels here, the
-//! ternary ones in `crate::dot::ternary`): the instruction-set tag, output
-//! and scratch pointers shared by pool threads, activation packing and the
-//! tile walk. A leaf: it imports no other matmul or dot module.
+//! The pieces every matmul driver shares (the dense kernels of
+//! `spinfer-kernels`, the ternary ones of `spinfer-ternary`): the
+//! instruction-set tag, output and scratch pointers shared by pool threads,
+//! activation packing, the tile walk, and the scalar helpers of the x86
+//! tile kernels (f16 scales, the lane sum). It knows no weight format.
 
 use std::ops::Range;
 
@@ -10,7 +11,7 @@ use crate::pool::{ThreadPool, chunk_aligned};
 
 /// Instruction set a kernel is written for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Isa {
+pub enum Isa {
     Scalar,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx2,
@@ -21,7 +22,7 @@ pub(crate) enum Isa {
 impl Isa {
     /// Whether the running CPU supports the instruction set (cached
     /// detection).
-    pub(crate) fn available(self) -> bool {
+    pub fn available(self) -> bool {
         match self {
             Isa::Scalar => true,
             Isa::Avx2 => CpuFeatures::detect().has_avx2(),
@@ -29,7 +30,7 @@ impl Isa {
         }
     }
 
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
@@ -41,7 +42,7 @@ impl Isa {
 /// Output pointer shared by the pool threads; each thread writes only the
 /// elements of its own rows.
 #[derive(Clone, Copy)]
-pub(crate) struct OutPtr(pub *mut f32);
+pub struct OutPtr(pub *mut f32);
 
 impl OutPtr {
     /// The pointer (a method, so closures capture the `Sync` wrapper).
@@ -59,7 +60,7 @@ unsafe impl Sync for OutPtr {}
 /// Mutable byte buffer shared by the pool threads for per-token writes to
 /// disjoint regions.
 #[derive(Clone, Copy)]
-pub(crate) struct SharedBuf(pub *mut u8);
+pub struct SharedBuf(pub *mut u8);
 
 impl SharedBuf {
     /// The pointer (a method, so closures capture the `Sync` wrapper).
@@ -77,7 +78,7 @@ unsafe impl Sync for SharedBuf {}
 /// Quantises/packs `n_tokens` rows of `x` (`cols` each) into `dst` (`stride`
 /// bytes per token) with `pack`, spreading tokens over the pool when there
 /// are several.
-pub(crate) fn pack_tokens(
+pub fn pack_tokens(
     pool: &ThreadPool,
     x: &[f32],
     cols: usize,
@@ -108,18 +109,18 @@ pub(crate) fn pack_tokens(
 /// alone: waking the pool's workers costs about a microsecond, as long as
 /// such a product takes on one core (the smallest matmul of a real model,
 /// SmolLM2's 192x576 k/v projection, is 110 K).
-const INLINE_MACS: usize = 32 * 1024;
+pub const INLINE_MACS: usize = 32 * 1024;
 
 /// `pool.broadcast(f)`, or `f(0, 1)` on this thread for a job of fewer than
 /// [`INLINE_MACS`] multiply-adds.
-pub(crate) fn broadcast_work(pool: &ThreadPool, macs: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+pub fn broadcast_work(pool: &ThreadPool, macs: usize, f: &(dyn Fn(usize, usize) + Sync)) {
     if macs < INLINE_MACS { f(0, 1) } else { pool.broadcast(f) }
 }
 
 /// Calls `tile(row0, n_rows, tok0, n_toks)` over the rows of thread `ti`
 /// (tiles of `rmax` rows, then single rows) and all tokens (groups of up to
 /// `tmax`).
-pub(crate) fn for_each_tile(
+pub fn for_each_tile(
     rows: usize,
     n_tokens: usize,
     ti: usize,
@@ -140,4 +141,44 @@ pub(crate) fn for_each_tile(
         }
         r += nr;
     }
+}
+
+/// f16 → f32 with the F16C instruction (half's `to_f32` checks CPU
+/// features at run time on every call).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn f16_bits_to_f32(bits: u16) -> f32 {
+    use std::arch::x86_64::*;
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// Reads the little-endian f16 at `p` and converts it (F16C).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `p..p + 2` must be readable.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16_at(p: *const u8) -> f32 {
+    // SAFETY: the caller guarantees 2 readable bytes.
+    f16_bits_to_f32(unsafe { p.cast::<u16>().read_unaligned() })
+}
+
+/// The sum of the 8 lanes of `v`, in the order every tile kernel uses
+/// (halves, then pairs, then the last two lanes).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn hsum8(v: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
 }

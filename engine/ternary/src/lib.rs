@@ -11,8 +11,8 @@
 //!   `c = w + 1` in {0, 1, 2}, in element order, and multiplied with the
 //!   int8 activations; `sum(x)`, read from the Q8_K block sums, is then
 //!   subtracted, since `sum((c - 1) x) = sum(c x) - sum(x)` (exact in
-//!   integers). Activations come in the [`KLayout`](crate::quantize::KLayout) packing.
-//! * The matmul drivers: [`crate::matmul::candidates`] serves TQ1_0/TQ2_0 ×
+//!   integers). Activations come in the [`KLayout`](spinfer_kernel_base::quantize::KLayout) packing.
+//! * The matmul drivers: `spinfer_kernels::matmul::candidates` serves TQ1_0/TQ2_0 ×
 //!   Q8_K through `run`; I2_S has no GGML type id and is served by
 //!   [`I2sKernel`] ([`i2s_candidates`]).
 //!
@@ -44,15 +44,15 @@
 use bytemuck::Pod;
 use half::f16;
 
-use crate::QK_K;
-use crate::blocks::{BlockQ8K, BlockTQ1_0, BlockTQ2_0};
-use crate::cpu::CpuFeatures;
-use crate::kernel::scratch_aligned;
-use crate::kernel::{MatmulCall, MatmulDesc, MatmulKernel, Select, not_offered};
-use crate::matmul::common::{Isa, OutPtr, pack_tokens};
-use crate::pool::{ThreadPool, chunk};
-use crate::quantize;
-use crate::{GgmlType, KernelError, Result};
+use spinfer_kernel_base::QK_K;
+use spinfer_kernel_base::blocks::{BlockQ8K, BlockTQ1_0, BlockTQ2_0};
+use spinfer_kernel_base::cpu::CpuFeatures;
+use spinfer_kernel_base::drive::{Isa, OutPtr, pack_tokens};
+use spinfer_kernel_base::kernel::scratch_aligned;
+use spinfer_kernel_base::kernel::{MatmulCall, MatmulDesc, MatmulKernel, Select, not_offered};
+use spinfer_kernel_base::pool::{ThreadPool, chunk};
+use spinfer_kernel_base::quantize;
+use spinfer_kernel_base::{GgmlType, KernelError, Result};
 
 /// Iterates over the blocks of a weight row (unaligned bytes).
 #[inline]
@@ -228,7 +228,7 @@ pub fn repack_tq2_0_to_i2s(src: &[u8], rows: usize, cols: usize) -> Result<Vec<u
 
 /// Ternary weight formats, as const-generic tags for the tile kernels.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) mod tfmt {
+mod tfmt {
     pub const TQ1: u8 = 0;
     pub const TQ2: u8 = 1;
     pub const I2S: u8 = 2;
@@ -255,11 +255,11 @@ struct TJob<'a> {
     out: OutPtr,
 }
 
-/// Runs a TQ1_0/TQ2_0 × Q8_K matmul for [`crate::matmul`]: `desc`,
+/// Runs a TQ1_0/TQ2_0 × Q8_K matmul for `spinfer_kernels::matmul`: `desc`,
 /// `row_bytes` and the buffers are validated, `isa` is available, and
 /// `n_tokens` and `rows` are non-zero.
 #[allow(clippy::too_many_arguments, reason = "the fields of matmul's validated job")]
-pub(crate) fn run(
+pub fn run(
     isa: Isa,
     pool: &ThreadPool,
     desc: &MatmulDesc,
@@ -432,7 +432,7 @@ macro_rules! ternary_simd {
             use std::arch::x86_64::*;
 
             use super::tfmt;
-            use crate::quantize::KLayout;
+            use spinfer_kernel_base::quantize::KLayout;
 
             #[inline]
             #[target_feature(enable = $feat)]
@@ -562,7 +562,7 @@ macro_rules! ternary_simd {
                         unsafe {
                             wv[r] = unpack::<F>(p);
                             if F != tfmt::I2S {
-                                dw[r] = crate::dot::f16_at(p.add(bb - 2));
+                                dw[r] = spinfer_kernel_base::drive::f16_at(p.add(bb - 2));
                             }
                         }
                     }
@@ -592,7 +592,7 @@ macro_rules! ternary_simd {
                         1.0
                     };
                     for t in 0..T {
-                        let y = crate::dot::hsum8(facc[r][t]);
+                        let y = spinfer_kernel_base::drive::hsum8(facc[r][t]);
                         // SAFETY: the caller guarantees `out` covers these positions.
                         unsafe { *out.add(t * out_stride + r) = if F == tfmt::I2S { y * scale } else { y } };
                     }
@@ -623,10 +623,10 @@ ternary_simd! {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{TJob, tfmt};
-    use crate::kernel::scratch_aligned;
-    use crate::matmul::common::{OutPtr, for_each_tile, pack_tokens};
-    use crate::pool::ThreadPool;
-    use crate::quantize::{self, KLayout};
+    use spinfer_kernel_base::drive::{OutPtr, for_each_tile, pack_tokens};
+    use spinfer_kernel_base::kernel::scratch_aligned;
+    use spinfer_kernel_base::pool::ThreadPool;
+    use spinfer_kernel_base::quantize::{self, KLayout};
 
     /// Rows per tile.
     const RMAX: usize = 2;
