@@ -157,6 +157,31 @@ fn tiles_and_threads_do_not_change_results() {
     }
 }
 
+/// Batched decode must not change outputs (the server's promise): a
+/// token's results are the same bits whether it comes alone or as one of
+/// 17 (a 16-token batch kernel plus a tail), for every quantised-activation
+/// kernel.
+#[test]
+fn a_tokens_result_does_not_depend_on_its_batch() {
+    let mut r = rng(7);
+    let pool = ThreadPool::new(2);
+    for (ty, act) in all_pairs().into_iter().filter(|&(_, act)| act != ActType::F32) {
+        let (rows, cols) = (37, *test_cols(ty).last().unwrap());
+        let w = random_weights(&mut r, ty, rows, cols);
+        let n = 17;
+        let x = random_acts(&mut r, n * cols);
+        for k in kernels(ty, act, rows, cols) {
+            let batched = run(k.as_ref(), &pool, &w, &x, n, rows);
+            for t in 0..n {
+                let alone = run(k.as_ref(), &pool, &w, &x[t * cols..(t + 1) * cols], 1, rows);
+                let same =
+                    alone.iter().zip(&batched[t * rows..(t + 1) * rows]).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{} ({ty}*{act:?}): token {t} of {n} differs from the token alone", k.name());
+            }
+        }
+    }
+}
+
 #[test]
 fn more_threads_than_rows() {
     let mut r = rng(6);

@@ -78,17 +78,76 @@ fn halves_to_f32<const HI: bool>(raw: __m256i) -> __m256 {
     _mm256_cvtph_ps(_mm256_castsi256_si128(packed))
 }
 
-/// The start of a group of `gn <= 8` blocks from block `b0` in the tiles
-/// of the 32-element formats: for each of the `R` rows (`row_bytes`
-/// apart), prefetches [`PF_AHEAD`] bytes ahead, reads the blocks' `d` (and
-/// `m`), and for each of the `T` tokens (`stride` bytes apart, their block
-/// scales at `off_d`, their scaled sums at `off_s`) stores
-/// `sc[r][t] = dw * d` and adds `mw * s` to `acc[r][t]`.
+/// The weight half of a group's start: for the row at `w` and its group
+/// of `gn <= 8` blocks from block `b0`, prefetches [`PF_AHEAD`] bytes
+/// ahead and returns the blocks' `d` and `m` (zero for formats without a
+/// min) as 8 f32 lanes.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available; blocks `b0..b0 + gn` of the `R`
-/// rows must be readable, and 8 f32 from block `b0` of both sections of
-/// each token.
+/// AVX2, FMA and F16C must be available; blocks `b0..b0 + gn` of the row
+/// must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn row_head<const F: u8>(w: *const u8, b0: usize, gn: usize) -> (__m256, __m256) {
+    let bs = fmt::block_bytes(F);
+    // The first 4 bytes of each block hold `d` (and `m`); plain loads
+    // (gathers are slow on AMD cores).
+    let rp = w.wrapping_add(b0 * bs);
+    for line in 0..(8 * bs).div_ceil(64) {
+        // A hint only: it never faults, even past the matrix.
+        _mm_prefetch::<_MM_HINT_T0>(rp.wrapping_add(PF_AHEAD + 64 * line).cast());
+    }
+    let head = |k: usize| -> i32 {
+        if k < gn {
+            // SAFETY: block `b0 + k` of the row is readable (the caller).
+            unsafe { rp.add(k * bs).cast::<i32>().read_unaligned() }
+        } else {
+            0
+        }
+    };
+    let raw = _mm256_setr_epi32(head(0), head(1), head(2), head(3), head(4), head(5), head(6), head(7));
+    let mw = if fmt::has_min(F) { halves_to_f32::<true>(raw) } else { _mm256_setzero_ps() };
+    (halves_to_f32::<false>(raw), mw)
+}
+
+/// The token half of a group's start for one row: for each of the `T`
+/// tokens (`stride` bytes apart, their block scales at `off_d`, their
+/// scaled sums at `off_s`) and the row's `(dw, mw)` from [`row_head`],
+/// stores `sc[t] = dw * d` and adds `mw * s` to `acc[t]`.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; 8 f32 from block `b0` of both
+/// sections of each token must be readable.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn token_scales<const F: u8, const T: usize>(
+    (dw, mw): (__m256, __m256),
+    b0: usize,
+    act: *const u8,
+    (stride, off_d, off_s): (usize, usize, usize),
+    sc: &mut [[f32; 8]; T],
+    acc: &mut [__m256; T],
+) {
+    for t in 0..T {
+        // SAFETY: 8 f32 of each section of token `t` (the caller).
+        let (xd, xs) = unsafe {
+            let xa = act.add(t * stride);
+            (_mm256_loadu_ps(xa.add(off_d + b0 * 4).cast()), _mm256_loadu_ps(xa.add(off_s + b0 * 4).cast()))
+        };
+        // SAFETY: `sc[t]` is an [f32; 8].
+        unsafe { _mm256_storeu_ps(sc[t].as_mut_ptr(), _mm256_mul_ps(dw, xd)) };
+        if fmt::has_min(F) {
+            acc[t] = _mm256_fmadd_ps(mw, xs, acc[t]);
+        }
+    }
+}
+
+/// The start of a group of `gn <= 8` blocks from block `b0` in the tiles
+/// of the 32-element formats: [`row_head`] and [`token_scales`] for each
+/// of the `R` rows (`row_bytes` apart) of a tile of `T` tokens.
+///
+/// # Safety
+/// As [`row_head`] for each row and [`token_scales`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments, reason = "the tile's pointers and its accumulators")]
@@ -98,41 +157,15 @@ pub(super) unsafe fn group_scales<const F: u8, const R: usize, const T: usize>(
     b0: usize,
     gn: usize,
     act: *const u8,
-    (stride, off_d, off_s): (usize, usize, usize),
+    layout: (usize, usize, usize),
     sc: &mut [[[f32; 8]; T]; R],
     acc: &mut [[__m256; T]; R],
 ) {
-    let bs = fmt::block_bytes(F);
     for r in 0..R {
-        // The first 4 bytes of each block hold `d` (and `m`); plain
-        // loads (gathers are slow on AMD cores).
-        let rp = w.wrapping_add(r * row_bytes + b0 * bs);
-        for line in 0..(8 * bs).div_ceil(64) {
-            // A hint only: it never faults, even past the matrix.
-            _mm_prefetch::<_MM_HINT_T0>(rp.wrapping_add(PF_AHEAD + 64 * line).cast());
-        }
-        let head = |k: usize| -> i32 {
-            if k < gn {
-                // SAFETY: block `b0 + k` of row `r` is readable (the caller).
-                unsafe { rp.add(k * bs).cast::<i32>().read_unaligned() }
-            } else {
-                0
-            }
-        };
-        let raw = _mm256_setr_epi32(head(0), head(1), head(2), head(3), head(4), head(5), head(6), head(7));
-        let dw = halves_to_f32::<false>(raw);
-        let mw = if fmt::has_min(F) { halves_to_f32::<true>(raw) } else { _mm256_setzero_ps() };
-        for t in 0..T {
-            // SAFETY: 8 f32 of each section of token `t` (the caller).
-            let (xd, xs) = unsafe {
-                let xa = act.add(t * stride);
-                (_mm256_loadu_ps(xa.add(off_d + b0 * 4).cast()), _mm256_loadu_ps(xa.add(off_s + b0 * 4).cast()))
-            };
-            // SAFETY: `sc[r][t]` is an [f32; 8].
-            unsafe { _mm256_storeu_ps(sc[r][t].as_mut_ptr(), _mm256_mul_ps(dw, xd)) };
-            if fmt::has_min(F) {
-                acc[r][t] = _mm256_fmadd_ps(mw, xs, acc[r][t]);
-            }
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let head = row_head::<F>(w.wrapping_add(r * row_bytes), b0, gn);
+            token_scales::<F, T>(head, b0, act, layout, &mut sc[r], &mut acc[r]);
         }
     }
 }

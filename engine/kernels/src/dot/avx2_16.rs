@@ -7,14 +7,18 @@
 //! Per block and (row, token): two `vpmaddwd` give 8 lanes of exact
 //! 4-element sums, then one multiply-add by `dw * d`; the mins of Q4_1 and
 //! Q5_1 add `mw * s` once per 8 blocks. A row's value is the same whatever
-//! the tile shape (rows, tokens) it is computed in.
+//! the tile shape (rows, tokens) it is computed in: [`q16_tile`] keeps a
+//! tile of up to 4 tokens in registers and widens each block per tile;
+//! [`q16_rows`] widens each block once for up to 16 tokens and runs the
+//! same operations in the same order.
 
 #![allow(clippy::needless_range_loop, reason = "tile kernels index R x T register arrays")]
 
 use std::arch::x86_64::*;
 
-use super::avx2::{group_scales, unpack_block};
+use super::avx2::{group_scales, row_head, token_scales, unpack_block};
 use super::fmt;
+use super::hsum8;
 use crate::q16::Q16Layout;
 
 /// Block `p` of `F` as two vectors of 16 int16 weight values (elements
@@ -88,4 +92,137 @@ pub(crate) unsafe fn q16_tile<const F: u8, const R: usize, const T: usize>(
     }
     // SAFETY: the caller guarantees `out` covers the tile.
     unsafe { super::store_tile(&acc, out, out_stride) };
+}
+
+/// Tokens one [`q16_rows`] call takes: its accumulators (`R * 16`
+/// vectors) live on the stack, loaded into registers `TILE` tokens at a
+/// time.
+pub(crate) const Q16_TOKENS: usize = 16;
+
+/// Tokens per register tile inside [`q16_rows`].
+const TILE: usize = 4;
+
+/// Dots `R` weight rows with `n <= Q16_TOKENS` tokens of packed Q16
+/// activations (`act`, `l.stride` bytes per token), writing
+/// `out[t * out_stride + r]`.
+///
+/// Each group of 8 blocks is widened once for all `n` tokens (the
+/// widening costs as much as two tokens' multiplies), then runs through
+/// register tiles of up to 4 tokens whose accumulators wait on the stack
+/// between groups.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `w` must hold `R` rows of
+/// `l.blocks` blocks of `F`, `row_bytes` apart; `act` must hold `n` tokens
+/// packed with layout `l`; `out` must be valid for the `R * n` writes.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q16_rows<const F: u8, const R: usize>(
+    w: *const u8,
+    row_bytes: usize,
+    l: &Q16Layout,
+    act: *const u8,
+    n: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    debug_assert!(n <= Q16_TOKENS);
+    let bs = fmt::block_bytes(F);
+    let mut acc = [[_mm256_setzero_ps(); Q16_TOKENS]; R];
+    let mut wv = [[[_mm256_setzero_si256(); 2]; 8]; R];
+    let mut b0 = 0;
+    while b0 < l.blocks {
+        let gn = (l.blocks - b0).min(8);
+        let mut heads = [(_mm256_setzero_ps(), _mm256_setzero_ps()); R];
+        for r in 0..R {
+            // SAFETY: blocks `b0..b0 + gn` of row `r` are readable (this
+            // function's contract).
+            heads[r] = unsafe { row_head::<F>(w.wrapping_add(r * row_bytes), b0, gn) };
+            for k in 0..gn {
+                // SAFETY: as above, block `b0 + k`.
+                wv[r][k] = unsafe { widen_block::<F>(w.add(r * row_bytes + (b0 + k) * bs)) };
+            }
+        }
+        let g = Group { wv: &wv, heads: &heads, b0, gn };
+        let mut t = 0;
+        while t < n {
+            let tn = (n - t).min(TILE);
+            // SAFETY: tokens `t..t + tn < n` of `act` (the contract).
+            unsafe {
+                let a = act.add(t * l.stride);
+                match tn {
+                    4 => g.tile::<F, 4>(l, a, &mut acc, t),
+                    3 => g.tile::<F, 3>(l, a, &mut acc, t),
+                    2 => g.tile::<F, 2>(l, a, &mut acc, t),
+                    _ => g.tile::<F, 1>(l, a, &mut acc, t),
+                }
+            }
+            t += tn;
+        }
+        b0 += 8;
+    }
+    for (r, row) in acc.iter().enumerate() {
+        for (t, &v) in row[..n].iter().enumerate() {
+            // SAFETY: the caller guarantees `out` covers the `R * n` results.
+            unsafe { *out.add(t * out_stride + r) = hsum8(v) };
+        }
+    }
+}
+
+/// One group of up to 8 blocks of `R` rows, widened ([`widen_block`]),
+/// with the rows' block scales and mins.
+struct Group<'a, const R: usize> {
+    wv: &'a [[[__m256i; 2]; 8]; R],
+    heads: &'a [(__m256, __m256); R],
+    b0: usize,
+    gn: usize,
+}
+
+impl<const R: usize> Group<'_, R> {
+    /// Adds the group's products with `T` tokens from `act` to
+    /// `acc[r][t0..t0 + T]`: the mins' term first, then block by block, the
+    /// same operations in the same order whatever `T` and `t0`.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `act` must hold `T` tokens of layout `l` and
+    /// `t0 + T <= Q16_TOKENS`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile<const F: u8, const T: usize>(
+        &self,
+        l: &Q16Layout,
+        act: *const u8,
+        acc: &mut [[__m256; Q16_TOKENS]; R],
+        t0: usize,
+    ) {
+        let mut a = [[_mm256_setzero_ps(); T]; R];
+        for r in 0..R {
+            a[r].copy_from_slice(&acc[r][t0..t0 + T]);
+        }
+        let mut sc = [[[0.0f32; 8]; T]; R];
+        for r in 0..R {
+            let layout = (l.stride, l.off_d, l.off_s);
+            // SAFETY: `d`/`s` hold `ceil(blocks / 16) * 16 >= b0 + 8` f32
+            // per token (the layout).
+            unsafe { token_scales::<F, T>(self.heads[r], self.b0, act, layout, &mut sc[r], &mut a[r]) };
+        }
+        for k in 0..self.gn {
+            let b = self.b0 + k;
+            for t in 0..T {
+                // SAFETY: token `t` holds `blocks * 32` int16 values.
+                let (a0, a1) = unsafe {
+                    let xa = act.add(t * l.stride + b * 64);
+                    (_mm256_loadu_si256(xa.cast()), _mm256_loadu_si256(xa.add(32).cast()))
+                };
+                for r in 0..R {
+                    let wv = &self.wv[r][k];
+                    let d = _mm256_add_epi32(_mm256_madd_epi16(wv[0], a0), _mm256_madd_epi16(wv[1], a1));
+                    let s = _mm256_broadcast_ss(&sc[r][t][k]);
+                    a[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), s, a[r][t]);
+                }
+            }
+        }
+        for r in 0..R {
+            acc[r][t0..t0 + T].copy_from_slice(&a[r]);
+        }
+    }
 }

@@ -155,7 +155,11 @@ fn run_legacy<const F: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: 
     });
 }
 
-/// One 16-bit activation plane, AVX2 only (`simd_supported`).
+/// Fast mode's one 16-bit activation plane, AVX2 only (`simd_supported`):
+/// up to [`TMAX`] tokens in one register tile ([`avx2_16::q16_tile`]);
+/// more, up to [`avx2_16::Q16_TOKENS`] at a time, through
+/// [`avx2_16::q16_rows`], which widens each weight block once for all of
+/// them. Both give the same bits (`kernels_simd.rs`).
 fn run_q16<const F: u8>(pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) {
     let l = Q16Layout::new(job.desc.cols);
     let buf = scratch_aligned(scratch, l.stride * job.n_tokens);
@@ -169,9 +173,17 @@ fn run_q16<const F: u8>(pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>)
             let (wp, ap, op) =
                 (w.wrapping_add(wr * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
             // SAFETY: as in `run_legacy`.
-            unsafe { tiles!(avx2_16::q16_tile, [F], 2, nr, ntk, (wp, rb, &l, ap, op, rows)) };
+            unsafe {
+                if ntk <= TMAX {
+                    tiles!(avx2_16::q16_tile, [F], 2, nr, ntk, (wp, rb, &l, ap, op, rows));
+                } else if nr == 2 {
+                    avx2_16::q16_rows::<F, 2>(wp, rb, &l, ap, ntk, op, rows);
+                } else {
+                    avx2_16::q16_rows::<F, 1>(wp, rb, &l, ap, ntk, op, rows);
+                }
+            }
         };
-        for_each_job_tile(job, ti, nt, 2, TMAX, tile, None);
+        for_each_job_tile(job, ti, nt, 2, avx2_16::Q16_TOKENS, tile, None);
     });
 }
 
