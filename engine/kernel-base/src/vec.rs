@@ -24,6 +24,58 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     axpy_scalar(a, x, y)
 }
 
+/// `out[j] = dot(q, k[j * stride..][..q.len()])` for each `j`: the dot
+/// products of `q` with rows `stride` apart, each equal bit for bit to
+/// one [`dot`], without a call and a feature check per row.
+///
+/// # Panics
+/// If `k` is shorter than the last row's end.
+pub fn dot_rows(q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
+    let Some(last) = out.len().checked_sub(1) else { return };
+    let hd = q.len();
+    assert!(
+        k.len() >= last * stride + hd,
+        "dot_rows: {} rows of {hd} floats, {stride} apart, past {}",
+        out.len(),
+        k.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        return unsafe { x86::dot_rows(q, k, stride, out) };
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot_scalar(q, &k[j * stride..j * stride + hd]);
+    }
+}
+
+/// `y += a[j] * x[j * stride..][..y.len()]` for each `j` in order: the
+/// weighted sum of rows `stride` apart, equal bit for bit to one [`axpy`]
+/// per row. The AVX2 version keeps up to 64 floats of `y` in registers
+/// across the rows instead of storing and reloading them per row.
+///
+/// # Panics
+/// If `x` is shorter than the last row's end.
+pub fn axpy_rows(a: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
+    let Some(last) = a.len().checked_sub(1) else { return };
+    assert!(
+        x.len() >= last * stride + y.len(),
+        "axpy_rows: {} rows of {} floats, {stride} apart, past {}",
+        a.len(),
+        y.len(),
+        x.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: AVX2 and FMA were detected at run time; the rows lie
+        // inside `x` (asserted above).
+        return unsafe { x86::axpy_rows(a, x, stride, y) };
+    }
+    for (j, &w) in a.iter().enumerate() {
+        axpy_scalar(w, &x[j * stride..j * stride + y.len()], y);
+    }
+}
+
 /// In-place softmax; returns nothing, leaves `x` summing to 1.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -148,6 +200,7 @@ mod x86 {
 
     /// # Safety
     /// The CPU must support AVX2 and FMA.
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
@@ -198,6 +251,83 @@ mod x86 {
         while i < n {
             y[i] += a * x[i];
             i += 1;
+        }
+    }
+
+    /// [`super::dot_rows`]: [`dot`] inlined into the loop over rows.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_rows(q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
+        for (j, o) in out.iter_mut().enumerate() {
+            // SAFETY: AVX2 and FMA (the caller).
+            *o = unsafe { dot(q, &k[j * stride..j * stride + q.len()]) };
+        }
+    }
+
+    /// [`super::axpy_rows`]: `y` in chunks of 8 vectors held in registers
+    /// while every row adds to them, the same `fma(a, x, y)` per element
+    /// as [`axpy`], then the scalar tail as [`axpy`]'s.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `x` must hold
+    /// `(a.len() - 1) * stride + y.len()` floats.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy_rows(a: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
+        let n = y.len();
+        let mut i = 0;
+        while i + 64 <= n {
+            // SAFETY: forwarded; `i + 64 <= n`.
+            unsafe { rows_chunk::<8>(a, x, stride, &mut y[i..i + 64], i) };
+            i += 64;
+        }
+        // SAFETY: as above, for what is left of whole vectors.
+        unsafe {
+            match (n - i) / 8 {
+                7 => rows_chunk::<7>(a, x, stride, &mut y[i..i + 56], i),
+                6 => rows_chunk::<6>(a, x, stride, &mut y[i..i + 48], i),
+                5 => rows_chunk::<5>(a, x, stride, &mut y[i..i + 40], i),
+                4 => rows_chunk::<4>(a, x, stride, &mut y[i..i + 32], i),
+                3 => rows_chunk::<3>(a, x, stride, &mut y[i..i + 24], i),
+                2 => rows_chunk::<2>(a, x, stride, &mut y[i..i + 16], i),
+                1 => rows_chunk::<1>(a, x, stride, &mut y[i..i + 8], i),
+                _ => {}
+            }
+        }
+        i += (n - i) / 8 * 8;
+        for (j, &w) in a.iter().enumerate() {
+            for c in i..n {
+                y[c] += w * x[j * stride + c];
+            }
+        }
+    }
+
+    /// `NV` vectors of `y` (`y.len() == 8 * NV`), columns `col..` of the rows.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; every row `j` holds `col + 8 * NV` floats from `j * stride`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows_chunk<const NV: usize>(a: &[f32], x: &[f32], stride: usize, y: &mut [f32], col: usize) {
+        let py = y.as_mut_ptr();
+        let mut acc = [_mm256_setzero_ps(); NV];
+        for (v, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: `y` holds `8 * NV` floats.
+            *acc = unsafe { _mm256_loadu_ps(py.add(8 * v)) };
+        }
+        for (j, &w) in a.iter().enumerate() {
+            let va = _mm256_set1_ps(w);
+            // SAFETY: row `j` holds `col + 8 * NV` floats (the caller).
+            let px = unsafe { x.as_ptr().add(j * stride + col) };
+            for (v, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: as above.
+                *acc = _mm256_fmadd_ps(va, unsafe { _mm256_loadu_ps(px.add(8 * v)) }, *acc);
+            }
+        }
+        for (v, acc) in acc.iter().enumerate() {
+            // SAFETY: `y` holds `8 * NV` floats.
+            unsafe { _mm256_storeu_ps(py.add(8 * v), *acc) };
         }
     }
 
@@ -333,6 +463,38 @@ mod tests {
     fn random(n: usize, seed: u64) -> Vec<f32> {
         let mut r = rand::rngs::StdRng::seed_from_u64(seed);
         (0..n).map(|_| r.random_range(-3.0f32..3.0)).collect()
+    }
+
+    /// One `dot_rows` is one `dot` per row, bit for bit.
+    #[test]
+    fn dot_rows_is_one_dot_per_row() {
+        for (rows, width, stride) in [(1, 64, 64), (37, 64, 192), (5, 256, 300), (9, 77, 80), (3, 5, 7), (0, 16, 16)] {
+            let (q, k) = (random(width, 3), random(rows * stride + width, 4));
+            let mut got = vec![f32::NAN; rows];
+            dot_rows(&q, &k, stride, &mut got);
+            for (j, g) in got.iter().enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    dot(&q, &k[j * stride..j * stride + width]).to_bits(),
+                    "{rows} rows of {width}"
+                );
+            }
+        }
+    }
+
+    /// One `axpy_rows` is one `axpy` per row, bit for bit, at widths with
+    /// whole chunks, partial chunks and scalar tails.
+    #[test]
+    fn axpy_rows_is_one_axpy_per_row() {
+        for (rows, width, stride) in [(1, 64, 64), (37, 64, 192), (5, 256, 300), (9, 77, 80), (3, 5, 7), (0, 16, 16)] {
+            let (a, x) = (random(rows, 7), random(rows * stride + width, 8));
+            let (mut y, mut want) = (random(width, 9), random(width, 9));
+            axpy_rows(&a, &x, stride, &mut y);
+            for (j, &w) in a.iter().enumerate() {
+                axpy(w, &x[j * stride..j * stride + width], &mut want);
+            }
+            assert!(y.iter().zip(&want).all(|(u, v)| u.to_bits() == v.to_bits()), "{rows} rows of {width}");
+        }
     }
 
     #[test]

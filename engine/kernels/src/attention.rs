@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use crate::matmul::{BLayout, sgemm};
-use crate::vec::{axpy, dot, softmax};
+use crate::vec::{axpy_rows, dot_rows, softmax};
 
 /// One layer's cache: position `p` in slot `p % slots`.
 pub struct Cache<'a> {
@@ -32,6 +32,13 @@ impl Cache<'_> {
         let window = if local && self.window > 0 { self.window } else { usize::MAX };
         (p + 1).saturating_sub(window)..p + 1
     }
+
+    /// The rows of contiguous `slots` of `m` (the keys or the values), from
+    /// column `kv_off`, the last one cut at `hd` floats: a strided matrix
+    /// of `slots.len()` rows `kv_dim` apart.
+    fn run<'m>(&self, m: &'m [f32], slots: &Range<usize>, kv_off: usize, hd: usize) -> &'m [f32] {
+        &m[slots.start * self.kv_dim + kv_off..][..(slots.len() - 1) * self.kv_dim + hd]
+    }
 }
 
 /// One head of one row at position `p`: `out = softmax(q·Kᵀ · scale) · V`
@@ -40,15 +47,17 @@ pub fn attend_row(kv: &Cache<'_>, p: usize, local: bool, kv_off: usize, q: &[f32
     let hd = q.len();
     let scale = 1.0 / (hd as f32).sqrt();
     let span = kv.span(p, local);
-    let at = |j: usize| (j % kv.slots) * kv.kv_dim + kv_off;
     let sc = &mut sc[..span.len()];
-    for (s, j) in sc.iter_mut().zip(span.clone()) {
-        *s = dot(q, &kv.keys[at(j)..at(j) + hd]) * scale;
+    // Scores and weighted values by runs of contiguous slots, in position
+    // order.
+    for (cols, slots) in pieces(&span, kv.slots) {
+        dot_rows(q, kv.run(kv.keys, &slots, kv_off, hd), kv.kv_dim, &mut sc[cols]);
     }
+    sc.iter_mut().for_each(|s| *s *= scale);
     softmax(sc);
     out.fill(0.0);
-    for (&w, j) in sc.iter().zip(span) {
-        axpy(w, &kv.values[at(j)..at(j) + hd], out);
+    for (cols, slots) in pieces(&span, kv.slots) {
+        axpy_rows(&sc[cols], kv.run(kv.values, &slots, kv_off, hd), kv.kv_dim, out);
     }
 }
 
@@ -83,7 +92,7 @@ pub fn attend_block(kv: &Cache<'_>, b: &Block, local: bool, q: &[f32], scores: &
     PACKED.with_borrow_mut(|packed| {
         // Scores, piece by piece of contiguous slots.
         for (cols, slots) in pieces(&keys, kv.slots) {
-            let k = &kv.keys[slots.start * kv.kv_dim + b.kv_off..][..(slots.len() - 1) * kv.kv_dim + hd];
+            let k = kv.run(kv.keys, &slots, b.kv_off, hd);
             let c = &mut scores[cols.start..][..(b.len - 1) * n + cols.len()];
             sgemm(b.len, cols.len(), hd, q, b.ld_q, k, kv.kv_dim, BLayout::Transposed, c, n, false, packed);
         }
@@ -100,7 +109,7 @@ pub fn attend_block(kv: &Cache<'_>, b: &Block, local: bool, q: &[f32], scores: &
         // Weighted values, accumulated piece by piece in position order.
         let outs = &mut outs[..b.len * hd];
         for (i, (cols, slots)) in pieces(&keys, kv.slots).enumerate() {
-            let v = &kv.values[slots.start * kv.kv_dim + b.kv_off..][..(slots.len() - 1) * kv.kv_dim + hd];
+            let v = kv.run(kv.values, &slots, b.kv_off, hd);
             let p = &scores[cols.start..][..(b.len - 1) * n + cols.len()];
             sgemm(b.len, hd, cols.len(), p, n, v, kv.kv_dim, BLayout::Normal, outs, hd, i > 0, packed);
         }
