@@ -3,7 +3,10 @@
 //! pp N: prefill N tokens as one batch from an empty cache (logits of the
 //! last token included). tg N: decode N tokens one at a time from an empty
 //! cache. Tokens are pseudo-random ids, as llama-bench uses. Each figure is
-//! the median of `--reps` runs after one warm-up.
+//! the median of `--reps` runs after one warm-up. With `--batch B`, tg N
+//! becomes tg NxB: B sequences decode N tokens together, one token each
+//! per step in one batched forward (as `spinfer serve` runs its slots, and
+//! llama-batched-bench's S_TG), and the figure is their aggregate rate.
 //!
 //! `--vs-dense` (with a sparsity sidecar) answers "is this sparse
 //! configuration faster here?": the model is loaded twice, sparse and
@@ -42,6 +45,11 @@ pub struct BenchArgs {
     /// Tokens the decode test generates (its name is `tg<N>`).
     #[arg(long = "gen", default_value_t = 128)]
     pub gen_tokens: usize,
+    /// Sequences the decode test runs together (its name becomes
+    /// `tg<N>x<B>`): each step is one batched forward of one token per
+    /// sequence, the rate their sum.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
     #[arg(skip)]
     pub quiet: bool,
 }
@@ -52,16 +60,19 @@ const MAX_REPS: usize = 10_000;
 /// Most tokens `--gen` accepts (the bench session's context is 1024).
 const MAX_GEN: usize = 1000;
 
+/// Most sequences `--batch` accepts (each holds a KV cache).
+const MAX_BATCH: usize = 64;
+
 /// The tests `a` asks for: (name, prompt tokens, generated tokens).
 fn tests(a: &BenchArgs) -> Result<Vec<(String, usize, usize)>> {
     if !(1..=MAX_GEN).contains(&a.gen_tokens) {
         anyhow::bail!("--gen must be between 1 and {MAX_GEN}, got {}", a.gen_tokens);
     }
-    let all = [
-        ("pp128".to_string(), 128, 0),
-        ("pp512".to_string(), 512, 0),
-        (format!("tg{}", a.gen_tokens), 0, a.gen_tokens),
-    ];
+    if !(1..=MAX_BATCH).contains(&a.batch) {
+        anyhow::bail!("--batch must be between 1 and {MAX_BATCH}, got {}", a.batch);
+    }
+    let tg = if a.batch > 1 { format!("tg{}x{}", a.gen_tokens, a.batch) } else { format!("tg{}", a.gen_tokens) };
+    let all = [("pp128".to_string(), 128, 0), ("pp512".to_string(), 512, 0), (tg, 0, a.gen_tokens)];
     if a.tests.is_empty() {
         return Ok(all.to_vec());
     }
@@ -104,6 +115,9 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         for _ in 0..reps {
             let rate = if pp > 0 {
                 prefill(&engine, &mut session, &tokens[..pp])?
+            } else if a.batch > 1 {
+                decoded += tg * a.batch;
+                decode_batch(&engine, &mut session, &tokens[..a.batch], tg)?
             } else {
                 decoded += tg;
                 decode(&engine, &mut session, tg)?
@@ -309,6 +323,31 @@ fn decode(engine: &Engine, s: &mut Session, n: usize) -> Result<f64> {
         tok = argmax(logits).unwrap_or((i as u32) % vocab);
     }
     Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+/// `firsts.len()` sequences, one starting from each of `firsts`, decode
+/// `n` tokens together: per step one batched forward of one token each,
+/// then each one's logits and argmax. Returns the aggregate tokens/s.
+fn decode_batch(engine: &Engine, work: &mut Session, firsts: &[u32], n: usize) -> Result<f64> {
+    let m = &engine.model;
+    let b = firsts.len();
+    if b > m.max_batch_tokens() {
+        bail!("--batch {b}: a batch step of this model takes at most {} tokens", m.max_batch_tokens());
+    }
+    let vocab = m.config.vocab_size;
+    let mut kvs: Vec<_> = (0..b).map(|_| m.new_kv_cache()).collect();
+    let mut toks = firsts.to_vec();
+    let (lens, prompt, rows) = (vec![1; b], vec![false; b], (0..b).collect::<Vec<_>>());
+    let t = Instant::now();
+    for i in 0..n {
+        let mut seqs: Vec<_> = kvs.iter_mut().collect();
+        m.forward_batch(work, &mut seqs, &toks, &lens, &prompt)?;
+        let logits = m.logits_of_rows(work, &rows)?;
+        for (k, tok) in toks.iter_mut().enumerate() {
+            *tok = argmax(&logits[k * vocab..(k + 1) * vocab]).unwrap_or((i % vocab) as u32);
+        }
+    }
+    Ok((n * b) as f64 / t.elapsed().as_secs_f64())
 }
 
 fn argmax(x: &[f32]) -> Option<u32> {

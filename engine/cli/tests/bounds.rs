@@ -170,6 +170,7 @@ fn sizing_flags_are_validated() {
         assert_mentions(&e, &["invalid value", bad[0].split('=').nth(1).unwrap()]);
     }
     assert_mentions(&fails(&["bench", "-m", m, "--reps", "1000000000000", "--quiet"]), &["--reps"]);
+    assert_mentions(&fails(&["bench", "-m", m, "--batch", "100000", "--quiet"]), &["--batch", "100000"]);
     let dir = tempfile::tempdir().unwrap();
     let text = dir.path().join("t.txt");
     std::fs::write(&text, "hello world ".repeat(50)).unwrap();

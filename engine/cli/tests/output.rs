@@ -96,6 +96,17 @@ fn bench_json_has_the_documented_keys() {
     assert!(v["peak_rss_bytes"].as_u64().is_some_and(|x| x > 0), "{v}");
 }
 
+/// `--batch B` turns tg N into tg NxB, B sequences decoding together.
+#[test]
+fn bench_batch_reports_the_batched_decode() {
+    let Some(m) = spinfer_test_support::smollm2() else { return };
+    let args = ["bench", "-m", m.to_str().unwrap(), "-t", "1", "-r", "1", "--json", "--tests", "tg"];
+    let o = spinfer(&[&args[..], &["--gen", "4", "--batch", "3"]].concat());
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert!(v["tg4x3"].as_f64().is_some_and(|x| x > 0.0), "{v}");
+    assert!(v.get("tg4").is_none(), "{v}");
+}
+
 #[test]
 fn inspect_lists_hyper_parameters_and_tensors() {
     let Some(m) = spinfer_test_support::smollm2() else { return };
