@@ -1,13 +1,14 @@
 //! The pieces every matmul driver shares (the dense kernels of
 //! `spinfer-kernels`, the ternary ones of `spinfer-ternary`): the
-//! instruction-set tag, output and scratch pointers shared by pool threads,
-//! activation packing, the tile walk, and the scalar helpers of the x86
-//! tile kernels (f16 scales, the lane sum). It knows no weight format.
+//! instruction-set tag, activation packing, the tile walk, and the scalar
+//! helpers of the x86 tile kernels (f16 scales, the lane sum). Pointers the
+//! pool's threads share are [`crate::pool::SyncPtr`]. It knows no weight
+//! format.
 
 use std::ops::Range;
 
 use crate::cpu::CpuFeatures;
-use crate::pool::{ThreadPool, chunk_aligned};
+use crate::pool::{SyncPtr, ThreadPool, chunk_aligned};
 
 /// Instruction set a kernel is written for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,42 +40,6 @@ impl Isa {
     }
 }
 
-/// Output pointer shared by the pool threads; each thread writes only the
-/// elements of its own rows.
-#[derive(Clone, Copy)]
-pub struct OutPtr(pub *mut f32);
-
-impl OutPtr {
-    /// The pointer (a method, so closures capture the `Sync` wrapper).
-    pub fn ptr(&self) -> *mut f32 {
-        self.0
-    }
-}
-
-// SAFETY: threads write disjoint elements (distinct rows), and the
-// pointer outlives the broadcast that uses it.
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-unsafe impl Sync for OutPtr {}
-
-/// Mutable byte buffer shared by the pool threads for per-token writes to
-/// disjoint regions.
-#[derive(Clone, Copy)]
-pub struct SharedBuf(pub *mut u8);
-
-impl SharedBuf {
-    /// The pointer (a method, so closures capture the `Sync` wrapper).
-    pub fn ptr(&self) -> *mut u8 {
-        self.0
-    }
-}
-
-// SAFETY: threads write disjoint per-token regions of the buffer, which
-// outlives the broadcast.
-unsafe impl Send for SharedBuf {}
-// SAFETY: as above.
-unsafe impl Sync for SharedBuf {}
-
 /// Quantises/packs `n_tokens` rows of `x` (`cols` each) into `dst` (`stride`
 /// bytes per token) with `pack`, spreading tokens over the pool when there
 /// are several.
@@ -94,12 +59,12 @@ pub fn pack_tokens(
         }
         return;
     }
-    let base = SharedBuf(dst.as_mut_ptr());
+    let base = SyncPtr::new(dst.as_mut_ptr());
     pool.broadcast(&|ti, nt| {
         for t in crate::pool::chunk(n_tokens, ti, nt) {
             // SAFETY: token `t`'s region `t * stride .. (t + 1) * stride`
             // lies inside `dst` and is written by this thread only.
-            let dt = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(t * stride), stride) };
+            let dt = unsafe { std::slice::from_raw_parts_mut(base.get().add(t * stride), stride) };
             pack(&x[t * cols..(t + 1) * cols], dt);
         }
     });

@@ -26,7 +26,7 @@ use spinfer_kernels::blocks::{BlockQ8_0, QK};
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::kernel::check_indices;
-use spinfer_kernels::pool::{ThreadPool, chunk};
+use spinfer_kernels::pool::{SyncPtr, ThreadPool, chunk};
 use spinfer_kernels::quantize::quantize_row_q8_0_ref;
 use spinfer_kernels::{GgmlType, KernelError, Result};
 
@@ -49,24 +49,6 @@ const AXPY_PAR_MACS: usize = 32 * 1024;
 fn shape_err(op: &'static str, detail: String) -> KernelError {
     KernelError::Shape { op, detail }
 }
-
-/// Mutable pointer shared by the pool threads; each thread writes a
-/// disjoint region.
-#[derive(Clone, Copy)]
-struct SharedMut<T>(*mut T);
-
-impl<T> SharedMut<T> {
-    /// The pointer (a method, so closures capture the `Sync` wrapper).
-    fn ptr(&self) -> *mut T {
-        self.0
-    }
-}
-
-// SAFETY: the threads of one broadcast write disjoint regions of the
-// buffer behind the pointer, which outlives the broadcast.
-unsafe impl<T> Send for SharedMut<T> {}
-// SAFETY: as above.
-unsafe impl<T> Sync for SharedMut<T> {}
 
 // ---------------------------------------------------------------------------
 // Gathered rows (sparse up projection)
@@ -98,7 +80,7 @@ pub fn gather_rows(pool: &ThreadPool, w: &[u8], row_bytes: usize, idx: &[u32], d
         }
         return Ok(());
     }
-    let base = SharedMut(dst.as_mut_ptr());
+    let base = SyncPtr::new(dst.as_mut_ptr());
     pool.broadcast(&|ti, nt| {
         let r = chunk(idx.len(), ti, nt);
         if r.is_empty() {
@@ -107,7 +89,7 @@ pub fn gather_rows(pool: &ThreadPool, w: &[u8], row_bytes: usize, idx: &[u32], d
         // SAFETY: rows `r` of `dst` (`r.start * row_bytes .. r.end *
         // row_bytes`) lie inside `dst` (`idx.len() * row_bytes` bytes) and
         // `chunk` hands every thread a disjoint range of rows.
-        let d = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(r.start * row_bytes), r.len() * row_bytes) };
+        let d = unsafe { std::slice::from_raw_parts_mut(base.get().add(r.start * row_bytes), r.len() * row_bytes) };
         for (d, &i) in d.chunks_exact_mut(row_bytes).zip(&idx[r]) {
             let i = i as usize;
             d.copy_from_slice(&w[i * row_bytes..(i + 1) * row_bytes]);
@@ -274,7 +256,7 @@ pub fn axpy_rows_q8_0_with(
         axpy_blocks(isa, wt, rb, 0, nb, idx, coef, out);
         return Ok(());
     }
-    let base = SharedMut(out.as_mut_ptr());
+    let base = SyncPtr::new(out.as_mut_ptr());
     pool.broadcast(&|ti, nt| {
         let r = chunk(nb, ti, nt);
         if r.is_empty() {
@@ -283,7 +265,7 @@ pub fn axpy_rows_q8_0_with(
         // SAFETY: blocks `r` of `out` (floats `32 * r.start .. 32 * r.end`)
         // lie inside `out` (`32 * nb` floats) and `chunk_aligned` hands every
         // thread a disjoint range of blocks.
-        let o = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(r.start * QK), r.len() * QK) };
+        let o = unsafe { std::slice::from_raw_parts_mut(base.get().add(r.start * QK), r.len() * QK) };
         axpy_blocks(isa, wt, rb, r.start, r.len(), idx, coef, o);
     });
     Ok(())

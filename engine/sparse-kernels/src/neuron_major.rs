@@ -27,7 +27,7 @@
 
 use half::f16;
 
-use super::{AXPY_PAR_MACS, AxpyIsa, SharedMut, shape_err};
+use super::{AXPY_PAR_MACS, AxpyIsa, SyncPtr, shape_err};
 use spinfer_kernels::blocks::QK;
 use spinfer_kernels::cpu::CpuFeatures;
 use spinfer_kernels::pool::{ThreadPool, chunk_aligned};
@@ -228,7 +228,7 @@ impl NeuronMajor {
             f(0, out);
             return;
         }
-        let base = SharedMut(out.as_mut_ptr());
+        let base = SyncPtr::new(out.as_mut_ptr());
         pool.broadcast(&|ti, nt| {
             let r = chunk_aligned(n, ti, nt, GROUP);
             if r.is_empty() {
@@ -236,7 +236,7 @@ impl NeuronMajor {
             }
             // SAFETY: `r` lies inside `0..outputs` = `0..out.len()` and
             // `chunk_aligned` hands every thread a disjoint range.
-            let o = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(r.start), r.len()) };
+            let o = unsafe { std::slice::from_raw_parts_mut(base.get().add(r.start), r.len()) };
             f(r.start, o);
         });
     }
@@ -284,7 +284,7 @@ impl NeuronMajor {
             f(0, 0, out);
             f(1, 0, second);
         } else {
-            let bases = [SharedMut(out.as_mut_ptr()), SharedMut(second.as_mut_ptr())];
+            let bases = [SyncPtr::new(out.as_mut_ptr()), SyncPtr::new(second.as_mut_ptr())];
             pool.broadcast(&|ti, nt| {
                 let pairs = nt / 2;
                 if ti >= 2 * pairs {
@@ -297,7 +297,7 @@ impl NeuronMajor {
                 // SAFETY: `r` lies inside `0..outputs`, the length of both
                 // buffers; `chunk_aligned` gives every pair a disjoint range
                 // and the two threads of a pair write different buffers.
-                let o = unsafe { std::slice::from_raw_parts_mut(bases[ti % 2].ptr().add(r.start), r.len()) };
+                let o = unsafe { std::slice::from_raw_parts_mut(bases[ti % 2].get().add(r.start), r.len()) };
                 f(ti % 2, r.start, o);
             });
         }

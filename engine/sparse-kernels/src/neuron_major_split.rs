@@ -14,7 +14,7 @@
 //! Each output's value is computed exactly as [`NeuronMajor`] computes it,
 //! whatever the split: the results equal one copy's bit for bit.
 
-use super::{AXPY_PAR_MACS, SharedMut};
+use super::{AXPY_PAR_MACS, SyncPtr};
 use crate::{AxpyIsa, NeuronMajor};
 use spinfer_kernels::pool::{ThreadPool, chunk_aligned};
 use spinfer_kernels::{GgmlType, KernelError, Result};
@@ -118,13 +118,13 @@ impl NeuronMajorSplit {
             }
             return Ok(());
         }
-        let base = SharedMut(out.as_mut_ptr());
+        let base = SyncPtr::new(out.as_mut_ptr());
         let first = std::sync::Mutex::new(None);
         pool.broadcast(&|t, _| {
             let (o0, nm) = &self.parts[t];
             // SAFETY: the copies' output ranges are disjoint and lie inside
             // `0..outputs` = `0..out.len()`, which outlives the broadcast.
-            let o = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(*o0), nm.outputs()) };
+            let o = unsafe { std::slice::from_raw_parts_mut(base.get().add(*o0), nm.outputs()) };
             if let Err(e) = f(nm, &self.one, o) {
                 first.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(e);
             }

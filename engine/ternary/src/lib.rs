@@ -47,10 +47,10 @@ use half::f16;
 use spinfer_kernel_base::QK_K;
 use spinfer_kernel_base::blocks::{BlockQ8K, BlockTQ1_0, BlockTQ2_0};
 use spinfer_kernel_base::cpu::CpuFeatures;
-use spinfer_kernel_base::drive::{Isa, OutPtr, pack_tokens};
+use spinfer_kernel_base::drive::{Isa, pack_tokens};
 use spinfer_kernel_base::kernel::scratch_aligned;
 use spinfer_kernel_base::kernel::{MatmulCall, MatmulDesc, MatmulKernel, Select, not_offered};
-use spinfer_kernel_base::pool::{ThreadPool, chunk};
+use spinfer_kernel_base::pool::{SyncPtr, ThreadPool, chunk};
 use spinfer_kernel_base::quantize;
 use spinfer_kernel_base::{GgmlType, KernelError, Result};
 
@@ -252,7 +252,7 @@ struct TJob<'a> {
     w: &'a [u8],
     x: &'a [f32],
     n_tokens: usize,
-    out: OutPtr,
+    out: SyncPtr<f32>,
 }
 
 /// Runs a TQ1_0/TQ2_0 × Q8_K matmul for `spinfer_kernels::matmul`: `desc`,
@@ -267,7 +267,7 @@ pub fn run(
     w: &[u8],
     x: &[f32],
     n_tokens: usize,
-    out: OutPtr,
+    out: SyncPtr<f32>,
     scratch: &mut Vec<u8>,
 ) -> Result<()> {
     let fmt = match desc.wtype {
@@ -311,7 +311,7 @@ fn run_scalar(pool: &ThreadPool, job: &TJob<'_>, scratch: &mut Vec<u8>) {
                 let v = f(row, &q[t * nb..(t + 1) * nb]);
                 // SAFETY: `out` holds `n_tokens * rows` floats (validated);
                 // row `r` belongs to this thread only.
-                unsafe { *out.ptr().add(t * rows + r) = v };
+                unsafe { *out.get().add(t * rows + r) = v };
             }
         }
     });
@@ -404,7 +404,7 @@ impl MatmulKernel for I2sKernel {
             w,
             x,
             n_tokens,
-            out: OutPtr(out.as_mut_ptr()),
+            out: SyncPtr::new(out.as_mut_ptr()),
         };
         run_job(self.isa, pool, &job, scratch);
         Ok(())
@@ -623,7 +623,7 @@ ternary_simd! {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{TJob, tfmt};
-    use spinfer_kernel_base::drive::{OutPtr, for_each_tile, pack_tokens};
+    use spinfer_kernel_base::drive::{for_each_tile, pack_tokens};
     use spinfer_kernel_base::kernel::scratch_aligned;
     use spinfer_kernel_base::pool::ThreadPool;
     use spinfer_kernel_base::quantize::{self, KLayout};
@@ -657,12 +657,12 @@ mod x86 {
         pack_tokens(pool, job.x, job.cols, job.n_tokens, buf, l.stride, &|x, dst| quantize::pack_k(&l, x, dst));
         let act = buf.as_ptr() as usize;
         let (w, rb, rows, n, fmt) = (job.w.as_ptr() as usize, job.row_bytes, job.rows, job.n_tokens, job.fmt);
-        let out: OutPtr = job.out;
+        let out = job.out;
         pool.broadcast(&|ti, nt| {
             let (w, act) = (w as *const u8, act as *const u8);
             for_each_tile(rows, n, ti, nt, RMAX, TMAX, |r, nr, t, ntk| {
                 let (wp, ap, op) =
-                    (w.wrapping_add(r * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
+                    (w.wrapping_add(r * rb), act.wrapping_add(t * l.stride), out.get().wrapping_add(t * rows + r));
                 // SAFETY: the CPU has the instruction set (checked by the
                 // caller); rows `r..r + nr` and tokens `t..t + ntk` lie inside
                 // the validated weight, packed-activation and output buffers;

@@ -27,7 +27,7 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use super::{Job, SharedBuf, pack_tokens, scratch_aligned};
+use super::{Job, SyncPtr, pack_tokens, scratch_aligned};
 use crate::dot::fmt;
 use crate::pool::ThreadPool;
 use crate::pool::chunk_aligned;
@@ -77,7 +77,7 @@ pub(super) fn run<const F: u8>(pool: &ThreadPool, job: &Job<'_>, scratch: &mut V
     act[n * l.stride..].fill(0);
     pack_tokens(pool, job.x, cols, n, act, l.stride, &|x, dst| quantize::pack_legacy(&l, x, dst));
     let act = act.as_ptr() as usize;
-    let panels = SharedBuf(panels.as_mut_ptr());
+    let panels = SyncPtr::new(panels.as_mut_ptr());
     let (w, rb) = (job.w.as_ptr() as usize, job.row_bytes);
     let out = job.out;
     pool.broadcast(&|ti, nt| {
@@ -85,7 +85,7 @@ pub(super) fn run<const F: u8>(pool: &ThreadPool, job: &Job<'_>, scratch: &mut V
         if rr.is_empty() || ti >= threads {
             return;
         }
-        let panel = panels.ptr().wrapping_add(ti * pb);
+        let panel = panels.get().wrapping_add(ti * pb);
         // SAFETY: the OS granted this process the tile data (`available`);
         // six tiles within 16 × 64 bytes. Released on drop.
         let _tiles = unsafe { Tiles::configure(&TILES) };
@@ -105,7 +105,7 @@ pub(super) fn run<const F: u8>(pool: &ThreadPool, job: &Job<'_>, scratch: &mut V
                 for (i, ci) in c.iter().enumerate().take(n - t0) {
                     // SAFETY: token `t0 + i < n`, rows `r0..r0 + nr` of this
                     // thread: inside `out` (`n × rows`), written only here.
-                    let o = unsafe { std::slice::from_raw_parts_mut(out.ptr().add((t0 + i) * rows + r0), nr) };
+                    let o = unsafe { std::slice::from_raw_parts_mut(out.get().add((t0 + i) * rows + r0), nr) };
                     o.copy_from_slice(&ci[..nr]);
                 }
             }

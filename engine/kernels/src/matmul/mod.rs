@@ -41,8 +41,9 @@ use std::ops::Range;
 
 pub use gemm_f32::{BLayout, sgemm, sgemm_scalar};
 
-pub(crate) use spinfer_kernel_base::drive::{Isa, OutPtr, SharedBuf, broadcast_work, for_each_tile, pack_tokens};
+pub(crate) use spinfer_kernel_base::drive::{Isa, broadcast_work, for_each_tile, pack_tokens};
 pub(crate) use spinfer_kernel_base::kernel::scratch_aligned;
+pub(crate) use spinfer_kernel_base::pool::SyncPtr;
 
 use crate::cpu::CpuFeatures;
 use crate::kernel::{ActType, Form, MatmulCall, MatmulDesc, MatmulKernel, Select, not_offered};
@@ -232,10 +233,11 @@ impl MatmulKernel for Kernel {
             if idx.is_some() {
                 return Err(not_offered(self, Form::GatheredRows));
             }
-            let out = OutPtr(out.as_mut_ptr());
+            let out = SyncPtr::new(out.as_mut_ptr());
             return crate::dot::ternary::run(self.isa, pool, &desc, self.row_bytes, w, x, n_tokens, out, scratch);
         }
-        let job = Job { desc, row_bytes: self.row_bytes, w, idx, x, n_tokens, out: OutPtr(out.as_mut_ptr()), prefill };
+        let job =
+            Job { desc, row_bytes: self.row_bytes, w, idx, x, n_tokens, out: SyncPtr::new(out.as_mut_ptr()), prefill };
         match self.isa {
             Isa::Scalar => scalar::run(pool, &job, scratch),
             #[cfg(target_arch = "x86_64")]
@@ -255,7 +257,7 @@ pub(crate) struct Job<'a> {
     pub idx: Option<&'a [u32]>,
     pub x: &'a [f32],
     pub n_tokens: usize,
-    pub out: OutPtr,
+    pub out: SyncPtr<f32>,
     /// A prompt's tokens ([`MatmulCall::prefill`]).
     pub prefill: bool,
 }

@@ -103,7 +103,7 @@ fn rows_loop(pool: &ThreadPool, job: &Job<'_>, f: impl Fn(&[u8], usize) -> f32 +
             for t in 0..job.n_tokens {
                 // SAFETY: `out` holds `n_tokens * rows` floats (validated);
                 // output row `r` belongs to this thread only.
-                unsafe { *out.ptr().add(t * rows + r) = f(row, t) };
+                unsafe { *out.get().add(t * rows + r) = f(row, t) };
             }
         }
     });

@@ -1,7 +1,7 @@
 //! SIMD matmul drivers (AVX2 and AVX-512): activation packing and the
 //! tile loops over the [`crate::dot`] tile kernels.
 
-use super::{Isa, Job, OutPtr, amx_int8, broadcast_work, for_each_job_tile, gemm_f32, pack_tokens, scratch_aligned};
+use super::{Isa, Job, amx_int8, broadcast_work, for_each_job_tile, gemm_f32, pack_tokens, scratch_aligned};
 use crate::GgmlType;
 use crate::Result;
 use crate::dot::avx512_k::{KQ4, KQ5, KQ6};
@@ -110,13 +110,13 @@ fn run_legacy<const F: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: 
     });
     let act = buf.as_ptr() as usize;
     let (w, rb, rows) = (job.w.as_ptr() as usize, job.row_bytes, job.out_rows());
-    let out: OutPtr = job.out;
+    let out = job.out;
     let rmax = if avx512 { nibble_rows(F, job) } else { 2 };
     broadcast_work(pool, job.macs(), &|ti, nt| {
         let (w, act) = (w as *const u8, act as *const u8);
         let tile = |r: usize, wr: usize, nr: usize, t: usize, ntk: usize| {
             let (wp, ap, op) =
-                (w.wrapping_add(wr * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
+                (w.wrapping_add(wr * rb), act.wrapping_add(t * l.stride), out.get().wrapping_add(t * rows + r));
             // SAFETY: the CPU supports `isa` (checked by `candidates`);
             // weight rows `wr..wr + nr`, output rows `r..r + nr` and tokens
             // `t..t + ntk` are inside the validated weight, packed-activation
@@ -137,7 +137,7 @@ fn run_legacy<const F: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: 
             let (w, ap, op) = (
                 wr.map(|i| w.wrapping_add(i * rb)),
                 act.wrapping_add(t * l.stride),
-                out.ptr().wrapping_add(t * rows + r),
+                out.get().wrapping_add(t * rows + r),
             );
             // SAFETY: as for `tile`, with weight rows `wr`; only used when
             // `avx512 && !ymm`.
@@ -166,12 +166,12 @@ fn run_q16<const F: u8>(pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>)
     pack_tokens(pool, job.x, job.desc.cols, job.n_tokens, buf, l.stride, &|x, dst| pack_q16(&l, x, dst));
     let act = buf.as_ptr() as usize;
     let (w, rb, rows) = (job.w.as_ptr() as usize, job.row_bytes, job.out_rows());
-    let out: OutPtr = job.out;
+    let out = job.out;
     broadcast_work(pool, job.macs(), &|ti, nt| {
         let (w, act) = (w as *const u8, act as *const u8);
         let tile = |r: usize, wr: usize, nr: usize, t: usize, ntk: usize| {
             let (wp, ap, op) =
-                (w.wrapping_add(wr * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
+                (w.wrapping_add(wr * rb), act.wrapping_add(t * l.stride), out.get().wrapping_add(t * rows + r));
             // SAFETY: as in `run_legacy`.
             unsafe {
                 if ntk <= TMAX {
@@ -196,13 +196,13 @@ fn run_k<const K: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut 
     });
     let act = buf.as_ptr() as usize;
     let (w, rb, rows) = (job.w.as_ptr() as usize, job.row_bytes, job.out_rows());
-    let out: OutPtr = job.out;
+    let out = job.out;
     let avx512 = isa == Isa::Avx512;
     broadcast_work(pool, job.macs(), &|ti, nt| {
         let (w, act) = (w as *const u8, act as *const u8);
         let tile = |r: usize, wr: usize, nr: usize, t: usize, ntk: usize| {
             let (wp, ap, op) =
-                (w.wrapping_add(wr * rb), act.wrapping_add(t * l.stride), out.ptr().wrapping_add(t * rows + r));
+                (w.wrapping_add(wr * rb), act.wrapping_add(t * l.stride), out.get().wrapping_add(t * rows + r));
             // SAFETY: as in `run_legacy`.
             unsafe {
                 if avx512 {
@@ -233,7 +233,7 @@ fn precise<const W: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>) {
     let ty = d.wtype;
     let (w, rb, rows, cols) = (job.w.as_ptr() as usize, job.row_bytes, job.out_rows(), d.cols);
     let x = job.x.as_ptr() as usize;
-    let out: OutPtr = job.out;
+    let out = job.out;
     let avx512 = isa == Isa::Avx512;
     broadcast_work(pool, job.macs(), &|ti, nt| {
         let (w, x) = (w as *const u8, x as *const f32);
@@ -241,7 +241,7 @@ fn precise<const W: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>) {
         let rmax = if avx512 { 4 } else { 2 };
         let tile = |r: usize, wr: usize, nr: usize, t: usize, ntk: usize| {
             let (wp, xp, op) =
-                (w.wrapping_add(wr * rb), x.wrapping_add(t * cols), out.ptr().wrapping_add(t * rows + r));
+                (w.wrapping_add(wr * rb), x.wrapping_add(t * cols), out.get().wrapping_add(t * rows + r));
             // SAFETY: as in `run_legacy`; `x` holds `n * cols` floats.
             unsafe {
                 if avx512 {

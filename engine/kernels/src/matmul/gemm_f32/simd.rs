@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::super::{Isa, Job, OutPtr, SharedBuf, scratch_aligned};
+use super::super::{Isa, Job, SyncPtr, scratch_aligned};
 use super::{BLayout, KC, pack8};
 use crate::GgmlType;
 use crate::pool::{ThreadPool, chunk_aligned};
@@ -37,17 +37,17 @@ pub(in crate::matmul) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch
     // One packed block per thread.
     let per_thread = g.mc * KC;
     let buf = scratch_aligned(scratch, nt * per_thread * 4);
-    let packed = SharedBuf(buf.as_mut_ptr());
+    let packed = SyncPtr::new(buf.as_mut_ptr());
     let (w, x) = (job.w.as_ptr() as usize, job.x.as_ptr() as usize);
     let (rows, cols, n, rb, ty) = (d.rows, d.cols, job.n_tokens, job.row_bytes, d.wtype);
-    let out: OutPtr = job.out;
+    let out = job.out;
     let quantised = super::quantised(ty);
     pool.broadcast(&|ti, nt| {
         let rr = chunk_aligned(rows, ti, nt, g.nr);
         // SAFETY: index `ti` runs once per broadcast and uses only its own
         // `per_thread` floats of the 64-byte aligned scratch region, which
         // holds `nt * per_thread` floats and outlives the broadcast.
-        let pk = unsafe { packed.ptr().cast::<f32>().add(ti * per_thread) };
+        let pk = unsafe { packed.get().cast::<f32>().add(ti * per_thread) };
         let (w, x) = (w as *const u8, x as *const f32);
         let mut pc = 0;
         while pc < cols {
@@ -90,9 +90,9 @@ pub(in crate::matmul) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch
                     }
                     match isa {
                         Isa::Avx512 => {
-                            block_avx512(x.add(pc), cols, n, pk, kc, mr, out.ptr().add(r0), rows, pc > 0, pf)
+                            block_avx512(x.add(pc), cols, n, pk, kc, mr, out.get().add(r0), rows, pc > 0, pf)
                         }
-                        _ => block_avx2(x.add(pc), cols, n, pk, kc, mr, out.ptr().add(r0), rows, pc > 0, pf),
+                        _ => block_avx2(x.add(pc), cols, n, pk, kc, mr, out.get().add(r0), rows, pc > 0, pf),
                     }
                 }
                 r0 += mr;
