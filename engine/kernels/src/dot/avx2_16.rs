@@ -75,23 +75,46 @@ pub(crate) unsafe fn q16_tile<const F: u8, const R: usize, const T: usize>(
                 // SAFETY: block `b < nb` of row `r`.
                 wv[r] = unsafe { widen_block::<F>(w.add(r * row_bytes + b * bs)) };
             }
-            for t in 0..T {
-                // SAFETY: token `t` holds `blocks * 32` int16 values.
-                let (a0, a1) = unsafe {
-                    let xa = act.add(t * l.stride + b * 64);
-                    (_mm256_loadu_si256(xa.cast()), _mm256_loadu_si256(xa.add(32).cast()))
-                };
-                for r in 0..R {
-                    let d = _mm256_add_epi32(_mm256_madd_epi16(wv[r][0], a0), _mm256_madd_epi16(wv[r][1], a1));
-                    let s = _mm256_broadcast_ss(&sc[r][t][k]);
-                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), s, acc[r][t]);
-                }
-            }
+            // SAFETY: every token holds `blocks * 32` int16 values.
+            unsafe { block_products(&wv, act, l.stride, b, &sc, k, &mut acc) };
         }
         b0 += 8;
     }
     // SAFETY: the caller guarantees `out` covers the tile.
     unsafe { super::store_tile(&acc, out, out_stride) };
+}
+
+/// Adds one block's products to a tile: for each of the `T` tokens
+/// (`stride` bytes apart) its int16 values of block `b` against the `R`
+/// rows' widened weights `wv`, two `vpmaddwd`, then
+/// `acc[r][t] += sums * sc[r][t][k]`.
+///
+/// # Safety
+/// AVX2, FMA and F16C; every token at `act` holds block `b`'s 64 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments, reason = "the tile's operands and its accumulators")]
+unsafe fn block_products<const R: usize, const T: usize>(
+    wv: &[[__m256i; 2]; R],
+    act: *const u8,
+    stride: usize,
+    b: usize,
+    sc: &[[[f32; 8]; T]; R],
+    k: usize,
+    acc: &mut [[__m256; T]; R],
+) {
+    for t in 0..T {
+        // SAFETY: token `t` holds block `b` (the caller).
+        let (a0, a1) = unsafe {
+            let xa = act.add(t * stride + b * 64);
+            (_mm256_loadu_si256(xa.cast()), _mm256_loadu_si256(xa.add(32).cast()))
+        };
+        for r in 0..R {
+            let d = _mm256_add_epi32(_mm256_madd_epi16(wv[r][0], a0), _mm256_madd_epi16(wv[r][1], a1));
+            let s = _mm256_broadcast_ss(&sc[r][t][k]);
+            acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), s, acc[r][t]);
+        }
+    }
 }
 
 /// Tokens one [`q16_rows`] call takes: its accumulators (`R * 16`
@@ -128,7 +151,7 @@ pub(crate) unsafe fn q16_rows<const F: u8, const R: usize>(
     debug_assert!(n <= Q16_TOKENS);
     let bs = fmt::block_bytes(F);
     let mut acc = [[_mm256_setzero_ps(); Q16_TOKENS]; R];
-    let mut wv = [[[_mm256_setzero_si256(); 2]; 8]; R];
+    let mut wv = [[[_mm256_setzero_si256(); 2]; R]; 8];
     let mut b0 = 0;
     while b0 < l.blocks {
         let gn = (l.blocks - b0).min(8);
@@ -139,7 +162,7 @@ pub(crate) unsafe fn q16_rows<const F: u8, const R: usize>(
             heads[r] = unsafe { row_head::<F>(w.wrapping_add(r * row_bytes), b0, gn) };
             for k in 0..gn {
                 // SAFETY: as above, block `b0 + k`.
-                wv[r][k] = unsafe { widen_block::<F>(w.add(r * row_bytes + (b0 + k) * bs)) };
+                wv[k][r] = unsafe { widen_block::<F>(w.add(r * row_bytes + (b0 + k) * bs)) };
             }
         }
         let g = Group { wv: &wv, heads: &heads, b0, gn };
@@ -171,7 +194,8 @@ pub(crate) unsafe fn q16_rows<const F: u8, const R: usize>(
 /// One group of up to 8 blocks of `R` rows, widened ([`widen_block`]),
 /// with the rows' block scales and mins.
 struct Group<'a, const R: usize> {
-    wv: &'a [[[__m256i; 2]; 8]; R],
+    /// Block `k`'s rows at `wv[k]`.
+    wv: &'a [[[__m256i; 2]; R]; 8],
     heads: &'a [(__m256, __m256); R],
     b0: usize,
     gn: usize,
@@ -199,27 +223,15 @@ impl<const R: usize> Group<'_, R> {
             a[r].copy_from_slice(&acc[r][t0..t0 + T]);
         }
         let mut sc = [[[0.0f32; 8]; T]; R];
+        let layout = (l.stride, l.off_d, l.off_s);
         for r in 0..R {
-            let layout = (l.stride, l.off_d, l.off_s);
             // SAFETY: `d`/`s` hold `ceil(blocks / 16) * 16 >= b0 + 8` f32
             // per token (the layout).
             unsafe { token_scales::<F, T>(self.heads[r], self.b0, act, layout, &mut sc[r], &mut a[r]) };
         }
         for k in 0..self.gn {
-            let b = self.b0 + k;
-            for t in 0..T {
-                // SAFETY: token `t` holds `blocks * 32` int16 values.
-                let (a0, a1) = unsafe {
-                    let xa = act.add(t * l.stride + b * 64);
-                    (_mm256_loadu_si256(xa.cast()), _mm256_loadu_si256(xa.add(32).cast()))
-                };
-                for r in 0..R {
-                    let wv = &self.wv[r][k];
-                    let d = _mm256_add_epi32(_mm256_madd_epi16(wv[0], a0), _mm256_madd_epi16(wv[1], a1));
-                    let s = _mm256_broadcast_ss(&sc[r][t][k]);
-                    a[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), s, a[r][t]);
-                }
-            }
+            // SAFETY: every token holds `blocks * 32` int16 values.
+            unsafe { block_products(&self.wv[k], act, l.stride, self.b0 + k, &sc, k, &mut a) };
         }
         for r in 0..R {
             acc[r][t0..t0 + T].copy_from_slice(&a[r]);
