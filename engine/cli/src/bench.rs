@@ -338,9 +338,9 @@ fn decode_batch(engine: &Engine, work: &mut Session, firsts: &[u32], n: usize) -
     let mut kvs: Vec<_> = (0..b).map(|_| m.new_kv_cache()).collect();
     let mut toks = firsts.to_vec();
     let (lens, prompt, rows) = (vec![1; b], vec![false; b], (0..b).collect::<Vec<_>>());
+    let mut seqs: Vec<_> = kvs.iter_mut().collect();
     let t = Instant::now();
     for i in 0..n {
-        let mut seqs: Vec<_> = kvs.iter_mut().collect();
         m.forward_batch(work, &mut seqs, &toks, &lens, &prompt)?;
         let logits = m.logits_of_rows(work, &rows)?;
         for (k, tok) in toks.iter_mut().enumerate() {
