@@ -19,13 +19,14 @@
 //! goes through the kernel registry with f32 activations, so F32, F16 and
 //! BF16 weights all work and stay in the file mapping.
 //!
-//! [`BertModel::use_bf16`] (what [`crate::embed::Embedder`] does by default
-//! on CPUs with AVX-512 BF16) packs every weight matrix once for
-//! [`gemm_packed`], with the bias (and GELU) fused into the kernel:
-//! Q, K, V (fused into one matrix), the attention output and the FFN's
-//! first projection in bf16 (bf16 weights and activations, f32 sums: twice
-//! the arithmetic per instruction of f32 and half the bytes), the FFN's
-//! down projection in f32. That one stays f32 because the sparse FFN
+//! [`BertModel::prepack`] (what [`crate::embed::Embedder`] does by default
+//! on CPUs with AVX2 or AVX-512) packs every weight matrix once for
+//! [`gemm_packed`], with the bias (and GELU) fused into the kernel, and
+//! Q, K, V fused into one matrix. With bf16 (CPUs with AVX-512 BF16), Q/K/V,
+//! the attention output and the FFN's first projection run in bf16 (bf16
+//! weights and activations, f32 sums: twice the arithmetic per instruction
+//! of f32 and half the bytes), the FFN's down projection in f32; without,
+//! all four in f32. The down projection stays f32 because the sparse FFN
 //! ([`crate::experimental::bert_sparse`]) replaces exactly it, with f32 weights: the
 //! packed f32 kernel sums `b + Σ_j h_j · W[:, j]` in the order of the
 //! sparse FFN's accumulation, so keeping every neuron gives the dense
@@ -39,7 +40,9 @@ use std::sync::Arc;
 
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::kernel::{ActType, MatmulCall, MatmulDesc, MatmulKernel};
-use spinfer_kernels::matmul::gemm_packed::{Epilogue, PackedMatrix, PackedType, gemm_packed, packed_simd_available};
+use spinfer_kernels::matmul::gemm_packed::{
+    Epilogue, PackedMatrix, PackedType, gemm_packed, kernel_name, packed_simd_available,
+};
 use spinfer_kernels::matmul::{BLayout, sgemm};
 use spinfer_kernels::pool::SyncPtr;
 use spinfer_kernels::pool::{ThreadPool, chunk};
@@ -48,7 +51,7 @@ use crate::{Error, Result};
 use spinfer_formats::Error as FileError;
 use spinfer_formats::loader::Loader;
 use spinfer_formats::loader::{check_dims, load_vector};
-use spinfer_formats::tensor::{TensorData, TensorView};
+use spinfer_formats::tensor::{TensorData, TensorView, release_pages};
 use spinfer_kernel_select::registry::KernelRegistry;
 use spinfer_models::model::add;
 use spinfer_models::model::math;
@@ -72,19 +75,12 @@ pub struct Dense {
     pub desc: MatmulDesc,
     kernel: Arc<dyn MatmulKernel>,
     /// The weights packed for [`gemm_packed`] (set by
-    /// [`BertModel::use_bf16`]); `forward` then runs them instead of
+    /// [`BertModel::prepack`]); `forward` then runs them instead of
     /// `kernel`.
     packed: Option<PackedMatrix>,
-    /// Part of its layer's fused bf16 Q/K/V product (reports only).
-    fused_bf16: bool,
-}
-
-/// Name reported for the matmuls that run [`gemm_packed`].
-fn packed_kernel_name(ty: PackedType) -> &'static str {
-    match ty {
-        PackedType::Bf16 => "avx512bf16/bf16*bf16 (prepacked)",
-        PackedType::F32 => "avx512/f32*f32 (prepacked)",
-    }
+    /// The precision of its layer's fused Q/K/V product, when it is part
+    /// of one (reports only).
+    fused: Option<PackedType>,
 }
 
 impl Dense {
@@ -96,7 +92,7 @@ impl Dense {
         let desc = MatmulDesc::dense(t.ty, ActType::F32, rows, cols);
         let kernel = registry.resolve(&desc)?.kernel;
         let bias = load_vector(loader, &format!("{module}.bias"), rows)?;
-        Ok(Self { name, w: t.data, bias, desc, kernel, packed: None, fused_bf16: false })
+        Ok(Self { name, w: t.data, bias, desc, kernel, packed: None, fused: None })
     }
 
     /// The weights packed in `ty` (with `others`, the same width, their rows
@@ -106,8 +102,15 @@ impl Dense {
             .chain(others.iter().copied())
             .map(|d| (d.desc.wtype, d.w.bytes(), d.desc.rows))
             .collect();
-        PackedMatrix::pack(ty, &parts, self.desc.cols)
-            .map_err(|source| Error::Kernel { kernel: packed_kernel_name(ty).to_string(), source })
+        let packed = PackedMatrix::pack(ty, &parts, self.desc.cols)
+            .map_err(|source| Error::Kernel { kernel: kernel_name(ty).to_string(), source })?;
+        // The packed copy serves every product from now on: the file's
+        // pages leave the resident set (re-read if anything reads them).
+        for d in std::iter::once(self).chain(others.iter().copied()).filter(|d| d.w.is_mapped()) {
+            // SAFETY: `d.w` borrows from the read-only file mapping.
+            unsafe { release_pages(d.w.bytes()) };
+        }
+        Ok(packed)
     }
 
     /// `out[t, :] = W · x[t, :] + b` for the `n` rows of `x`, then
@@ -146,9 +149,11 @@ impl Dense {
 
     pub fn kernel_name(&self) -> &str {
         match &self.packed {
-            Some(p) => packed_kernel_name(p.ty()),
-            None if self.fused_bf16 => packed_kernel_name(PackedType::Bf16),
-            None => self.kernel.name(),
+            Some(p) => kernel_name(p.ty()),
+            None => match self.fused {
+                Some(ty) => kernel_name(ty),
+                None => self.kernel.name(),
+            },
         }
     }
 }
@@ -179,10 +184,10 @@ fn packed_forward(
 ) -> Result<()> {
     SCRATCH
         .with_borrow_mut(|scratch| gemm_packed(pool, w, x, n, Some(bias), out, scratch, epilogue))
-        .map_err(|source| Error::Kernel { kernel: packed_kernel_name(w.ty()).to_string(), source })
+        .map_err(|source| Error::Kernel { kernel: kernel_name(w.ty()).to_string(), source })
 }
 
-/// A layer's Q, K and V projections as one bf16 product (`3 · hidden`
+/// A layer's Q, K and V projections as one packed product (`3 · hidden`
 /// rows: Q's, then K's, then V's), with their biases.
 pub struct FusedQkv {
     w: PackedMatrix,
@@ -201,8 +206,8 @@ pub struct Layer {
     pub ffn_down: Dense,       // output.dense: (hidden, intermediate) + (hidden)
     pub out_norm_w: Vec<f32>,  // output.LayerNorm.weight: (hidden)
     pub out_norm_b: Vec<f32>,  // output.LayerNorm.bias: (hidden)
-    /// Q, K, V as one bf16 product ([`BertModel::use_bf16`]).
-    pub qkv_bf16: Option<FusedQkv>,
+    /// Q, K, V as one packed product ([`BertModel::prepack`]).
+    pub qkv: Option<FusedQkv>,
 }
 
 /// All weights. Matrices stay in the file mapping; embedding rows are
@@ -279,7 +284,7 @@ impl BertModel {
                 ffn_down: dense("output.dense", c.hidden, c.intermediate)?,
                 out_norm_w: vector("output.LayerNorm.weight")?,
                 out_norm_b: vector("output.LayerNorm.bias")?,
-                qkv_bf16: None,
+                qkv: None,
             });
         }
         tracing::debug!(layers = c.n_layers, kernel = layers.first().map(|l| l.query.kernel_name()), "bert loaded");
@@ -288,46 +293,51 @@ impl BertModel {
         Ok(Self { config, weights, path: loader.path().to_path_buf(), sparse: None })
     }
 
-    /// Packs every matrix once for [`gemm_packed`]: Q, K, V (fused), the
-    /// attention output and the FFN's first projection in bf16 (weights
-    /// and activations), the FFN's down projection in f32 (see the module
-    /// docs). The packed copies live next to the file mapping: half the
-    /// f32 size for the bf16 matrices, the same size for the f32 one (a
-    /// third of the encoder's weights). Returns `false`, changing nothing,
-    /// when the CPU lacks AVX-512 BF16: the f32 kernels are then faster than
-    /// any emulation.
+    /// Packs every matrix once for [`gemm_packed`]: Q, K and V as one
+    /// matrix, the attention output and the FFN's two projections. With
+    /// `bf16` on a CPU with AVX-512 BF16, Q/K/V, the attention output and
+    /// the FFN's first projection take bf16 weights and activations, the
+    /// FFN's down projection f32 (see the module docs); otherwise all are
+    /// f32. The packed copies replace the file's pages in memory (released
+    /// once packed): half the f32 size for a bf16 matrix, the same size for
+    /// an f32 one. Returns the
+    /// precision of the Q/K/V product, or `None`, changing nothing, when
+    /// the CPU has no SIMD kernel for the packed f32 product (the
+    /// registry's kernels are then faster).
     ///
     /// Accuracy on all-MiniLM-L6-v2: cosine to the PyTorch (f32) embeddings
-    /// above 0.9999, STS-B Spearman within 1e-4 (`tests/tests/minilm.rs`).
-    pub fn use_bf16(&mut self) -> Result<bool> {
-        if !packed_simd_available(PackedType::Bf16) {
-            return Ok(false);
-        }
+    /// above 0.9999 with bf16, STS-B Spearman within 1e-4
+    /// (`tests/tests/minilm.rs`); f32 is the f32 product.
+    pub fn prepack(&mut self, bf16: bool) -> Result<Option<PackedType>> {
+        let ty = if bf16 && packed_simd_available(PackedType::Bf16) {
+            PackedType::Bf16
+        } else if packed_simd_available(PackedType::F32) {
+            PackedType::F32
+        } else {
+            return Ok(None);
+        };
         for l in &mut self.weights.layers {
-            if l.qkv_bf16.is_none() {
-                let w = l.query.pack(PackedType::Bf16, &[&l.key, &l.value])?;
+            if l.qkv.is_none() {
+                let w = l.query.pack(ty, &[&l.key, &l.value])?;
                 let bias = [&l.query.bias, &l.key.bias, &l.value.bias].into_iter().flatten().copied().collect();
-                l.qkv_bf16 = Some(FusedQkv { w, bias });
+                l.qkv = Some(FusedQkv { w, bias });
             }
             for d in [&mut l.query, &mut l.key, &mut l.value] {
-                d.fused_bf16 = true;
+                d.fused = Some(ty);
             }
-            for (d, ty) in [
-                (&mut l.attn_out, PackedType::Bf16),
-                (&mut l.ffn_up, PackedType::Bf16),
-                (&mut l.ffn_down, PackedType::F32),
-            ] {
+            for (d, ty) in [(&mut l.attn_out, ty), (&mut l.ffn_up, ty), (&mut l.ffn_down, PackedType::F32)] {
                 if d.packed.is_none() {
                     d.packed = Some(d.pack(ty, &[])?);
                 }
             }
         }
-        Ok(true)
+        Ok(Some(ty))
     }
 
-    /// Whether [`BertModel::use_bf16`] is in effect.
-    pub fn uses_bf16(&self) -> bool {
-        self.weights.layers.iter().any(|l| l.qkv_bf16.is_some())
+    /// The precision of the Q/K/V product when [`BertModel::prepack`] is
+    /// in effect.
+    pub fn prepacked(&self) -> Option<PackedType> {
+        self.weights.layers.first().and_then(|l| l.qkv.as_ref()).map(|f| f.w.ty())
     }
 
     /// The last hidden states of a batch of sequences: `(total tokens,
@@ -371,7 +381,7 @@ impl BertModel {
         if buf.len() < need {
             buf.resize(need, 0.0);
         }
-        // Q, K and V (with bf16: side by side, (n, 3 hidden); else one after
+        // Q, K and V (packed: side by side, (n, 3 hidden); else one after
         // the other, each (n, hidden)); head h in columns h*hd..(h+1)*hd.
         let (qkv, rest) = buf.split_at_mut(n * 3 * d);
         let (att, rest) = rest.split_at_mut(n * d); // attention output, heads concatenated (n, hidden)
@@ -398,8 +408,8 @@ impl BertModel {
         layer_norm_rows(pool, &mut x, None, &w.embed_norm_w, &w.embed_norm_b, c.layer_norm_eps);
 
         for (l, layer) in w.layers.iter().enumerate() {
-            // Q, K, V projections (with biases): one bf16 product, or three.
-            let (q, k, v, ld) = match &layer.qkv_bf16 {
+            // Q, K, V projections (with biases): one packed product, or three.
+            let (q, k, v, ld) = match &layer.qkv {
                 Some(f) => {
                     packed_forward(pool, &f.w, &f.bias, &x, n, qkv, None)?;
                     (&qkv[..], &qkv[d..], &qkv[2 * d..], 3 * d)

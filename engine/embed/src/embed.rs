@@ -41,9 +41,9 @@ pub struct EmbedderOptions {
     /// ([`crate::experimental::bert_sparse`]; also [`Embedder::load_sparsity`]).
     pub sparsity: Option<PathBuf>,
     /// Run the encoder's Q/K/V, attention-output and FFN-up matmuls with
-    /// bf16 weights and activations, and every matmul on weights packed
-    /// once at load ([`BertModel::use_bf16`]), when the CPU has AVX-512 BF16
-    /// (ignored otherwise). About 1.45x the f32 throughput on 256-token
+    /// bf16 weights and activations when the CPU has AVX-512 BF16 (ignored
+    /// otherwise). Every matmul runs on weights packed once at load either
+    /// way, where the CPU has AVX2 or AVX-512 ([`BertModel::prepack`]). About 1.45x the f32 throughput on 256-token
     /// inputs; on all-MiniLM-L6-v2 the embeddings stay within cosine 0.99998
     /// of PyTorch's (f32: 0.9999999). Default: on, unless the environment
     /// variable `SPINFER_EMBED_BF16` is `0`, `off` or `false`.
@@ -115,7 +115,7 @@ impl std::fmt::Debug for Embedder {
             .field("pooling", &self.pooling)
             .field("normalize", &self.normalize)
             .field("max_tokens", &self.max_tokens)
-            .field("bf16", &self.model.uses_bf16())
+            .field("prepacked", &self.model.prepacked())
             .finish_non_exhaustive()
     }
 }
@@ -186,9 +186,9 @@ impl Embedder {
 
         let loader = SafetensorsModel::open(&model_dir)?;
         let mut model = BertModel::load(&loader, registry, config)?;
-        let bf16 = options.bf16 && model.use_bf16()?;
+        let packed = model.prepack(options.bf16)?;
         tracing::debug!(
-            dir = %dir.display(), ?pooling, normalize = modules.normalize, max_tokens, bf16, "embedder loaded"
+            dir = %dir.display(), ?pooling, normalize = modules.normalize, max_tokens, ?packed, "embedder loaded"
         );
         let mut embedder = Self {
             dir: dir.to_path_buf(),

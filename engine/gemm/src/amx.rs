@@ -15,7 +15,7 @@
 
 use std::arch::asm;
 
-use super::{Epilogue, NR, PackedMatrix, simd::round_pairs};
+use super::{Epilogue, NR, PackedMatrix, avx512::round_pairs};
 use spinfer_kernel_base::kernel::scratch_aligned;
 use spinfer_kernel_base::pool::{SyncPtr, ThreadPool, chunk_aligned};
 use spinfer_kernel_base::tiles::Tiles;

@@ -205,3 +205,29 @@ fn bf16_tiles_match_the_scalar_reference_on_encoder_shapes() {
         assert_close(&packed, &x, Some(&bias), &got, &want, &format!("{rows}x{cols} n={n}"));
     }
 }
+
+/// Calls large enough that the AVX2 kernel splits them: tokens in chunks
+/// (about 1 MiB of activations each: 30 tokens at K = 8000, 168 at 1536),
+/// rows in blocks (256 KiB of weights: 16 rows at K = 8000), over 1 to 3
+/// threads; still the scalar reference bit for bit, epilogue once per
+/// output.
+#[test]
+fn large_calls_split_into_token_chunks_and_row_blocks() {
+    let mut r = rng(4321);
+    for &(rows, cols, n) in &[(70, 8000, 71), (50, 1536, 200)] {
+        let w = random_weights(&mut r, GgmlType::F32, rows, cols);
+        let x = acts(&mut r, n * cols);
+        let bias: Vec<f32> = (0..rows).map(|_| r.random_range(-1.0f32..1.0)).collect();
+        let packed = PackedMatrix::pack(PackedType::F32, &[(GgmlType::F32, &w, rows)], cols).unwrap();
+        let mut want = vec![0.0f32; n * rows];
+        gemm_packed_scalar(&packed, &x, n, Some(&bias), &mut want).unwrap();
+        for threads in 1..=3 {
+            let mut got = vec![f32::NAN; n * rows];
+            let epi = |s: &mut [f32]| s.iter_mut().for_each(|v| *v = -*v);
+            gemm_packed(&ThreadPool::new(threads), &packed, &x, n, Some(&bias), &mut got, &mut Vec::new(), Some(&epi))
+                .unwrap();
+            got.iter_mut().for_each(|v| *v = -*v);
+            assert_close(&packed, &x, Some(&bias), &got, &want, &format!("{rows}x{cols} n={n} threads={threads}"));
+        }
+    }
+}

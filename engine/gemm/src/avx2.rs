@@ -1,0 +1,205 @@
+//! The AVX2 kernel of [`super::gemm_packed`] for [`super::PackedType::F32`]
+//! (CPUs without AVX-512, such as AMD Zen 3 and earlier, Intel client
+//! cores): 6 tokens × 16 rows in 12 ymm accumulators, one FMA per product.
+//!
+//! A 48-row panel is walked as three sub-panels of 16 rows (64 contiguous
+//! bytes per column, one cache line). The tokens go in chunks whose
+//! activations fit in the L3 ([`CHUNK_BYTES`]); for each chunk, each thread
+//! takes its rows in blocks whose packed weights fit in half an L2
+//! ([`BLOCK_BYTES`]) and runs the chunk's token tiles over one block before
+//! the next. So the weights are read from the L2 once per token tile, the
+//! activations from the L3 once per block, and a tile's activations (6
+//! rows of K floats) stay in the L1 or the L2.
+//!
+//! The order of operations is the crate's: each accumulator starts from the
+//! bias and adds `x[c] · w[c]` with a fused multiply-add for `c = 0, 1, ...`,
+//! so the results equal [`super::gemm_packed_scalar`] bit for bit.
+
+#![allow(clippy::needless_range_loop, reason = "micro-kernels index M x NV register arrays")]
+
+use std::arch::x86_64::*;
+
+use super::{Epilogue, LANES, NR, PackedMatrix};
+use spinfer_kernel_base::cpu::CpuFeatures;
+use spinfer_kernel_base::pool::{SyncPtr, ThreadPool, chunk_aligned};
+
+/// Tokens per register tile.
+const MR: usize = 6;
+/// Rows per sub-panel (two vectors of 8 lanes).
+const SUB: usize = 16;
+/// f32 lanes per AVX2 vector.
+const V: usize = 8;
+/// Packed weight bytes per block of a thread's rows: half of a 512 KiB L2,
+/// the smallest of the CPUs this kernel runs on, leaving room for the
+/// activations and the outputs.
+const BLOCK_BYTES: usize = 256 * 1024;
+
+/// Activation bytes per chunk of tokens: well inside the L3 of the CPUs
+/// this kernel runs on (8 MiB and more), beside the weights.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// Whether the CPU has this kernel's features: AVX2 and FMA (cached
+/// detection, capped by `SPINFER_CPU`).
+pub(super) fn available() -> bool {
+    CpuFeatures::detect().has_avx2_fma()
+}
+
+/// Runs the product (see [`super::gemm_packed`]; operands checked, `w` is
+/// f32, [`available`] holds, `n > 0`).
+pub(super) fn run(
+    pool: &ThreadPool,
+    w: &PackedMatrix,
+    x: &[f32],
+    n: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    epilogue: Option<Epilogue<'_>>,
+) {
+    let (rows, steps) = (w.rows, w.steps);
+    debug_assert_eq!(steps, w.cols);
+    // Rows per block: a multiple of the sub-panel, at least one; tokens
+    // per chunk: a multiple of the tile, at least one.
+    let block = (BLOCK_BYTES / (steps * 4 * SUB)).max(1) * SUB;
+    let chunk_tokens = (CHUNK_BYTES / (steps * 4 * MR)).max(1) * MR;
+    let panels = w.panels().as_ptr() as usize;
+    let xs = x.as_ptr() as usize;
+    let out_ptr = SyncPtr::new(out.as_mut_ptr());
+    let bias_ptr = bias.map_or(0, |b| b.as_ptr() as usize);
+    pool.broadcast(&|ti, nt| {
+        let rr = chunk_aligned(rows, ti, nt, LANES);
+        let (panels, xs, out) = (panels as *const f32, xs as *const f32, out_ptr.get());
+        // Tokens in chunks whose activations stay in the L3 while every
+        // block of rows runs over them; within a chunk, blocks of rows
+        // whose weights stay in the L2 while the chunk's token tiles run.
+        let mut t0 = 0;
+        while t0 < n {
+            let t1 = (t0 + chunk_tokens).min(n);
+            let mut r0 = rr.start;
+            while r0 < rr.end {
+                let r1 = (r0 + block).min(rr.end);
+                let mut t = t0;
+                while t < t1 {
+                    let m = MR.min(t1 - t);
+                    let mut r = r0;
+                    while r < r1 {
+                        // Sub-panel `j0 / 16` of panel `r / NR` (`r` is a
+                        // multiple of 16: the thread's range and the block
+                        // are).
+                        let (p, j0) = (r / NR, r % NR);
+                        let width = SUB.min(r1 - r);
+                        // SAFETY: tokens `t..t + m` of the activations
+                        // (`steps` floats each) and lanes `j0..j0 + 16 <= NR`
+                        // of panel `p` (`steps * NR` floats, zero-padded past
+                        // `rows`) are inside their buffers; the stores write
+                        // rows `r..r + width`, owned by this thread, of tokens
+                        // `t..t + m` of `out` (`n * rows` floats); the bias
+                        // (when present) holds `rows` floats; `available`
+                        // holds.
+                        unsafe {
+                            let pp = panels.add(p * steps * NR + j0);
+                            let bp = if bias_ptr == 0 { std::ptr::null() } else { (bias_ptr as *const f32).add(r) };
+                            let ukr = pick(m, width);
+                            ukr(steps, xs.add(t * steps), steps, pp, out.add(t * rows + r), rows, bp, width);
+                            if let Some(e) = epilogue {
+                                for i in 0..m {
+                                    e(std::slice::from_raw_parts_mut(out.add((t + i) * rows + r), width));
+                                }
+                            }
+                        }
+                        r += width;
+                    }
+                    t += m;
+                }
+                r0 = r1;
+            }
+            t0 = t1;
+        }
+    });
+}
+
+/// Signature of the micro-kernels.
+type Ukr = unsafe fn(usize, *const f32, usize, *const f32, *mut f32, usize, *const f32, usize);
+
+/// The micro-kernel for `m` tokens and `width` rows (1 to 16).
+fn pick(m: usize, width: usize) -> Ukr {
+    fn by_nv<const M: usize>(width: usize) -> Ukr {
+        if width > V { ukr::<M, 2> } else { ukr::<M, 1> }
+    }
+    match m {
+        6 => by_nv::<6>(width),
+        5 => by_nv::<5>(width),
+        4 => by_nv::<4>(width),
+        3 => by_nv::<3>(width),
+        2 => by_nv::<2>(width),
+        _ => by_nv::<1>(width),
+    }
+}
+
+/// `c[i, 0..width] = bias + Σ_q x[i, q] · p[q, 0..width]` for `i < M` over
+/// `steps` columns, in order of `q`, from the bias (zero when null); `x`
+/// row stride `ldx`, panel row stride `NR`, `c` row stride `ldc`; lanes
+/// past `width` (of the last of the `NV` vectors) are neither loaded from
+/// the bias nor stored.
+///
+/// # Safety
+/// AVX2 and FMA must be available; `x` must hold `M` rows of `steps`
+/// floats, `p` `steps` rows of `8 · NV` floats (stride `NR`), `c` `M` rows
+/// of `width` floats; `bias` is null or holds `width` floats; `8 · (NV - 1)
+/// < width <= 8 · NV`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments, reason = "the micro-kernel operands")]
+unsafe fn ukr<const M: usize, const NV: usize>(
+    steps: usize,
+    x: *const f32,
+    ldx: usize,
+    p: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    bias: *const f32,
+    width: usize,
+) {
+    // Lanes of the last vector: all 8, or the first `rem` under `mask`.
+    let rem = width - V * (NV - 1);
+    let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(rem as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    // SAFETY: all addresses are inside the buffers described above; the
+    // masked loads and stores touch only the first `rem` lanes.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); NV]; M];
+        if !bias.is_null() {
+            for j in 0..NV {
+                let bv = if j + 1 == NV && rem < V {
+                    _mm256_maskload_ps(bias.add(V * j), mask)
+                } else {
+                    _mm256_loadu_ps(bias.add(V * j))
+                };
+                for row in acc.iter_mut() {
+                    row[j] = bv;
+                }
+            }
+        }
+        for q in 0..steps {
+            let pq = p.add(q * NR);
+            let mut b = [_mm256_setzero_ps(); NV];
+            for j in 0..NV {
+                b[j] = _mm256_loadu_ps(pq.add(V * j));
+            }
+            for i in 0..M {
+                let a = _mm256_broadcast_ss(&*x.add(i * ldx + q));
+                for j in 0..NV {
+                    acc[i][j] = _mm256_fmadd_ps(a, b[j], acc[i][j]);
+                }
+            }
+        }
+        for j in 0..NV {
+            for i in 0..M {
+                let dst = c.add(i * ldc + V * j);
+                if j + 1 == NV && rem < V {
+                    _mm256_maskstore_ps(dst, mask, acc[i][j]);
+                } else {
+                    _mm256_storeu_ps(dst, acc[i][j]);
+                }
+            }
+        }
+    }
+}
