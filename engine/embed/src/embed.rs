@@ -43,9 +43,10 @@ pub struct EmbedderOptions {
     /// Run the encoder's Q/K/V, attention-output and FFN-up matmuls with
     /// bf16 weights and activations when the CPU has AVX-512 BF16 (ignored
     /// otherwise). Every matmul runs on weights packed once at load either
-    /// way, where the CPU has AVX2 or AVX-512 ([`BertModel::prepack`]). About 1.45x the f32 throughput on 256-token
-    /// inputs; on all-MiniLM-L6-v2 the embeddings stay within cosine 0.99998
-    /// of PyTorch's (f32: 0.9999999). Default: on, unless the environment
+    /// way, where the CPU has AVX2 or AVX-512 ([`BertModel::prepack`]).
+    /// About 1.45x the f32 throughput on 256-token inputs; on
+    /// all-MiniLM-L6-v2 the embeddings stay within cosine 0.99998 of
+    /// PyTorch's (f32: 0.9999999). Default: on, unless the environment
     /// variable `SPINFER_EMBED_BF16` is `0`, `off` or `false`.
     pub bf16: bool,
 }

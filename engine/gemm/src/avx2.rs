@@ -61,32 +61,25 @@ pub(super) fn run(
     // per chunk: a multiple of the tile, at least one.
     let block = (BLOCK_BYTES / (steps * 4 * SUB)).max(1) * SUB;
     let chunk_tokens = (CHUNK_BYTES / (steps * 4 * MR)).max(1) * MR;
-    let panels = w.panels().as_ptr() as usize;
-    let xs = x.as_ptr() as usize;
     let out_ptr = SyncPtr::new(out.as_mut_ptr());
-    let bias_ptr = bias.map_or(0, |b| b.as_ptr() as usize);
     pool.broadcast(&|ti, nt| {
         let rr = chunk_aligned(rows, ti, nt, LANES);
-        let (panels, xs, out) = (panels as *const f32, xs as *const f32, out_ptr.get());
+        let (panels, xs, out) = (w.panels().as_ptr().cast::<f32>(), x.as_ptr(), out_ptr.get());
         // Tokens in chunks whose activations stay in the L3 while every
         // block of rows runs over them; within a chunk, blocks of rows
         // whose weights stay in the L2 while the chunk's token tiles run.
-        let mut t0 = 0;
-        while t0 < n {
+        for t0 in (0..n).step_by(chunk_tokens) {
             let t1 = (t0 + chunk_tokens).min(n);
-            let mut r0 = rr.start;
-            while r0 < rr.end {
+            for r0 in rr.clone().step_by(block) {
                 let r1 = (r0 + block).min(rr.end);
-                let mut t = t0;
-                while t < t1 {
+                for t in (t0..t1).step_by(MR) {
                     let m = MR.min(t1 - t);
-                    let mut r = r0;
-                    while r < r1 {
-                        // Sub-panel `j0 / 16` of panel `r / NR` (`r` is a
-                        // multiple of 16: the thread's range and the block
-                        // are).
+                    // Sub-panel `j0 / 16` of panel `r / NR` (`r` is a
+                    // multiple of 16: the thread's range and the block are).
+                    for r in (r0..r1).step_by(SUB) {
                         let (p, j0) = (r / NR, r % NR);
                         let width = SUB.min(r1 - r);
+                        let bp = bias.map_or(std::ptr::null(), |b| b[r..].as_ptr());
                         // SAFETY: tokens `t..t + m` of the activations
                         // (`steps` floats each) and lanes `j0..j0 + 16 <= NR`
                         // of panel `p` (`steps * NR` floats, zero-padded past
@@ -97,7 +90,6 @@ pub(super) fn run(
                         // holds.
                         unsafe {
                             let pp = panels.add(p * steps * NR + j0);
-                            let bp = if bias_ptr == 0 { std::ptr::null() } else { (bias_ptr as *const f32).add(r) };
                             let ukr = pick(m, width);
                             ukr(steps, xs.add(t * steps), steps, pp, out.add(t * rows + r), rows, bp, width);
                             if let Some(e) = epilogue {
@@ -106,13 +98,9 @@ pub(super) fn run(
                                 }
                             }
                         }
-                        r += width;
                     }
-                    t += m;
                 }
-                r0 = r1;
             }
-            t0 = t1;
         }
     });
 }

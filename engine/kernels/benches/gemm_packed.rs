@@ -18,18 +18,8 @@ use spinfer_kernels::matmul::candidates;
 use spinfer_kernels::matmul::gemm_packed::{PackedMatrix, PackedType, gemm_packed, kernel_name, packed_simd_available};
 use spinfer_kernels::pool::ThreadPool;
 
-/// Deterministic values in [-0.5, 0.5) (xorshift).
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            s as f32 / u32::MAX as f32 - 0.5
-        })
-        .collect()
-}
+#[path = "support/mod.rs"]
+mod support;
 
 fn bench(c: &mut Criterion) {
     let features = CpuFeatures::detect();
@@ -46,9 +36,9 @@ fn bench(c: &mut Criterion) {
         g.measurement_time(Duration::from_secs(2));
         g.sample_size(20);
         for (label, rows, cols) in shapes {
-            let w = values(rows * cols, 1);
-            let x = values(n * cols, 2);
-            let bias = values(rows, 3);
+            let w = support::xorshift_f32(rows * cols, 1);
+            let x = support::xorshift_f32(n * cols, 2);
+            let bias = support::xorshift_f32(rows, 3);
             let mut out = vec![0.0f32; n * rows];
             g.throughput(Throughput::Elements((2 * rows * cols * n) as u64));
             let desc = MatmulDesc::dense(GgmlType::F32, ActType::F32, rows, cols);

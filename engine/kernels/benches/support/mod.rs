@@ -18,6 +18,15 @@ pub fn xorshift_bytes(n: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// `n` deterministic pseudo-random floats in [-0.5, 0.5) from
+/// [`xorshift_bytes`].
+pub fn xorshift_f32(n: usize, seed: u64) -> Vec<f32> {
+    xorshift_bytes(4 * n, seed)
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32 / 4_294_967_296.0 - 0.5)
+        .collect()
+}
+
 /// `rows × cols` Q4_1 bytes with random codes, scale 0.01 and minimum
 /// −0.05 in every block (SmolLM2's `W_down` is 576 × 1536).
 pub fn q4_1(rows: usize, cols: usize, seed: u64) -> Vec<u8> {
