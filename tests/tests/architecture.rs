@@ -68,10 +68,12 @@ const LAYERS: &[(&str, &[&str])] = &[
         ],
     ),
     ("spinfer-storage", &[]),
+    ("spinfer-sampling", &[]),
     (
         "spinfer-models",
         &[
             "spinfer-storage",
+            "spinfer-sampling",
             "spinfer-kernels",
             "spinfer-sparse-kernels",
             "spinfer-formats",

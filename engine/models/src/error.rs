@@ -36,6 +36,14 @@ pub enum Error {
     Sparsity(#[from] spinfer_sparsity::Error),
 }
 
+impl From<spinfer_sampling::Error> for Error {
+    fn from(e: spinfer_sampling::Error) -> Self {
+        match e {
+            spinfer_sampling::Error::InvalidArgument(m) => Error::InvalidArgument(m),
+        }
+    }
+}
+
 impl From<spinfer_storage::Error> for Error {
     fn from(e: spinfer_storage::Error) -> Self {
         match e {

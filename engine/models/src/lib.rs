@@ -1,6 +1,7 @@
 //! spinfer's Llama-family models: the forward pass (dense, sparse FFN,
-//! sparse output head), sessions, sampling, generation, perplexity, and the
-//! calibration that runs the model to fit its sparsity sidecar.
+//! sparse output head), sessions, generation (with `spinfer-sampling`'s
+//! sampler, re-exported as `sampling`), perplexity, and the calibration that
+//! runs the model to fit its sparsity sidecar.
 //!
 //! Architecture invariant: the model reads weights only through
 //! `spinfer_formats::Loader` and runs every matrix product through a kernel
@@ -11,7 +12,8 @@ pub mod generate;
 pub mod head;
 pub mod model;
 pub mod perplexity;
-pub mod sampling;
+
+pub use spinfer_sampling as sampling;
 
 pub use error::{Error, Result};
 pub use model::{Model, ModelOptions, Precision, Session};

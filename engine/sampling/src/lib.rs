@@ -5,7 +5,14 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::{Error, Result};
+/// A sampler setting out of range, named.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplerParams {
@@ -148,7 +155,7 @@ impl Sampler {
 /// is above -inf): [`argmax`] over `(i, logits[i])`. The maximum is taken
 /// over 16 independent lanes (a max is exact in any order, and the lanes
 /// vectorise), then its first position is found.
-fn argmax_logits(logits: &[f32]) -> u32 {
+pub fn argmax_logits(logits: &[f32]) -> u32 {
     const LANES: usize = 16;
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let chunks = logits.chunks_exact(LANES);
