@@ -347,18 +347,25 @@ impl CudaBackend {
     pub fn upload_rows(&self, rows: &[u32], bound: usize) -> Result<DeviceRows> {
         let mut buf = self.alloc::<i32>(rows.len())?;
         self.write_rows_into(&mut buf, rows, bound)?;
-        Ok(DeviceRows { buf, bound })
+        Ok(DeviceRows { buf, bound, len: rows.len() })
     }
 
-    /// Replaces the indices of `dst` (same count) with `rows`, each checked
-    /// below its bound: per-token indices without an allocation.
+    /// Replaces the indices of `dst` with `rows` (at most its capacity),
+    /// each checked below its bound: per-token indices without an
+    /// allocation.
     ///
     /// # Errors
     ///
-    /// [`CudaError::Shape`] naming the first index out of range.
+    /// [`CudaError::Shape`] naming the first index out of range, or more
+    /// indices than `dst` holds.
     pub fn write_rows(&self, dst: &mut DeviceRows, rows: &[u32]) -> Result<()> {
+        if rows.len() > dst.capacity() {
+            return Err(shape_err("write_rows", format!("{} indices into room for {}", rows.len(), dst.capacity())));
+        }
         let bound = dst.bound;
-        self.write_rows_into(&mut dst.buf, rows, bound)
+        self.write_rows_into(&mut dst.buf, rows, bound)?;
+        dst.len = rows.len();
+        Ok(())
     }
 
     fn write_rows_into(&self, dst: &mut DeviceBuf<i32>, rows: &[u32], bound: usize) -> Result<()> {

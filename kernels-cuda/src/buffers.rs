@@ -148,20 +148,27 @@ pub struct DeviceActs {
 }
 
 /// Row indices on the device, each checked below `bound` at upload (so a
-/// kernel never reads outside a matrix of at least `bound` rows).
+/// kernel never reads outside a matrix of at least `bound` rows): the first
+/// `len` of a buffer that holds up to its capacity.
 pub struct DeviceRows {
     pub(crate) buf: DeviceBuf<i32>,
     pub(crate) bound: usize,
+    pub(crate) len: usize,
 }
 
 impl DeviceRows {
     /// Number of indices.
     pub fn len(&self) -> usize {
-        self.buf.len
+        self.len
     }
 
     /// True when there are none.
     pub fn is_empty(&self) -> bool {
-        self.buf.len == 0
+        self.len == 0
+    }
+
+    /// Most indices it can hold ([`crate::CudaBackend::write_rows`]).
+    pub fn capacity(&self) -> usize {
+        self.buf.len
     }
 }

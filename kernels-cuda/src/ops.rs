@@ -549,6 +549,24 @@ impl CudaBackend {
         unsafe { self.inner.launch(Module::Ops, "add_rms_norm", grid, &args) }
     }
 
+    /// `out[0]` = the first index of the largest value of `x` (NaN never
+    /// wins; 0 when none is above -inf): the host sampler's greedy pick,
+    /// made on the device so that 4 bytes come back instead of the logits.
+    ///
+    /// # Errors
+    ///
+    /// [`crate::CudaError::Shape`] when `x` is empty or `out` has no room.
+    pub fn argmax(&self, x: Slice<'_, f32>, out: SliceMut<'_, i32>) -> Result<()> {
+        if x.len == 0 || out.len == 0 {
+            return Err(shape_err("argmax", format!("{} values into {}", x.len, out.len)));
+        }
+        let args =
+            [KArg::Ptr(self.ptr_of(&x)), KArg::I32(int(x.len, "elements")?), KArg::Ptr(self.ptr(out.buf, out.offset))];
+        let grid = Grid { blocks: (1, 1), threads: 1024, smem: 0 };
+        // SAFETY: follows argmax(x, n, out): x holds n values, out one.
+        unsafe { self.inner.launch(Module::Ops, "argmax", grid, &args) }
+    }
+
     /// `out[t] = s · W[ids[t]]` for the first `n` indices (the embedding
     /// lookup), `out` holding `n` rows of `cols`.
     ///

@@ -337,3 +337,56 @@ fn embedding_rows_are_dequantised_and_scaled() {
         assert!(be.upload_rows(&[50], rows).is_err());
     }
 }
+
+/// The host sampler's greedy rule: the first index of the largest value,
+/// NaN never winning, 0 when nothing is above -inf.
+fn argmax_ref(x: &[f32]) -> i32 {
+    let mut best = (0usize, f32::NEG_INFINITY);
+    for (i, &v) in x.iter().enumerate() {
+        if v > best.1 {
+            best = (i, v);
+        }
+    }
+    best.0 as i32
+}
+
+#[test]
+fn argmax_picks_the_first_largest_and_skips_nan() {
+    let Some(be) = backend() else { return };
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng >> 40) as f32 / (1u64 << 24) as f32 * 20.0 - 10.0
+    };
+    let mut cases: Vec<(String, Vec<f32>)> = Vec::new();
+    for n in [1usize, 31, 1000, 49_152, 262_144] {
+        let x: Vec<f32> = (0..n).map(|_| next()).collect();
+        cases.push((format!("random {n}"), x.clone()));
+        // Ties: the largest value again at a later and an earlier index
+        // (the earliest wins), across threads and warps.
+        let mut tie = x.clone();
+        let m = argmax_ref(&x) as usize;
+        tie[n - 1] = tie[m];
+        tie[n / 2] = tie[m];
+        cases.push((format!("ties {n}"), tie));
+        let mut nan = x.clone();
+        nan[n / 3] = f32::NAN;
+        nan[0] = f32::NAN;
+        cases.push((format!("nan {n}"), nan));
+    }
+    cases.push(("all -inf".into(), vec![f32::NEG_INFINITY; 5000]));
+    cases.push(("all nan".into(), vec![f32::NAN; 3000]));
+    cases.push(("-inf then a value".into(), [vec![f32::NEG_INFINITY; 2047], vec![-1e30]].concat()));
+    cases
+        .push(("+inf twice".into(), [vec![0.0; 700], vec![f32::INFINITY], vec![1.0; 9], vec![f32::INFINITY]].concat()));
+    let mut out = be.upload(&[-7i32]).unwrap();
+    for (what, x) in &cases {
+        let dx = be.upload(x).unwrap();
+        be.argmax(dx.all(), out.all_mut()).unwrap();
+        assert_eq!(be.download(&out).unwrap()[0], argmax_ref(x), "{what}");
+    }
+    let empty = be.alloc::<f32>(1).unwrap();
+    assert!(be.argmax(empty.at(0, 0).unwrap(), out.all_mut()).is_err());
+}

@@ -331,7 +331,8 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
             (None, None) => None,
         };
         let ctx = a.ctx.or(config.as_ref().and_then(|c| c.model.ctx)).unwrap_or(2048);
-        let g = crate::gpu::generate(&path, ctx, &prompt, &params, !a.common.json, split)?;
+        let head = gpu_head(&a.common, config.as_ref())?;
+        let g = crate::gpu::generate(&path, ctx, &prompt, &params, !a.common.json, split, head)?;
         return print_generation(output, &g, serde_json::Value::Null, serde_json::Value::Null);
     }
     let engine = load(&a.common, a.ctx)?;
@@ -363,6 +364,26 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
+/// The sparse head `--device cuda` runs, as (index, probes): from the
+/// config's `[head]` (merged with the flags) or, without one, from
+/// `--head`, `--head-index` and `--head-probes`.
+fn gpu_head(c: &CommonArgs, config: Option<&Config>) -> Result<Option<(PathBuf, Option<usize>)>> {
+    let section = match config {
+        Some(config) => config.head.clone(),
+        None if c.head.is_none() && c.head_index.is_none() && c.head_probes.is_none() => None,
+        None => Some(HeadSection {
+            mode: if c.head == Some(HeadArg::Dense) { HeadMode::Dense } else { HeadMode::Sparse },
+            index: c.head_index.clone(),
+            probes: c.head_probes,
+        }),
+    };
+    match section.filter(|h| h.mode == HeadMode::Sparse) {
+        None => Ok(None),
+        Some(HeadSection { index: Some(index), probes, .. }) => Ok(Some((index, probes))),
+        Some(_) => bail!("--head sparse needs --head-index FILE (written by `spinfer calibrate-head`)"),
+    }
+}
+
 /// Operator-config settings that `--device cuda` does not honour, each
 /// refused by name (it reads the model, its context, `[cuda] budget_mb`
 /// and `[sparsity] file`).
@@ -370,7 +391,6 @@ fn refuse_cpu_only_settings(c: &spinfer_engine::config::Config) -> Result<()> {
     let s = c.sparsity.as_ref();
     let unsupported = [
         ("[model] precision (the GPU runs f32 activations)", c.model.precision != PrecisionSetting::Fast),
-        ("[head]", c.head.is_some()),
         ("[memory]", c.memory.is_some()),
         ("[sparsity] predictor", s.is_some_and(|s| s.predictor.is_some())),
         ("[sparsity] dense_above", s.is_some_and(|s| s.dense_above.is_some())),
@@ -389,7 +409,6 @@ fn refuse_cpu_only_flags(a: &GenerateArgs) -> Result<()> {
     let c = &a.common;
     let cpu_only = [
         ("--sparsity", c.sparsity.is_some() && a.gpu_budget_mb.is_none() && c.config.is_none()),
-        ("--head-index", c.head_index.is_some()),
         ("--precise", c.precise),
         ("--int8", c.int8),
         ("--threads", c.threads.is_some() && a.gpu_budget_mb.is_none() && c.config.is_none()),

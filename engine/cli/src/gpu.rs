@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use spinfer_engine::generate::{GenerateParams, Generation, generate_with};
 use spinfer_engine::gguf::GgufFile;
+use spinfer_engine::head::HeadIndex;
 use spinfer_engine::loader::Loader;
 use spinfer_engine::sparse::{ModelId, Sidecar};
 use spinfer_engine::tokenizer::Tokenizer;
@@ -70,7 +71,8 @@ fn load(file: &GgufFile, ctx: usize, split: Option<Split>) -> Result<GpuModel> {
 }
 
 /// Generates with the GGUF model at `path` on GPU 0 in a session of `ctx`
-/// positions, streaming text to stdout when `stream`.
+/// positions, streaming text to stdout when `stream`; with `head` = (index
+/// file, probes) through the sparse output head.
 pub fn generate(
     path: &Path,
     ctx: usize,
@@ -78,12 +80,18 @@ pub fn generate(
     params: &GenerateParams,
     stream: bool,
     split: Option<Split>,
+    head: Option<(PathBuf, Option<usize>)>,
 ) -> Result<Generation> {
     // No device, no point reading the model.
     spinfer_kernels_cuda::probe()?;
     let file = GgufFile::open(path).with_context(|| format!("--device cuda reads GGUF models: {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
-    let model = load(&file, ctx, split)?;
+    let mut model = load(&file, ctx, split)?;
+    if let Some((index, probes)) = head {
+        let index = HeadIndex::load(&index, &GpuModel::head_model(&file)?)?;
+        let probes = probes.unwrap_or(index.default_probes());
+        model.set_sparse_head(Some(index), probes)?;
+    }
     tracing::info!(device = %model.backend().device(), "model on the gpu");
     let mut session = model.new_session()?;
     let mut stdout = std::io::stdout().lock();

@@ -269,7 +269,7 @@ pub fn head_eval(a: HeadEvalArgs) -> Result<()> {
     let rows: Vec<_> = q
         .iter()
         .map(|q| {
-            serde_json::json!({"probes": q.probes, "clusters": head.index.clusters(), "row_fraction": q.row_fraction,
+            serde_json::json!({"probes": q.probes, "clusters": head.rule.index.clusters(), "row_fraction": q.row_fraction,
                 "argmax_agreement": q.agreement(), "positions": q.tv.len(), "tv_mean": q.mean_tv(),
                 "tv_p99": q.tv_quantile(0.99), "ppl": q.ppl(), "dense_ppl": q.dense_ppl()})
         })
@@ -280,7 +280,7 @@ pub fn head_eval(a: HeadEvalArgs) -> Result<()> {
     }
     println!(
         "{} clusters, {} positions ({windows} windows of {})",
-        head.index.clusters(),
+        head.rule.index.clusters(),
         q.first().map_or(0, |q| q.tv.len()),
         a.ctx
     );

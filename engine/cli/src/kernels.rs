@@ -156,8 +156,8 @@ fn print_choices(engine: &Engine, json: bool) {
         let rows = h.rows.as_ref().unwrap_or(&engine.model.weights.output);
         println!(
             "sparse head rows ({} of {} clusters, {}): gathered rows by {}",
-            h.probes,
-            h.index.clusters(),
+            h.rule.probes,
+            h.rule.index.clusters(),
             if h.rows.is_some() { "cluster-ordered copy" } else { "in place" },
             rows.rows_provider()
         );

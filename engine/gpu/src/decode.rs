@@ -44,4 +44,11 @@ impl DecodeSession for GpuDecode<'_> {
         }
         Ok(self.model.row_logits(self.session, self.last - 1)?)
     }
+
+    fn next_token_greedy(&mut self) -> spinfer_models::Result<Option<u32>> {
+        if self.last == 0 {
+            return Err(spinfer_models::Error::InvalidArgument("no tokens were run yet".into()));
+        }
+        Ok(Some(self.model.greedy_token(self.session, self.last - 1)?))
+    }
 }

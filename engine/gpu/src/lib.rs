@@ -15,7 +15,9 @@
 mod decode;
 mod ffn;
 mod fused;
+mod head;
 mod hybrid;
+mod logits;
 mod model;
 pub mod placement;
 mod proj;

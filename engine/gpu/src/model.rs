@@ -6,6 +6,7 @@
 use spinfer_formats::loader::check_dims;
 use spinfer_formats::tensor::TensorView;
 use spinfer_formats::{FfnAct, Loader, ModelConfig, RopeStyle};
+use spinfer_kernels::GgmlType;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels_cuda::{
@@ -15,7 +16,9 @@ use spinfer_kernels_cuda::{
 
 use crate::ffn::Ffn;
 use crate::fused::Input;
+use crate::head::{GpuHead, HeadBufs};
 use crate::hybrid::HostBufs;
+use crate::logits::head_tensor;
 use crate::placement::FfnPlacement;
 use crate::proj::{Part, Proj};
 use crate::slices::{at, at_mut, format_of, internal};
@@ -41,11 +44,13 @@ struct Layer {
 /// in its own [`GpuSession`].
 pub struct GpuModel {
     pub config: ModelConfig,
-    be: CudaBackend,
-    token_embd: DeviceMatrix, // (vocab, dim); also the head when tied
+    pub(crate) be: CudaBackend,
+    pub(crate) token_embd: DeviceMatrix, // (vocab, dim); also the head when tied
     layers: Vec<Layer>,
-    output_norm: DeviceBuf<f32>,  // (dim)
-    output: Option<DeviceMatrix>, // (vocab, dim); None when tied to token_embd
+    output_norm: DeviceBuf<f32>,             // (dim)
+    pub(crate) output: Option<DeviceMatrix>, // (vocab, dim); None when tied to token_embd
+    pub(crate) head_type: GgmlType,          // the head tensor's GGUF type
+    pub(crate) head: Option<GpuHead>,        // the sparse head, when set
     ctx: usize,
     cpu: Option<ThreadPool>, // the cold neurons' threads (hybrid only)
 }
@@ -55,27 +60,29 @@ pub struct GpuModel {
 /// tokens, and the decode step captured as a graph (after its first run).
 pub struct GpuSession {
     pos: usize,
-    keys: Vec<DeviceBuf<f32>>,   // per layer (ctx, kv_dim)
-    values: Vec<DeviceBuf<f32>>, // per layer (ctx, kv_dim)
-    ids: DeviceRows,             // token ids of the current step (UBATCH)
-    dpos: DeviceBuf<i32>,        // the decode step's position, read by the graph (1)
-    x: DeviceBuf<f32>,           // residual stream (UBATCH, dim)
-    x2: DeviceBuf<f32>,          // its other copy: fused steps write the sum there (UBATCH, dim)
-    xn: DeviceBuf<f32>,          // normalised input of the current block (UBATCH, dim)
-    qkv: DeviceBuf<f32>,         // projected q, k, v (UBATCH, q_dim + 2 kv_dim)
-    q: DeviceBuf<f32>,           // roped queries (UBATCH, q_dim)
-    att: DeviceBuf<f32>,         // attention output (UBATCH, q_dim)
-    gate_up: DeviceBuf<f32>,     // projected gate and up (UBATCH, 2 ffn_dim)
-    act: DeviceBuf<f32>,         // act(gate) * up (UBATCH, ffn_dim)
-    tmp: DeviceBuf<f32>,         // block output before the residual add (UBATCH, dim)
-    cold: DeviceBuf<f32>,        // the CPU's share of a split FFN's output (UBATCH, dim)
-    host: HostBufs,              // the cold side's host buffers
-    hidden: DeviceBuf<f32>,      // final-normed hidden states of the last forward call (tokens, dim)
-    last_tokens: usize,
-    logits: DeviceBuf<f32>,        // (rows requested, vocab)
-    host_logits: HostBuf<f32>,     // page-locked (vocab): one row's logits for the sampler
-    att_scratch: AttentionScratch, // the decode attention's splits
-    graph: Option<DeviceGraph>,    // one decode step (1 token, position from `dpos`)
+    keys: Vec<DeviceBuf<f32>>,         // per layer (ctx, kv_dim)
+    values: Vec<DeviceBuf<f32>>,       // per layer (ctx, kv_dim)
+    ids: DeviceRows,                   // token ids of the current step (UBATCH)
+    dpos: DeviceBuf<i32>,              // the decode step's position, read by the graph (1)
+    x: DeviceBuf<f32>,                 // residual stream (UBATCH, dim)
+    x2: DeviceBuf<f32>,                // its other copy: fused steps write the sum there (UBATCH, dim)
+    xn: DeviceBuf<f32>,                // normalised input of the current block (UBATCH, dim)
+    qkv: DeviceBuf<f32>,               // projected q, k, v (UBATCH, q_dim + 2 kv_dim)
+    q: DeviceBuf<f32>,                 // roped queries (UBATCH, q_dim)
+    att: DeviceBuf<f32>,               // attention output (UBATCH, q_dim)
+    gate_up: DeviceBuf<f32>,           // projected gate and up (UBATCH, 2 ffn_dim)
+    act: DeviceBuf<f32>,               // act(gate) * up (UBATCH, ffn_dim)
+    tmp: DeviceBuf<f32>,               // block output before the residual add (UBATCH, dim)
+    cold: DeviceBuf<f32>,              // the CPU's share of a split FFN's output (UBATCH, dim)
+    host: HostBufs,                    // the cold side's host buffers
+    pub(crate) hidden: DeviceBuf<f32>, // final-normed hidden states of the last forward call (tokens, dim)
+    pub(crate) last_tokens: usize,
+    pub(crate) logits: DeviceBuf<f32>,    // (rows requested, vocab)
+    pub(crate) host_logits: HostBuf<f32>, // page-locked (vocab): one row's logits for the sampler
+    pub(crate) best: DeviceBuf<i32>,      // the greedy token, picked on the device (1)
+    pub(crate) head: Option<HeadBufs>,    // the sparse head's buffers, once used
+    att_scratch: AttentionScratch,        // the decode attention's splits
+    graph: Option<DeviceGraph>,           // one decode step (1 token, position from `dpos`)
     use_graph: bool,
     fused: bool,
 }
@@ -217,9 +224,10 @@ impl GpuModel {
         }
         let output_norm = vector("output_norm.weight", dim)?;
         let output = (!c.tied_embeddings).then(|| matrix("output.weight", c.vocab_size, dim)).transpose()?;
+        let head_type = loader.tensor(head_tensor(&c))?.ty;
         let any_split = layers.iter().any(|l| matches!(l.ffn, Ffn::Split { .. }));
         let cpu = split.filter(|_| any_split).map(|(_, threads)| ThreadPool::new(threads));
-        Ok(Self { config: c, be, token_embd, layers, output_norm, output, ctx, cpu })
+        Ok(Self { config: c, be, token_embd, layers, output_norm, output, head_type, head: None, ctx, cpu })
     }
 
     /// The device the model runs on.
@@ -240,7 +248,10 @@ impl GpuModel {
             Ffn::Split { hot, .. } => hot.as_ref().map_or(0, |(g, d)| proj(g) + d.bytes()),
         };
         let layers: usize = self.layers.iter().map(|l| proj(&l.qkv) + l.wo.bytes() + ffn(&l.ffn)).sum();
-        layers + self.token_embd.bytes() + self.output.as_ref().map_or(0, DeviceMatrix::bytes)
+        layers
+            + self.token_embd.bytes()
+            + self.output.as_ref().map_or(0, DeviceMatrix::bytes)
+            + self.head.as_ref().map_or(0, GpuHead::device_bytes)
     }
 
     /// Bytes of the cold FFN weights kept on the CPU (0 without a split),
@@ -290,6 +301,8 @@ impl GpuModel {
             last_tokens: 0,
             logits: buf(c.vocab_size)?,
             host_logits: be.alloc_host(c.vocab_size)?,
+            best: be.alloc(1)?,
+            head: None,
             att_scratch: be.attention_scratch(GEMV_BATCHES[GEMV_BATCHES.len() - 1], c.n_heads, c.head_dim)?,
             graph: None,
             use_graph: true,
@@ -547,71 +560,5 @@ impl GpuModel {
             None => be.add_rms_norm(x, y, norm.all(), eps, out)?,
         }
         Ok(())
-    }
-
-    /// Logits of tokens `rows` (indices into the last `forward` call's
-    /// tokens), `rows.len() x vocab`, row-major, copied to the host.
-    ///
-    /// # Errors
-    ///
-    /// Rows outside the last call's tokens; device errors.
-    pub fn logits(&self, s: &mut GpuSession, rows: std::ops::Range<usize>) -> Result<Vec<f32>> {
-        let mut out = Vec::new();
-        self.logits_into(s, rows, &mut out)?;
-        Ok(out)
-    }
-
-    /// [`GpuModel::logits`] into `out` (resized), reusing its allocation.
-    ///
-    /// # Errors
-    ///
-    /// As [`GpuModel::logits`].
-    pub fn logits_into(&self, s: &mut GpuSession, rows: std::ops::Range<usize>, out: &mut Vec<f32>) -> Result<()> {
-        let (dim, vocab) = (self.config.dim, self.config.vocab_size);
-        if rows.is_empty() || rows.end > s.last_tokens {
-            return Err(GpuError::InvalidArgument(format!(
-                "logits of rows {rows:?}: the last forward call ran {} tokens",
-                s.last_tokens
-            )));
-        }
-        let n = rows.len();
-        if s.logits.len() < n * vocab {
-            s.logits = self.be.alloc(n * vocab)?;
-        }
-        let head = self.output.as_ref().unwrap_or(&self.token_embd);
-        let x = at(&s.hidden, "hidden", rows.start * dim, n * dim)?;
-        self.be.gemv_f32(head, x, n, None, at_mut(&mut s.logits, "logits", 0, n * vocab)?)?;
-        Ok(self.be.download_slice_into(at(&s.logits, "logits", 0, n * vocab)?, out)?)
-    }
-
-    /// The logits of token `row` of the last `forward` call, copied into
-    /// the session's page-locked host buffer (what a sampler reads after
-    /// each step: no allocation, no second host copy).
-    ///
-    /// # Errors
-    ///
-    /// A row outside the last call's tokens; device errors.
-    pub fn row_logits<'s>(&self, s: &'s mut GpuSession, row: usize) -> Result<&'s [f32]> {
-        let (dim, vocab) = (self.config.dim, self.config.vocab_size);
-        if row >= s.last_tokens {
-            return Err(GpuError::InvalidArgument(format!(
-                "logits of row {row}: the last forward call ran {} tokens",
-                s.last_tokens
-            )));
-        }
-        let head = self.output.as_ref().unwrap_or(&self.token_embd);
-        let x = at(&s.hidden, "hidden", row * dim, dim)?;
-        self.be.gemv_f32(head, x, 1, None, at_mut(&mut s.logits, "logits", 0, vocab)?)?;
-        Ok(self.be.download_to_host(at(&s.logits, "logits", 0, vocab)?, &mut s.host_logits)?)
-    }
-
-    /// Runs `tokens` and returns the logits of the last one.
-    ///
-    /// # Errors
-    ///
-    /// As [`GpuModel::forward`].
-    pub fn forward_last(&self, s: &mut GpuSession, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.forward(s, tokens)?;
-        self.logits(s, tokens.len() - 1..tokens.len())
     }
 }

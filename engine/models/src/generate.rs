@@ -91,6 +91,12 @@ pub trait DecodeSession {
     fn forward(&mut self, tokens: &[u32]) -> Result<()>;
     /// The logits for choosing the next token (after the last `forward`).
     fn next_token_logits(&mut self) -> Result<&[f32]>;
+    /// The greedy next token (the first largest of those logits) where the
+    /// session finds it cheaper than handing out the logits (a GPU picks
+    /// it on the device); `None`: take [`DecodeSession::next_token_logits`].
+    fn next_token_greedy(&mut self) -> Result<Option<u32>> {
+        Ok(None)
+    }
 }
 
 /// The CPU model and a session of it.
@@ -146,24 +152,42 @@ pub fn generate_with(
     let mut cont = Continuation::new(tokenizer, params, &prompt_ids)?;
     session.reset();
 
-    // Prefill: the whole prompt as one batch.
+    // Prefill: the whole prompt as one batch. Greedy without a penalty,
+    // the session may pick the token itself.
+    let greedy = cont.is_greedy();
+    let mut logits = Vec::new();
     let t = Instant::now();
     session.forward(&prompt_ids)?;
-    let mut logits = session.next_token_logits()?.to_vec();
+    let mut picked = next_choice(session, greedy, &mut logits)?;
     timings.prefill = t.elapsed();
 
     loop {
         let ts = Instant::now();
-        let next = cont.next(&logits, session.pos(), session.ctx(), on_text)?;
+        let next = match picked {
+            Some(token) => cont.next_chosen(token, session.pos(), session.ctx(), on_text)?,
+            None => cont.next(&logits, session.pos(), session.ctx(), on_text)?,
+        };
         timings.sample += ts.elapsed();
         let Some(next) = next else { break };
         let ts = Instant::now();
         session.forward(&[next])?;
-        logits.copy_from_slice(session.next_token_logits()?);
+        picked = next_choice(session, greedy, &mut logits)?;
         timings.decode += ts.elapsed();
     }
     let (text, tokens, stop_reason) = cont.finish(on_text);
     Ok(Generation { text, tokens, prompt_tokens: prompt_ids.len(), stop_reason, timings })
+}
+
+/// The session's own greedy pick when `greedy` and it has one, else its
+/// next-token logits copied into `logits`.
+fn next_choice(session: &mut dyn DecodeSession, greedy: bool, logits: &mut Vec<f32>) -> Result<Option<u32>> {
+    if greedy && let Some(token) = session.next_token_greedy()? {
+        return Ok(Some(token));
+    }
+    let l = session.next_token_logits()?;
+    logits.clear();
+    logits.extend_from_slice(l);
+    Ok(None)
 }
 
 /// The prompt's token ids (BOS per `add_bos`, else the tokenizer's
@@ -227,6 +251,29 @@ impl<'t> Continuation<'t> {
             return Ok(None);
         }
         let next = self.sampler.sample(logits, &self.history);
+        self.next_chosen(next, pos, ctx, on_text)
+    }
+
+    /// Whether the sampler is plain greedy (temperature 0, no penalty):
+    /// its pick is then the first largest logit, which a session may make
+    /// itself ([`DecodeSession::next_token_greedy`]).
+    pub fn is_greedy(&self) -> bool {
+        let p = self.sampler.params();
+        p.temperature <= 0.0 && p.repeat_penalty == 1.0
+    }
+
+    /// [`Continuation::next`] with the token already chosen (by
+    /// [`DecodeSession::next_token_greedy`], when [`Continuation::is_greedy`]).
+    pub fn next_chosen(
+        &mut self,
+        next: u32,
+        pos: usize,
+        ctx: usize,
+        on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<Option<u32>> {
+        if self.stop_reason.is_some() {
+            return Ok(None);
+        }
         if self.tokenizer.eog_ids().contains(&next) {
             return Ok(self.stop(StopReason::EndOfGeneration));
         }

@@ -392,3 +392,44 @@ extern "C" __global__ void add(float* x, const float* __restrict__ y, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
+
+// *out = the first index of the largest of x[0..n] (NaN and -inf never win;
+// 0 when nothing is above -inf): the host sampler's greedy pick, so only 4
+// bytes come back per token. One block: each thread keeps the first best of
+// its strided share, then (value, index) pairs are reduced, the larger
+// value or, equal, the lower index winning.
+__device__ __forceinline__ void better(float& bv, int& bi, float ov, int oi) {
+    if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+    }
+}
+
+extern "C" __global__ void argmax(const float* __restrict__ x, int n, int* __restrict__ out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const int none = 0x7fffffff;
+    float bv = -SP_INF;
+    int bi = none;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = x[i];
+        if (v > bv) {
+            bv = v;
+            bi = i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    if (lane == 0) {
+        sv[warp] = bv;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    bv = lane < nw ? sv[lane] : -SP_INF;
+    bi = lane < nw ? si[lane] : none;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    if (lane == 0) out[0] = bi == none ? 0 : bi;
+}

@@ -98,15 +98,15 @@ fn measure(
     let dense_nll = nll(logits, target);
     let best = (0..vocab).max_by(|&x, &y| logits[x].total_cmp(&logits[y]).then(y.cmp(&x))).unwrap_or(0);
     top_p_distribution(logits, &mut b.dense_p);
-    let key = |c: u32| head.rank_key(c as usize, scores[c as usize]);
+    let key = |c: u32| head.rule.rank_key(c as usize, scores[c as usize]);
     b.order.clear();
     b.order.extend(0..k as u32);
     b.order.sort_unstable_by(|&x, &y| key(y).total_cmp(&key(x)).then(x.cmp(&y)));
     // Probed prefix by prefix: the running best exact row, and the sparse
     // logit vector (stand-ins, then the exact rows).
     for (c, &s) in scores.iter().enumerate() {
-        let v = head.stand_in(c, s);
-        head.index.members(c).iter().for_each(|&r| b.sparse[r as usize] = v);
+        let v = head.rule.stand_in(c, s);
+        head.rule.index.members(c).iter().for_each(|&r| b.sparse[r as usize] = v);
     }
     b.position += 1;
     let (mut top, mut rows) = ((f32::NEG_INFINITY, 0u32), 0usize);
@@ -121,12 +121,12 @@ fn measure(
             *top = (l, r);
         }
     };
-    for &r in head.index.hot() {
+    for &r in head.rule.index.hot() {
         exact(r, b, &mut top, &mut rows);
     }
     for i in 0..max_p {
         let c = b.order[i] as usize;
-        for &r in head.index.members(c) {
+        for &r in head.rule.index.members(c) {
             exact(r, b, &mut top, &mut rows);
         }
         for qp in q.iter_mut().filter(|qp| qp.probes == i + 1) {
@@ -209,7 +209,7 @@ pub fn evaluate(
     probes: &[usize],
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Vec<HeadQuality>> {
-    let (vocab, k) = (model.config.vocab_size, head.index.clusters());
+    let (vocab, k) = (model.config.vocab_size, head.rule.index.clusters());
     if let Some(&p) = probes.iter().find(|&&p| p == 0 || p > k) {
         return Err(Error::InvalidArgument(format!("probe counts must be in 1..={k}, got {p}")));
     }

@@ -10,8 +10,9 @@ use spinfer_kernels::pool::ThreadPool;
 use super::{
     HeadBuildOptions, HeadCalibration, HeadIndex, HeadModel, HiddenMoment, frequent_tokens, kmeans, rows, rows_path,
 };
-use crate::model::{Model, Session};
+use crate::model::{Model, ModelConfig, Session};
 use crate::{Error, Result};
+use spinfer_formats::tensor::TensorData;
 
 impl HeadCalibration {
     /// The `hot` most frequent of `tokens` as hot rows, and the hidden
@@ -28,6 +29,35 @@ impl HeadCalibration {
     }
 }
 
+impl HeadModel {
+    /// The head tensor `tensor` (GGML type `tensor_type`, bytes `data`)
+    /// of a model with hyper-parameters `config`, as an index names it.
+    /// Bytes borrowed from the file mapping have their pages released as
+    /// they are hashed (re-read when touched).
+    pub fn of_tensor(config: &ModelConfig, tensor: &str, tensor_type: &str, data: &TensorData) -> Self {
+        // Hashed in slices of 8 MiB, each released after (the peak
+        // resident set grows by one slice, not the whole head).
+        let mut hasher = Sha256::new();
+        for part in data.bytes().chunks(8 << 20) {
+            hasher.update(part);
+            if data.is_mapped() {
+                // SAFETY: `is_mapped`: the bytes borrow the model's
+                // read-only file mapping.
+                unsafe { spinfer_formats::tensor::release_pages(part) };
+            }
+        }
+        let digest = hasher.finalize();
+        Self {
+            arch: format!("{:?}", config.arch).to_lowercase(),
+            vocab_size: config.vocab_size,
+            dim: config.dim,
+            tensor: tensor.to_string(),
+            tensor_type: tensor_type.to_string(),
+            sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
+        }
+    }
+}
+
 impl HeadIndex {
     /// Which head `model` has: its shape, tensor and the sha256 of its
     /// bytes. Reading them all for the hash would leave the whole head in
@@ -35,26 +65,7 @@ impl HeadIndex {
     /// head's pages are released as they are hashed (re-read when touched).
     pub fn model_of(model: &Model) -> HeadModel {
         let out = &model.weights.output;
-        // Hashed in slices of 8 MiB, each released after (the peak
-        // resident set grows by one slice, not the whole head).
-        let mut hasher = Sha256::new();
-        for part in out.raw_weights().chunks(8 << 20) {
-            hasher.update(part);
-            if out.w.is_mapped() {
-                // SAFETY: `is_mapped`: the head's bytes borrow the model's
-                // read-only file mapping.
-                unsafe { spinfer_formats::tensor::release_pages(part) };
-            }
-        }
-        let digest = hasher.finalize();
-        HeadModel {
-            arch: format!("{:?}", model.config.arch).to_lowercase(),
-            vocab_size: model.config.vocab_size,
-            dim: model.config.dim,
-            tensor: out.name.clone(),
-            tensor_type: out.desc.wtype.name().to_string(),
-            sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
-        }
+        HeadModel::of_tensor(&model.config, &out.name, out.desc.wtype.name(), &out.w)
     }
 
     /// Clusters `model`'s head rows other than `calib`'s hot ones, in

@@ -34,12 +34,14 @@ mod file;
 mod kmeans;
 mod metric;
 mod rows;
+mod rule;
 mod sparse;
 
 pub use file::HeadModel;
 pub use metric::HiddenMoment;
 pub use rows::rows_path;
-pub use sparse::{HeadScratch, HeadStats, SparseHead};
+pub use rule::{HeadRule, HeadScratch, HeadShape, HeadStats};
+pub use sparse::SparseHead;
 
 use crate::{Error, Result};
 use spinfer_formats::tensor::TensorData;
