@@ -104,7 +104,8 @@ for line in sys.stdin:
     printf "$base$packs" > "$STAGE/packs.toml"
     printf "$base${packs}history = \"$STAGE/history\"\n" > "$STAGE/tuned.toml"
     echo "== spinfer kernels (the pack registered)"
-    "$sp" kernels --config "$STAGE/packs.toml" 2>&1 | head -4 | tee "$out/kernels.txt"
+    "$sp" kernels --config "$STAGE/packs.toml" > "$out/kernels.txt" 2>&1
+    head -4 "$out/kernels.txt"
     echo "== spinfer tune"
     "$sp" tune --config "$STAGE/packs.toml" --history "$STAGE/history" --quiet 2>&1 | tee "$out/tune.txt"
     for round in 1 2; do
