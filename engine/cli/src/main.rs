@@ -63,6 +63,9 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        end_quietly_on_closed_stdout();
+    }
     let quiet = match &cli.command {
         Command::Generate(a) => a.common.quiet,
         Command::Perplexity(a) => a.common.quiet,
@@ -101,6 +104,18 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Output piped into a reader that stops early (`spinfer kernels | head`)
+/// ends the process as it ends `cat`, by SIGPIPE, instead of a panic in
+/// `println!` (Rust ignores SIGPIPE by default). Not for `serve`, whose
+/// writes to closed client sockets must stay errors.
+fn end_quietly_on_closed_stdout() {
+    // SAFETY: called from main before any thread is started; SIG_DFL is a
+    // valid disposition for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

@@ -228,3 +228,22 @@ fn kernels_lists_the_cuda_provider_with_its_score() {
         Err(why) => assert_eq!(line, format!("cuda (spinfer-kernels-cuda): score 0: {why}")),
     }
 }
+
+/// A reader that has gone (`spinfer inspect MODEL | head -0`) ends the
+/// process by SIGPIPE, as it ends `cat`, not with a panic message.
+#[test]
+fn closed_stdout_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let Some(m) = spinfer_test_support::smollm2() else { return };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spinfer"))
+        .args(["inspect", m.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {stderr}", out.status);
+}
