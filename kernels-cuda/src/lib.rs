@@ -47,8 +47,8 @@ pub use format::{
 };
 pub use fused::{GluAct, Prologue};
 pub use ops::{
-    AttentionScratch, AttentionShape, DECODE_TOKENS, KvCache, MAX_ATTENTION_POSITIONS, Position, QkNorm, QkvRows,
-    RopePairs, RopeShape,
+    ARGMAX_SCRATCH, AttentionScratch, AttentionShape, DECODE_TOKENS, KvCache, MAX_ATTENTION_POSITIONS, Position,
+    QkNorm, QkvRows, RopePairs, RopeShape,
 };
 pub use synthetic::{synthetic_acts, synthetic_matrix};
 

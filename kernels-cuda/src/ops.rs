@@ -13,6 +13,14 @@ use crate::{CudaBackend, Result};
 /// memory (48 KiB, less the query, the reductions and the partial sums).
 pub const MAX_ATTENTION_POSITIONS: usize = 11_520;
 
+/// Most blocks the arg-max's first pass runs, and threads per block.
+const ARGMAX_BLOCKS: usize = 256;
+const ARGMAX_THREADS: u32 = 256;
+
+/// Values [`CudaBackend::argmax`]'s output holds: the result and the
+/// blocks' (value, index) pairs.
+pub const ARGMAX_SCRATCH: usize = 1 + 2 * ARGMAX_BLOCKS;
+
 /// Threads per attention block (`ATT_THREADS` in ops.cu).
 const ATT_THREADS: usize = 256;
 
@@ -552,19 +560,35 @@ impl CudaBackend {
     /// `out[0]` = the first index of the largest value of `x` (NaN never
     /// wins; 0 when none is above -inf): the host sampler's greedy pick,
     /// made on the device so that 4 bytes come back instead of the logits.
+    /// `out` also holds the blocks' partial results: at least
+    /// [`ARGMAX_SCRATCH`] values.
     ///
     /// # Errors
     ///
-    /// [`crate::CudaError::Shape`] when `x` is empty or `out` has no room.
+    /// [`crate::CudaError::Shape`] when `x` is empty or `out` is short.
     pub fn argmax(&self, x: Slice<'_, f32>, out: SliceMut<'_, i32>) -> Result<()> {
-        if x.len == 0 || out.len == 0 {
-            return Err(shape_err("argmax", format!("{} values into {}", x.len, out.len)));
+        if x.len == 0 || out.len < ARGMAX_SCRATCH {
+            return Err(shape_err("argmax", format!("{} values into {} (at least {ARGMAX_SCRATCH})", x.len, out.len)));
         }
-        let args =
-            [KArg::Ptr(self.ptr_of(&x)), KArg::I32(int(x.len, "elements")?), KArg::Ptr(self.ptr(out.buf, out.offset))];
-        let grid = Grid { blocks: (1, 1), threads: 1024, smem: 0 };
-        // SAFETY: follows argmax(x, n, out): x holds n values, out one.
-        unsafe { self.inner.launch(Module::Ops, "argmax", grid, &args) }
+        // Blocks of at least 4 elements per thread, at most ARGMAX_BLOCKS.
+        let chunk = x.len.div_ceil(ARGMAX_BLOCKS).max(4 * ARGMAX_THREADS as usize);
+        let blocks = x.len.div_ceil(chunk);
+        let (out_ptr, part_ptr) = (self.ptr(out.buf, out.offset), self.ptr(out.buf, out.offset + 1));
+        let args = [
+            KArg::Ptr(self.ptr_of(&x)),
+            KArg::I32(int(x.len, "elements")?),
+            KArg::I32(int(chunk, "chunk")?),
+            KArg::Ptr(part_ptr),
+        ];
+        let grid = Grid { blocks: (blocks as u32, 1), threads: ARGMAX_THREADS, smem: 0 };
+        // SAFETY: follows argmax_part(x, n, chunk, part): x holds n values;
+        // part (out from element 1) holds 2 per block, blocks <= ARGMAX_BLOCKS.
+        unsafe { self.inner.launch(Module::Ops, "argmax_part", grid, &args)? };
+        let args = [KArg::Ptr(part_ptr), KArg::I32(blocks as i32), KArg::Ptr(out_ptr)];
+        let grid = Grid { blocks: (1, 1), threads: ARGMAX_THREADS, smem: 0 };
+        // SAFETY: follows argmax_final(part, blocks, out): part holds the
+        // pairs argmax_part wrote, out one value before them.
+        unsafe { self.inner.launch(Module::Ops, "argmax_final", grid, &args) }
     }
 
     /// `out[t] = s · W[ids[t]]` for the first `n` indices (the embedding

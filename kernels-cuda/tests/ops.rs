@@ -8,8 +8,8 @@ mod support;
 use spinfer_kernels::GgmlType;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels_cuda::{
-    AttentionShape, KvCache, Position, QkNorm, QkvRows, RopePairs, RopeShape, WeightFormat, synthetic_acts,
-    synthetic_matrix,
+    ARGMAX_SCRATCH, AttentionShape, KvCache, Position, QkNorm, QkvRows, RopePairs, RopeShape, WeightFormat,
+    synthetic_acts, synthetic_matrix,
 };
 use support::backend;
 
@@ -361,7 +361,8 @@ fn argmax_picks_the_first_largest_and_skips_nan() {
         (rng >> 40) as f32 / (1u64 << 24) as f32 * 20.0 - 10.0
     };
     let mut cases: Vec<(String, Vec<f32>)> = Vec::new();
-    for n in [1usize, 31, 1000, 49_152, 262_144] {
+    // One block, several, and the most blocks with long chunks.
+    for n in [1usize, 31, 1000, 1025, 49_152, 262_144, 1_000_003] {
         let x: Vec<f32> = (0..n).map(|_| next()).collect();
         cases.push((format!("random {n}"), x.clone()));
         // Ties: the largest value again at a later and an earlier index
@@ -381,7 +382,7 @@ fn argmax_picks_the_first_largest_and_skips_nan() {
     cases.push(("-inf then a value".into(), [vec![f32::NEG_INFINITY; 2047], vec![-1e30]].concat()));
     cases
         .push(("+inf twice".into(), [vec![0.0; 700], vec![f32::INFINITY], vec![1.0; 9], vec![f32::INFINITY]].concat()));
-    let mut out = be.upload(&[-7i32]).unwrap();
+    let mut out = be.upload(&vec![-7i32; ARGMAX_SCRATCH]).unwrap();
     for (what, x) in &cases {
         let dx = be.upload(x).unwrap();
         be.argmax(dx.all(), out.all_mut()).unwrap();
@@ -389,4 +390,5 @@ fn argmax_picks_the_first_largest_and_skips_nan() {
     }
     let empty = be.alloc::<f32>(1).unwrap();
     assert!(be.argmax(empty.at(0, 0).unwrap(), out.all_mut()).is_err());
+    assert!(be.argmax(empty.all(), out.at_mut(0, ARGMAX_SCRATCH - 1).unwrap()).is_err());
 }

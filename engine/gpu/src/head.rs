@@ -66,21 +66,38 @@ impl GpuHead {
         x: Slice<'_, f32>,
         b: &'b mut HeadBufs,
     ) -> Result<&'b [f32]> {
-        // Score the cluster means on the device; rank them and choose the
-        // rows on the host.
+        let bytes = self.exact_rows(be, head, x, b)?;
+        // Stand-ins for the rest, the exact logits over them.
+        self.rule.fill(&mut b.host, false, &mut b.logits, bytes);
+        Ok(&b.logits)
+    }
+
+    /// The greedy token of [`GpuHead::logits`]' vector, from the exact rows
+    /// alone (no vector filled).
+    pub(crate) fn greedy(
+        &self,
+        be: &CudaBackend,
+        head: &DeviceMatrix,
+        x: Slice<'_, f32>,
+        b: &mut HeadBufs,
+    ) -> Result<u32> {
+        let bytes = self.exact_rows(be, head, x, b)?;
+        Ok(self.rule.pick(&mut b.host, false, bytes))
+    }
+
+    /// Scores the cluster means on the device, ranks them and chooses the
+    /// rows on the host, computes those rows of `head` on the device and
+    /// brings their logits back (into `b.host`); the bytes read.
+    fn exact_rows(&self, be: &CudaBackend, head: &DeviceMatrix, x: Slice<'_, f32>, b: &mut HeadBufs) -> Result<usize> {
         let k = self.rule.index.clusters();
         be.gemv_f32(&self.centroids, x, 1, None, b.scores.all_mut())?;
         be.download_to(b.scores.all(), b.host.scores_mut(k))?;
         self.rule.select(&mut b.host, false);
-        // The chosen rows of the head on the device, their logits back.
         be.write_rows(&mut b.rows, b.host.rows())?;
         let n = b.rows.len();
         be.gemv_f32(head, x, 1, Some(&b.rows), at_mut(&mut b.exact, "exact", 0, n)?)?;
         be.download_to(at(&b.exact, "exact", 0, n)?, b.host.exact_mut())?;
-        // Stand-ins for the rest, the exact logits over them.
-        let bytes = n * head.bytes() / head.shape().0 + self.centroids.bytes();
-        self.rule.fill(&mut b.host, false, &mut b.logits, bytes);
-        Ok(&b.logits)
+        Ok(n * head.bytes() / head.shape().0 + self.centroids.bytes())
     }
 }
 

@@ -4,9 +4,10 @@
 
 use spinfer_formats::{Loader, ModelConfig};
 use spinfer_models::head::{HeadIndex, HeadModel, HeadShape, HeadStats};
-use spinfer_models::sampling::argmax_logits;
 
-use crate::head::GpuHead;
+use spinfer_kernels_cuda::CudaBackend;
+
+use crate::head::{GpuHead, HeadBufs};
 use crate::slices::{at, at_mut};
 use crate::{GpuError, GpuModel, GpuSession, Result};
 
@@ -68,10 +69,7 @@ impl GpuModel {
         let head = self.output.as_ref().unwrap_or(&self.token_embd);
         let x = at(&s.hidden, "hidden", row * dim, dim)?;
         if let Some(h) = &self.head {
-            if !s.head.as_ref().is_some_and(|b| b.fits(h)) {
-                s.head = Some(h.buffers(&self.be, vocab)?);
-            }
-            let bufs = s.head.as_mut().ok_or_else(|| GpuError::InvalidArgument("no head buffers".into()))?;
+            let bufs = Self::head_bufs(&self.be, h, &mut s.head, vocab)?;
             return h.logits(&self.be, head, x, bufs);
         }
         self.be.gemv_f32(head, x, 1, None, at_mut(&mut s.logits, "logits", 0, vocab)?)?;
@@ -87,18 +85,34 @@ impl GpuModel {
     ///
     /// As [`GpuModel::row_logits`].
     pub fn greedy_token(&self, s: &mut GpuSession, row: usize) -> Result<u32> {
-        if self.head.is_some() {
-            return Ok(argmax_logits(self.row_logits(s, row)?));
-        }
         let (dim, vocab) = (self.config.dim, self.config.vocab_size);
         self.check_row(s, row)?;
         let head = self.output.as_ref().unwrap_or(&self.token_embd);
         let x = at(&s.hidden, "hidden", row * dim, dim)?;
+        if let Some(h) = &self.head {
+            let bufs = Self::head_bufs(&self.be, h, &mut s.head, vocab)?;
+            return h.greedy(&self.be, head, x, bufs);
+        }
         self.be.gemv_f32(head, x, 1, None, at_mut(&mut s.logits, "logits", 0, vocab)?)?;
         self.be.argmax(at(&s.logits, "logits", 0, vocab)?, s.best.all_mut())?;
         let mut best = [0i32];
-        self.be.download_to(s.best.all(), &mut best)?;
+        let first = s.best.at(0, 1).ok_or_else(|| GpuError::InvalidArgument("no arg-max buffer".into()))?;
+        self.be.download_to(first, &mut best)?;
         u32::try_from(best[0]).map_err(|_| GpuError::InvalidArgument(format!("arg-max {} from the device", best[0])))
+    }
+
+    /// The session's buffers for sparse head `h`, made on first use (or
+    /// for another index).
+    fn head_bufs<'b>(
+        be: &CudaBackend,
+        h: &GpuHead,
+        slot: &'b mut Option<HeadBufs>,
+        vocab: usize,
+    ) -> Result<&'b mut HeadBufs> {
+        if !slot.as_ref().is_some_and(|b| b.fits(h)) {
+            *slot = Some(h.buffers(be, vocab)?);
+        }
+        slot.as_mut().ok_or_else(|| GpuError::InvalidArgument("no sparse head buffers".into()))
     }
 
     fn check_row(&self, s: &GpuSession, row: usize) -> Result<()> {

@@ -10,8 +10,8 @@ use spinfer_kernels::GgmlType;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::pool::ThreadPool;
 use spinfer_kernels_cuda::{
-    AttentionScratch, AttentionShape, CudaBackend, DeviceBuf, DeviceGraph, DeviceMatrix, DeviceRows, GEMV_BATCHES,
-    GluAct, HostBuf, KvCache, Position, Prologue, QkNorm, QkvRows, RopePairs, RopeShape,
+    ARGMAX_SCRATCH, AttentionScratch, AttentionShape, CudaBackend, DeviceBuf, DeviceGraph, DeviceMatrix, DeviceRows,
+    GEMV_BATCHES, GluAct, HostBuf, KvCache, Position, Prologue, QkNorm, QkvRows, RopePairs, RopeShape,
 };
 
 use crate::ffn::Ffn;
@@ -79,7 +79,7 @@ pub struct GpuSession {
     pub(crate) last_tokens: usize,
     pub(crate) logits: DeviceBuf<f32>,    // (rows requested, vocab)
     pub(crate) host_logits: HostBuf<f32>, // page-locked (vocab): one row's logits for the sampler
-    pub(crate) best: DeviceBuf<i32>,      // the greedy token, picked on the device (1)
+    pub(crate) best: DeviceBuf<i32>,      // the greedy token, picked on the device, then its scratch
     pub(crate) head: Option<HeadBufs>,    // the sparse head's buffers, once used
     att_scratch: AttentionScratch,        // the decode attention's splits
     graph: Option<DeviceGraph>,           // one decode step (1 token, position from `dpos`)
@@ -301,7 +301,7 @@ impl GpuModel {
             last_tokens: 0,
             logits: buf(c.vocab_size)?,
             host_logits: be.alloc_host(c.vocab_size)?,
-            best: be.alloc(1)?,
+            best: be.alloc(ARGMAX_SCRATCH)?,
             head: None,
             att_scratch: be.attention_scratch(GEMV_BATCHES[GEMV_BATCHES.len() - 1], c.n_heads, c.head_dim)?,
             graph: None,

@@ -1,6 +1,6 @@
 //! The sparse output head and the device's greedy pick on the GPU, against
-//! the CPU engine (precise mode, the same index): SmolLM2-135M-Instruct on
-//! the 6 reference prompts.
+//! the CPU engine (precise mode, the same index): SmolLM2-135M-Instruct and
+//! Gemma 3 270M on their 6 reference prompts.
 //!
 //! Without a device (CI) every test says why it is skipped; with
 //! `SPINFER_EXPECT_GPU=1` a missing device fails instead.
@@ -8,6 +8,7 @@
 mod common;
 
 use std::ops::ControlFlow;
+use std::path::Path;
 
 use common::{cpu_engine, gpu_model, max_abs_diff};
 use spinfer_engine::Engine;
@@ -17,44 +18,41 @@ use spinfer_engine::head::{HeadBuildOptions, HeadCalibration, HeadIndex};
 use spinfer_engine::registry::KernelRegistry;
 use spinfer_engine::sampling::{SamplerParams, argmax_logits};
 use spinfer_gpu::{GpuDecode, GpuModel};
-use spinfer_tests::{data, reference, smollm2};
+use spinfer_tests::{Reference, data, gemma3, gemma3_reference, reference, smollm2};
 
-/// A quickly built index of `e`'s head (64 rows per cluster, 2,048 hot
+/// A quickly built index of `e`'s head (64 rows per cluster, `hot` hot
 /// rows, the metric of 1,024 positions of WikiText-2 past the evaluation
 /// windows, 2 rounds), saved to `path`.
-fn build_index(e: &Engine, path: &std::path::Path) {
+fn build_index(e: &Engine, hot: usize, path: &Path) {
     let bytes = std::fs::read(data("wikitext-2-raw/wiki.test.raw")).unwrap();
     let calib = String::from_utf8_lossy(&bytes[300_000..]).replace("\r\n", "\n");
     let tokens = e.tokenizer.encode(&calib, false).unwrap();
     let mut s = e.new_session();
-    let calib = HeadCalibration::from_tokens(&e.model, &mut s, &tokens, 2048, 1024).unwrap();
+    let calib = HeadCalibration::from_tokens(&e.model, &mut s, &tokens, hot, 1024).unwrap();
     let o = HeadBuildOptions { cluster_rows: 64, iters: 2, ..HeadBuildOptions::default() };
     HeadIndex::build(&e.model, s.pool(), &o, &calib, &mut |_, _| {}).unwrap().save(path).unwrap();
 }
 
-fn greedy_params(n: usize) -> GenerateParams {
-    GenerateParams { max_tokens: n, sampler: SamplerParams::greedy(), stop: vec![], add_bos: Some(false) }
+fn greedy_params(n: usize, add_bos: bool) -> GenerateParams {
+    GenerateParams { max_tokens: n, sampler: SamplerParams::greedy(), stop: vec![], add_bos: Some(add_bos) }
 }
 
 /// The GPU's sparse head hands the sampler the CPU engine's sparse logits
 /// (the same clusters probed but for rounding at the edge, its computed
 /// rows equal to the dense head's, every stand-in below the best of them)
 /// and greedy decoding through it gives the CPU's tokens.
-#[test]
-fn sparse_head_matches_the_cpu_engines() {
-    let Some(path) = smollm2() else { return };
-    let Some(mut m) = gpu_model(&path, 512) else { return };
-    let mut cpu = cpu_engine(&path, 512);
+fn sparse_head_matches_the_cpu_engines(path: &Path, r: &Reference, add_bos: bool, hot: usize) {
+    let Some(mut m) = gpu_model(path, 512) else { return };
+    let mut cpu = cpu_engine(path, 512);
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("smollm2.head");
-    build_index(&cpu, &file);
-    let want = GpuModel::head_model(&GgufFile::open(&path).unwrap()).unwrap();
+    let file = dir.path().join("model.head");
+    build_index(&cpu, hot, &file);
+    let want = GpuModel::head_model(&GgufFile::open(path).unwrap()).unwrap();
     assert_eq!(want, HeadIndex::model_of(&cpu.model), "the GPU names the head as the CPU does");
     let (gpu_index, cpu_index) = (HeadIndex::load(&file, &want).unwrap(), HeadIndex::load(&file, &want).unwrap());
     let probes = gpu_index.default_probes();
     m.set_sparse_head(Some(gpu_index), probes).unwrap();
     cpu.model.set_sparse_head(Some(cpu_index), probes, &KernelRegistry::builtin()).unwrap();
-    let r = reference();
     for (i, p) in r.prompts.iter().enumerate() {
         let mut s = m.new_session().unwrap();
         m.forward(&mut s, &p.input_ids).unwrap();
@@ -92,7 +90,7 @@ fn sparse_head_matches_the_cpu_engines() {
     }
     // Greedy continuations through the generation loop.
     for (i, p) in r.prompts.iter().enumerate() {
-        let params = greedy_params(p.greedy_ids.len());
+        let params = greedy_params(p.greedy_ids.len(), add_bos);
         let mut s = m.new_session().unwrap();
         let g = generate_with(&mut GpuDecode::new(&m, &mut s), &cpu.tokenizer, &p.text, &params, &mut |_| {
             ControlFlow::Continue(())
@@ -106,16 +104,26 @@ fn sparse_head_matches_the_cpu_engines() {
     }
 }
 
+#[test]
+fn smollm2_sparse_head_matches_the_cpu_engines() {
+    let Some(path) = smollm2() else { return };
+    sparse_head_matches_the_cpu_engines(&path, &reference(), false, 2048);
+}
+
+#[test]
+fn gemma3_sparse_head_matches_the_cpu_engines() {
+    let Some(path) = gemma3() else { return };
+    sparse_head_matches_the_cpu_engines(&path, &gemma3_reference(), true, 4096);
+}
+
 /// `generate --temp 0` on the GPU (the token picked on the device each
 /// step) gives the CPU engine's greedy continuations, and the device's pick
 /// equals the sampler's over the logits at every step.
-#[test]
-fn device_greedy_pick_equals_the_samplers() {
-    let Some(path) = smollm2() else { return };
-    let Some(m) = gpu_model(&path, 512) else { return };
-    let cpu = cpu_engine(&path, 512);
-    for (i, p) in reference().prompts.iter().enumerate() {
-        let params = greedy_params(p.greedy_ids.len());
+fn device_greedy_pick_equals_the_samplers(path: &Path, r: &Reference, add_bos: bool) {
+    let Some(m) = gpu_model(path, 512) else { return };
+    let cpu = cpu_engine(path, 512);
+    for (i, p) in r.prompts.iter().enumerate() {
+        let params = greedy_params(p.greedy_ids.len(), add_bos);
         let mut s = m.new_session().unwrap();
         let g = generate_with(&mut GpuDecode::new(&m, &mut s), &cpu.tokenizer, &p.text, &params, &mut |_| {
             ControlFlow::Continue(())
@@ -138,4 +146,16 @@ fn device_greedy_pick_equals_the_samplers() {
             row = 0;
         }
     }
+}
+
+#[test]
+fn smollm2_device_greedy_pick_equals_the_samplers() {
+    let Some(path) = smollm2() else { return };
+    device_greedy_pick_equals_the_samplers(&path, &reference(), false);
+}
+
+#[test]
+fn gemma3_device_greedy_pick_equals_the_samplers() {
+    let Some(path) = gemma3() else { return };
+    device_greedy_pick_equals_the_samplers(&path, &gemma3_reference(), true);
 }

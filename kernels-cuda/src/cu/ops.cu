@@ -393,11 +393,15 @@ extern "C" __global__ void add(float* x, const float* __restrict__ y, int n) {
     if (i < n) x[i] += y[i];
 }
 
-// *out = the first index of the largest of x[0..n] (NaN and -inf never win;
-// 0 when nothing is above -inf): the host sampler's greedy pick, so only 4
-// bytes come back per token. One block: each thread keeps the first best of
-// its strided share, then (value, index) pairs are reduced, the larger
-// value or, equal, the lower index winning.
+// The first index of the largest of x[0..n] (NaN and -inf never win; 0 when
+// nothing is above -inf): the host sampler's greedy pick, so only 4 bytes
+// come back per token. Two launches: block b of argmax_part keeps the first
+// best of x[b * chunk ..) in part[2b] (its bits) and part[2b + 1] (its
+// index), then argmax_final reduces the blocks' pairs into *out. Pairs are
+// reduced by the larger value or, equal, the lower index; each thread walks
+// its indices in ascending order, so a tie keeps the earlier.
+#define ARGMAX_NONE 0x7fffffff
+
 __device__ __forceinline__ void better(float& bv, int& bi, float ov, int oi) {
     if (ov > bv || (ov == bv && oi < bi)) {
         bv = ov;
@@ -405,31 +409,50 @@ __device__ __forceinline__ void better(float& bv, int& bi, float ov, int oi) {
     }
 }
 
-extern "C" __global__ void argmax(const float* __restrict__ x, int n, int* __restrict__ out) {
+// The block's best pair in (bv, bi) of thread 0.
+__device__ __forceinline__ void block_best(float& bv, int& bi) {
     __shared__ float sv[32];
     __shared__ int si[32];
-    const int none = 0x7fffffff;
-    float bv = -SP_INF;
-    int bi = none;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = x[i];
-        if (v > bv) {
-            bv = v;
-            bi = i;
-        }
-    }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    for (int o = 16; o > 0; o >>= 1)
+        better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     if (lane == 0) {
         sv[warp] = bv;
         si[warp] = bi;
     }
     __syncthreads();
-    if (warp != 0) return;
-    bv = lane < nw ? sv[lane] : -SP_INF;
-    bi = lane < nw ? si[lane] : none;
+    if (warp == 0) {
+        bv = lane < nw ? sv[lane] : -SP_INF;
+        bi = lane < nw ? si[lane] : ARGMAX_NONE;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-    if (lane == 0) out[0] = bi == none ? 0 : bi;
+        for (int o = 16; o > 0; o >>= 1)
+            better(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    }
+}
+
+extern "C" __global__ void argmax_part(const float* __restrict__ x, int n, int chunk, int* __restrict__ part) {
+    const int start = blockIdx.x * chunk, end = min(n, start + chunk);
+    float bv = -SP_INF;
+    int bi = ARGMAX_NONE;
+    for (int i = start + threadIdx.x; i < end; i += blockDim.x) {
+        const float v = x[i];
+        if (v > bv) {
+            bv = v;
+            bi = i;
+        }
+    }
+    block_best(bv, bi);
+    if (threadIdx.x == 0) {
+        part[2 * blockIdx.x] = __float_as_int(bv);
+        part[2 * blockIdx.x + 1] = bi;
+    }
+}
+
+extern "C" __global__ void argmax_final(const int* __restrict__ part, int blocks, int* __restrict__ out) {
+    float bv = -SP_INF;
+    int bi = ARGMAX_NONE;
+    for (int b = threadIdx.x; b < blocks; b += blockDim.x) better(bv, bi, __int_as_float(part[2 * b]), part[2 * b + 1]);
+    block_best(bv, bi);
+    if (threadIdx.x == 0) out[0] = bi == ARGMAX_NONE ? 0 : bi;
 }

@@ -186,6 +186,30 @@ impl HeadRule {
     }
 }
 
+impl HeadRule {
+    /// The greedy pick from the exact logits of [`HeadScratch::rows`] in
+    /// [`HeadScratch::exact_mut`], without filling a logit vector: the
+    /// token [`HeadRule::fill`]'s vector has its first largest logit at
+    /// (no stand-in reaches the best exact logit; 0 when no exact logit
+    /// is above -inf, as the sampler's rule gives). Counts the token in the
+    /// stats, with `bytes` read for it.
+    pub fn pick(&self, hs: &mut HeadScratch, in_copy: bool, bytes: usize) -> u32 {
+        let n = hs.rows.len();
+        let vocab_row = |p: u32| if in_copy { self.index.members[p as usize] } else { p };
+        let mut best: Option<(u32, f32)> = None;
+        for (&p, &v) in hs.rows.iter().zip(&hs.exact[..n]) {
+            let r = vocab_row(p);
+            if v > f32::NEG_INFINITY && best.is_none_or(|(br, bv)| v > bv || (v == bv && r < br)) {
+                best = Some((r, v));
+            }
+        }
+        hs.stats.tokens += 1;
+        hs.stats.rows += n as u64;
+        hs.stats.bytes += bytes as u64;
+        best.map_or(0, |(r, _)| r)
+    }
+}
+
 /// A session's buffers and counters for the sparse head.
 #[derive(Default)]
 pub struct HeadScratch {
@@ -235,4 +259,97 @@ pub struct HeadStats {
     pub rows: u64,
     /// Head bytes read (rows plus cluster means), summed.
     pub bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::head::HeadModel;
+    use crate::sampling::argmax_logits;
+
+    /// An index of `vocab` rows: `hot` hot rows, the rest dealt into
+    /// `k` clusters by a shuffle; random means and spreads.
+    fn index(vocab: usize, dim: usize, k: usize, hot: usize, seed: u64) -> HeadIndex {
+        let mut s = seed;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut perm: Vec<u32> = (0..vocab as u32).collect();
+        for i in (1..vocab).rev() {
+            perm.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        let mut members: Vec<u32> = perm[..hot].to_vec();
+        members.sort_unstable();
+        let mut offsets = vec![hot as u32];
+        let rest = &perm[hot..];
+        for c in 0..k {
+            let mut m: Vec<u32> = rest.iter().skip(c).step_by(k).copied().collect();
+            m.sort_unstable();
+            members.extend(m);
+            offsets.push(members.len() as u32);
+        }
+        let model = HeadModel {
+            arch: "llama".into(),
+            vocab_size: vocab,
+            dim,
+            tensor: "output.weight".into(),
+            tensor_type: "q8_0".into(),
+            sha256: String::new(),
+        };
+        HeadIndex {
+            model,
+            offsets,
+            members,
+            means: (0..k * dim).map(|_| (next() % 1000) as f32 / 500.0 - 1.0).collect(),
+            spread: (0..k).map(|_| (next() % 100) as f32 / 50.0).collect(),
+            metric_positions: 0,
+            default_probes: 1,
+            rows: None,
+            rows_sha256: None,
+            iters: 0,
+            seed: 0,
+        }
+    }
+
+    /// The greedy pick from the exact rows equals the sampler's arg-max of
+    /// the filled vector, in both row modes, with ties, -inf and NaN among
+    /// the exact logits.
+    #[test]
+    fn pick_equals_the_argmax_of_the_filled_logits() {
+        let (vocab, dim, k) = (300, 32, 10);
+        let shape = HeadShape { vocab, dim, tensor: "output.weight", tensor_type: "q8_0" };
+        let (rule, q8) = HeadRule::new(shape, index(vocab, dim, k, 20, 7), 3).unwrap();
+        assert_eq!(q8.len(), k * dim / 32 * 34);
+        let mut hs = HeadScratch::default();
+        let mut logits = vec![0f32; vocab];
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        for trial in 0..200 {
+            for v in hs.scores_mut(k).iter_mut() {
+                s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                *v = (s >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0;
+            }
+            for in_copy in [false, true] {
+                rule.select(&mut hs, in_copy);
+                let exact = hs.exact_mut();
+                for (i, e) in exact.iter_mut().enumerate() {
+                    s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    // Few distinct values: ties are common.
+                    *e = ((s >> 60) as f32) - 4.0;
+                    if trial % 7 == 0 && i % 5 == 0 {
+                        *e = f32::NAN;
+                    }
+                    if trial % 11 == 0 {
+                        *e = f32::NEG_INFINITY;
+                    }
+                }
+                let picked = rule.pick(&mut hs, in_copy, 0);
+                rule.fill(&mut hs, in_copy, &mut logits, 0);
+                assert_eq!(picked, argmax_logits(&logits), "trial {trial}, in_copy {in_copy}");
+            }
+        }
+        assert_eq!(hs.stats.tokens, 800);
+    }
 }
