@@ -6,11 +6,18 @@
 //! copies come back per token (the cluster scores and the exact logits)
 //! and the row list goes up; the head's other rows are never read.
 
+use spinfer_formats::ModelConfig;
 use spinfer_kernels_cuda::{CudaBackend, DeviceBuf, DeviceMatrix, DeviceRows, Slice, WeightFormat};
 use spinfer_models::head::{HeadIndex, HeadRule, HeadScratch, HeadShape, HeadStats};
 
 use crate::Result;
 use crate::slices::{at, at_mut};
+
+/// The head tensor of a model: `output.weight`, or the token embeddings
+/// when tied.
+pub(crate) fn head_tensor(c: &ModelConfig) -> &'static str {
+    if c.tied_embeddings { "token_embd.weight" } else { "output.weight" }
+}
 
 /// A [`HeadIndex`] bound to a model on the device.
 pub(crate) struct GpuHead {

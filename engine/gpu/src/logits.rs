@@ -2,20 +2,14 @@
 //! for the sampler (from the sparse head when one is set), or only the
 //! greedy token, picked on the device.
 
-use spinfer_formats::{Loader, ModelConfig};
+use spinfer_formats::Loader;
 use spinfer_models::head::{HeadIndex, HeadModel, HeadShape, HeadStats};
 
 use spinfer_kernels_cuda::CudaBackend;
 
-use crate::head::{GpuHead, HeadBufs};
+use crate::head::{GpuHead, HeadBufs, head_tensor};
 use crate::slices::{at, at_mut};
 use crate::{GpuError, GpuModel, GpuSession, Result};
-
-/// The head tensor of a model: `output.weight`, or the token embeddings
-/// when tied.
-pub(crate) fn head_tensor(c: &ModelConfig) -> &'static str {
-    if c.tied_embeddings { "token_embd.weight" } else { "output.weight" }
-}
 
 impl GpuModel {
     /// Logits of tokens `rows` (indices into the last `forward` call's

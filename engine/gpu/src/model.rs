@@ -16,9 +16,8 @@ use spinfer_kernels_cuda::{
 
 use crate::ffn::Ffn;
 use crate::fused::Input;
-use crate::head::{GpuHead, HeadBufs};
+use crate::head::{GpuHead, HeadBufs, head_tensor};
 use crate::hybrid::HostBufs;
-use crate::logits::head_tensor;
 use crate::placement::FfnPlacement;
 use crate::proj::{Part, Proj};
 use crate::slices::{at, at_mut, format_of, internal};
