@@ -152,9 +152,10 @@ impl Sampler {
 }
 
 /// The first index of the largest logit (NaN never wins; 0 when no logit
-/// is above -inf): [`argmax`] over `(i, logits[i])`. The maximum is taken
-/// over 16 independent lanes (a max is exact in any order, and the lanes
-/// vectorise), then its first position is found.
+/// is above -inf): the greedy pick, the same as the candidate list's
+/// arg-max over `(i, logits[i])`. The maximum is taken over 16 independent
+/// lanes (a max is exact in any order, and the lanes vectorise), then its
+/// first position is found.
 pub fn argmax_logits(logits: &[f32]) -> u32 {
     const LANES: usize = 16;
     let mut lanes = [f32::NEG_INFINITY; LANES];
