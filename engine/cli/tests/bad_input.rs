@@ -238,7 +238,7 @@ fn cuda_device_without_cuda_or_with_cpu_only_flags() {
     };
     for (extra, named) in [
         ("precision = \"precise\"\n", "[model] precision"),
-        ("[head]\nmode = \"dense\"\n", "[head]"),
+        ("[sparsity]\nfile = \"x.json\"\nlookahead = true\n", "[sparsity] lookahead"),
         ("[memory]\nbudget_mb = 50\n", "[memory]"),
         ("[sparsity]\nfile = \"x.json\"\npredictor = \"top-k\"\n", "[sparsity] predictor"),
     ] {
@@ -246,6 +246,10 @@ fn cuda_device_without_cuda_or_with_cpu_only_flags() {
         let err = fails(&["generate", "--config", c.to_str().unwrap(), "-p", "hi", "-n", "2", "--device", "cuda"]);
         assert_mentions(&err, &[named, "--device cuda"]);
     }
+    // The sparse head runs on the GPU too, but needs its index (named
+    // before the device is looked for).
+    let err = fails(&["generate", "-m", m, "-p", "hi", "-n", "2", "--device", "cuda", "--head", "sparse"]);
+    assert_mentions(&err, &["--head-index"]);
     if spinfer_kernels_cuda::probe().is_err() {
         // No device here (CI): the reason, whichever it is, with a flag or
         // a config ([cuda] budget_mb) naming the model.
