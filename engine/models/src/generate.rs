@@ -258,8 +258,7 @@ impl<'t> Continuation<'t> {
     /// its pick is then the first largest logit, which a session may make
     /// itself ([`DecodeSession::next_token_greedy`]).
     pub fn is_greedy(&self) -> bool {
-        let p = self.sampler.params();
-        p.temperature <= 0.0 && p.repeat_penalty == 1.0
+        self.sampler.params().is_plain_greedy()
     }
 
     /// [`Continuation::next`] with the token already chosen (by

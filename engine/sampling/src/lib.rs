@@ -44,6 +44,12 @@ impl SamplerParams {
         Self { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, repeat_penalty: 1.0, ..Self::default() }
     }
 
+    /// Temperature 0 and no penalty: the pick is then the first largest
+    /// logit itself ([`argmax_logits`]).
+    pub fn is_plain_greedy(&self) -> bool {
+        self.temperature <= 0.0 && self.repeat_penalty == 1.0
+    }
+
     /// Rejects out-of-range values with a message naming the parameter.
     pub fn validate(&self) -> Result<()> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
@@ -85,7 +91,7 @@ impl Sampler {
         let p = &self.params;
         // Greedy without a penalty: the arg-max of the logits themselves
         // (no candidate list; a 262,144-token vocabulary is 1 MB per token).
-        if p.temperature <= 0.0 && p.repeat_penalty == 1.0 {
+        if p.is_plain_greedy() {
             return argmax_logits(logits);
         }
         self.cand.clear();
