@@ -374,13 +374,15 @@ impl CudaBackend {
         {
             return Err(shape_err("upload_rows", format!("index {i} is row {r}, not below {bound}")));
         }
-        let idx: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
+        // Every index is at most i32::MAX (checked), so its u32 bits are
+        // the i32 value: written as they are, no copy.
+        let idx: &[i32] = bytemuck::cast_slice(rows);
         if idx.is_empty() {
             return Ok(());
         }
         self.write(
             dst.at_mut(0, idx.len()).ok_or_else(|| shape_err("write_rows", format!("{} indices", idx.len())))?,
-            &idx,
+            idx,
         )
     }
 
