@@ -5,7 +5,7 @@
 use spinfer_formats::Loader;
 use spinfer_models::head::{HeadIndex, HeadModel, HeadShape, HeadStats};
 
-use spinfer_kernels_cuda::CudaBackend;
+use spinfer_kernels_cuda::{CudaBackend, DeviceMatrix, Slice};
 
 use crate::head::{GpuHead, HeadBufs, head_tensor};
 use crate::slices::{at, at_mut};
@@ -58,16 +58,15 @@ impl GpuModel {
     ///
     /// A row outside the last call's tokens; device errors.
     pub fn row_logits<'s>(&self, s: &'s mut GpuSession, row: usize) -> Result<&'s [f32]> {
-        let (dim, vocab) = (self.config.dim, self.config.vocab_size);
-        self.check_row(s, row)?;
-        let head = self.output.as_ref().unwrap_or(&self.token_embd);
-        let x = at(&s.hidden, "hidden", row * dim, dim)?;
-        if let Some(h) = &self.head {
-            let bufs = Self::head_bufs(&self.be, h, &mut s.head, vocab)?;
-            return h.logits(&self.be, head, x, bufs);
-        }
-        self.be.gemv_f32(head, x, 1, None, at_mut(&mut s.logits, "logits", 0, vocab)?)?;
-        Ok(self.be.download_to_host(at(&s.logits, "logits", 0, vocab)?, &mut s.host_logits)?)
+        self.through_head(
+            s,
+            row,
+            |h, head, x, bufs| h.logits(&self.be, head, x, bufs),
+            |s| {
+                let GpuSession { logits, host_logits, .. } = s;
+                Ok(self.be.download_to_host(at(logits, "logits", 0, self.config.vocab_size)?, host_logits)?)
+            },
+        )
     }
 
     /// The greedy next token after token `row` of the last `forward` call:
@@ -79,20 +78,43 @@ impl GpuModel {
     ///
     /// As [`GpuModel::row_logits`].
     pub fn greedy_token(&self, s: &mut GpuSession, row: usize) -> Result<u32> {
+        self.through_head(
+            s,
+            row,
+            |h, head, x, bufs| h.greedy(&self.be, head, x, bufs),
+            |s| {
+                self.be.argmax(at(&s.logits, "logits", 0, self.config.vocab_size)?, s.best.all_mut())?;
+                let mut best = [0i32];
+                let first = s.best.at(0, 1).ok_or_else(|| GpuError::InvalidArgument("no arg-max buffer".into()))?;
+                self.be.download_to(first, &mut best)?;
+                u32::try_from(best[0])
+                    .map_err(|_| GpuError::InvalidArgument(format!("arg-max {} from the device", best[0])))
+            },
+        )
+    }
+
+    /// Token `row`'s final hidden state through the head for the next
+    /// token: `sparse` with the sparse head and the session's buffers for
+    /// it, when one is set; else the dense head's row of logits computed
+    /// into `s.logits`, then `dense`.
+    fn through_head<'s, T>(
+        &self,
+        s: &'s mut GpuSession,
+        row: usize,
+        sparse: impl FnOnce(&GpuHead, &DeviceMatrix, Slice<'_, f32>, &'s mut HeadBufs) -> Result<T>,
+        dense: impl FnOnce(&'s mut GpuSession) -> Result<T>,
+    ) -> Result<T> {
         let (dim, vocab) = (self.config.dim, self.config.vocab_size);
         self.check_row(s, row)?;
         let head = self.output.as_ref().unwrap_or(&self.token_embd);
-        let x = at(&s.hidden, "hidden", row * dim, dim)?;
         if let Some(h) = &self.head {
-            let bufs = Self::head_bufs(&self.be, h, &mut s.head, vocab)?;
-            return h.greedy(&self.be, head, x, bufs);
+            let GpuSession { hidden, head: slot, .. } = s;
+            let x = at(hidden, "hidden", row * dim, dim)?;
+            return sparse(h, head, x, Self::head_bufs(&self.be, h, slot, vocab)?);
         }
+        let x = at(&s.hidden, "hidden", row * dim, dim)?;
         self.be.gemv_f32(head, x, 1, None, at_mut(&mut s.logits, "logits", 0, vocab)?)?;
-        self.be.argmax(at(&s.logits, "logits", 0, vocab)?, s.best.all_mut())?;
-        let mut best = [0i32];
-        let first = s.best.at(0, 1).ok_or_else(|| GpuError::InvalidArgument("no arg-max buffer".into()))?;
-        self.be.download_to(first, &mut best)?;
-        u32::try_from(best[0]).map_err(|_| GpuError::InvalidArgument(format!("arg-max {} from the device", best[0])))
+        dense(s)
     }
 
     /// The session's buffers for sparse head `h`, made on first use (or
