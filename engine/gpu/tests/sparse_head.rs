@@ -12,13 +12,13 @@ use std::path::Path;
 
 use common::{cpu_engine, gpu_model, max_abs_diff};
 use spinfer_engine::Engine;
-use spinfer_engine::generate::{GenerateParams, generate, generate_with};
+use spinfer_engine::generate::{GenerateParams, Generation, generate, generate_with};
 use spinfer_engine::gguf::GgufFile;
 use spinfer_engine::head::{HeadBuildOptions, HeadCalibration, HeadIndex};
 use spinfer_engine::registry::KernelRegistry;
 use spinfer_engine::sampling::{SamplerParams, argmax_logits};
 use spinfer_gpu::{GpuDecode, GpuModel};
-use spinfer_tests::{Reference, data, gemma3, gemma3_reference, reference, smollm2};
+use spinfer_tests::{RefPrompt, Reference, data, gemma3, gemma3_reference, reference, smollm2};
 
 /// A quickly built index of `e`'s head (64 rows per cluster, `hot` hot
 /// rows, the metric of 1,024 positions of WikiText-2 past the evaluation
@@ -33,8 +33,21 @@ fn build_index(e: &Engine, hot: usize, path: &Path) {
     HeadIndex::build(&e.model, s.pool(), &o, &calib, &mut |_, _| {}).unwrap().save(path).unwrap();
 }
 
-fn greedy_params(n: usize, add_bos: bool) -> GenerateParams {
-    GenerateParams { max_tokens: n, sampler: SamplerParams::greedy(), stop: vec![], add_bos: Some(add_bos) }
+/// `p`'s greedy continuation (as long as the reference's) through the
+/// generation loop on the GPU model `m` and on the CPU engine `cpu`.
+fn greedy_on_both(m: &GpuModel, cpu: &Engine, p: &RefPrompt, add_bos: bool) -> (Generation, Generation) {
+    let params = GenerateParams {
+        max_tokens: p.greedy_ids.len(),
+        sampler: SamplerParams::greedy(),
+        stop: vec![],
+        add_bos: Some(add_bos),
+    };
+    let mut s = m.new_session().unwrap();
+    let go_on = &mut |_: &str| ControlFlow::Continue(());
+    let g = generate_with(&mut GpuDecode::new(m, &mut s), &cpu.tokenizer, &p.text, &params, go_on).unwrap();
+    let mut cs = cpu.new_session();
+    let c = generate(&cpu.model, &cpu.tokenizer, &mut cs, &p.text, &params, go_on).unwrap();
+    (g, c)
 }
 
 /// The GPU's sparse head hands the sampler the CPU engine's sparse logits
@@ -90,15 +103,7 @@ fn sparse_head_matches_the_cpu_engines(path: &Path, r: &Reference, add_bos: bool
     }
     // Greedy continuations through the generation loop.
     for (i, p) in r.prompts.iter().enumerate() {
-        let params = greedy_params(p.greedy_ids.len(), add_bos);
-        let mut s = m.new_session().unwrap();
-        let g = generate_with(&mut GpuDecode::new(&m, &mut s), &cpu.tokenizer, &p.text, &params, &mut |_| {
-            ControlFlow::Continue(())
-        })
-        .unwrap();
-        let mut cs = cpu.new_session();
-        let c = generate(&cpu.model, &cpu.tokenizer, &mut cs, &p.text, &params, &mut |_| ControlFlow::Continue(()))
-            .unwrap();
+        let (g, c) = greedy_on_both(&m, &cpu, p, add_bos);
         eprintln!("prompt {i}: {:?}", g.text);
         assert_eq!(g.tokens, c.tokens, "prompt {i}: gpu {:?} vs cpu {:?}", g.text, c.text);
     }
@@ -123,15 +128,7 @@ fn device_greedy_pick_equals_the_samplers(path: &Path, r: &Reference, add_bos: b
     let Some(m) = gpu_model(path, 512) else { return };
     let cpu = cpu_engine(path, 512);
     for (i, p) in r.prompts.iter().enumerate() {
-        let params = greedy_params(p.greedy_ids.len(), add_bos);
-        let mut s = m.new_session().unwrap();
-        let g = generate_with(&mut GpuDecode::new(&m, &mut s), &cpu.tokenizer, &p.text, &params, &mut |_| {
-            ControlFlow::Continue(())
-        })
-        .unwrap();
-        let mut cs = cpu.new_session();
-        let c = generate(&cpu.model, &cpu.tokenizer, &mut cs, &p.text, &params, &mut |_| ControlFlow::Continue(()))
-            .unwrap();
+        let (g, c) = greedy_on_both(&m, &cpu, p, add_bos);
         eprintln!("prompt {i}: {:?} (pytorch identical: {})", g.text, g.tokens == p.greedy_ids);
         assert_eq!(g.tokens, c.tokens, "prompt {i}");
         // Step by step: the device's pick against the sampler's.
