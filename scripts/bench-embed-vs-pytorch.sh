@@ -14,9 +14,9 @@
 #                        installed there from PyPI when missing
 #   SPINFER=PATH         the spinfer binary (default target/release/spinfer,
 #                        built if missing)
-#   SPINFER_EMBED_BF16=0 run spinfer's encoder in f32 only (default: bf16
-#                        weights and activations for Q/K/V, attention output
-#                        and FFN up where the CPU has AVX-512 BF16)
+#   SPINFER_EMBED_REDUCED=0 run spinfer's encoder in f32 only (default: bf16
+#                        products for Q/K/V, attention output and FFN up where
+#                        the CPU has AVX-512 BF16, int16 for all four on AVX2)
 #
 # Inputs: 64 lines per length, generated deterministically into
 # target/bench-embed/. Prints a Markdown table (docs/benchmarks.md):
@@ -59,7 +59,7 @@ best() { printf '%s\n' "$@" | sort -g | tail -1; }
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 echo "spinfer $("$spinfer" --version 2>/dev/null | awk '{print $2}') vs $versions;" \
     "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $threads threads, best of $repeats;" \
-    "bf16 ${SPINFER_EMBED_BF16:-on}; load average $(load)"
+    "reduced precision ${SPINFER_EMBED_REDUCED:-on}; load average $(load)"
 echo
 echo "| L | B | spinfer/s | PyTorch/s | ratio |"
 echo "|---:|---:|---:|---:|---:|"

@@ -44,8 +44,8 @@ run() {
 run all cargo test --workspace --release --no-fail-fast
 # Every kernel (built-in and the packs') against its scalar twin, every
 # library's unit tests (the engine's own SIMD helpers among them), on the
-# paths this CPU would not pick; the SmolLM2 reference test on the AVX2
-# path as a whole-model check. `--workspace` with target filters keeps the
+# paths this CPU would not pick; the SmolLM2 reference test and the MiniLM
+# ones (int16 products there) on the AVX2 path as whole-model checks. `--workspace` with target filters keeps the
 # features of the first run, so nothing is rebuilt.
 kernel_tests=()
 for name in $(for f in engine/kernels/tests/*.rs engine/sparse-kernels/tests/*.rs plugins/cpu-*/tests/*.rs; do basename "$f" .rs; done | sort -u); do
@@ -54,7 +54,7 @@ done
 # avx512: the AVX-512 kernels where AMX tiles would take their shapes.
 for cap in avx512 avx2 scalar; do
     extra=()
-    [ "$cap" = avx2 ] && extra=(--test reference_smollm2)
+    [ "$cap" = avx2 ] && extra=(--test reference_smollm2 --test minilm --test minilm_sparse)
     run "SPINFER_CPU=$cap" env SPINFER_CPU=$cap cargo test --workspace --release --no-fail-fast \
         --lib "${kernel_tests[@]}" "${extra[@]}"
 done

@@ -25,15 +25,20 @@
 //! Q, K, V fused into one matrix. With bf16 (CPUs with AVX-512 BF16), Q/K/V,
 //! the attention output and the FFN's first projection run in bf16 (bf16
 //! weights and activations, f32 sums: twice the arithmetic per instruction
-//! of f32 and half the bytes), the FFN's down projection in f32; without,
-//! all four in f32. The down projection stays f32 because the sparse FFN
-//! ([`crate::experimental::bert_sparse`]) replaces exactly it, with f32 weights: the
-//! packed f32 kernel sums `b + Σ_j h_j · W[:, j]` in the order of the
-//! sparse FFN's accumulation, so keeping every neuron gives the dense
-//! result bit for bit. (It has to be bit for bit: the bf16 rounding of the
-//! next layer's input turns any difference, however small, into one of
-//! bf16's size.) The packed kernels compute each token's outputs the same
-//! way whatever else is in the batch.
+//! of f32 and half the bytes), the FFN's down projection in f32. The down
+//! projection stays f32 because the sparse FFN
+//! ([`crate::experimental::bert_sparse`]) replaces exactly it, with f32
+//! weights: the packed f32 kernel sums `b + Σ_j h_j · W[:, j]` in the order
+//! of the sparse FFN's accumulation, so keeping every neuron gives the
+//! dense result bit for bit. (It has to be bit for bit: the bf16 rounding
+//! of the next layer's input turns any difference, however small, into one
+//! of bf16's size.) On CPUs with AVX2 but not AVX-512, all four run on
+//! int16 weights and activations (exact integer sums, `vpmaddwd`), the down
+//! projection too unless a sparse FFN is set; without reduced precision,
+//! all four in f32. The packed kernels compute each token's outputs the
+//! same way whatever else is in the batch, so [`BertModel::forward`] takes
+//! a batch through the layers in runs of sequences of at most
+//! [`GROUP_TOKENS`] tokens, whose activations stay in the caches.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -41,7 +46,7 @@ use std::sync::Arc;
 use spinfer_kernels::dequant::dequantize_row;
 use spinfer_kernels::kernel::{ActType, MatmulCall, MatmulDesc, MatmulKernel};
 use spinfer_kernels::matmul::gemm_packed::{
-    Epilogue, PackedMatrix, PackedType, gemm_packed, kernel_name, packed_simd_available,
+    Epilogue, PackedMatrix, PackedType, gemm_packed, kernel_name, packed_simd_available, reduced_type,
 };
 use spinfer_kernels::matmul::{BLayout, sgemm};
 use spinfer_kernels::pool::SyncPtr;
@@ -64,6 +69,15 @@ pub use spinfer_formats::bert_config::BertConfig;
 /// streams the activations per block of packed weights, so large calls are
 /// cheaper (each call reads the weight matrix from memory once).
 const TOKEN_BLOCK: usize = 2048;
+
+/// Tokens [`BertModel::forward`] takes through all layers at a time (whole
+/// sequences; a longer one alone): a pass's activations (15 KiB per token
+/// at BERT-small widths, under 4 MiB here) stay in the caches between one
+/// matmul and the next, where a batch of 32 texts of 256 tokens would
+/// stream 120 MiB through memory for every step. (256 was the fastest of
+/// 128, 256 and 512 for batches of 32 texts of 16 and 64 tokens on a
+/// 2-core Zen 3, docs/benchmarks.md.)
+const GROUP_TOKENS: usize = 256;
 
 /// A weight matrix with its bias, bound (once, at load) to the kernel the
 /// registry resolves for it: `out = W · x + b`.
@@ -224,8 +238,9 @@ pub struct BertModel {
     pub config: BertConfig,
     pub weights: Weights,
     path: PathBuf,
-    /// The sparse FFN (`bert_sparse.rs`), when a sidecar is set.
-    pub sparse: Option<crate::experimental::bert_sparse::SparseFfn>,
+    /// The sparse FFN (`bert_sparse.rs`), when a sidecar is set
+    /// ([`BertModel::set_sparse`]).
+    pub(crate) sparse: Option<crate::experimental::bert_sparse::SparseFfn>,
 }
 
 impl BertModel {
@@ -292,25 +307,27 @@ impl BertModel {
 
     /// Packs every matrix once for [`gemm_packed`]: Q, K and V as one
     /// matrix, the attention output and the FFN's two projections. With
-    /// `bf16` on a CPU with AVX-512 BF16, Q/K/V, the attention output and
-    /// the FFN's first projection take bf16 weights and activations, the
-    /// FFN's down projection f32 (see the module docs); otherwise all are
-    /// f32. The packed copies replace the file's pages in memory (released
-    /// once packed): half the f32 size for a bf16 matrix, the same size for
-    /// an f32 one. Returns the precision of the Q/K/V product, or `None`,
-    /// changing nothing, when the CPU has no SIMD kernel for the packed f32
-    /// product (the registry's kernels are then faster).
+    /// `reduced` on a CPU with AVX-512 BF16, Q/K/V, the attention output
+    /// and the FFN's first projection take bf16 weights and activations,
+    /// the FFN's down projection f32 (see the module docs); on CPUs with
+    /// AVX2 but not AVX-512, all four take int16 weights and activations
+    /// (13- and 14-bit, exact integer sums, [`PackedType::I16`]), the down
+    /// projection f32 while a sparse FFN is set ([`BertModel::set_sparse`]);
+    /// without `reduced`, all are f32. The packed copies replace the
+    /// file's pages in memory (released once packed): half the f32 size
+    /// for a bf16 or i16 matrix, the same size for an f32 one. Returns the
+    /// precision of the Q/K/V product, or `None`, changing nothing, when
+    /// the CPU has no SIMD kernel for the packed f32 product (the
+    /// registry's kernels are then faster).
     ///
     /// Accuracy on all-MiniLM-L6-v2: cosine to the PyTorch (f32) embeddings
-    /// above 0.9999 with bf16, STS-B Spearman within 1e-4
+    /// above 0.9999 with bf16 or i16, STS-B Spearman within 1e-3
     /// (`tests/tests/minilm.rs`); f32 is the f32 product.
-    pub fn prepack(&mut self, bf16: bool) -> Result<Option<PackedType>> {
-        let ty = if bf16 && packed_simd_available(PackedType::Bf16) {
-            PackedType::Bf16
-        } else if packed_simd_available(PackedType::F32) {
-            PackedType::F32
-        } else {
-            return Ok(None);
+    pub fn prepack(&mut self, reduced: bool) -> Result<Option<PackedType>> {
+        let ty = match reduced_type() {
+            Some(ty) if reduced => ty,
+            _ if packed_simd_available(PackedType::F32) => PackedType::F32,
+            _ => return Ok(None),
         };
         for l in &mut self.weights.layers {
             if l.qkv.is_none() {
@@ -321,13 +338,43 @@ impl BertModel {
             for d in [&mut l.query, &mut l.key, &mut l.value] {
                 d.fused = Some(ty);
             }
-            for (d, ty) in [(&mut l.attn_out, ty), (&mut l.ffn_up, ty), (&mut l.ffn_down, PackedType::F32)] {
+            for d in [&mut l.attn_out, &mut l.ffn_up] {
                 if d.packed.is_none() {
                     d.packed = Some(d.pack(ty, &[])?);
                 }
             }
         }
+        self.pack_ffn_down()?;
         Ok(Some(ty))
+    }
+
+    /// (Re)packs the FFN's down projections for the current settings: i16
+    /// when the Q/K/V product is i16 and no sparse FFN replaces the
+    /// product (keeping every neuron must give the dense result), else f32.
+    fn pack_ffn_down(&mut self) -> Result<()> {
+        let Some(qkv) = self.prepacked() else { return Ok(()) };
+        let sparse = self.sparse.as_ref().is_some_and(|s| !s.is_recorder());
+        let ty = if qkv == PackedType::I16 && !sparse { PackedType::I16 } else { PackedType::F32 };
+        for l in &mut self.weights.layers {
+            if l.ffn_down.packed.as_ref().is_none_or(|p| p.ty() != ty) {
+                l.ffn_down.packed = Some(l.ffn_down.pack(ty, &[])?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets (or clears) the sparse FFN, repacking the down projections for
+    /// it (see [`BertModel::prepack`]); returns the previous one.
+    ///
+    /// # Errors
+    /// If a repacked matrix cannot be read from the file.
+    pub fn set_sparse(
+        &mut self,
+        sparse: Option<crate::experimental::bert_sparse::SparseFfn>,
+    ) -> Result<Option<crate::experimental::bert_sparse::SparseFfn>> {
+        let previous = std::mem::replace(&mut self.sparse, sparse);
+        self.pack_ffn_down()?;
+        Ok(previous)
     }
 
     /// The precision of the Q/K/V product when [`BertModel::prepack`] is
@@ -342,7 +389,6 @@ impl BertModel {
     /// long, and uses token type 0 throughout.
     pub fn forward(&self, pool: &ThreadPool, seqs: &[&[u32]]) -> Result<Vec<f32>> {
         let c = &self.config;
-        let (d, hd, heads) = (c.hidden, c.head_dim, c.n_heads);
         for (i, s) in seqs.iter().enumerate() {
             if s.is_empty() || s.len() > c.max_positions {
                 return Err(Error::InvalidArgument(format!(
@@ -358,6 +404,29 @@ impl BertModel {
                 )));
             }
         }
+        // Runs of whole sequences of at most GROUP_TOKENS tokens (or one
+        // longer sequence) go through all layers at a time.
+        let d = c.hidden;
+        let n: usize = seqs.iter().map(|s| s.len()).sum();
+        let mut x = vec![0.0f32; n * d]; // residual stream (n, hidden)
+        let (mut first, mut t0) = (0, 0);
+        while first < seqs.len() {
+            let (mut end, mut len) = (first + 1, seqs[first].len());
+            while end < seqs.len() && len + seqs[end].len() <= GROUP_TOKENS {
+                len += seqs[end].len();
+                end += 1;
+            }
+            self.forward_group(pool, &seqs[first..end], &mut x[t0 * d..(t0 + len) * d])?;
+            (first, t0) = (end, t0 + len);
+        }
+        Ok(x)
+    }
+
+    /// [`BertModel::forward`] of checked sequences into `x` (`(tokens,
+    /// hidden)`).
+    fn forward_group(&self, pool: &ThreadPool, seqs: &[&[u32]], x: &mut [f32]) -> Result<()> {
+        let c = &self.config;
+        let (d, hd, heads) = (c.hidden, c.head_dim, c.n_heads);
         // Each sequence as (first token, length), for attention.
         let seq_spans: Vec<(usize, usize)> = seqs
             .iter()
@@ -368,7 +437,6 @@ impl BertModel {
             })
             .collect();
         let n: usize = seqs.iter().map(|s| s.len()).sum();
-        let mut x = vec![0.0f32; n * d]; // residual stream (n, hidden)
         // The other activations, in one buffer kept by the thread between
         // calls (fresh ones would be page-faulted and zeroed every time);
         // every element is written before it is read.
@@ -401,21 +469,21 @@ impl BertModel {
             }
         }
         // Embedding LayerNorm.
-        layer_norm_rows(pool, &mut x, None, &w.embed_norm_w, &w.embed_norm_b, c.layer_norm_eps);
+        layer_norm_rows(pool, x, None, &w.embed_norm_w, &w.embed_norm_b, c.layer_norm_eps);
 
         for (l, layer) in w.layers.iter().enumerate() {
             // Q, K, V projections (with biases): one packed product, or three.
             let (q, k, v, ld) = match &layer.qkv {
                 Some(f) => {
-                    packed_forward(pool, &f.w, &f.bias, &x, n, qkv, None)?;
+                    packed_forward(pool, &f.w, &f.bias, x, n, qkv, None)?;
                     (&qkv[..], &qkv[d..], &qkv[2 * d..], 3 * d)
                 }
                 None => {
                     let (q, kv) = qkv.split_at_mut(n * d);
                     let (k, v) = kv.split_at_mut(n * d);
-                    layer.query.forward(pool, &x, n, q, None)?;
-                    layer.key.forward(pool, &x, n, k, None)?;
-                    layer.value.forward(pool, &x, n, v, None)?;
+                    layer.query.forward(pool, x, n, q, None)?;
+                    layer.key.forward(pool, x, n, k, None)?;
+                    layer.value.forward(pool, x, n, v, None)?;
                     (&qkv[..], &qkv[n * d..], &qkv[2 * n * d..], d)
                 }
             };
@@ -424,9 +492,9 @@ impl BertModel {
             attention(pool, q, k, v, ld, &seq_spans, heads, hd, att);
             // Output projection, residual, LayerNorm (post-LN).
             layer.attn_out.forward(pool, att, n, tmp, None)?;
-            layer_norm_rows(pool, &mut x, Some(tmp), &layer.attn_norm_w, &layer.attn_norm_b, c.layer_norm_eps);
+            layer_norm_rows(pool, x, Some(tmp), &layer.attn_norm_w, &layer.attn_norm_b, c.layer_norm_eps);
             // FFN: down(gelu(up(x))), residual, LayerNorm.
-            layer.ffn_up.forward(pool, &x, n, ffn, Some(&gelu_slice))?;
+            layer.ffn_up.forward(pool, x, n, ffn, Some(&gelu_slice))?;
             // With a sparsity sidecar, down runs over the kept neurons only.
             let sparse_done = match &self.sparse {
                 Some(sp) => sp.ffn_down(pool, l, &seq_spans, ffn, n, tmp)?,
@@ -435,7 +503,7 @@ impl BertModel {
             if !sparse_done {
                 layer.ffn_down.forward(pool, ffn, n, tmp, None)?;
             }
-            layer_norm_rows(pool, &mut x, Some(tmp), &layer.out_norm_w, &layer.out_norm_b, c.layer_norm_eps);
+            layer_norm_rows(pool, x, Some(tmp), &layer.out_norm_w, &layer.out_norm_b, c.layer_norm_eps);
         }
         if buf.len() <= KEEP_FORWARD_BUFFERS {
             FORWARD_BUFFERS.with_borrow_mut(|b| {
@@ -444,7 +512,7 @@ impl BertModel {
                 }
             });
         }
-        Ok(x)
+        Ok(())
     }
 
     /// Row `i` of an embedding table as f32.

@@ -40,28 +40,30 @@ pub struct EmbedderOptions {
     /// projection runs over the kept neurons only
     /// ([`crate::experimental::bert_sparse`]; also [`Embedder::load_sparsity`]).
     pub sparsity: Option<PathBuf>,
-    /// Run the encoder's Q/K/V, attention-output and FFN-up matmuls with
-    /// bf16 weights and activations when the CPU has AVX-512 BF16 (ignored
-    /// otherwise). Every matmul runs on weights packed once at load either
-    /// way, where the CPU has AVX2 or AVX-512 ([`BertModel::prepack`]).
-    /// About 1.45x the f32 throughput on 256-token inputs; on
-    /// all-MiniLM-L6-v2 the embeddings stay within cosine 0.99998 of
-    /// PyTorch's (f32: 0.9999999). Default: on, unless the environment
-    /// variable `SPINFER_EMBED_BF16` is `0`, `off` or `false`.
-    pub bf16: bool,
+    /// Run the encoder's matmuls with reduced-precision products: bf16
+    /// weights and activations for Q/K/V, the attention output and the
+    /// FFN's first projection on CPUs with AVX-512 BF16 (about 1.45x the
+    /// f32 throughput on 256-token inputs), int16 ones for all four on
+    /// other CPUs with AVX2 ([`BertModel::prepack`]). Every matmul runs on
+    /// weights packed once at load either way, where the CPU has AVX2 or
+    /// AVX-512. On all-MiniLM-L6-v2 the embeddings stay within cosine
+    /// 0.9999 of PyTorch's (f32: 0.9999999). Default: on, unless the
+    /// environment variable `SPINFER_EMBED_REDUCED` is `0`, `off` or
+    /// `false`.
+    pub reduced_precision: bool,
 }
 
 impl Default for EmbedderOptions {
     fn default() -> Self {
-        let bf16 = !matches!(
-            std::env::var("SPINFER_EMBED_BF16").map(|v| v.to_ascii_lowercase()).as_deref(),
+        let reduced_precision = !matches!(
+            std::env::var("SPINFER_EMBED_REDUCED").map(|v| v.to_ascii_lowercase()).as_deref(),
             Ok("0" | "off" | "false")
         );
         Self {
             threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             batch_size: 32,
             sparsity: None,
-            bf16,
+            reduced_precision,
         }
     }
 }
@@ -187,7 +189,7 @@ impl Embedder {
 
         let loader = SafetensorsModel::open(&model_dir)?;
         let mut model = BertModel::load(&loader, registry, config)?;
-        let packed = model.prepack(options.bf16)?;
+        let packed = model.prepack(options.reduced_precision)?;
         tracing::debug!(
             dir = %dir.display(), ?pooling, normalize = modules.normalize, max_tokens, ?packed, "embedder loaded"
         );

@@ -24,11 +24,11 @@ use spinfer_kernel_base::cpu::CpuFeatures;
 use spinfer_kernel_base::pool::{SyncPtr, ThreadPool, chunk_aligned};
 
 /// Tokens per register tile.
-const MR: usize = 6;
+pub(super) const MR: usize = 6;
 /// Rows per sub-panel (two vectors of 8 lanes).
-const SUB: usize = 16;
+pub(super) const SUB: usize = 16;
 /// f32 lanes per AVX2 vector.
-const V: usize = 8;
+pub(super) const V: usize = 8;
 /// Packed weight bytes per block of a thread's rows: half of a 512 KiB L2,
 /// the smallest of the CPUs this kernel runs on, leaving room for the
 /// activations and the outputs.
@@ -57,6 +57,41 @@ pub(super) fn run(
 ) {
     let (rows, steps) = (w.rows, w.steps);
     debug_assert_eq!(steps, w.cols);
+    let (panels, xs) = (w.panels().as_ptr().cast::<f32>() as usize, x.as_ptr() as usize);
+    drive(pool, rows, steps, n, out, epilogue, &|t, m, r, width, c| {
+        let (p, j0) = (r / NR, r % NR);
+        let bp = bias.map_or(std::ptr::null(), |b| b[r..].as_ptr());
+        // SAFETY: tokens `t..t + m` of the activations (`steps` floats
+        // each) and lanes `j0..j0 + 16 <= NR` of panel `p` (`steps * NR`
+        // floats, zero-padded past `rows`) are inside their buffers; `c`
+        // is rows `r..r + width` of token `t` (see `drive`); the bias
+        // (when present) holds `rows` floats; `available` holds.
+        unsafe {
+            let pp = (panels as *const f32).add(p * steps * NR + j0);
+            pick(m, width)(steps, (xs as *const f32).add(t * steps), steps, pp, c, rows, bp, width);
+        }
+    });
+}
+
+/// The loop nest shared by the AVX2 kernels: tokens in chunks whose
+/// activations (`steps` u32 per token) stay in the L3 while every block of
+/// rows runs over them; within a chunk, blocks of rows whose packed
+/// weights (`steps` u32 per row) stay in the L2 while the chunk's token
+/// tiles run. `tile(t, m, r, width, c)` computes tokens `t..t + m` (`m <=
+/// MR`) of rows `r..r + width` (`r` a multiple of 16, `width <= 16`) into
+/// `c`, which points at `out[t, r]` (row stride `rows`); `epilogue` then
+/// runs on each of those tokens' outputs. Each pool thread owns a range
+/// of rows.
+pub(super) fn drive(
+    pool: &ThreadPool,
+    rows: usize,
+    steps: usize,
+    n: usize,
+    out: &mut [f32],
+    epilogue: Option<Epilogue<'_>>,
+    tile: &(dyn Fn(usize, usize, usize, usize, *mut f32) + Sync),
+) {
+    assert!(out.len() >= n * rows, "gemm_packed: output of {} floats for {n} x {rows}", out.len());
     // Rows per block: a multiple of the sub-panel, at least one; tokens
     // per chunk: a multiple of the tile, at least one.
     let block = (BLOCK_BYTES / (steps * 4 * SUB)).max(1) * SUB;
@@ -64,38 +99,24 @@ pub(super) fn run(
     let out_ptr = SyncPtr::new(out.as_mut_ptr());
     pool.broadcast(&|ti, nt| {
         let rr = chunk_aligned(rows, ti, nt, LANES);
-        let (panels, xs, out) = (w.panels().as_ptr().cast::<f32>(), x.as_ptr(), out_ptr.get());
-        // Tokens in chunks whose activations stay in the L3 while every
-        // block of rows runs over them; within a chunk, blocks of rows
-        // whose weights stay in the L2 while the chunk's token tiles run.
+        let out = out_ptr.get();
         for t0 in (0..n).step_by(chunk_tokens) {
             let t1 = (t0 + chunk_tokens).min(n);
             for r0 in rr.clone().step_by(block) {
                 let r1 = (r0 + block).min(rr.end);
                 for t in (t0..t1).step_by(MR) {
                     let m = MR.min(t1 - t);
-                    // Sub-panel `j0 / 16` of panel `r / NR` (`r` is a
-                    // multiple of 16: the thread's range and the block are).
                     for r in (r0..r1).step_by(SUB) {
-                        let (p, j0) = (r / NR, r % NR);
                         let width = SUB.min(r1 - r);
-                        let bp = bias.map_or(std::ptr::null(), |b| b[r..].as_ptr());
-                        // SAFETY: tokens `t..t + m` of the activations
-                        // (`steps` floats each) and lanes `j0..j0 + 16 <= NR`
-                        // of panel `p` (`steps * NR` floats, zero-padded past
-                        // `rows`) are inside their buffers; the stores write
-                        // rows `r..r + width`, owned by this thread, of tokens
-                        // `t..t + m` of `out` (`n * rows` floats); the bias
-                        // (when present) holds `rows` floats; `available`
-                        // holds.
-                        unsafe {
-                            let pp = panels.add(p * steps * NR + j0);
-                            let ukr = pick(m, width);
-                            ukr(steps, xs.add(t * steps), steps, pp, out.add(t * rows + r), rows, bp, width);
-                            if let Some(e) = epilogue {
-                                for i in 0..m {
-                                    e(std::slice::from_raw_parts_mut(out.add((t + i) * rows + r), width));
-                                }
+                        // SAFETY: `out` holds `n * rows` floats (asserted);
+                        // rows `r..r + width` of tokens `t..t + m` belong to
+                        // this thread's range and to no other call.
+                        let c = unsafe { out.add(t * rows + r) };
+                        tile(t, m, r, width, c);
+                        if let Some(e) = epilogue {
+                            for i in 0..m {
+                                // SAFETY: as above, one token's row slice.
+                                e(unsafe { std::slice::from_raw_parts_mut(c.add(i * rows), width) });
                             }
                         }
                     }

@@ -17,7 +17,13 @@ const MR: usize = 8;
 /// for [`PackedType::Bf16`] (cached detection, capped by `SPINFER_CPU`).
 pub(super) fn available(ty: PackedType) -> bool {
     let f = spinfer_kernel_base::cpu::CpuFeatures::detect();
-    f.avx512f && f.avx512bw && (ty == PackedType::F32 || f.avx512bf16)
+    f.avx512f
+        && f.avx512bw
+        && match ty {
+            PackedType::F32 => true,
+            PackedType::Bf16 => f.avx512bf16,
+            PackedType::I16 => false,
+        }
 }
 
 /// Fewest activation values for which the bf16 rounding is split over
@@ -37,12 +43,13 @@ pub(super) fn run(
     scratch: &mut Vec<u8>,
     epilogue: Option<Epilogue<'_>>,
 ) {
+    assert!(w.ty != PackedType::I16, "gemm_packed: no AVX-512 kernel for i16 weights");
     let (rows, cols, steps) = (w.rows, w.cols, w.steps);
     // The activations, `steps` u32 per token: bf16 pairs rounded here,
     // or the f32 values in place.
     let (xs, ldx) = match w.ty {
         PackedType::F32 => (x.as_ptr() as usize, cols),
-        PackedType::Bf16 => {
+        PackedType::Bf16 | PackedType::I16 => {
             let xb = scratch_aligned(scratch, n * steps * 4);
             round_pairs(pool, x, n, cols, xb);
             (xb.as_ptr() as usize, steps)
@@ -189,7 +196,7 @@ fn pick(ty: PackedType, m: usize, nv: usize) -> Ukr {
         }
     }
     match ty {
-        PackedType::Bf16 => by_m::<true>(m, nv),
+        PackedType::Bf16 | PackedType::I16 => by_m::<true>(m, nv),
         PackedType::F32 => by_m::<false>(m, nv),
     }
 }

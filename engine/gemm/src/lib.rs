@@ -1,6 +1,6 @@
 //! GEMM over weights packed once, at load: `out[t, r] = bias[r] + Σ_c
 //! W[r, c] · x[t, c]` for matmuls over many tokens (the sentence-embedding
-//! encoder), in one of two precisions ([`PackedType`]):
+//! encoder), in one of three precisions ([`PackedType`]):
 //!
 //! * **BF16**: weights and activations rounded to bf16 (to nearest even),
 //!   products exact, sums in f32. AVX-512 BF16's `vdpbf16ps` multiplies a
@@ -8,6 +8,13 @@
 //!   to 16 f32 lanes: twice the arithmetic of an f32 FMA per instruction,
 //!   half the bytes per weight. The activations are rounded on every call,
 //!   row-major, into the caller's scratch.
+//! * **I16**: weights scaled per row and activations per block of 64
+//!   columns to 13- and 14-bit integers, products summed exactly in i32
+//!   per block, blocks in f32 (`int16.rs`). AVX2's `vpmaddwd` multiplies a
+//!   broadcast activation pair with 8 weight pairs and adds each lane's
+//!   two products: twice the arithmetic of an f32 FMA per instruction, for
+//!   CPUs without AVX-512 BF16. The activations are quantised on every
+//!   call into the caller's scratch.
 //! * **F32**: the weights as they are (any type, dequantised to f32), one
 //!   FMA per product; the activations are read in place.
 //!
@@ -32,8 +39,9 @@
 //!   tokens × 48 rows in 24 zmm registers; a thread's packed weights (a few
 //!   hundred KiB at BERT-small widths) stay in its L2 while the token tiles
 //!   stream by.
-//! * AVX2 with FMA (`avx2.rs`), [`PackedType::F32`] only: 6 tokens × 16
-//!   rows in 12 ymm registers, over blocks of rows sized to the L2.
+//! * AVX2 with FMA (`avx2.rs`, `avx2_i16.rs`), [`PackedType::F32`] and
+//!   [`PackedType::I16`]: 6 tokens × 16 rows in 12 ymm registers, over
+//!   blocks of rows sized to the L2.
 //! * AMX tiles (`amx.rs`) for bf16 where the OS grants them.
 //!
 //! Without them [`gemm_packed`] runs the scalar reference's arithmetic
@@ -57,6 +65,9 @@ pub enum PackedType {
     Bf16,
     /// f32 weights and activations.
     F32,
+    /// i16 weights (one scale per row) and activations (one scale per 64
+    /// columns of a token), exact i32 sums per 64 columns, f32 across.
+    I16,
 }
 
 /// `x` rounded to bf16 (round to nearest, ties to even; NaN stays NaN,
@@ -75,17 +86,34 @@ pub fn bf16_to_f32(h: u16) -> f32 {
 
 /// Whether the CPU runs a SIMD kernel of `ty` (else [`gemm_packed`]
 /// falls back to scalar code): AVX-512 F/BW (and BF16 for bf16), or AVX2
-/// with FMA for f32.
+/// with FMA for f32 and i16.
 pub fn packed_simd_available(ty: PackedType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        avx512::available(ty) || (ty == PackedType::F32 && avx2::available())
+        avx512::available(ty) || (ty != PackedType::Bf16 && avx2::available())
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = ty;
         false
     }
+}
+
+/// The reduced precision that multiplies faster than f32 on this CPU,
+/// if any: bf16 with AVX-512 BF16 (or AMX), else i16 where AVX2 is the
+/// widest (with AVX-512 F but no BF16, the 512-bit f32 kernel does as many
+/// products per instruction as the 256-bit `vpmaddwd` one).
+pub fn reduced_type() -> Option<PackedType> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx512::available(PackedType::Bf16) {
+            return Some(PackedType::Bf16);
+        }
+        if avx2::available() && !avx512::available(PackedType::F32) {
+            return Some(PackedType::I16);
+        }
+    }
+    None
 }
 
 /// The kernel [`gemm_packed`] runs for `ty` on this CPU, for reports
@@ -97,11 +125,13 @@ pub fn kernel_name(ty: PackedType) -> &'static str {
         PackedType::Bf16 if avx512::available(ty) => return "avx512bf16/bf16*bf16 (prepacked)",
         PackedType::F32 if avx512::available(ty) => return "avx512/f32*f32 (prepacked)",
         PackedType::F32 if avx2::available() => return "avx2/f32*f32 (prepacked)",
+        PackedType::I16 if avx2::available() => return "avx2/i16*i16 (prepacked)",
         _ => {}
     }
     match ty {
         PackedType::Bf16 => "scalar/bf16*bf16 (prepacked)",
         PackedType::F32 => "scalar/f32*f32 (prepacked)",
+        PackedType::I16 => "scalar/i16*i16 (prepacked)",
     }
 }
 
@@ -117,15 +147,19 @@ mod amx;
 
 /// A weight matrix (`rows × cols`) packed for [`gemm_packed`]: panel `p`,
 /// step `q`, row `j` of the panel at `u32` index `p · steps · NR + q · NR +
-/// j`, where a step is a column pair (bf16) or a column (f32); rows past
-/// `rows` and the column past an odd `cols` (bf16) are zero.
+/// j`, where a step is a column pair (bf16, i16: the even column in the
+/// low half) or a column (f32); rows past `rows` and the column past an
+/// odd `cols` (bf16, i16) are zero. I16 rows have a scale each.
 pub struct PackedMatrix {
     ty: PackedType,
     rows: usize,
     cols: usize,
-    /// K steps: `ceil(cols / 2)` (bf16) or `cols` (f32).
+    /// K steps: `ceil(cols / 2)` (bf16, i16) or `cols` (f32).
     steps: usize,
     buf: Vec<u32>,
+    /// I16: each row's scale, zero past `rows` to a whole panel; else
+    /// empty.
+    scales: Vec<f32>,
     /// First element of the panels in `buf` (64-byte aligned).
     off: usize,
 }
@@ -152,9 +186,11 @@ impl PackedMatrix {
     pub fn pack(ty: PackedType, parts: &[(GgmlType, &[u8], usize)], cols: usize) -> Result<Self> {
         let rows: usize = parts.iter().map(|p| p.2).sum();
         let steps = match ty {
-            PackedType::Bf16 => cols.div_ceil(2),
+            PackedType::Bf16 | PackedType::I16 => cols.div_ceil(2),
             PackedType::F32 => cols,
         };
+        let mut scales = if ty == PackedType::I16 { vec![0.0f32; rows.div_ceil(NR) * NR] } else { Vec::new() };
+        let mut qrow = vec![0i16; if ty == PackedType::I16 { 2 * steps } else { 0 }];
         let len = rows.div_ceil(NR) * steps * NR;
         let mut buf = vec![0u32; len + 16];
         let off = buf.as_ptr().align_offset(64).min(16);
@@ -168,6 +204,9 @@ impl PackedMatrix {
             }
             for i in 0..n {
                 dequantize_row(wt, &bytes[i * rb..(i + 1) * rb], &mut row)?;
+                if ty == PackedType::I16 {
+                    scales[r] = int16::quantize(&row, int16::W_MAX, &mut qrow[..cols]);
+                }
                 let base = r / NR * steps * NR + r % NR;
                 for q in 0..steps {
                     panels[base + q * NR] = match ty {
@@ -176,12 +215,13 @@ impl PackedMatrix {
                             let hi = row.get(2 * q + 1).map_or(0, |&v| to_bf16(v));
                             u32::from(to_bf16(row[2 * q])) | (u32::from(hi) << 16)
                         }
+                        PackedType::I16 => u32::from(qrow[2 * q] as u16) | (u32::from(qrow[2 * q + 1] as u16) << 16),
                     };
                 }
                 r += 1;
             }
         }
-        Ok(Self { ty, rows, cols, steps, buf, off })
+        Ok(Self { ty, rows, cols, steps, buf, scales, off })
     }
 
     /// Packs an f32 matrix given as a slice (`rows × cols`, row-major).
@@ -206,7 +246,7 @@ impl PackedMatrix {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.buf.len() * 4
+        (self.buf.len() + self.scales.len()) * 4
     }
 
     fn panels(&self) -> &[u32] {
@@ -230,7 +270,14 @@ impl PackedMatrix {
                 let p = self.at(r, c / 2);
                 bf16_to_f32(if c.is_multiple_of(2) { p as u16 } else { (p >> 16) as u16 })
             }
+            PackedType::I16 => f32::from(self.qweight(r, c)) * self.scales[r],
         }
+    }
+
+    /// The quantised weight `(r, c)` of an I16 matrix.
+    fn qweight(&self, r: usize, c: usize) -> i16 {
+        let p = self.at(r, c / 2);
+        (if c.is_multiple_of(2) { p } else { p >> 16 }) as u16 as i16
     }
 }
 
@@ -293,9 +340,15 @@ pub fn gemm_packed(
         avx2::run(pool, w, x, n, bias, out, epilogue);
         return Ok(());
     }
+    #[cfg(target_arch = "x86_64")]
+    if w.ty == PackedType::I16 && avx2::available() {
+        avx2_i16::run(pool, w, x, n, bias, out, scratch, epilogue);
+        return Ok(());
+    }
     let _ = scratch;
     // Scalar fallback, rows split over the pool as in the SIMD kernel.
     let rows = w.rows;
+    let quantized = (w.ty == PackedType::I16).then(|| int16::Quantized::new(x, n, w.cols));
     let out_ptr = SyncPtr::new(out.as_mut_ptr());
     pool.broadcast(&|ti, nt| {
         let rr = chunk_aligned(rows, ti, nt, LANES);
@@ -307,7 +360,7 @@ pub fn gemm_packed(
             // holds `n * rows` floats (checked) and outlives the broadcast.
             let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * rows + rr.start), rr.len()) };
             for (r, ov) in rr.clone().zip(o.iter_mut()) {
-                *ov = dot_scalar(w, r, &x[t * w.cols..(t + 1) * w.cols], bias.map_or(0.0, |b| b[r]));
+                *ov = dot_scalar(w, r, token(w, x, quantized.as_ref(), t), bias.map_or(0.0, |b| b[r]));
             }
             if let Some(e) = epilogue {
                 e(o);
@@ -317,11 +370,33 @@ pub fn gemm_packed(
     Ok(())
 }
 
+/// Token `t`'s activations as the scalar reference reads them: the
+/// quantised ones for i16, else `x`'s row.
+enum Token<'a> {
+    Float(&'a [f32]),
+    Int16(&'a [i16], &'a [f32]),
+}
+
+fn token<'a>(w: &PackedMatrix, x: &'a [f32], q: Option<&'a int16::Quantized>, t: usize) -> Token<'a> {
+    match q {
+        Some(q) => {
+            let (qx, sa) = q.token(t);
+            Token::Int16(qx, sa)
+        }
+        None => Token::Float(&x[t * w.cols..(t + 1) * w.cols]),
+    }
+}
+
 /// `b + Σ_c W[r, c] · x[c]` in the kernels' order: from `b`, one fused
 /// multiply-add per column (f32); per column pair the odd column's product,
 /// then the even one's, each added with one rounding (bf16: the products
-/// are exact), as `vdpbf16ps` specifies.
-fn dot_scalar(w: &PackedMatrix, r: usize, x: &[f32], b: f32) -> f32 {
+/// are exact), as `vdpbf16ps` specifies; [`int16::dot`] on quantised
+/// activations.
+fn dot_scalar(w: &PackedMatrix, r: usize, x: Token<'_>, b: f32) -> f32 {
+    let x = match x {
+        Token::Int16(qx, sa) => return int16::dot(qx, sa, |c| w.qweight(r, c), w.scales[r], b),
+        Token::Float(x) => x,
+    };
     let mut s = b;
     match w.ty {
         PackedType::F32 => {
@@ -329,7 +404,7 @@ fn dot_scalar(w: &PackedMatrix, r: usize, x: &[f32], b: f32) -> f32 {
                 s = xv.mul_add(f32::from_bits(w.at(r, c)), s);
             }
         }
-        PackedType::Bf16 => {
+        PackedType::Bf16 | PackedType::I16 => {
             let round = |v: f32| bf16_to_f32(to_bf16(v));
             for q in 0..w.steps {
                 let p = w.at(r, q);
@@ -348,9 +423,10 @@ fn dot_scalar(w: &PackedMatrix, r: usize, x: &[f32], b: f32) -> f32 {
 /// If a slice does not match the shapes.
 pub fn gemm_packed_scalar(w: &PackedMatrix, x: &[f32], n: usize, bias: Option<&[f32]>, out: &mut [f32]) -> Result<()> {
     check(w, x, n, bias, out)?;
+    let quantized = (w.ty == PackedType::I16).then(|| int16::Quantized::new(x, n, w.cols));
     for t in 0..n {
         for r in 0..w.rows {
-            out[t * w.rows + r] = dot_scalar(w, r, &x[t * w.cols..(t + 1) * w.cols], bias.map_or(0.0, |b| b[r]));
+            out[t * w.rows + r] = dot_scalar(w, r, token(w, x, quantized.as_ref(), t), bias.map_or(0.0, |b| b[r]));
         }
     }
     Ok(())
@@ -359,7 +435,10 @@ pub fn gemm_packed_scalar(w: &PackedMatrix, x: &[f32], n: usize, bias: Option<&[
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_i16;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod int16;
 
 #[cfg(test)]
 mod tests {

@@ -52,7 +52,7 @@ fn bench(c: &mut Criterion) {
                     })
                 });
             }
-            for ty in [PackedType::F32, PackedType::Bf16] {
+            for ty in [PackedType::F32, PackedType::Bf16, PackedType::I16] {
                 if !packed_simd_available(ty) {
                     continue;
                 }

@@ -1,10 +1,11 @@
-//! The prepacked GEMM (`spinfer_kernels::matmul::gemm_packed`, BF16 and
-//! F32) against its scalar reference on random data: ragged shapes (rows,
+//! The prepacked GEMM (`spinfer_kernels::matmul::gemm_packed`, BF16, F32
+//! and I16) against its scalar reference on random data: ragged shapes (rows,
 //! columns and tokens that are not multiples of the panels, vectors, pairs
 //! or token tiles), fused parts, 1 to 3 threads, bias and epilogue; plus the
 //! properties the encoder relies on (an output does not depend on the other
-//! tokens of the call; F32 is bit for bit the FMA chain from the bias) and
-//! the accuracy of BF16 against the f32 product.
+//! tokens of the call; F32 is bit for bit the FMA chain from the bias, I16
+//! the quantised arithmetic) and the accuracy of BF16 and I16 against the
+//! f32 product.
 
 mod kernels_common;
 
@@ -17,7 +18,7 @@ use spinfer_kernels::matmul::gemm_packed::{
 };
 use spinfer_kernels::pool::ThreadPool;
 
-const TYPES: [PackedType; 2] = [PackedType::Bf16, PackedType::F32];
+const TYPES: [PackedType; 3] = [PackedType::Bf16, PackedType::F32, PackedType::I16];
 
 fn acts(r: &mut StdRng, n: usize) -> Vec<f32> {
     // Magnitudes over three decades, signs mixed, never all zero.
@@ -44,14 +45,15 @@ fn run(pool: &ThreadPool, w: &PackedMatrix, x: &[f32], n: usize, bias: Option<&[
     out
 }
 
-/// `got` against the scalar reference `want`: F32 bit for bit; BF16 within
+/// `got` against the scalar reference `want`: F32 and I16 bit for bit
+/// (I16's sums are exact integers, then the same f32 operations); BF16 within
 /// f32 rounding of the magnitude (`vdpbf16ps` may round its two products
 /// differently from two fused adds).
 fn assert_close(w: &PackedMatrix, x: &[f32], bias: Option<&[f32]>, got: &[f32], want: &[f32], what: &str) {
     let rows = w.rows();
     for (i, (&g, &e)) in got.iter().zip(want).enumerate() {
         let (t, row) = (i / rows, i % rows);
-        if w.ty() == PackedType::F32 && packed_simd_available(PackedType::F32) {
+        if w.ty() == PackedType::I16 || (w.ty() == PackedType::F32 && packed_simd_available(PackedType::F32)) {
             assert_eq!(g.to_bits(), e.to_bits(), "{what}: out[{t}, {row}] = {g}, scalar {e}");
         } else {
             let m = packed_magnitude(w, x, t, row) + bias.map_or(0.0, |b| b[row].abs());
@@ -179,7 +181,12 @@ fn shape_errors_are_reported() {
         assert!(gemm_packed(&pool, &packed, &[0.0; 8], 2, Some(&[0.0; 2]), &mut out, &mut s, None).is_err());
         assert!(gemm_packed(&pool, &packed, &[0.0; 8], 2, None, &mut out[..5], &mut s, None).is_err());
         gemm_packed(&pool, &packed, &[1.0; 8], 2, Some(&[0.5, 0.0, -1.0]), &mut out, &mut s, None).unwrap();
-        assert_eq!(out, [4.5, 4.0, 3.0, 4.5, 4.0, 3.0]);
+        // I16: 4 · 8191 · 4095 in f32 times the two scales, within a few
+        // roundings of 4.
+        let tol = if ty == PackedType::I16 { 1e-6 } else { 0.0 };
+        for (g, e) in out.iter().zip([4.5, 4.0, 3.0, 4.5, 4.0, 3.0]) {
+            assert!((g - e).abs() <= tol, "{ty:?}: {out:?}");
+        }
     }
 }
 
@@ -218,16 +225,69 @@ fn large_calls_split_into_token_chunks_and_row_blocks() {
         let w = random_weights(&mut r, GgmlType::F32, rows, cols);
         let x = acts(&mut r, n * cols);
         let bias: Vec<f32> = (0..rows).map(|_| r.random_range(-1.0f32..1.0)).collect();
-        let packed = PackedMatrix::pack(PackedType::F32, &[(GgmlType::F32, &w, rows)], cols).unwrap();
-        let mut want = vec![0.0f32; n * rows];
-        gemm_packed_scalar(&packed, &x, n, Some(&bias), &mut want).unwrap();
-        for threads in 1..=3 {
-            let mut got = vec![f32::NAN; n * rows];
-            let epi = |s: &mut [f32]| s.iter_mut().for_each(|v| *v = -*v);
-            gemm_packed(&ThreadPool::new(threads), &packed, &x, n, Some(&bias), &mut got, &mut Vec::new(), Some(&epi))
+        for ty in [PackedType::F32, PackedType::I16] {
+            let packed = PackedMatrix::pack(ty, &[(GgmlType::F32, &w, rows)], cols).unwrap();
+            let mut want = vec![0.0f32; n * rows];
+            gemm_packed_scalar(&packed, &x, n, Some(&bias), &mut want).unwrap();
+            for threads in 1..=3 {
+                let mut got = vec![f32::NAN; n * rows];
+                let epi = |s: &mut [f32]| s.iter_mut().for_each(|v| *v = -*v);
+                gemm_packed(
+                    &ThreadPool::new(threads),
+                    &packed,
+                    &x,
+                    n,
+                    Some(&bias),
+                    &mut got,
+                    &mut Vec::new(),
+                    Some(&epi),
+                )
                 .unwrap();
-            got.iter_mut().for_each(|v| *v = -*v);
-            assert_close(&packed, &x, Some(&bias), &got, &want, &format!("{rows}x{cols} n={n} threads={threads}"));
+                got.iter_mut().for_each(|v| *v = -*v);
+                let what = format!("{ty:?} {rows}x{cols} n={n} threads={threads}");
+                assert_close(&packed, &x, Some(&bias), &got, &want, &what);
+            }
         }
     }
+}
+
+/// I16 against the exact (f64) product of the f32 operands: 13-bit
+/// weights per row and 14-bit activations per 64 columns, each within half
+/// a step of its row's or block's largest value, bound the error by
+/// `Σ_c |w| · |x| · (2⁻¹³ + 2⁻¹⁴)` relative to those largest values; on
+/// random data it is far below 2⁻¹¹ of `Σ_c max|w| · max|x|`. NaN in an
+/// activation block makes that token's outputs NaN, as in f32.
+#[test]
+fn i16_is_close_to_the_f32_product_and_propagates_nan() {
+    let pool = ThreadPool::new(2);
+    let mut r = rng(12);
+    let (rows, cols, n) = (70, 1536, 9);
+    let wf: Vec<f32> = (0..rows * cols).map(|_| r.random_range(-0.1f32..0.1)).collect();
+    let mut x = acts(&mut r, n * cols);
+    let packed = PackedMatrix::from_f32(PackedType::I16, &wf, rows, cols).unwrap();
+    let out = run(&pool, &packed, &x, n, None);
+    let mut worst = 0.0f64;
+    for t in 0..n {
+        let xt = &x[t * cols..(t + 1) * cols];
+        for j in 0..rows {
+            let wr = &wf[j * cols..(j + 1) * cols];
+            let exact: f64 = wr.iter().zip(xt).map(|(&w, &v)| f64::from(w) * f64::from(v)).sum();
+            let wmax = wr.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let bound: f64 = xt
+                .chunks(64)
+                .map(|b| {
+                    let xmax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                    f64::from(wmax) * f64::from(xmax) * b.len() as f64
+                })
+                .sum();
+            let err = (f64::from(out[t * rows + j]) - exact).abs();
+            assert!(err <= bound / 2048.0, "token {t} row {j}: {} vs f32 {exact} (bound {bound})", out[t * rows + j]);
+            worst = worst.max(err / bound);
+        }
+    }
+    assert!(worst > 0.0, "the quantisation must show");
+    x[3 * cols + 100] = f32::NAN;
+    let out = run(&pool, &packed, &x, n, None);
+    assert!(out[3 * rows..4 * rows].iter().all(|v| v.is_nan()));
+    assert!(out[..3 * rows].iter().chain(&out[4 * rows..]).all(|v| v.is_finite()));
 }

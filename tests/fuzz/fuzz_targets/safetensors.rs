@@ -50,7 +50,7 @@ fuzz_target!(|data: &[u8]| {
             let params = GenerateParams { max_tokens: 2, ..GenerateParams::default() };
             ok("generate", engine.generate("Hi", &params));
         }
-        let options = EmbedderOptions { threads: 1, batch_size: 2, sparsity: None, bf16: false };
+        let options = EmbedderOptions { threads: 1, batch_size: 2, sparsity: None, reduced_precision: false };
         if let Some(e) = ok("embedder", Embedder::load_with_registry(&dir, r, options)) {
             ok("embed", e.embed(TEXT));
         }

@@ -315,6 +315,11 @@ impl SparseFfn {
         })
     }
 
+    /// Whether this is a calibration recorder (which runs dense).
+    pub(crate) fn is_recorder(&self) -> bool {
+        self.recorder.is_some()
+    }
+
     /// A calibration recorder (runs dense).
     pub(crate) fn recorder(c: &BertConfig, recorder: Recorder) -> Self {
         Self {

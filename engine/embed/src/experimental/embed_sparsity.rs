@@ -69,9 +69,9 @@ impl Embedder {
     /// Embeds `texts` with `recorder` in the FFN hook, restoring whatever
     /// sparsity was set.
     fn record(&mut self, texts: &[&str], recorder: SparseFfn) -> Result<(Vec<Embedding>, SparseFfn)> {
-        let previous = self.model_mut().sparse.replace(recorder);
+        let previous = self.model_mut().set_sparse(Some(recorder))?;
         let result = self.embed_batch_detailed(texts);
-        let recorder = std::mem::replace(&mut self.model_mut().sparse, previous);
+        let recorder = self.model_mut().set_sparse(previous)?;
         let recorder = recorder.ok_or_else(|| Error::InvalidArgument("the calibration recorder vanished".into()))?;
         Ok((result?, recorder))
     }
@@ -111,7 +111,7 @@ impl Embedder {
                 Some(SparseFfn::build(&loader, &self.model().config, s, path)?)
             }
         };
-        self.model_mut().sparse = sparse;
+        self.model_mut().set_sparse(sparse)?;
         Ok(())
     }
 
