@@ -91,7 +91,8 @@ fn a_batch_of_mixed_lengths_equals_one_at_a_time() {
     let longer = "other words ".repeat(100);
     // 350 tokens in all: the forward pass takes them in two runs of
     // sequences (at most 256 tokens each, the last text alone).
-    let texts = ["Hi", "", "A much longer sentence, with several clauses, commas and words in it.", &long, "x y", &longer];
+    let texts =
+        ["Hi", "", "A much longer sentence, with several clauses, commas and words in it.", &long, "x y", &longer];
     let batch = e.embed_batch(&texts).unwrap();
     for (t, b) in texts.iter().zip(&batch) {
         let one = e.embed(t).unwrap();
