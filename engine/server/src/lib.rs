@@ -33,7 +33,7 @@ use tokio::sync::Semaphore;
 pub use error::{ApiError, Error, Result};
 use routes::{AppState, Served};
 use spinfer_engine::Engine;
-use spinfer_engine::config::{Config, ServerSection};
+use spinfer_engine::config::{Config, PrecisionSetting, ServerSection};
 use spinfer_engine::embed::{Embedder, EmbedderOptions};
 
 /// Most bytes of an `api_keys_file`.
@@ -61,11 +61,7 @@ impl Server {
         let metrics = Arc::new(metrics::Metrics::default());
         let ctx = config.model_options().ctx;
         let (served, cap) = if is_sentence_embedder(path) {
-            let mut o = EmbedderOptions::default();
-            if let Some(t) = config.model.threads {
-                o.threads = t;
-            }
-            let embedder = Arc::new(Embedder::load(path, o)?);
+            let embedder = Arc::new(Embedder::load(path, embedder_options(config))?);
             (Served::Embedder { embedder, permits: Arc::new(Semaphore::new(s.slots)) }, ctx)
         } else {
             let (engine, packs) = Engine::from_config(config)?;
@@ -240,4 +236,34 @@ fn read_keys(path: &Path) -> Result<Vec<String>> {
         return Err(Error::Config(format!("{}: key '{head}…' is shorter than 8 characters", path.display())));
     }
     Ok(keys)
+}
+
+/// The options of a served sentence embedder: `[model] threads`, and
+/// `precision = "precise"` for f32 products (the other settings keep the
+/// reduced-precision products, bf16 or i16, where the CPU makes them
+/// faster).
+fn embedder_options(config: &Config) -> EmbedderOptions {
+    let mut o = EmbedderOptions::default();
+    if let Some(t) = config.model.threads {
+        o.threads = t;
+    }
+    if config.model.precision == PrecisionSetting::Precise {
+        o.reduced_precision = false;
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedder_options_follow_the_model_section() {
+        let parse = |toml: &str| Config::parse(toml, Path::new("spinfer.toml")).unwrap();
+        let precise = embedder_options(&parse("[model]\npath = \"m\"\nprecision = \"precise\"\nthreads = 3\n"));
+        assert!(!precise.reduced_precision);
+        assert_eq!(precise.threads, 3);
+        let fast = embedder_options(&parse("[model]\npath = \"m\"\n"));
+        assert_eq!(fast.reduced_precision, EmbedderOptions::default().reduced_precision);
+    }
 }
