@@ -38,7 +38,7 @@
 //! all four in f32. The packed kernels compute each token's outputs the
 //! same way whatever else is in the batch, so [`BertModel::forward`] takes
 //! a batch through the layers in runs of sequences of at most
-//! [`GROUP_TOKENS`] tokens, whose activations stay in the caches.
+//! `GROUP_TOKENS` (256) tokens, whose activations stay in the caches.
 
 use std::path::PathBuf;
 use std::sync::Arc;

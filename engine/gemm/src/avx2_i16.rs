@@ -16,7 +16,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{MR, SUB, V, drive};
-use super::int16::{A_MAX, BLOCK};
+use super::int16::{A_MAX, BLOCK, scale_inverse};
 use super::{Epilogue, NR, PackedMatrix};
 use spinfer_kernel_base::kernel::scratch_aligned;
 use spinfer_kernel_base::pool::{SyncPtr, ThreadPool, chunk};
@@ -133,8 +133,8 @@ pub(super) unsafe fn quantize_row(x: &[f32], q: *mut i16, s: *mut f32) {
                 *s.add(b) = f32::NAN;
                 continue;
             }
-            let inv = if m > 0.0 { A_MAX / m } else { 0.0 };
-            *s.add(b) = m / A_MAX;
+            let inv = scale_inverse(m, A_MAX);
+            *s.add(b) = if inv == 0.0 { 0.0 } else { m / A_MAX };
             let vinv = _mm256_set1_ps(inv);
             for c in (0..full).step_by(V) {
                 // Round to nearest even (the default MXCSR mode), then

@@ -27,8 +27,11 @@ const _: () = assert!((BLOCK as f64) * (A_MAX as f64) * (W_MAX as f64) < 2_147_4
 /// Quantises `v` into `dst` (same length) to integers in `[-max, max]` and
 /// returns the scale (`v ≈ scale · dst`): `max / m` times each value
 /// rounded to nearest even, `m` the largest magnitude. An all-zero `v`
-/// has scale 0; one with a NaN or an infinity has scale NaN and zeros, so
-/// the products it enters are NaN, as in f32.
+/// has scale 0, and so has one whose values are all too small for `max /
+/// m` to be finite (below about 2.4e-35 for activations: their products
+/// are below f32's resolution of any sum they could change); one with a
+/// NaN or an infinity has scale NaN and zeros, so the products it enters
+/// are NaN, as in f32.
 pub fn quantize(v: &[f32], max: f32, dst: &mut [i16]) -> f32 {
     let mut m = 0.0f32;
     let mut finite = true;
@@ -40,11 +43,22 @@ pub fn quantize(v: &[f32], max: f32, dst: &mut [i16]) -> f32 {
         dst.fill(0);
         return f32::NAN;
     }
-    let inv = if m > 0.0 { max / m } else { 0.0 };
+    let inv = scale_inverse(m, max);
+    if inv == 0.0 {
+        dst.fill(0);
+        return 0.0;
+    }
     for (d, &x) in dst.iter_mut().zip(v) {
         *d = (x * inv).round_ties_even() as i16;
     }
     m / max
+}
+
+/// `max / m`, or 0 when `m` is 0 or so small that the quotient is not
+/// finite (the block then quantises to zeros with scale 0).
+pub(crate) fn scale_inverse(m: f32, max: f32) -> f32 {
+    let inv = max / m;
+    if inv.is_finite() { inv } else { 0.0 }
 }
 
 /// The activations of `n` tokens quantised per block of [`BLOCK`] columns.
@@ -106,6 +120,12 @@ mod tests {
         assert_eq!(quantize(&[0.0; 3], A_MAX, &mut q[..3]), 0.0);
         assert_eq!(q[..3], [0, 0, 0]);
         assert!(quantize(&[1.0, f32::NAN], A_MAX, &mut q[..2]).is_nan());
+        // Too small for A_MAX / m: zeros, scale 0 (never the saturated
+        // garbage an infinite factor would give); just above: exact steps.
+        assert_eq!(quantize(&[1e-40, -3e-39], A_MAX, &mut q[..2]), 0.0);
+        assert_eq!(q[..2], [0, 0]);
+        let s = quantize(&[1e-34, -5e-35], A_MAX, &mut q[..2]);
+        assert!(s > 0.0 && q[0] == 8191 && q[1] == -4096, "{s:e} {:?}", &q[..2]);
         assert!(quantize(&[1.0, f32::INFINITY], W_MAX, &mut q[..2]).is_nan());
     }
 }
