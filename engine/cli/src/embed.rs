@@ -124,12 +124,21 @@ pub fn embed(a: EmbedArgs) -> Result<()> {
     if !quiet {
         let tokens: usize = results.iter().map(|e| e.tokens).sum();
         let truncated = results.iter().filter(|e| e.truncated).count();
+        // The matmuls' kernels, each named once (the precision they ran
+        // in: f32, bf16 or i16).
+        let mut kernels: Vec<&str> = Vec::new();
+        for k in embedder.model().dense_layers().map(|d| d.kernel_name()) {
+            if !kernels.contains(&k) {
+                kernels.push(k);
+            }
+        }
         eprintln!(
-            "[{} inputs, {tokens} tokens, {truncated} truncated, dim {} | {secs:.3} s: {:.1} inputs/s, {:.0} tokens/s]",
+            "[{} inputs, {tokens} tokens, {truncated} truncated, dim {} | {secs:.3} s: {:.1} inputs/s, {:.0} tokens/s | matmuls: {}]",
             results.len(),
             embedder.dimensions(),
             results.len() as f64 / secs,
-            tokens as f64 / secs
+            tokens as f64 / secs,
+            kernels.join(", ")
         );
         report_sparsity(&embedder);
     }

@@ -58,6 +58,24 @@ fn embed_jsonl_gives_one_object_per_line_in_order() {
     assert_eq!(bytes.len(), 10 + header_len + 2 * 384 * 4);
     let out = spinfer(&["embed", "-m", m.to_str().unwrap(), "--format", "npy", "x"]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("-o"));
+
+    // Without --quiet the summary on stderr names the matmuls' kernels,
+    // so the precision they ran in shows: f32 alone when reduced precision
+    // is off.
+    for reduced in ["1", "0"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_spinfer"))
+            .args(["embed", "-m", m.to_str().unwrap(), "hello"])
+            .env("SPINFER_EMBED_REDUCED", reduced)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let kernels = err.split("| matmuls: ").nth(1).and_then(|k| k.split(']').next()).unwrap_or_default();
+        assert!(!kernels.trim().is_empty(), "no kernels named in {err}");
+        if reduced == "0" {
+            assert!(kernels.contains("f32*f32") && !kernels.contains("bf16") && !kernels.contains("i16"), "{err}");
+        }
+    }
 }
 
 #[test]
