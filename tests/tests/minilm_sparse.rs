@@ -66,17 +66,23 @@ fn calibrated_sparse_ffn_stays_close_to_dense() {
     assert!(kept < 0.8, "kept {kept}: the thresholds skip too little");
 }
 
+/// Sets a sparse FFN that keeps every neuron (thresholds below zero),
+/// with the model id a short calibration gives.
+fn set_keep_all(e: &mut Embedder) {
+    let loader_id = {
+        let texts = calibration_texts(e, 4);
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        e.calibrate_sparsity(&refs, 0.0, "wikitext").unwrap().model
+    };
+    e.set_sparsity(Some(BertSparsity::new(loader_id, 0.0, vec![-1.0; 6])), Path::new("keep-all")).unwrap();
+}
+
 #[test]
 fn keeping_every_neuron_equals_dense() {
     let Some(mut e) = load() else { return };
     let sentences = reference_texts();
     let dense = embed_all(&e, &sentences);
-    let loader_id = {
-        let texts = calibration_texts(&e, 4);
-        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        e.calibrate_sparsity(&refs, 0.0, "wikitext").unwrap().model
-    };
-    e.set_sparsity(Some(BertSparsity::new(loader_id, 0.0, vec![-1.0; 6])), Path::new("keep-all")).unwrap();
+    set_keep_all(&mut e);
     let sparse = embed_all(&e, &sentences);
     assert_eq!(e.sparse_ffn().unwrap().kept_fraction(), 1.0);
     // With int16 products (AVX2 without AVX-512 BF16) the dense model's
@@ -108,12 +114,7 @@ fn keeping_every_neuron_equals_dense_in_f32() {
     let mut e = Embedder::load(&dir, options).expect("minilm loads");
     let sentences = reference_texts();
     let dense = embed_all(&e, &sentences);
-    let loader_id = {
-        let texts = calibration_texts(&e, 4);
-        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        e.calibrate_sparsity(&refs, 0.0, "wikitext").unwrap().model
-    };
-    e.set_sparsity(Some(BertSparsity::new(loader_id, 0.0, vec![-1.0; 6])), Path::new("keep-all")).unwrap();
+    set_keep_all(&mut e);
     let sparse = embed_all(&e, &sentences);
     for ((d, s), text) in dense.iter().zip(&sparse).zip(&sentences) {
         let diff = d.iter().zip(s).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);

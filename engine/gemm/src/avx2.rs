@@ -68,7 +68,7 @@ pub(super) fn run(
         // (when present) holds `rows` floats; `available` holds.
         unsafe {
             let pp = (panels as *const f32).add(p * steps * NR + j0);
-            pick(m, width)(steps, (xs as *const f32).add(t * steps), steps, pp, c, rows, bp, width);
+            pick::<F32Tiles>(m, width)(steps, (xs as *const f32).add(t * steps), steps, pp, c, rows, bp, width);
         }
     });
 }
@@ -129,18 +129,38 @@ pub(super) fn drive(
 /// Signature of the micro-kernels.
 type Ukr = unsafe fn(usize, *const f32, usize, *const f32, *mut f32, usize, *const f32, usize);
 
-/// The micro-kernel for `m` tokens and `width` rows (1 to 16).
-fn pick(m: usize, width: usize) -> Ukr {
-    fn by_nv<const M: usize>(width: usize) -> Ukr {
-        if width > V { ukr::<M, 2> } else { ukr::<M, 1> }
+/// An AVX2 kernel's micro-kernels, one per tile shape: `M` tokens × `NV`
+/// vectors of 8 rows.
+pub(super) trait Tiles {
+    /// The micro-kernels' function type.
+    type Ukr;
+    /// The micro-kernel for `M` tokens and `NV` vectors.
+    fn ukr<const M: usize, const NV: usize>() -> Self::Ukr;
+}
+
+/// The micro-kernel of `T` for `m` tokens (1 to [`MR`]) and `width` rows
+/// (1 to 16).
+pub(super) fn pick<T: Tiles>(m: usize, width: usize) -> T::Ukr {
+    fn by_nv<T: Tiles, const M: usize>(width: usize) -> T::Ukr {
+        if width > V { T::ukr::<M, 2>() } else { T::ukr::<M, 1>() }
     }
     match m {
-        6 => by_nv::<6>(width),
-        5 => by_nv::<5>(width),
-        4 => by_nv::<4>(width),
-        3 => by_nv::<3>(width),
-        2 => by_nv::<2>(width),
-        _ => by_nv::<1>(width),
+        6 => by_nv::<T, 6>(width),
+        5 => by_nv::<T, 5>(width),
+        4 => by_nv::<T, 4>(width),
+        3 => by_nv::<T, 3>(width),
+        2 => by_nv::<T, 2>(width),
+        _ => by_nv::<T, 1>(width),
+    }
+}
+
+/// The f32 kernel's tiles.
+struct F32Tiles;
+
+impl Tiles for F32Tiles {
+    type Ukr = Ukr;
+    fn ukr<const M: usize, const NV: usize>() -> Ukr {
+        ukr::<M, NV>
     }
 }
 

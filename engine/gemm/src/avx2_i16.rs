@@ -15,15 +15,11 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{MR, SUB, V, drive};
+use super::avx2::{MR, SUB, Tiles, V, drive, pick};
 use super::int16::{A_MAX, BLOCK, scale_inverse};
 use super::{Epilogue, NR, PackedMatrix};
 use spinfer_kernel_base::kernel::scratch_aligned;
-use spinfer_kernel_base::pool::{SyncPtr, ThreadPool, chunk};
-
-/// Activations below which one thread quantises them all (a broadcast
-/// costs more than it saves).
-const PAR_QUANTIZE: usize = 16 * 1024;
+use spinfer_kernel_base::pool::{SyncPtr, ThreadPool};
 
 /// Runs the product (see [`super::gemm_packed`]; operands checked, `w` is
 /// i16, `avx2::available` holds, `n > 0`).
@@ -60,7 +56,7 @@ pub(super) fn run(
             let pp = (panels as *const i32).add(p * steps * NR + j0);
             let (xt, st) = ((xs as *const i32).add(t * steps), (sa as *const f32).add(t * nb));
             let swr = (sw as *const f32).add(r);
-            pick(m, width)(steps, xt, st, nb, pp, c, rows, bp, swr, width);
+            pick::<I16Tiles>(m, width)(steps, xt, st, nb, pp, c, rows, bp, swr, width);
         }
     });
 }
@@ -87,11 +83,7 @@ fn quantize_tokens(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, dst: &mu
             }
         }
     };
-    if n * cols >= PAR_QUANTIZE && pool.n_threads() > 1 {
-        pool.broadcast(&|ti, nt| convert(chunk(n, ti, nt)));
-    } else {
-        convert(0..n);
-    }
+    super::convert_tokens(pool, n, n * cols, &convert);
 }
 
 /// Quantises one token's activations as [`super::int16::Quantized`]
@@ -157,18 +149,13 @@ pub(super) unsafe fn quantize_row(x: &[f32], q: *mut i16, s: *mut f32) {
 /// Signature of the micro-kernels.
 type Ukr = unsafe fn(usize, *const i32, *const f32, usize, *const i32, *mut f32, usize, *const f32, *const f32, usize);
 
-/// The micro-kernel for `m` tokens and `width` rows (1 to 16).
-fn pick(m: usize, width: usize) -> Ukr {
-    fn by_nv<const M: usize>(width: usize) -> Ukr {
-        if width > V { ukr::<M, 2> } else { ukr::<M, 1> }
-    }
-    match m {
-        6 => by_nv::<6>(width),
-        5 => by_nv::<5>(width),
-        4 => by_nv::<4>(width),
-        3 => by_nv::<3>(width),
-        2 => by_nv::<2>(width),
-        _ => by_nv::<1>(width),
+/// The i16 kernel's tiles, for [`pick`].
+struct I16Tiles;
+
+impl Tiles for I16Tiles {
+    type Ukr = Ukr;
+    fn ukr<const M: usize, const NV: usize>() -> Ukr {
+        ukr::<M, NV>
     }
 }
 

@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 
 use super::{Epilogue, LANES, NR, PackedMatrix, PackedType, to_bf16};
 use spinfer_kernel_base::kernel::scratch_aligned;
-use spinfer_kernel_base::pool::{SyncPtr, ThreadPool, chunk, chunk_aligned};
+use spinfer_kernel_base::pool::{SyncPtr, ThreadPool, chunk_aligned};
 
 /// Tokens per register tile.
 const MR: usize = 8;
@@ -25,10 +25,6 @@ pub(super) fn available(ty: PackedType) -> bool {
             PackedType::I16 => false,
         }
 }
-
-/// Fewest activation values for which the bf16 rounding is split over
-/// the pool (below, one more broadcast costs more than it saves).
-const PAR_CONVERT: usize = 32 * 1024;
 
 /// Runs the product (see [`super::gemm_packed`]; operands checked, the
 /// CPU has the kernel's features, `n > 0`).
@@ -119,11 +115,7 @@ pub(super) fn round_pairs(pool: &ThreadPool, x: &[f32], n: usize, cols: usize, d
             unsafe { convert_row(&x[t * cols..(t + 1) * cols], dst.get().cast::<u32>().add(t * steps)) };
         }
     };
-    if n * cols >= PAR_CONVERT && pool.n_threads() > 1 {
-        pool.broadcast(&|ti, nt| convert(chunk(n, ti, nt)));
-    } else {
-        convert(0..n);
-    }
+    super::convert_tokens(pool, n, n * cols, &convert);
 }
 
 /// Rounds one row of activations to bf16 pairs (`ceil(x.len() / 2)` u32

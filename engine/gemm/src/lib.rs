@@ -281,6 +281,23 @@ impl PackedMatrix {
     }
 }
 
+/// Fewest activation values for which converting them (bf16 rounding,
+/// i16 quantisation) is split over the pool (below, one more broadcast
+/// costs more than it saves).
+const PAR_CONVERT: usize = 32 * 1024;
+
+/// Runs `convert` over the tokens `0..n` (`values` activations in all):
+/// in ranges over the pool when there are enough of them, else on this
+/// thread alone.
+#[cfg(target_arch = "x86_64")]
+fn convert_tokens(pool: &ThreadPool, n: usize, values: usize, convert: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+    if values >= PAR_CONVERT && pool.n_threads() > 1 {
+        pool.broadcast(&|ti, nt| convert(spinfer_kernel_base::pool::chunk(n, ti, nt)));
+    } else {
+        convert(0..n);
+    }
+}
+
 /// A function applied once to every output, after the sum, on slices of
 /// one token's row (e.g. an activation function), while they are still in
 /// cache.
