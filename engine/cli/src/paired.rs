@@ -68,7 +68,7 @@ fn sign_test(k: usize, n: usize) -> f64 {
 /// gives `[x_(j), x_(n-1-j)]`.
 fn median_ci95(n: usize) -> Option<(usize, usize)> {
     let j = (0..n / 2).take_while(|&j| j == 0 || binom_cdf(j - 1, n) <= 0.025).last()?;
-    (j > 0).then_some((j - 1, n - j))
+    (j > 0).then(|| (j - 1, n - j))
 }
 
 #[cfg(test)]
