@@ -17,6 +17,9 @@
 #   --sparsity FILE   run spinfer with this sparsity sidecar (spinfer bench --sparsity FILE)
 #   --head-index FILE run spinfer with the sparse output head of this index
 #                     (spinfer calibrate-head); --head-probes N its probes
+#   --depth D         start every test from a cache already holding D tokens
+#                     (spinfer bench --depth D, llama-bench -d D): a long
+#                     conversation's later turns
 #   --spinfer BIN     use this spinfer binary and skip the cargo build (e.g. one
 #                     built from a clean checkout while target/ is in use)
 #   -h, --help        this help
@@ -58,6 +61,7 @@ SPARSITY=""
 HEAD_INDEX=""
 HEAD_PROBES=""
 SPINFER_BIN="${SPINFER:-}"
+DEPTH=0
 POS=()
 
 while [[ $# -gt 0 ]]; do
@@ -74,6 +78,8 @@ while [[ $# -gt 0 ]]; do
     --sparsity=*) SPARSITY="${1#*=}"; shift ;;
     --head-index) HEAD_INDEX="${2:?--head-index needs a file}"; shift 2 ;;
     --head-probes) HEAD_PROBES="${2:?--head-probes needs a value}"; shift 2 ;;
+    --depth) DEPTH="${2:?--depth needs a value}"; shift 2 ;;
+    --depth=*) DEPTH="${1#*=}"; shift ;;
     --spinfer) SPINFER_BIN="${2:?--spinfer needs a binary}"; shift 2 ;;
     --spinfer=*) SPINFER_BIN="${1#*=}"; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -94,6 +100,7 @@ if [[ "$LB" == */* ]]; then LB="$(abspath "$LB")"; else LB="$(command -v "$LB" |
 
 [[ -f "$MODEL" ]] || { echo "error: model not found: $MODEL" >&2; exit 1; }
 SPINFER_EXTRA=()
+[[ "$DEPTH" =~ ^[0-9]+$ ]] || { echo "error: --depth needs a whole number, got '$DEPTH'" >&2; exit 2; }
 if [[ -n "$SPARSITY" ]]; then
   SPARSITY="$(abspath "$SPARSITY")"
   [[ -f "$SPARSITY" ]] || { echo "error: sparsity sidecar not found: $SPARSITY" >&2; exit 1; }
@@ -130,7 +137,7 @@ fi
 # --- one measurement each; both append a normalised JSON line to $RAW ---------
 run_spinfer() { # threads rep
   local t=$1 r=$2 out="$WORK/spinfer.t$1.r$2.out" err="$WORK/spinfer.t$1.r$2.err"
-  if ! "$SPINFER" bench --model "$MODEL" --threads "$t" --json "${SPINFER_EXTRA[@]}" >"$out" 2>"$err"; then
+  if ! "$SPINFER" bench --model "$MODEL" --threads "$t" --depth "$DEPTH" --json "${SPINFER_EXTRA[@]}" >"$out" 2>"$err"; then
     echo "error: spinfer bench failed (threads=$t rep=$r):" >&2; tail -n 20 "$err" >&2; exit 1
   fi
   python3 - "$out" "$t" "$r" >>"$RAW" <<'PY'
@@ -162,7 +169,7 @@ PY
 
 run_llama() { # threads rep
   local t=$1 r=$2 out="$WORK/llama.t$1.r$2.json" err="$WORK/llama.t$1.r$2.err"
-  if ! "${TIMEV[@]}" "$LB" -m "$MODEL" -t "$t" -p 128,512 -n 128 -r 1 -o json >"$out" 2>"$err"; then
+  if ! "${TIMEV[@]}" "$LB" -m "$MODEL" -t "$t" -p 128,512 -n 128 -d "$DEPTH" -r 1 -o json >"$out" 2>"$err"; then
     echo "error: llama-bench failed (threads=$t rep=$r):" >&2; tail -n 20 "$err" >&2; exit 1
   fi
   python3 - "$out" "$t" "$r" "$err" >>"$RAW" <<'PY'
@@ -220,9 +227,9 @@ fi
 [[ -n "$RAW_OUT" ]] && cp "$RAW" "$RAW_OUT"
 
 # --- summary ------------------------------------------------------------------
-python3 - "$RAW" "$MEMBW_OUT" "$MODEL" "$LB" "$REPS" "$LLAMA_ONLY" <<'PY'
+python3 - "$RAW" "$MEMBW_OUT" "$MODEL" "$LB" "$REPS" "$LLAMA_ONLY" "$DEPTH" <<'PY'
 import json, os, re, statistics, sys
-raw, membw_path, model, lb, reps, llama_only = sys.argv[1:7]
+raw, membw_path, model, lb, reps, llama_only, depth = sys.argv[1:8]
 recs = [json.loads(l) for l in open(raw) if l.strip()]
 threads = sorted({r["threads"] for r in recs})
 metrics = ["pp128", "pp512", "tg128"]
@@ -238,6 +245,8 @@ def fmt(x, nd=1):
 commit = next((r.get("build_commit") for r in recs if r.get("build_commit")), "?")
 print(f"\nModel: {os.path.relpath(model)} ({model_bytes / 2**20:.1f} MiB)")
 print(f"llama-bench: {lb} (build {commit}); {reps} interleaved reps per thread count; medians in tokens/s")
+if depth != "0":
+    print(f"every test starts from a cache holding {depth} tokens (spinfer bench --depth, llama-bench -d)")
 print()
 print("| threads | metric | spinfer median | llama.cpp median | ratio |")
 print("|---:|---|---:|---:|---:|")

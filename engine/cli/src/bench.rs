@@ -7,6 +7,10 @@
 //! becomes tg NxB: B sequences decode N tokens together, one token each
 //! per step in one batched forward (as `spinfer serve` runs its slots, and
 //! llama-batched-bench's S_TG), and the figure is their aggregate rate.
+//! With `--depth D` (llama-bench's `-d`), every test starts from a cache
+//! already holding D tokens (prefilled untimed before each run), so pp
+//! and tg measure a long conversation's later turns, where attention over
+//! the cache costs as much as the weights.
 //!
 //! `--vs-dense` (with a sparsity sidecar) answers "is this sparse
 //! configuration faster here?": the model is loaded twice, sparse and
@@ -20,7 +24,7 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use clap::Args;
 use spinfer_engine::Engine;
-use spinfer_engine::model::Session;
+use spinfer_engine::model::{KvCache, Session};
 
 use crate::commands::{CommonArgs, load_config, progress};
 use crate::paired::Paired;
@@ -50,6 +54,10 @@ pub struct BenchArgs {
     /// sequence, the rate their sum.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
+    /// Tokens already in the cache when each test starts (llama-bench's
+    /// `-d`): prefilled, untimed, before every run.
+    #[arg(long, default_value_t = 0)]
+    pub depth: usize,
     #[arg(skip)]
     pub quiet: bool,
 }
@@ -63,6 +71,9 @@ const MAX_GEN: usize = 1000;
 /// Most sequences `--batch` accepts (each holds a KV cache).
 const MAX_BATCH: usize = 64;
 
+/// Most tokens `--depth` accepts (the model's context bounds it too).
+const MAX_DEPTH: usize = 1 << 17;
+
 /// The tests `a` asks for: (name, prompt tokens, generated tokens).
 fn tests(a: &BenchArgs) -> Result<Vec<(String, usize, usize)>> {
     if !(1..=MAX_GEN).contains(&a.gen_tokens) {
@@ -70,6 +81,9 @@ fn tests(a: &BenchArgs) -> Result<Vec<(String, usize, usize)>> {
     }
     if !(1..=MAX_BATCH).contains(&a.batch) {
         anyhow::bail!("--batch must be between 1 and {MAX_BATCH}, got {}", a.batch);
+    }
+    if a.depth > MAX_DEPTH {
+        anyhow::bail!("--depth must be at most {MAX_DEPTH}, got {}", a.depth);
     }
     let tg = if a.batch > 1 { format!("tg{}x{}", a.gen_tokens, a.batch) } else { format!("tg{}", a.gen_tokens) };
     let all = [("pp128".to_string(), 128, 0), ("pp512".to_string(), 512, 0), (tg, 0, a.gen_tokens)];
@@ -99,10 +113,20 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     let tests = tests(&a)?;
     // The context the tests need (the warm-up's 32 tokens are reset), so
     // a memory budget pays only for the KV cache they use.
-    let ctx = tests.iter().map(|&(_, pp, tg)| pp + tg).max().unwrap_or(0).max(32).next_multiple_of(64);
+    let ctx = tests.iter().map(|&(_, pp, tg)| a.depth + pp + tg).max().unwrap_or(0).max(32).next_multiple_of(64);
     let engine = crate::commands::load(&a.common, Some(ctx))?;
+    let trained = engine.model.config.ctx_train;
+    let longest = tests.iter().map(|&(_, pp, tg)| pp + tg).max().unwrap_or(0);
+    if a.depth + longest > trained {
+        bail!(
+            "--depth {}: with the longest test's {longest} tokens the cache would pass the {trained} positions the \
+             model was trained for",
+            a.depth
+        );
+    }
     let mut session = engine.model.new_session();
-    let tokens = bench_tokens(&engine);
+    let tokens = bench_tokens(&engine, 512);
+    let depth = Depth::new(&engine, a.depth);
     warm_up(&engine, &mut session, &tokens)?;
     session.reset_stream_stats();
 
@@ -114,13 +138,13 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         let mut rates = Vec::with_capacity(reps);
         for _ in 0..reps {
             let rate = if pp > 0 {
-                prefill(&engine, &mut session, &tokens[..pp])?
+                prefill(&engine, &mut session, &depth, &tokens[..pp])?
             } else if a.batch > 1 {
                 decoded += tg * a.batch;
-                decode_batch(&engine, &mut session, &tokens[..a.batch], tg)?
+                decode_batch(&engine, &mut session, &depth, &tokens[..a.batch], tg)?
             } else {
                 decoded += tg;
-                decode(&engine, &mut session, tg)?
+                decode(&engine, &mut session, &depth, tg)?
             };
             rates.push(rate);
             bar.inc(1);
@@ -137,6 +161,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         }
         obj.insert("peak_rss_bytes".into(), serde_json::json!(rss));
         obj.insert("threads".into(), serde_json::json!(engine.model.options.threads));
+        obj.insert("depth".into(), serde_json::json!(a.depth));
         obj.insert("bytes_per_token".into(), serde_json::json!(bytes_per_token(&engine, &session)));
         if let Some(st) = session.stream_stats() {
             // Every step of every test streamed: per decoded token when
@@ -160,10 +185,11 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
             m.options.threads,
             m.options.precision
         );
+        let at = if a.depth > 0 { format!(" @ d{}", a.depth) } else { String::new() };
         println!("| test  |   tokens/s |");
         println!("|-------|-----------:|");
         for (name, rate) in &results {
-            println!("| {name} | {rate:>10.2} |");
+            println!("| {name}{at} | {rate:>10.2} |");
         }
         if let Some(rss) = rss {
             println!("peak RSS: {:.1} MiB", rss as f64 / (1 << 20) as f64);
@@ -209,10 +235,41 @@ fn bytes_per_token(engine: &Engine, session: &Session) -> u64 {
     }
 }
 
-/// Pseudo-random token ids, as llama-bench uses.
-fn bench_tokens(engine: &Engine) -> Vec<u32> {
+/// `n` pseudo-random token ids, as llama-bench uses.
+fn bench_tokens(engine: &Engine, n: usize) -> Vec<u32> {
     let vocab = engine.model.config.vocab_size as u64;
-    (0..512u64).map(|i| ((i * 2_654_435_761 + 12_345) % vocab) as u32).collect()
+    (0..n as u64).map(|i| ((i * 2_654_435_761 + 12_345) % vocab) as u32).collect()
+}
+
+/// The tokens every test finds in its cache (`--depth`).
+struct Depth(Vec<u32>);
+
+impl Depth {
+    fn new(engine: &Engine, depth: usize) -> Self {
+        // Different ids from the tests' own (an offset into the sequence).
+        let mut t = bench_tokens(engine, depth + 1000);
+        t.drain(..1000);
+        Self(t)
+    }
+
+    /// Empties `s` and fills it with the depth's tokens, as a prompt.
+    fn fill(&self, engine: &Engine, s: &mut Session) -> Result<()> {
+        s.reset();
+        if !self.0.is_empty() {
+            engine.model.forward(s, &self.0)?;
+        }
+        Ok(())
+    }
+
+    /// Fills one sequence of a batch (`work` lends its buffers) in steps
+    /// of at most the model's batch size.
+    fn fill_kv(&self, engine: &Engine, work: &mut Session, kv: &mut KvCache) -> Result<()> {
+        let m = &engine.model;
+        for chunk in self.0.chunks(m.max_batch_tokens()) {
+            m.forward_batch(work, &mut [&mut *kv], chunk, &[chunk.len()], &[true])?;
+        }
+        Ok(())
+    }
 }
 
 /// Pages in the weights and starts the pool's threads.
@@ -244,7 +301,7 @@ fn vs_dense(a: &BenchArgs) -> Result<()> {
     let engines = [&dense, &sparse];
     let mut sessions = [dense.model.new_session(), sparse.model.new_session()];
     for (e, s) in engines.iter().zip(&mut sessions) {
-        warm_up(e, s, &bench_tokens(e))?;
+        warm_up(e, s, &bench_tokens(e, 512))?;
     }
     let rounds = a.reps.max(1);
     let bar = progress(a.common.quiet || a.common.json, rounds as u64, "rounds");
@@ -253,7 +310,7 @@ fn vs_dense(a: &BenchArgs) -> Result<()> {
     for r in 0..rounds {
         let mut rate = [0.0; 2];
         for k in [r % 2, 1 - r % 2] {
-            rate[k] = decode(engines[k], &mut sessions[k], TG)?;
+            rate[k] = decode(engines[k], &mut sessions[k], &Depth(Vec::new()), TG)?;
             rates[k].push(rate[k]);
         }
         ratios.push(rate[1] / rate[0]);
@@ -302,8 +359,8 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn prefill(engine: &Engine, s: &mut Session, tokens: &[u32]) -> Result<f64> {
-    s.reset();
+fn prefill(engine: &Engine, s: &mut Session, depth: &Depth, tokens: &[u32]) -> Result<f64> {
+    depth.fill(engine, s)?;
     let t = Instant::now();
     // As generation does: the next token's logits from the configured head.
     engine.model.forward(s, tokens)?;
@@ -311,8 +368,8 @@ fn prefill(engine: &Engine, s: &mut Session, tokens: &[u32]) -> Result<f64> {
     Ok(tokens.len() as f64 / t.elapsed().as_secs_f64())
 }
 
-fn decode(engine: &Engine, s: &mut Session, n: usize) -> Result<f64> {
-    s.reset();
+fn decode(engine: &Engine, s: &mut Session, depth: &Depth, n: usize) -> Result<f64> {
+    depth.fill(engine, s)?;
     let vocab = engine.model.config.vocab_size as u32;
     let mut tok = 1 % vocab;
     let t = Instant::now();
@@ -328,7 +385,7 @@ fn decode(engine: &Engine, s: &mut Session, n: usize) -> Result<f64> {
 /// `firsts.len()` sequences, one starting from each of `firsts`, decode
 /// `n` tokens together: per step one batched forward of one token each,
 /// then each one's logits and argmax. Returns the aggregate tokens/s.
-fn decode_batch(engine: &Engine, work: &mut Session, firsts: &[u32], n: usize) -> Result<f64> {
+fn decode_batch(engine: &Engine, work: &mut Session, depth: &Depth, firsts: &[u32], n: usize) -> Result<f64> {
     let m = &engine.model;
     let b = firsts.len();
     if b > m.max_batch_tokens() {
@@ -336,6 +393,9 @@ fn decode_batch(engine: &Engine, work: &mut Session, firsts: &[u32], n: usize) -
     }
     let vocab = m.config.vocab_size;
     let mut kvs: Vec<_> = (0..b).map(|_| m.new_kv_cache()).collect();
+    for kv in &mut kvs {
+        depth.fill_kv(engine, work, kv)?;
+    }
     let mut toks = firsts.to_vec();
     let (lens, prompt, rows) = (vec![1; b], vec![false; b], (0..b).collect::<Vec<_>>());
     let mut seqs: Vec<_> = kvs.iter_mut().collect();

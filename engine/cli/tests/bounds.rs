@@ -171,6 +171,10 @@ fn sizing_flags_are_validated() {
     }
     assert_mentions(&fails(&["bench", "-m", m, "--reps", "1000000000000", "--quiet"]), &["--reps"]);
     assert_mentions(&fails(&["bench", "-m", m, "--batch", "100000", "--quiet"]), &["--batch", "100000"]);
+    assert_mentions(&fails(&["bench", "-m", m, "--depth", "1000000000", "--quiet"]), &["--depth", "1000000000"]);
+    // Past the 8192 positions SmolLM2 was trained for: refused before any
+    // prefill.
+    assert_mentions(&fails(&["bench", "-m", m, "--depth", "8100", "--tests", "tg", "--quiet"]), &["--depth", "8192"]);
     let dir = tempfile::tempdir().unwrap();
     let text = dir.path().join("t.txt");
     std::fs::write(&text, "hello world ".repeat(50)).unwrap();

@@ -107,6 +107,21 @@ fn bench_batch_reports_the_batched_decode() {
     assert!(v.get("tg4").is_none(), "{v}");
 }
 
+/// `--depth D` starts every test from a cache holding D tokens, alone
+/// and batched, and says so.
+#[test]
+fn bench_depth_starts_from_a_filled_cache() {
+    let Some(m) = spinfer_test_support::smollm2() else { return };
+    let args =
+        ["bench", "-m", m.to_str().unwrap(), "-t", "1", "-r", "1", "--tests", "tg", "--gen", "4", "--depth", "40"];
+    let v: serde_json::Value =
+        serde_json::from_str(stdout(&spinfer(&[&args[..], &["--json", "--batch", "2"]].concat())).trim()).unwrap();
+    assert_eq!(v["depth"], 40, "{v}");
+    assert!(v["tg4x2"].as_f64().is_some_and(|x| x > 0.0), "{v}");
+    let text = stdout(&spinfer(&args));
+    assert!(text.contains("| tg4 @ d40 |"), "{text}");
+}
+
 #[test]
 fn inspect_lists_hyper_parameters_and_tensors() {
     let Some(m) = spinfer_test_support::smollm2() else { return };
