@@ -261,8 +261,27 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_rows(q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
         for (j, o) in out.iter_mut().enumerate() {
+            prefetch_row(k.as_ptr().wrapping_add((j + PF_ROWS) * stride), q.len());
             // SAFETY: AVX2 and FMA (the caller).
             *o = unsafe { dot(q, &k[j * stride..j * stride + q.len()]) };
+        }
+    }
+
+    /// Rows ahead that [`dot_rows`] and [`axpy_rows`] prefetch: the
+    /// attention's cache rows are short runs `stride` apart, which this
+    /// VM's hardware prefetchers follow poorly (docs/benchmarks.md,
+    /// "Decode at depth").
+    const PF_ROWS: usize = 8;
+
+    /// Asks for the cache lines of `floats` floats from `p` (a hint: `p`
+    /// may lie past the data, nothing is read).
+    #[inline(always)]
+    fn prefetch_row(p: *const f32, floats: usize) {
+        let mut off = 0;
+        while off < floats {
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast()) };
+            off += 16;
         }
     }
 
@@ -318,6 +337,7 @@ mod x86 {
         }
         for (j, &w) in a.iter().enumerate() {
             let va = _mm256_set1_ps(w);
+            prefetch_row(x.as_ptr().wrapping_add((j + PF_ROWS) * stride + col), 8 * NV);
             // SAFETY: row `j` holds `col + 8 * NV` floats (the caller).
             let px = unsafe { x.as_ptr().add(j * stride + col) };
             for (v, acc) in acc.iter_mut().enumerate() {

@@ -41,6 +41,66 @@ impl Cache<'_> {
     }
 }
 
+/// Keys per block of [`attend_group`]: the block's rows of one kv head
+/// (256 bytes each at 64 dims) stay in L1 while every query head of the
+/// group reads them.
+const KEY_BLOCK: usize = 64;
+
+/// [`attend_row`] for the query heads that share one kv head (GQA): `q`
+/// holds their queries and `out` receives their outputs, `hd` floats
+/// each, back to back; `sc` needs `heads × span` floats. Keys and values
+/// are read once per block of [`KEY_BLOCK`] positions for all the heads
+/// instead of once per head (the cache is the largest read of a decode
+/// step at long contexts), and each head's output is [`attend_row`]'s bit
+/// for bit: every score is the same dot product, and every output element
+/// the same FMA chain in position order.
+#[allow(clippy::too_many_arguments, reason = "the cache, the row's position and its heads' operands")]
+pub fn attend_group(
+    kv: &Cache<'_>,
+    p: usize,
+    local: bool,
+    kv_off: usize,
+    hd: usize,
+    q: &[f32],
+    sc: &mut [f32],
+    out: &mut [f32],
+) {
+    let heads = q.len() / hd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let span = kv.span(p, local);
+    let n = span.len();
+    let sc = &mut sc[..heads * n];
+    let out = &mut out[..heads * hd];
+    for (cols, slots) in blocks(&span, kv.slots) {
+        let k = kv.run(kv.keys, &slots, kv_off, hd);
+        for h in 0..heads {
+            dot_rows(&q[h * hd..(h + 1) * hd], k, kv.kv_dim, &mut sc[h * n..][cols.clone()]);
+        }
+    }
+    for s in sc.chunks_exact_mut(n) {
+        s.iter_mut().for_each(|s| *s *= scale);
+        softmax(s);
+    }
+    out.fill(0.0);
+    for (cols, slots) in blocks(&span, kv.slots) {
+        let v = kv.run(kv.values, &slots, kv_off, hd);
+        for (h, o) in out.chunks_exact_mut(hd).enumerate() {
+            axpy_rows(&sc[h * n..][cols.clone()], v, kv.kv_dim, o);
+        }
+    }
+}
+
+/// [`pieces`] cut into runs of at most [`KEY_BLOCK`] slots, in position
+/// order.
+fn blocks(keys: &Range<usize>, slots: usize) -> impl Iterator<Item = (Range<usize>, Range<usize>)> {
+    pieces(keys, slots).flat_map(|(cols, sl)| {
+        (0..cols.len()).step_by(KEY_BLOCK).map(move |i| {
+            let len = KEY_BLOCK.min(cols.len() - i);
+            (cols.start + i..cols.start + i + len, sl.start + i..sl.start + i + len)
+        })
+    })
+}
+
 /// One head of one row at position `p`: `out = softmax(q·Kᵀ · scale) · V`
 /// over the row's span, keys and values at column `kv_off` of the cache.
 pub fn attend_row(kv: &Cache<'_>, p: usize, local: bool, kv_off: usize, q: &[f32], sc: &mut [f32], out: &mut [f32]) {
@@ -185,6 +245,33 @@ mod tests {
                 for (d, (&a, &b)) in row.iter().zip(&whole[i * 16..(i + 1) * 16]).enumerate() {
                     assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "row {i} dim {d}: {a} vs {b}");
                 }
+            }
+        }
+    }
+    /// The heads of a group get exactly [`attend_row`]'s outputs, over
+    /// spans of several key blocks: a global layer, and a local layer
+    /// whose window wraps around its ring.
+    #[test]
+    fn a_group_of_heads_equals_each_head_alone() {
+        let mut r = rand::rngs::StdRng::seed_from_u64(9);
+        let (hd, heads) = (16, 3);
+        let q: Vec<f32> = (0..heads * hd).map(|_| r.random_range(-1.0f32..1.0)).collect();
+        for (slots, window, local, p) in
+            [(200, 0, false, 170), (200, 0, false, 0), (100, 90, true, 250), (100, 90, true, 40)]
+        {
+            let (keys, values, slots, window) = cache(slots, window, p as u64);
+            let kv = Cache { keys: &keys, values: &values, slots, kv_dim: 32, window };
+            let mut sc = vec![f32::NAN; heads * 200];
+            let mut group = vec![f32::NAN; heads * hd];
+            attend_group(&kv, p, local, 16, hd, &q, &mut sc, &mut group);
+            for h in 0..heads {
+                let mut alone = vec![f32::NAN; hd];
+                attend_row(&kv, p, local, 16, &q[h * hd..(h + 1) * hd], &mut sc, &mut alone);
+                assert_eq!(
+                    group[h * hd..(h + 1) * hd].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    alone.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    "slots {slots} p {p} head {h}"
+                );
             }
         }
     }

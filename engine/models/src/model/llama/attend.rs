@@ -2,25 +2,28 @@
 //! one request's prompt, or several requests decoding together
 //! ([`Model::forward_batch`]), or both.
 //!
-//! A decode row's head runs alone ([`attend_row`]); a prompt's rows are
-//! taken in blocks of [`QUERY_BLOCK`] consecutive positions, each head of
-//! a block two GEMMs ([`attend_block`]): a prompt row gets the same numbers
-//! whatever block it falls in, however its prompt was chunked or batched.
+//! A decode row's heads that share a kv head run together
+//! ([`attend_group`]: the cache is read once for them, and each head gets
+//! what it would alone); a prompt's rows are taken in blocks of
+//! [`QUERY_BLOCK`] consecutive positions, each head of a block two GEMMs
+//! ([`attend_block`]): a prompt row gets the same numbers whatever block
+//! it falls in, however its prompt was chunked or batched.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use spinfer_kernels::attention::{Block, attend_block, attend_row};
+use spinfer_kernels::attention::{Block, attend_block, attend_group};
 use spinfer_kernels::pool::{SyncPtr, ThreadPool};
 
 use super::Model;
 use super::kv::{KvCache, RowPos};
 
 /// Query rows of one prompt whose attention runs as one pair of GEMMs per
-/// head.
+/// head; also the most query heads of one decode item.
 pub(super) const QUERY_BLOCK: usize = 12;
 
 /// Floats of one thread's scratch: a block's scores (`QUERY_BLOCK ×
-/// score_len`) and outputs (`QUERY_BLOCK × head_dim`).
+/// score_len`) and outputs (`QUERY_BLOCK × head_dim`); a decode item's
+/// heads' scores fit in the first part.
 pub(super) fn scratch_floats(score_len: usize, head_dim: usize) -> usize {
     QUERY_BLOCK.saturating_mul(score_len.saturating_add(head_dim))
 }
@@ -41,14 +44,17 @@ pub(super) struct Attention<'a> {
     pub items: &'a mut Vec<Item>,
 }
 
-/// A unit of work: one head of one decode row, or one head of a block of
-/// consecutive prompt rows of one sequence.
+/// A unit of work: the query heads of one decode row that share a kv head
+/// (at most [`QUERY_BLOCK`]), or one head of a block of consecutive prompt
+/// rows of one sequence.
 #[derive(Clone, Copy)]
 pub(super) struct Item {
     /// First row of the step, and number of rows.
     t: usize,
     len: usize,
+    /// First query head, and number of heads.
     head: usize,
+    heads: usize,
     prompt: bool,
     /// Keys read, summed over the rows: items go out costliest first.
     cost: usize,
@@ -65,7 +71,7 @@ impl Model {
         let Attention { pool, seqs, rows, roles, q, att, scores, score_len, items } = a;
         let per_thread = scratch_floats(score_len, hd);
         assert!(att.len() >= rows.len() * n_heads * hd && scores.len() >= pool.n_threads() * per_thread);
-        plan(rows, roles, n_heads, items);
+        plan(rows, roles, n_heads, n_heads / self.config.n_kv_heads, items);
         let items = &*items;
         let next = AtomicUsize::new(0);
         let att = SyncPtr::new(att.as_mut_ptr());
@@ -77,12 +83,13 @@ impl Model {
             let sc = unsafe { std::slice::from_raw_parts_mut(scores.get().add(ti * per_thread), per_thread) };
             while let Some(&it) = items.get(next.fetch_add(1, Ordering::Relaxed)) {
                 let kv = seqs[rows[it.t].seq].layer(l);
-                // SAFETY: the item's rows `it.t..it.t + it.len`, head
-                // `it.head`, of `att` (which holds every row, asserted
-                // above) belong to it alone: items are disjoint (row, head)
-                // sets, each handed out once by the counter.
+                // SAFETY: the item's rows `it.t..it.t + it.len`, heads
+                // `it.head..it.head + it.heads` (consecutive in a row), of
+                // `att` (which holds every row, asserted above) belong to
+                // it alone: items are disjoint (row, head) sets, each
+                // handed out once by the counter.
                 let out = |i: usize| unsafe {
-                    std::slice::from_raw_parts_mut(att.get().add(((it.t + i) * n_heads + it.head) * hd), hd)
+                    std::slice::from_raw_parts_mut(att.get().add(((it.t + i) * n_heads + it.head) * hd), it.heads * hd)
                 };
                 let q = &q[(it.t * n_heads + it.head) * hd..];
                 let kv_off = it.head / (n_heads / self.config.n_kv_heads) * hd;
@@ -95,15 +102,16 @@ impl Model {
                         out(i).copy_from_slice(&outs[i * hd..(i + 1) * hd]);
                     }
                 } else {
-                    attend_row(&kv, first, local, kv_off, &q[..hd], &mut sc[..score_len], out(0));
+                    attend_group(&kv, first, local, kv_off, hd, &q[..it.heads * hd], sc, out(0));
                 }
             }
         });
     }
 }
 
-/// The step's work items into `items`, costliest first.
-fn plan(rows: &[RowPos], roles: &[(usize, bool)], n_heads: usize, items: &mut Vec<Item>) {
+/// The step's work items into `items`, costliest first (`group`: query
+/// heads per kv head).
+fn plan(rows: &[RowPos], roles: &[(usize, bool)], n_heads: usize, group: usize, items: &mut Vec<Item>) {
     let all = [(rows.len(), false)];
     let roles = if roles.iter().map(|r| r.0).sum::<usize>() == rows.len() { roles } else { &all[..] };
     items.clear();
@@ -122,8 +130,20 @@ fn plan(rows: &[RowPos], roles: &[(usize, bool)], n_heads: usize, items: &mut Ve
             {
                 n += 1;
             }
-            let cost = (t..t + n).map(|r| rows[r].pos + 1).sum();
-            items.extend((0..n_heads).map(|head| Item { t, len: n, head, prompt, cost }));
+            let cost: usize = (t..t + n).map(|r| rows[r].pos + 1).sum();
+            if prompt {
+                items.extend((0..n_heads).map(|head| Item { t, len: n, head, heads: 1, prompt, cost }));
+            } else {
+                // Each kv head's query heads together, in runs of at most
+                // a block (the scratch's score rows).
+                for kv_head in 0..n_heads / group {
+                    for h in (0..group).step_by(QUERY_BLOCK) {
+                        let heads = QUERY_BLOCK.min(group - h);
+                        let head = kv_head * group + h;
+                        items.push(Item { t, len: 1, head, heads, prompt, cost: cost * heads });
+                    }
+                }
+            }
             t += n;
         }
     }
