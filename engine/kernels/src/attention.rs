@@ -49,7 +49,7 @@ const KEY_BLOCK: usize = 64;
 /// [`attend_row`] for the query heads that share one kv head (GQA): `q`
 /// holds their queries and `out` receives their outputs, `hd` floats
 /// each, back to back; `sc` needs `heads × span` floats. Keys and values
-/// are read once per block of [`KEY_BLOCK`] positions for all the heads
+/// are read once per block of 64 positions (`KEY_BLOCK`) for all the heads
 /// instead of once per head (the cache is the largest read of a decode
 /// step at long contexts), and each head's output is [`attend_row`]'s bit
 /// for bit: every score is the same dot product, and every output element
