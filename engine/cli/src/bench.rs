@@ -113,10 +113,10 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     let tests = tests(&a)?;
     // The context the tests need (the warm-up's 32 tokens are reset), so
     // a memory budget pays only for the KV cache they use.
-    let ctx = tests.iter().map(|&(_, pp, tg)| a.depth + pp + tg).max().unwrap_or(0).max(32).next_multiple_of(64);
+    let longest = tests.iter().map(|&(_, pp, tg)| pp + tg).max().unwrap_or(0);
+    let ctx = (a.depth + longest).max(32).next_multiple_of(64);
     let engine = crate::commands::load(&a.common, Some(ctx))?;
     let trained = engine.model.config.ctx_train;
-    let longest = tests.iter().map(|&(_, pp, tg)| pp + tg).max().unwrap_or(0);
     if a.depth + longest > trained {
         bail!(
             "--depth {}: with the longest test's {longest} tokens the cache would pass the {trained} positions the \
@@ -125,7 +125,7 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         );
     }
     let mut session = engine.model.new_session();
-    let tokens = bench_tokens(&engine, 512);
+    let tokens = bench_tokens(&engine, 0..512);
     let depth = Depth::new(&engine, a.depth);
     warm_up(&engine, &mut session, &tokens)?;
     session.reset_stream_stats();
@@ -235,10 +235,10 @@ fn bytes_per_token(engine: &Engine, session: &Session) -> u64 {
     }
 }
 
-/// `n` pseudo-random token ids, as llama-bench uses.
-fn bench_tokens(engine: &Engine, n: usize) -> Vec<u32> {
+/// Pseudo-random token ids `ids` of one sequence, as llama-bench uses.
+fn bench_tokens(engine: &Engine, ids: std::ops::Range<u64>) -> Vec<u32> {
     let vocab = engine.model.config.vocab_size as u64;
-    (0..n as u64).map(|i| ((i * 2_654_435_761 + 12_345) % vocab) as u32).collect()
+    ids.map(|i| ((i * 2_654_435_761 + 12_345) % vocab) as u32).collect()
 }
 
 /// The tokens every test finds in its cache (`--depth`).
@@ -246,10 +246,8 @@ struct Depth(Vec<u32>);
 
 impl Depth {
     fn new(engine: &Engine, depth: usize) -> Self {
-        // Different ids from the tests' own (an offset into the sequence).
-        let mut t = bench_tokens(engine, depth + 1000);
-        t.drain(..1000);
-        Self(t)
+        // Different ids from the tests' own (further along the sequence).
+        Self(bench_tokens(engine, 1000..1000 + depth as u64))
     }
 
     /// Empties `s` and fills it with the depth's tokens, as a prompt.
@@ -301,7 +299,7 @@ fn vs_dense(a: &BenchArgs) -> Result<()> {
     let engines = [&dense, &sparse];
     let mut sessions = [dense.model.new_session(), sparse.model.new_session()];
     for (e, s) in engines.iter().zip(&mut sessions) {
-        warm_up(e, s, &bench_tokens(e, 512))?;
+        warm_up(e, s, &bench_tokens(e, 0..512))?;
     }
     let rounds = a.reps.max(1);
     let bar = progress(a.common.quiet || a.common.json, rounds as u64, "rounds");

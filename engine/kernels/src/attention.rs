@@ -104,21 +104,7 @@ fn blocks(keys: &Range<usize>, slots: usize) -> impl Iterator<Item = (Range<usiz
 /// One head of one row at position `p`: `out = softmax(q·Kᵀ · scale) · V`
 /// over the row's span, keys and values at column `kv_off` of the cache.
 pub fn attend_row(kv: &Cache<'_>, p: usize, local: bool, kv_off: usize, q: &[f32], sc: &mut [f32], out: &mut [f32]) {
-    let hd = q.len();
-    let scale = 1.0 / (hd as f32).sqrt();
-    let span = kv.span(p, local);
-    let sc = &mut sc[..span.len()];
-    // Scores and weighted values by runs of contiguous slots, in position
-    // order.
-    for (cols, slots) in pieces(&span, kv.slots) {
-        dot_rows(q, kv.run(kv.keys, &slots, kv_off, hd), kv.kv_dim, &mut sc[cols]);
-    }
-    sc.iter_mut().for_each(|s| *s *= scale);
-    softmax(sc);
-    out.fill(0.0);
-    for (cols, slots) in pieces(&span, kv.slots) {
-        axpy_rows(&sc[cols], kv.run(kv.values, &slots, kv_off, hd), kv.kv_dim, out);
-    }
+    attend_group(kv, p, local, kv_off, q.len(), q, sc, out);
 }
 
 /// One head of a block of prompt rows at positions `first..first + len`.
@@ -248,6 +234,7 @@ mod tests {
             }
         }
     }
+
     /// The heads of a group get exactly [`attend_row`]'s outputs, over
     /// spans of several key blocks: a global layer, and a local layer
     /// whose window wraps around its ring.
