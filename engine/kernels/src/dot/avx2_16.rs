@@ -15,6 +15,7 @@
 #![allow(clippy::needless_range_loop, reason = "tile kernels index R x T register arrays")]
 
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 use super::avx2::{group_scales, row_head, token_scales, unpack_block};
 use super::fmt;
@@ -151,7 +152,9 @@ pub(crate) unsafe fn q16_rows<const F: u8, const R: usize>(
     debug_assert!(n <= Q16_TOKENS);
     let bs = fmt::block_bytes(F);
     let mut acc = [[_mm256_setzero_ps(); Q16_TOKENS]; R];
-    let mut wv = [[[_mm256_setzero_si256(); 2]; R]; 8];
+    // Left uninitialised (each group writes the blocks it reads): zeroing
+    // it was a `memset` call per row pair (docs/benchmarks.md).
+    let mut wv = [[MaybeUninit::<[__m256i; 2]>::uninit(); R]; 8];
     let mut b0 = 0;
     while b0 < l.blocks {
         let gn = (l.blocks - b0).min(8);
@@ -162,7 +165,7 @@ pub(crate) unsafe fn q16_rows<const F: u8, const R: usize>(
             heads[r] = unsafe { row_head::<F>(w.wrapping_add(r * row_bytes), b0, gn) };
             for k in 0..gn {
                 // SAFETY: as above, block `b0 + k`.
-                wv[k][r] = unsafe { widen_block::<F>(w.add(r * row_bytes + (b0 + k) * bs)) };
+                wv[k][r].write(unsafe { widen_block::<F>(w.add(r * row_bytes + (b0 + k) * bs)) });
             }
         }
         let g = Group { wv: &wv, heads: &heads, b0, gn };
@@ -194,8 +197,8 @@ pub(crate) unsafe fn q16_rows<const F: u8, const R: usize>(
 /// One group of up to 8 blocks of `R` rows, widened ([`widen_block`]),
 /// with the rows' block scales and mins.
 struct Group<'a, const R: usize> {
-    /// Block `k`'s rows at `wv[k]`.
-    wv: &'a [[[__m256i; 2]; R]; 8],
+    /// Block `k`'s rows at `wv[k]`, written for every `k < gn`.
+    wv: &'a [[MaybeUninit<[__m256i; 2]>; R]; 8],
     heads: &'a [(__m256, __m256); R],
     b0: usize,
     gn: usize,
@@ -230,8 +233,13 @@ impl<const R: usize> Group<'_, R> {
             unsafe { token_scales::<F, T>(self.heads[r], self.b0, act, layout, &mut sc[r], &mut a[r]) };
         }
         for k in 0..self.gn {
-            // SAFETY: every token holds `blocks * 32` int16 values.
-            unsafe { block_products(&self.wv[k], act, l.stride, self.b0 + k, &sc, k, &mut a) };
+            // SAFETY: `wv[k]`, `k < gn`, was written for every row (the
+            // field's invariant), and `MaybeUninit<X>` has `X`'s layout;
+            // every token holds `blocks * 32` int16 values.
+            unsafe {
+                let wv = &*self.wv[k].as_ptr().cast::<[[__m256i; 2]; R]>();
+                block_products(wv, act, l.stride, self.b0 + k, &sc, k, &mut a);
+            }
         }
         for r in 0..R {
             acc[r][t0..t0 + T].copy_from_slice(&a[r]);
