@@ -32,7 +32,14 @@ fn main() -> anyhow::Result<()> {
         for precision in [Precision::Precise, Precision::Fast, Precision::Int8] {
             let e = Engine::load(
                 &path,
-                ModelOptions { precision, ctx: 256, threads: 2, sparsity: None, mem_budget: None },
+                ModelOptions {
+                    precision,
+                    ctx: 256,
+                    threads: 2,
+                    sparsity: None,
+                    mem_budget: None,
+                    ..ModelOptions::default()
+                },
             )?;
             for (i, p) in refs.prompts.iter().enumerate() {
                 let logits = e.logits(&p.input_ids)?;

@@ -162,6 +162,7 @@ fn main() -> Result<()> {
         threads: a.threads,
         sparsity,
         mem_budget: None,
+        ..ModelOptions::default()
     };
     let dense = Engine::load(&a.model, options(None))?;
     let text = wikitext()?;

@@ -128,7 +128,14 @@ fn smollm2_through_each_pack_matches_builtin_kernels() {
     }
 
     for precision in [Precision::Int8, Precision::Fast] {
-        let options = ModelOptions { precision, ctx: 64, threads: 2, sparsity: None, mem_budget: None };
+        let options = ModelOptions {
+            precision,
+            ctx: 64,
+            threads: 2,
+            sparsity: None,
+            mem_budget: None,
+            ..ModelOptions::default()
+        };
         let default = last_logits(&Engine::load_with(&model, options.clone(), &KernelRegistry::builtin()).unwrap());
         for (pack, isa) in &packs {
             // The built-in provider pinned to the same kernels of
@@ -174,7 +181,14 @@ fn smollm2_through_each_pack_matches_builtin_kernels() {
 #[test]
 fn fast_mode_takes_fast_act_unless_a_pin_says_otherwise() {
     let Some(model) = smollm2() else { return };
-    let options = ModelOptions { precision: Precision::Fast, ctx: 64, threads: 1, sparsity: None, mem_budget: None };
+    let options = ModelOptions {
+        precision: Precision::Fast,
+        ctx: 64,
+        threads: 1,
+        sparsity: None,
+        mem_budget: None,
+        ..ModelOptions::default()
+    };
     let features = CpuFeatures::detect();
     let e = Engine::load_with(&model, options.clone(), &KernelRegistry::builtin()).unwrap();
     let mut checked = 0;
@@ -263,7 +277,14 @@ fn untrusted_signer_is_refused() {
 fn gt50_sidecar(model: &Path, dir: &Path) -> SparsityOptions {
     let builtin = Engine::load_with(
         model,
-        ModelOptions { precision: Precision::Fast, ctx: 128, threads: 2, sparsity: None, mem_budget: None },
+        ModelOptions {
+            precision: Precision::Fast,
+            ctx: 128,
+            threads: 2,
+            sparsity: None,
+            mem_budget: None,
+            ..ModelOptions::default()
+        },
         &KernelRegistry::builtin(),
     )
     .unwrap();
@@ -307,8 +328,14 @@ fn attn_output_providers(e: &Engine) -> Vec<String> {
 fn sparse_gate_and_up_rows_run_through_the_pack() {
     let Some(model) = smollm2() else { return };
     let root = tempfile::tempdir().unwrap();
-    let options =
-        |sparsity| ModelOptions { precision: Precision::Fast, ctx: 64, threads: 2, sparsity, mem_budget: None };
+    let options = |sparsity| ModelOptions {
+        precision: Precision::Fast,
+        ctx: 64,
+        threads: 2,
+        sparsity,
+        mem_budget: None,
+        ..ModelOptions::default()
+    };
     let so = gt50_sidecar(&model, root.path());
 
     // The scalar kernels, built in and from cpu-portable.
@@ -377,7 +404,14 @@ fn sparse_down_projection_runs_through_the_pack() {
     builtin.pin("q4_1*q8_1", format!("{isa}/q4_1*q8_1"));
     builtin.pin("q8_0*q8_0", format!("{isa}/q8_0*q8_0"));
     for precision in [Precision::Precise, Precision::Fast] {
-        let options = ModelOptions { precision, ctx: 64, threads: 2, sparsity: Some(so.clone()), mem_budget: None };
+        let options = ModelOptions {
+            precision,
+            ctx: 64,
+            threads: 2,
+            sparsity: Some(so.clone()),
+            mem_budget: None,
+            ..ModelOptions::default()
+        };
         let want = Engine::load_with(&model, options.clone(), &builtin).unwrap();
         let got = Engine::load_with(&model, options, &registry).unwrap();
         assert!(got.model.linears().all(|l| l.provider() == pack.name()), "{precision:?}: dense kernels from the pack");

@@ -15,8 +15,11 @@ mod refcheck;
 fn engine(precision: Precision, ctx: usize) -> Option<Engine> {
     let path = smollm2()?;
     Some(
-        Engine::load(path, ModelOptions { precision, ctx, threads: 2, sparsity: None, mem_budget: None })
-            .expect("model loads"),
+        Engine::load(
+            path,
+            ModelOptions { precision, ctx, threads: 2, sparsity: None, mem_budget: None, ..ModelOptions::default() },
+        )
+        .expect("model loads"),
     )
 }
 
@@ -47,10 +50,14 @@ fn fast_mode_matches_pytorch() {
 /// others diverge after 5-15 tokens, at near-ties that int8's rounding
 /// noise decides: the prompt path's AMX tiles give 1, the `vpdpbusd`
 /// tiles 2, with the same logit errors, 0.55-1.11); the near-tied 5th
-/// token of the first prompt can swap.
+/// token of the first prompt can swap. With the f16 KV cache (the default
+/// outside precise mode, as llama.cpp's) the largest error measured 1.48,
+/// one draw of the same rounding noise: int8's one-token decode path
+/// measured 1.47 with an f32 cache (docs/benchmarks.md, "One 16-bit
+/// activation plane"). The bound is 1.6.
 #[test]
 fn int8_mode_stays_within_its_bound() {
-    check_quantised_mode(Precision::Int8, 1.2, false, 1);
+    check_quantised_mode(Precision::Int8, 1.6, false, 1);
 }
 
 #[test]

@@ -19,7 +19,14 @@ use spinfer_tests::{Reference, data, gemma3, gemma3_reference, reference, smollm
 fn engine(path: &Path) -> Engine {
     Engine::load(
         path,
-        ModelOptions { precision: Precision::Fast, ctx: 512, threads: 2, sparsity: None, mem_budget: None },
+        ModelOptions {
+            precision: Precision::Fast,
+            ctx: 512,
+            threads: 2,
+            sparsity: None,
+            mem_budget: None,
+            ..ModelOptions::default()
+        },
     )
     .unwrap()
 }

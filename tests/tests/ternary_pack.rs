@@ -113,7 +113,12 @@ fn with_pack() -> KernelRegistry {
 }
 
 fn load(g: &GgufFile, registry: &KernelRegistry, precision: Precision) -> Model {
-    Model::load(g, registry, ModelOptions { precision, ctx: 64, threads: 2, sparsity: None, mem_budget: None }).unwrap()
+    Model::load(
+        g,
+        registry,
+        ModelOptions { precision, ctx: 64, threads: 2, sparsity: None, mem_budget: None, ..ModelOptions::default() },
+    )
+    .unwrap()
 }
 
 fn kernels(m: &Model) -> Vec<String> {

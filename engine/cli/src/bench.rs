@@ -162,6 +162,8 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
         obj.insert("peak_rss_bytes".into(), serde_json::json!(rss));
         obj.insert("threads".into(), serde_json::json!(engine.model.options.threads));
         obj.insert("depth".into(), serde_json::json!(a.depth));
+        let kv = format!("{:?}", engine.model.options.kv_type()).to_lowercase();
+        obj.insert("kv_cache".into(), serde_json::json!(kv));
         obj.insert("bytes_per_token".into(), serde_json::json!(bytes_per_token(&engine, &session)));
         if let Some(st) = session.stream_stats() {
             // Every step of every test streamed: per decoded token when
@@ -180,10 +182,11 @@ pub fn run(mut a: BenchArgs) -> Result<()> {
     } else {
         let m = &engine.model;
         println!(
-            "model: {} | threads: {} | precision: {:?}",
+            "model: {} | threads: {} | precision: {:?} | kv cache: {:?}",
             engine.path().display(),
             m.options.threads,
-            m.options.precision
+            m.options.precision,
+            m.options.kv_type()
         );
         let at = if a.depth > 0 { format!(" @ d{}", a.depth) } else { String::new() };
         println!("| test  |   tokens/s |");

@@ -8,7 +8,8 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use spinfer_engine::config::{
-    Config, HeadMode, HeadSection, PrecisionSetting, SparsitySection, check_cache_policy, check_predictor,
+    Config, HeadMode, HeadSection, KvCacheSetting, PrecisionSetting, SparsitySection, check_cache_policy,
+    check_predictor,
 };
 use spinfer_engine::generate::GenerateParams;
 use spinfer_engine::model::llama::MAX_THREADS;
@@ -81,6 +82,11 @@ pub struct CommonArgs {
     /// need, and kept out of the page cache (`[memory] budget_mb`).
     #[arg(long)]
     pub mem_budget_mb: Option<f64>,
+    /// KV cache element type: f16 (half the memory and half the bytes
+    /// attention reads per token; the default, except with --precise) or
+    /// f32 (`[model] kv_cache`).
+    #[arg(long, value_enum)]
+    pub kv_cache: Option<KvCacheArg>,
     /// Print only the result on stdout.
     #[arg(short, long)]
     pub quiet: bool,
@@ -93,6 +99,21 @@ pub struct CommonArgs {
 pub enum HeadArg {
     Dense,
     Sparse,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvCacheArg {
+    F32,
+    F16,
+}
+
+impl From<KvCacheArg> for KvCacheSetting {
+    fn from(k: KvCacheArg) -> Self {
+        match k {
+            KvCacheArg::F32 => Self::F32,
+            KvCacheArg::F16 => Self::F16,
+        }
+    }
 }
 
 impl CommonArgs {
@@ -109,6 +130,9 @@ impl CommonArgs {
             o.precision = Precision::Precise;
         } else if self.int8 {
             o.precision = Precision::Int8;
+        }
+        if let Some(k) = self.kv_cache {
+            o.kv_type = Some(KvCacheSetting::from(k).into());
         }
         o
     }
@@ -141,6 +165,7 @@ impl CommonArgs {
             Precision::Int8 => PrecisionSetting::Int8,
             Precision::Precise => PrecisionSetting::Precise,
         };
+        c.model.kv_cache = self.kv_cache.map(KvCacheSetting::from).or(c.model.kv_cache);
         if let Some(p) = &self.predictor {
             check_predictor(p).map_err(|e| anyhow::anyhow!("--{e}"))?;
         }
@@ -392,6 +417,7 @@ fn refuse_cpu_only_settings(c: &spinfer_engine::config::Config) -> Result<()> {
     let unsupported = [
         ("[model] precision (the GPU runs f32 activations)", c.model.precision != PrecisionSetting::Fast),
         ("[memory]", c.memory.is_some()),
+        ("[model] kv_cache (the GPU keeps its cache in f32)", c.model.kv_cache.is_some()),
         ("[sparsity] predictor", s.is_some_and(|s| s.predictor.is_some())),
         ("[sparsity] dense_above", s.is_some_and(|s| s.dense_above.is_some())),
         ("[sparsity] ffn_budget_mb", s.is_some_and(|s| s.ffn_budget_mb.is_some())),
@@ -413,6 +439,7 @@ fn refuse_cpu_only_flags(a: &GenerateArgs) -> Result<()> {
         ("--int8", c.int8),
         ("--threads", c.threads.is_some() && a.gpu_budget_mb.is_none() && c.config.is_none()),
         ("--stats", a.stats),
+        ("--kv-cache", c.kv_cache.is_some()),
     ];
     if let Some((flag, _)) = cpu_only.iter().find(|(_, set)| *set) {
         bail!(

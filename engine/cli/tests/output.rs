@@ -122,6 +122,21 @@ fn bench_depth_starts_from_a_filled_cache() {
     assert!(text.contains("| tg4 @ d40 |"), "{text}");
 }
 
+/// The KV cache is f16 unless precise mode or `--kv-cache` says f32, and
+/// the bench says which it ran.
+#[test]
+fn bench_reports_the_kv_cache_type() {
+    let Some(m) = spinfer_test_support::smollm2() else { return };
+    let args = ["bench", "-m", m.to_str().unwrap(), "-t", "1", "-r", "1", "--json", "--tests", "tg", "--gen", "2"];
+    for (flags, want) in [(&[][..], "f16"), (&["--precise"][..], "f32"), (&["--kv-cache", "f32"][..], "f32")] {
+        let v: serde_json::Value = serde_json::from_str(stdout(&spinfer(&[&args[..], flags].concat())).trim()).unwrap();
+        assert_eq!(v["kv_cache"], want, "{flags:?}: {v}");
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_spinfer")).args(args).args(["--kv-cache", "q8_0"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--kv-cache") && err.contains("q8_0"), "{err}");
+}
+
 #[test]
 fn inspect_lists_hyper_parameters_and_tensors() {
     let Some(m) = spinfer_test_support::smollm2() else { return };

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::model::{ModelOptions, Precision};
+use crate::model::{KvType, ModelOptions, Precision};
 pub use crate::server_config::ServerSection;
 use crate::{Error, Result};
 use spinfer_sparsity::cache::CachePolicyKind;
@@ -157,6 +157,25 @@ pub struct ModelSection {
     pub ctx: Option<usize>,
     /// Threads per session (default: all cores).
     pub threads: Option<usize>,
+    /// KV cache element type, `"f32"` or `"f16"` (default: f32 in precise
+    /// mode, f16 otherwise).
+    pub kv_cache: Option<KvCacheSetting>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCacheSetting {
+    F32,
+    F16,
+}
+
+impl From<KvCacheSetting> for KvType {
+    fn from(k: KvCacheSetting) -> Self {
+        match k {
+            KvCacheSetting::F32 => KvType::F32,
+            KvCacheSetting::F16 => KvType::F16,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -292,7 +311,8 @@ impl Config {
             PrecisionSetting::Int8 => Precision::Int8,
             PrecisionSetting::Precise => Precision::Precise,
         };
-        let mut o = ModelOptions { precision, ..ModelOptions::default() };
+        let kv_type = self.model.kv_cache.map(KvType::from);
+        let mut o = ModelOptions { precision, kv_type, ..ModelOptions::default() };
         if let Some(c) = self.model.ctx {
             o.ctx = c;
         }
@@ -334,6 +354,17 @@ mod tests {
         assert!(!c.packs.allow_unsigned);
         assert_eq!(c.wasm.max_memory_mb, 512);
         assert_eq!(c.model_options().precision, Precision::Fast);
+        assert_eq!(c.model_options().kv_type, None);
+    }
+
+    #[test]
+    fn kv_cache_type_parses_and_names_the_key() {
+        let c = parse("[model]\npath = \"m.gguf\"\nkv_cache = \"f32\"\n").unwrap();
+        assert_eq!(c.model_options().kv_type, Some(KvType::F32));
+        let c = parse("[model]\npath = \"m.gguf\"\nprecision = \"precise\"\nkv_cache = \"f16\"\n").unwrap();
+        assert_eq!(c.model_options().kv_type(), KvType::F16);
+        let e = parse("[model]\npath = \"m.gguf\"\nkv_cache = \"q8_0\"\n").unwrap_err().to_string();
+        assert!(e.contains("q8_0") && e.contains("kv_cache"), "{e}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod blocks;
 pub mod cpu;
 pub mod dequant;
 pub mod drive;
+pub mod elem;
 mod error;
 pub mod kernel;
 pub mod pool;

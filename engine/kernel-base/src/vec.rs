@@ -1,6 +1,9 @@
 //! f32 vector primitives for the non-matmul parts of a forward pass
 //! (attention scores, weighted sums, softmax, the FFN activations): scalar
-//! references plus AVX2 versions chosen at run time.
+//! references plus AVX2 versions chosen at run time. The attention's rows
+//! (`dot_rows`, `axpy_rows`) may be f32 or f16 ([`KvElem`]).
+
+use crate::elem::KvElem;
 
 /// `sum(a[i] * b[i])`.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -26,11 +29,12 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 
 /// `out[j] = dot(q, k[j * stride..][..q.len()])` for each `j`: the dot
 /// products of `q` with rows `stride` apart, each equal bit for bit to
-/// one [`dot`], without a call and a feature check per row.
+/// one [`dot`] (with f16 rows: one [`dot`] with the rows widened to f32),
+/// without a call and a feature check per row.
 ///
 /// # Panics
 /// If `k` is shorter than the last row's end.
-pub fn dot_rows(q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
+pub fn dot_rows<E: KvElem>(q: &[f32], k: &[E], stride: usize, out: &mut [f32]) {
     let Some(last) = out.len().checked_sub(1) else { return };
     let hd = q.len();
     assert!(
@@ -51,12 +55,13 @@ pub fn dot_rows(q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
 
 /// `y += a[j] * x[j * stride..][..y.len()]` for each `j` in order: the
 /// weighted sum of rows `stride` apart, equal bit for bit to one [`axpy`]
-/// per row. The AVX2 version keeps up to 64 floats of `y` in registers
-/// across the rows instead of storing and reloading them per row.
+/// per row (with f16 rows: per row widened to f32). The AVX2 version keeps
+/// up to 64 floats of `y` in registers across the rows instead of storing
+/// and reloading them per row.
 ///
 /// # Panics
 /// If `x` is shorter than the last row's end.
-pub fn axpy_rows(a: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
+pub fn axpy_rows<E: KvElem>(a: &[f32], x: &[E], stride: usize, y: &mut [f32]) {
     let Some(last) = a.len().checked_sub(1) else { return };
     assert!(
         x.len() >= last * stride + y.len(),
@@ -156,25 +161,25 @@ pub fn geglu_scalar(gate: &mut [f32], up: &[f32]) {
 }
 
 /// Scalar reference of [`dot`]: eight partial sums, as the SIMD version.
-pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
+pub fn dot_scalar<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, ra) = a.as_chunks::<8>();
     let (cb, rb) = b.as_chunks::<8>();
     for (x, y) in ca.iter().zip(cb) {
         for i in 0..8 {
-            acc[i] += x[i] * y[i];
+            acc[i] += x[i] * y[i].to_f32();
         }
     }
     let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
+        s += x * y.to_f32();
     }
     s
 }
 
-pub fn axpy_scalar(a: f32, x: &[f32], y: &mut [f32]) {
+pub fn axpy_scalar<E: KvElem>(a: f32, x: &[E], y: &mut [f32]) {
     for (yi, &xi) in y.iter_mut().zip(x) {
-        *yi += a * xi;
+        *yi += a * xi.to_f32();
     }
 }
 
@@ -190,19 +195,22 @@ pub fn exp_sub_sum_scalar(x: &mut [f32], max: f32) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 fn has_avx2_fma() -> bool {
-    // Detected once per process (and capped by SPINFER_CPU); an atomic load.
-    crate::cpu::CpuFeatures::detect().has_avx2_fma()
+    // Detected once per process (and capped by SPINFER_CPU); an atomic
+    // load. F16C too: the rows may be f16 (every AVX2 CPU has it).
+    crate::cpu::CpuFeatures::detect().has_avx2()
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
+    use crate::elem::KvElem;
+
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
+    /// The CPU must support AVX2, FMA and F16C.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
         let n = a.len().min(b.len());
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         let mut acc0 = _mm256_setzero_ps();
@@ -212,21 +220,21 @@ mod x86 {
             // SAFETY: `i + 16 <= n` keeps both 8-float unaligned loads of
             // each slice in bounds.
             unsafe {
-                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
-                acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8)), _mm256_loadu_ps(pb.add(i + 8)), acc1);
+                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), E::load8(pb.add(i)), acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8)), E::load8(pb.add(i + 8)), acc1);
             }
             i += 16;
         }
         if i + 8 <= n {
             // SAFETY: `i + 8 <= n` keeps the loads in bounds.
             unsafe {
-                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), E::load8(pb.add(i)), acc0);
             }
             i += 8;
         }
         let mut s = hsum(_mm256_add_ps(acc0, acc1));
         while i < n {
-            s += a[i] * b[i];
+            s += a[i] * b[i].to_f32();
             i += 1;
         }
         s
@@ -257,11 +265,11 @@ mod x86 {
     /// [`super::dot_rows`]: [`dot`] inlined into the loop over rows.
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_rows(q: &[f32], k: &[f32], stride: usize, out: &mut [f32]) {
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_rows<E: KvElem>(q: &[f32], k: &[E], stride: usize, out: &mut [f32]) {
         for (j, o) in out.iter_mut().enumerate() {
-            prefetch_row(k.as_ptr().wrapping_add((j + PF_ROWS) * stride), q.len());
+            prefetch_row(k.as_ptr().wrapping_add((j + PF_ROWS) * stride), q.len() * E::BYTES);
             // SAFETY: AVX2 and FMA (the caller).
             *o = unsafe { dot(q, &k[j * stride..j * stride + q.len()]) };
         }
@@ -273,15 +281,16 @@ mod x86 {
     /// "Decode at depth").
     const PF_ROWS: usize = 8;
 
-    /// Asks for the cache lines of `floats` floats from `p` (a hint: `p`
+    /// Asks for the cache lines of `bytes` bytes from `p` (a hint: `p`
     /// may lie past the data, nothing is read).
     #[inline(always)]
-    fn prefetch_row(p: *const f32, floats: usize) {
+    fn prefetch_row<E>(p: *const E, bytes: usize) {
+        let p = p.cast::<u8>();
         let mut off = 0;
-        while off < floats {
+        while off < bytes {
             // SAFETY: a prefetch never faults, whatever the address.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast()) };
-            off += 16;
+            off += 64;
         }
     }
 
@@ -290,34 +299,34 @@ mod x86 {
     /// as [`axpy`], then the scalar tail as [`axpy`]'s.
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA; `x` must hold
-    /// `(a.len() - 1) * stride + y.len()` floats.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn axpy_rows(a: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
+    /// The CPU must support AVX2, FMA and F16C; `x` must hold
+    /// `(a.len() - 1) * stride + y.len()` elements.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_rows<E: KvElem>(a: &[f32], x: &[E], stride: usize, y: &mut [f32]) {
         let n = y.len();
         let mut i = 0;
         while i + 64 <= n {
             // SAFETY: forwarded; `i + 64 <= n`.
-            unsafe { rows_chunk::<8>(a, x, stride, &mut y[i..i + 64], i) };
+            unsafe { rows_chunk::<E, 8>(a, x, stride, &mut y[i..i + 64], i) };
             i += 64;
         }
         // SAFETY: as above, for what is left of whole vectors.
         unsafe {
             match (n - i) / 8 {
-                7 => rows_chunk::<7>(a, x, stride, &mut y[i..i + 56], i),
-                6 => rows_chunk::<6>(a, x, stride, &mut y[i..i + 48], i),
-                5 => rows_chunk::<5>(a, x, stride, &mut y[i..i + 40], i),
-                4 => rows_chunk::<4>(a, x, stride, &mut y[i..i + 32], i),
-                3 => rows_chunk::<3>(a, x, stride, &mut y[i..i + 24], i),
-                2 => rows_chunk::<2>(a, x, stride, &mut y[i..i + 16], i),
-                1 => rows_chunk::<1>(a, x, stride, &mut y[i..i + 8], i),
+                7 => rows_chunk::<E, 7>(a, x, stride, &mut y[i..i + 56], i),
+                6 => rows_chunk::<E, 6>(a, x, stride, &mut y[i..i + 48], i),
+                5 => rows_chunk::<E, 5>(a, x, stride, &mut y[i..i + 40], i),
+                4 => rows_chunk::<E, 4>(a, x, stride, &mut y[i..i + 32], i),
+                3 => rows_chunk::<E, 3>(a, x, stride, &mut y[i..i + 24], i),
+                2 => rows_chunk::<E, 2>(a, x, stride, &mut y[i..i + 16], i),
+                1 => rows_chunk::<E, 1>(a, x, stride, &mut y[i..i + 8], i),
                 _ => {}
             }
         }
         i += (n - i) / 8 * 8;
         for (j, &w) in a.iter().enumerate() {
             for c in i..n {
-                y[c] += w * x[j * stride + c];
+                y[c] += w * x[j * stride + c].to_f32();
             }
         }
     }
@@ -325,10 +334,11 @@ mod x86 {
     /// `NV` vectors of `y` (`y.len() == 8 * NV`), columns `col..` of the rows.
     ///
     /// # Safety
-    /// AVX2 and FMA; every row `j` holds `col + 8 * NV` floats from `j * stride`.
+    /// AVX2, FMA and F16C; every row `j` holds `col + 8 * NV` elements from
+    /// `j * stride`.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows_chunk<const NV: usize>(a: &[f32], x: &[f32], stride: usize, y: &mut [f32], col: usize) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn rows_chunk<E: KvElem, const NV: usize>(a: &[f32], x: &[E], stride: usize, y: &mut [f32], col: usize) {
         let py = y.as_mut_ptr();
         let mut acc = [_mm256_setzero_ps(); NV];
         for (v, acc) in acc.iter_mut().enumerate() {
@@ -337,12 +347,12 @@ mod x86 {
         }
         for (j, &w) in a.iter().enumerate() {
             let va = _mm256_set1_ps(w);
-            prefetch_row(x.as_ptr().wrapping_add((j + PF_ROWS) * stride + col), 8 * NV);
+            prefetch_row(x.as_ptr().wrapping_add((j + PF_ROWS) * stride + col), 8 * NV * E::BYTES);
             // SAFETY: row `j` holds `col + 8 * NV` floats (the caller).
             let px = unsafe { x.as_ptr().add(j * stride + col) };
             for (v, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: as above.
-                *acc = _mm256_fmadd_ps(va, unsafe { _mm256_loadu_ps(px.add(8 * v)) }, *acc);
+                *acc = _mm256_fmadd_ps(va, unsafe { E::load8(px.add(8 * v)) }, *acc);
             }
         }
         for (v, acc) in acc.iter().enumerate() {
@@ -478,6 +488,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::f16;
     use rand::{Rng, SeedableRng};
 
     fn random(n: usize, seed: u64) -> Vec<f32> {
@@ -485,7 +496,20 @@ mod tests {
         (0..n).map(|_| r.random_range(-3.0f32..3.0)).collect()
     }
 
-    /// One `dot_rows` is one `dot` per row, bit for bit.
+    /// `x` rounded to f16, and those values widened back to f32.
+    fn halves(x: &[f32]) -> (Vec<f16>, Vec<f32>) {
+        let h: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+        let w = h.iter().map(|v| v.to_f32()).collect();
+        (h, w)
+    }
+
+    fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// One `dot_rows` is one `dot` per row, bit for bit; over f16 rows, it
+    /// is the f32 one over the rows widened, bit for bit, and within
+    /// rounding of the scalar reference.
     #[test]
     fn dot_rows_is_one_dot_per_row() {
         for (rows, width, stride) in [(1, 64, 64), (37, 64, 192), (5, 256, 300), (9, 77, 80), (3, 5, 7), (0, 16, 16)] {
@@ -498,6 +522,15 @@ mod tests {
                     dot(&q, &k[j * stride..j * stride + width]).to_bits(),
                     "{rows} rows of {width}"
                 );
+            }
+            let (k16, wide) = halves(&k);
+            let (mut half_rows, mut wide_rows) = (vec![f32::NAN; rows], vec![f32::NAN; rows]);
+            dot_rows(&q, &k16, stride, &mut half_rows);
+            dot_rows(&q, &wide, stride, &mut wide_rows);
+            assert_eq!(bits(&half_rows), bits(&wide_rows), "f16: {rows} rows of {width}");
+            for (j, g) in half_rows.iter().enumerate() {
+                let want = dot_scalar(&q, &k16[j * stride..j * stride + width]);
+                assert!((g - want).abs() <= 1e-4 * (1.0 + want.abs()), "f16 row {j}: {g} vs {want}");
             }
         }
     }
@@ -514,6 +547,19 @@ mod tests {
                 axpy(w, &x[j * stride..j * stride + width], &mut want);
             }
             assert!(y.iter().zip(&want).all(|(u, v)| u.to_bits() == v.to_bits()), "{rows} rows of {width}");
+            // f16 rows: the f32 result over the rows widened, bit for bit,
+            // and within rounding of the scalar reference.
+            let (x16, wide) = halves(&x);
+            let (mut half_y, mut wide_y, mut scalar_y) = (random(width, 9), random(width, 9), random(width, 9));
+            axpy_rows(&a, &x16, stride, &mut half_y);
+            axpy_rows(&a, &wide, stride, &mut wide_y);
+            assert_eq!(bits(&half_y), bits(&wide_y), "f16: {rows} rows of {width}");
+            for (j, &w) in a.iter().enumerate() {
+                axpy_scalar(w, &x16[j * stride..j * stride + width], &mut scalar_y);
+            }
+            for (g, want) in half_y.iter().zip(&scalar_y) {
+                assert!((g - want).abs() <= 1e-4 * (1.0 + want.abs()), "f16: {g} vs {want}");
+            }
         }
     }
 

@@ -8,24 +8,29 @@
 //! chain in key order, and a masked key adds an exact zero, so a prompt
 //! row gets the same numbers whatever block it falls in: however its
 //! prompt was chunked or batched with others.
+//!
+//! The cache's rows may be f32 or f16 ([`KvElem`]): each value is widened
+//! exactly, so attention over an f16 cache is the f32 attention over the
+//! cache's values as stored.
 
 use std::cell::RefCell;
 use std::ops::Range;
 
+use crate::elem::{KvElem, widen_rows};
 use crate::matmul::{BLayout, sgemm};
 use crate::vec::{axpy_rows, dot_rows, softmax};
 
 /// One layer's cache: position `p` in slot `p % slots`.
-pub struct Cache<'a> {
-    pub keys: &'a [f32],   // (slots, kv_dim)
-    pub values: &'a [f32], // (slots, kv_dim)
+pub struct Cache<'a, E: KvElem = f32> {
+    pub keys: &'a [E],   // (slots, kv_dim)
+    pub values: &'a [E], // (slots, kv_dim)
     pub slots: usize,
     pub kv_dim: usize,
     /// The local layers' window (0: every layer is global).
     pub window: usize,
 }
 
-impl Cache<'_> {
+impl<E: KvElem> Cache<'_, E> {
     /// The positions a query at `p` attends to: all up to `p`, or the last
     /// `window` of them in a `local` layer.
     pub fn span(&self, p: usize, local: bool) -> Range<usize> {
@@ -36,7 +41,7 @@ impl Cache<'_> {
     /// The rows of contiguous `slots` of `m` (the keys or the values), from
     /// column `kv_off`, the last one cut at `hd` floats: a strided matrix
     /// of `slots.len()` rows `kv_dim` apart.
-    fn run<'m>(&self, m: &'m [f32], slots: &Range<usize>, kv_off: usize, hd: usize) -> &'m [f32] {
+    fn run<'m, T>(&self, m: &'m [T], slots: &Range<usize>, kv_off: usize, hd: usize) -> &'m [T] {
         &m[slots.start * self.kv_dim + kv_off..][..(slots.len() - 1) * self.kv_dim + hd]
     }
 }
@@ -55,8 +60,8 @@ const KEY_BLOCK: usize = 64;
 /// for bit: every score is the same dot product, and every output element
 /// the same FMA chain in position order.
 #[allow(clippy::too_many_arguments, reason = "the cache, the row's position and its heads' operands")]
-pub fn attend_group(
-    kv: &Cache<'_>,
+pub fn attend_group<E: KvElem>(
+    kv: &Cache<'_, E>,
     p: usize,
     local: bool,
     kv_off: usize,
@@ -103,17 +108,28 @@ fn blocks(keys: &Range<usize>, slots: usize) -> impl Iterator<Item = (Range<usiz
 
 /// One head of one row at position `p`: `out = softmax(q·Kᵀ · scale) · V`
 /// over the row's span, keys and values at column `kv_off` of the cache.
-pub fn attend_row(kv: &Cache<'_>, p: usize, local: bool, kv_off: usize, q: &[f32], sc: &mut [f32], out: &mut [f32]) {
+pub fn attend_row<E: KvElem>(
+    kv: &Cache<'_, E>,
+    p: usize,
+    local: bool,
+    kv_off: usize,
+    q: &[f32],
+    sc: &mut [f32],
+    out: &mut [f32],
+) {
     attend_group(kv, p, local, kv_off, q.len(), q, sc, out);
 }
 
-/// One head of a block of prompt rows at positions `first..first + len`.
+/// The query heads of one kv head for a block of prompt rows at
+/// positions `first..first + len`.
 pub struct Block {
     pub first: usize,
     pub len: usize,
-    /// Column of the head's keys and values in the cache.
+    /// Column of the kv head's keys and values in the cache.
     pub kv_off: usize,
     pub hd: usize,
+    /// Query heads (consecutive, `hd` floats apart in a row's query).
+    pub heads: usize,
     /// Stride between the rows' queries.
     pub ld_q: usize,
 }
@@ -121,45 +137,92 @@ pub struct Block {
 thread_local! {
     /// The packed operand of this thread's attention GEMMs.
     static PACKED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// An f16 cache's keys and values of one block, widened to f32.
+    static WIDE: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// [`attend_row`] for every row of `b` as two GEMMs: `scores (len × keys)
-/// = Q·Kᵀ` over the union of the rows' spans, each row's span scaled and
-/// softmaxed and the rest zeroed, then `outs (len × hd) = P·V`. `q` starts
-/// at the first row's query (rows `b.ld_q` apart). A span that wraps
-/// around a local layer's ring is two pieces, in position order.
-pub fn attend_block(kv: &Cache<'_>, b: &Block, local: bool, q: &[f32], scores: &mut [f32], outs: &mut [f32]) {
+/// [`attend_row`] for every row and head of `b`, each head as two GEMMs:
+/// `scores (len × keys) = Q·Kᵀ` over the union of the rows' spans, each
+/// row's span scaled and softmaxed and the rest zeroed, then `outs (len ×
+/// hd) = P·V`, handed to `emit(head, outs)`. `q` starts at the first
+/// row's first head (rows `b.ld_q` apart). A span that wraps around a
+/// local layer's ring is two pieces, in position order. An f16 cache's
+/// keys and values are widened to f32 once for all the heads.
+pub fn attend_block<E: KvElem>(
+    kv: &Cache<'_, E>,
+    b: &Block,
+    local: bool,
+    q: &[f32],
+    scores: &mut [f32],
+    outs: &mut [f32],
+    emit: &mut dyn FnMut(usize, &[f32]),
+) {
     let hd = b.hd;
     let scale = 1.0 / (hd as f32).sqrt();
     let last = b.first + b.len - 1;
     let keys = kv.span(b.first, local).start..last + 1;
     let n = keys.len();
-    let q = &q[..(b.len - 1) * b.ld_q + hd];
+    let outs = &mut outs[..b.len * hd];
     PACKED.with_borrow_mut(|packed| {
-        // Scores, piece by piece of contiguous slots.
-        for (cols, slots) in pieces(&keys, kv.slots) {
-            let k = kv.run(kv.keys, &slots, b.kv_off, hd);
-            let c = &mut scores[cols.start..][..(b.len - 1) * n + cols.len()];
-            sgemm(b.len, cols.len(), hd, q, b.ld_q, k, kv.kv_dim, BLayout::Transposed, c, n, false, packed);
+        let (mut wide_k, mut wide_v) = WIDE.take();
+        let k_pieces = f32_pieces(kv, kv.keys, &keys, b.kv_off, hd, &mut wide_k);
+        let v_pieces = f32_pieces(kv, kv.values, &keys, b.kv_off, hd, &mut wide_v);
+        for h in 0..b.heads {
+            let q = &q[h * hd..][..(b.len - 1) * b.ld_q + hd];
+            // Scores, piece by piece of contiguous rows.
+            for (cols, k, ld) in k_pieces.iter().flatten() {
+                let c = &mut scores[cols.start..][..(b.len - 1) * n + cols.len()];
+                sgemm(b.len, cols.len(), hd, q, b.ld_q, k, *ld, BLayout::Transposed, c, n, false, packed);
+            }
+            // Each row's own span: scaled and softmaxed; the rest weighs 0.
+            for i in 0..b.len {
+                let span = kv.span(b.first + i, local);
+                let row = &mut scores[i * n..(i + 1) * n];
+                let own = span.start - keys.start..span.end - keys.start;
+                row[..own.start].fill(0.0);
+                row[own.end..].fill(0.0);
+                row[own.clone()].iter_mut().for_each(|s| *s *= scale);
+                softmax(&mut row[own]);
+            }
+            // Weighted values, accumulated piece by piece in position order.
+            for (i, (cols, v, ld)) in v_pieces.iter().flatten().enumerate() {
+                let p = &scores[cols.start..][..(b.len - 1) * n + cols.len()];
+                sgemm(b.len, hd, cols.len(), p, n, v, *ld, BLayout::Normal, outs, hd, i > 0, packed);
+            }
+            emit(h, outs);
         }
-        // Each row's own span: scaled and softmaxed; the rest weighs 0.
-        for i in 0..b.len {
-            let span = kv.span(b.first + i, local);
-            let row = &mut scores[i * n..(i + 1) * n];
-            let own = span.start - keys.start..span.end - keys.start;
-            row[..own.start].fill(0.0);
-            row[own.end..].fill(0.0);
-            row[own.clone()].iter_mut().for_each(|s| *s *= scale);
-            softmax(&mut row[own]);
-        }
-        // Weighted values, accumulated piece by piece in position order.
-        let outs = &mut outs[..b.len * hd];
-        for (i, (cols, slots)) in pieces(&keys, kv.slots).enumerate() {
-            let v = kv.run(kv.values, &slots, b.kv_off, hd);
-            let p = &scores[cols.start..][..(b.len - 1) * n + cols.len()];
-            sgemm(b.len, hd, cols.len(), p, n, v, kv.kv_dim, BLayout::Normal, outs, hd, i > 0, packed);
-        }
+        WIDE.set((wide_k, wide_v));
     });
+}
+
+/// One piece of a block's keys or values as f32: the block's score
+/// columns it covers, its rows and their stride.
+type Piece<'a> = (Range<usize>, &'a [f32], usize);
+
+/// The rows of the positions `keys` of `m` (keys or values) at column
+/// `kv_off`, as f32 pieces in position order: an f32 cache's own ring
+/// [`pieces`]; an f16 cache's rows widened into `buf`, one piece.
+fn f32_pieces<'a, E: KvElem>(
+    kv: &Cache<'a, E>,
+    m: &'a [E],
+    keys: &Range<usize>,
+    kv_off: usize,
+    hd: usize,
+    buf: &'a mut Vec<f32>,
+) -> [Option<Piece<'a>>; 2] {
+    let mut out = [None, None];
+    if let Some(m) = E::as_f32(m) {
+        for (o, (cols, slots)) in out.iter_mut().zip(pieces(keys, kv.slots)) {
+            *o = Some((cols, kv.run(m, &slots, kv_off, hd), kv.kv_dim));
+        }
+        return out;
+    }
+    buf.clear();
+    for (_, slots) in pieces(keys, kv.slots) {
+        widen_rows(kv.run(m, &slots, kv_off, hd), slots.len(), kv.kv_dim, hd, buf);
+    }
+    out[0] = Some((0..keys.len(), &buf[..], hd));
+    out
 }
 
 /// The positions `keys` as at most two runs of contiguous ring slots:
@@ -188,16 +251,23 @@ mod tests {
 
     /// Rows at positions `first..first + len` of one head (queries
     /// `ld_q = 48` apart), by blocks of `split` rows.
-    fn by_blocks(kv: &Cache<'_>, q: &[f32], first: usize, len: usize, split: usize, local: bool) -> Vec<f32> {
+    fn by_blocks<E: KvElem>(
+        kv: &Cache<'_, E>,
+        q: &[f32],
+        first: usize,
+        len: usize,
+        split: usize,
+        local: bool,
+    ) -> Vec<f32> {
         let (hd, ld_q) = (16, 48);
         let mut out = vec![0.0; len * hd];
-        let mut scores = vec![f32::NAN; 12 * 64];
+        let mut scores = vec![f32::NAN; 12 * 256];
         let mut outs = vec![f32::NAN; 12 * hd];
         for b0 in (0..len).step_by(split) {
             let n = split.min(len - b0);
-            let b = Block { first: first + b0, len: n, kv_off: 16, hd, ld_q };
-            attend_block(kv, &b, local, &q[b0 * ld_q..], &mut scores, &mut outs);
-            out[b0 * hd..(b0 + n) * hd].copy_from_slice(&outs[..n * hd]);
+            let b = Block { first: first + b0, len: n, kv_off: 16, hd, heads: 1, ld_q };
+            let mut emit = |_: usize, o: &[f32]| out[b0 * hd..(b0 + n) * hd].copy_from_slice(o);
+            attend_block(kv, &b, local, &q[b0 * ld_q..], &mut scores, &mut outs, &mut emit);
         }
         out
     }
@@ -261,5 +331,71 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// An f16 cache gives, bit for bit, the f32 attention over its values
+    /// widened: decode groups and prompt blocks, a global layer and a
+    /// local one whose window wraps around its ring.
+    #[test]
+    fn an_f16_cache_is_the_f32_cache_of_its_values() {
+        use half::f16;
+        let mut r = rand::rngs::StdRng::seed_from_u64(11);
+        let (hd, heads) = (16, 3);
+        let q: Vec<f32> = (0..12 * 48).map(|_| r.random_range(-1.0f32..1.0)).collect();
+        for (slots, window, local, p) in [(200, 0, false, 170), (100, 90, true, 250), (40, 0, false, 17)] {
+            let (keys, values, slots, window) = cache(slots, window, p as u64);
+            let half = |m: &[f32]| m.iter().map(|&x| <f16 as KvElem>::from_f32(x)).collect::<Vec<f16>>();
+            let (k16, v16) = (half(&keys), half(&values));
+            let wide = |m: &[f16]| m.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+            let (kw, vw) = (wide(&k16), wide(&v16));
+            let c16 = Cache { keys: &k16, values: &v16, slots, kv_dim: 32, window };
+            let c32 = Cache { keys: &kw, values: &vw, slots, kv_dim: 32, window };
+            let mut sc = vec![f32::NAN; heads * 200];
+            let (mut g16, mut g32) = (vec![f32::NAN; heads * hd], vec![f32::NAN; heads * hd]);
+            attend_group(&c16, p, local, 16, hd, &q[..heads * hd], &mut sc, &mut g16);
+            attend_group(&c32, p, local, 16, hd, &q[..heads * hd], &mut sc, &mut g32);
+            assert_eq!(bits(&g16), bits(&g32), "group: slots {slots} p {p}");
+            let first = p.saturating_sub(11);
+            assert_eq!(
+                bits(&by_blocks(&c16, &q, first, 12, 5, local)),
+                bits(&by_blocks(&c32, &q, first, 12, 5, local)),
+                "blocks: slots {slots} p {p}"
+            );
+        }
+    }
+
+    /// A block's query heads of one kv head, run together (the keys and
+    /// values widened once), each get what they get alone, bit for bit,
+    /// with f32 and f16 caches.
+    #[test]
+    fn a_block_of_heads_equals_each_head_alone() {
+        use half::f16;
+        let mut r = rand::rngs::StdRng::seed_from_u64(13);
+        let (hd, ld_q, heads, len) = (16, 48, 3, 7);
+        let q: Vec<f32> = (0..len * ld_q).map(|_| r.random_range(-1.0f32..1.0)).collect();
+        for (slots, window, local, first) in [(60, 0, false, 30), (20, 8, true, 30)] {
+            let (keys, values, slots, window) = cache(slots, window, first as u64);
+            let (k16, v16): (Vec<f16>, Vec<f16>) =
+                (keys.iter().map(|&x| f16::from_f32(x)).collect(), values.iter().map(|&x| f16::from_f32(x)).collect());
+            let c16 = Cache { keys: &k16, values: &v16, slots, kv_dim: 32, window };
+            let c32 = Cache { keys: &keys, values: &values, slots, kv_dim: 32, window };
+            fn run<E: KvElem>(kv: &Cache<'_, E>, b: &Block, local: bool, q: &[f32]) -> Vec<Vec<f32>> {
+                let (mut scores, mut outs) = (vec![f32::NAN; 12 * 256], vec![f32::NAN; 12 * 16]);
+                let mut got = vec![Vec::new(); b.heads];
+                attend_block(kv, b, local, q, &mut scores, &mut outs, &mut |h, o| got[h] = o.to_vec());
+                got
+            }
+            let together = Block { first, len, kv_off: 16, hd, heads, ld_q };
+            let (g32, g16) = (run(&c32, &together, local, &q), run(&c16, &together, local, &q));
+            for h in 0..heads {
+                let alone = Block { heads: 1, ..together };
+                assert_eq!(bits(&g32[h]), bits(&run(&c32, &alone, local, &q[h * hd..])[0]), "f32 head {h}");
+                assert_eq!(bits(&g16[h]), bits(&run(&c16, &alone, local, &q[h * hd..])[0]), "f16 head {h}");
+            }
+        }
+    }
+
+    fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|v| v.to_bits()).collect()
     }
 }

@@ -16,4 +16,4 @@ pub mod dot;
 pub mod matmul;
 
 pub use spinfer_kernel_base::{GgmlType, KernelError, QK_K, Result};
-pub use spinfer_kernel_base::{blocks, cpu, dequant, kernel, pool, q16, quantize, random, split, vec};
+pub use spinfer_kernel_base::{blocks, cpu, dequant, elem, kernel, pool, q16, quantize, random, split, vec};

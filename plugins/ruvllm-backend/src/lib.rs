@@ -35,7 +35,7 @@ use spinfer_engine::config::Config;
 use spinfer_engine::engine::Output;
 use spinfer_engine::generate::{self, StopReason};
 use spinfer_engine::model::ModelOptions;
-pub use spinfer_engine::model::Precision;
+pub use spinfer_engine::model::{KvType, Precision};
 pub use spinfer_engine::sparse::{PredictorKind, SparsityOptions};
 
 pub use crate::tokenizer::SpinferTokenizer;
@@ -65,6 +65,9 @@ pub struct SpinferOptions {
     /// Threads per request; `None` = every core.
     pub threads: Option<usize>,
     pub sparsity: Sparsity,
+    /// The KV cache's element type; `None` = the precision's own
+    /// ([`ModelOptions::kv_type`]).
+    pub kv_type: Option<KvType>,
 }
 
 /// A RuvLLM backend on spinfer's engine. See the crate docs.
@@ -176,6 +179,7 @@ impl SpinferBackend {
                 }
             },
             mem_budget: None,
+            kv_type: self.options.kv_type,
         };
         Engine::load(path, options).map_err(|e| convert::load_error(model_id, e))
     }

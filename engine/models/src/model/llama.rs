@@ -33,8 +33,8 @@ mod session;
 mod sparse_attn;
 mod sparse_ffn;
 
-pub use kv::KvCache;
 use kv::RowPos;
+pub use kv::{KvCache, KvType};
 pub use linear::Linear;
 pub(crate) use linear::{GatheredRows, Scratch, grow};
 pub use memory::{BUDGET_STEP, MemoryPlan};
@@ -59,12 +59,24 @@ pub struct ModelOptions {
     /// streaming from storage what does not fit (`None`: everything mapped;
     /// see [`crate::placement`]).
     pub mem_budget: Option<u64>,
+    /// Element type of the KV cache (`None`: the precision's own,
+    /// [`ModelOptions::kv_type`]).
+    pub kv_type: Option<KvType>,
 }
 
 /// Most worker threads a session may start (`--threads`, `[model] threads`).
 pub const MAX_THREADS: usize = 1024;
 
 impl ModelOptions {
+    /// The KV cache's element type: the one asked for, else f32 in
+    /// precise mode (PyTorch's numbers) and f16 in the integer modes.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type.unwrap_or(match self.precision {
+            Precision::Precise => KvType::F32,
+            Precision::Fast | Precision::Int8 => KvType::F16,
+        })
+    }
+
     /// Checks the context size and thread count against the model and this
     /// machine before anything is sized from them: a context or thread
     /// count of 0 or above [`MAX_THREADS`] is refused, a context above the
@@ -83,7 +95,7 @@ impl ModelOptions {
                 self.threads
             )));
         }
-        let needed = session_bytes(c, ctx, self.threads.max(1)).ok_or_else(|| {
+        let needed = session_bytes(c, ctx, self.threads.max(1), self.kv_type()).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "context size {ctx} (--ctx / [model] ctx): the KV cache size overflows (the model was trained for {} positions)",
                 c.ctx_train
@@ -124,15 +136,16 @@ pub fn kv_positions(c: &ModelConfig, l: usize, ctx: usize) -> usize {
 }
 
 /// Bytes a session of `ctx` positions and `threads` threads holds for the
-/// model `c` beyond its activations: the KV cache (`2 x kv_dim` f32 per
-/// position of every layer's [`kv_positions`]), the attention scratch
-/// (per thread, a block of prompt rows' scores and outputs:
-/// `attend::scratch_floats` f32) and the model's RoPE tables (`ctx x head_dim` f32
-/// each). `None` if it overflows.
-pub fn session_bytes(c: &ModelConfig, ctx: usize, threads: usize) -> Option<u64> {
+/// model `c` beyond its activations: the KV cache (`2 x kv_dim` values of
+/// `kv` per position of every layer's [`kv_positions`]), the attention
+/// scratch (per thread, a block of prompt rows' scores and outputs:
+/// `attend::scratch_floats` f32) and the model's RoPE tables (`ctx x
+/// head_dim` f32 each). `None` if it overflows.
+pub fn session_bytes(c: &ModelConfig, ctx: usize, threads: usize, kv: KvType) -> Option<u64> {
     let f32s = |a: usize, b: usize| (a as u64).checked_mul(b as u64)?.checked_mul(4);
     let positions = (0..c.n_layers).try_fold(0usize, |acc, l| acc.checked_add(kv_positions(c, l, ctx)))?;
-    let kv = f32s(positions, c.n_kv_heads.checked_mul(c.head_dim)?)?.checked_mul(2)?;
+    let values = (positions as u64).checked_mul(c.n_kv_heads.checked_mul(c.head_dim)? as u64)?;
+    let kv = values.checked_mul(2 * kv.bytes() as u64)?;
     let tables = if c.sliding_window.is_some() { 2 } else { 1 };
     let scratch = f32s(threads, attend::scratch_floats(ctx, c.head_dim))?;
     let total = kv.checked_add(scratch)?.checked_add(f32s(ctx, c.head_dim)?.checked_mul(tables)?)?;
@@ -148,6 +161,7 @@ impl Default for ModelOptions {
             threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             sparsity: None,
             mem_budget: None,
+            kv_type: None,
         }
     }
 }

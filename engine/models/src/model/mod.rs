@@ -5,7 +5,7 @@ pub mod math;
 mod precision;
 
 pub use config::{Arch, FfnAct, ModelConfig, RopeStyle, SlidingWindow};
-pub use llama::{KvCache, Model, ModelOptions, Precision, Session};
+pub use llama::{KvCache, KvType, Model, ModelOptions, Precision, Session};
 
 pub use spinfer_formats::config;
 pub use spinfer_formats::loader::{check_dims, load_vector};

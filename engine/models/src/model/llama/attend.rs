@@ -5,17 +5,19 @@
 //! A decode row's heads that share a kv head run together
 //! ([`attend_group`]: the cache is read once for them, and each head gets
 //! what it would alone); a prompt's rows are taken in blocks of
-//! [`QUERY_BLOCK`] consecutive positions, each head of a block two GEMMs
-//! ([`attend_block`]): a prompt row gets the same numbers whatever block
-//! it falls in, however its prompt was chunked or batched.
+//! [`QUERY_BLOCK`] consecutive positions, the heads of one kv head
+//! together, each head two GEMMs ([`attend_block`]): a prompt row gets the
+//! same numbers whatever block it falls in, however its prompt was chunked
+//! or batched.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use spinfer_kernels::attention::{Block, attend_block, attend_group};
+use spinfer_kernels::attention::{Block, Cache, attend_block, attend_group};
+use spinfer_kernels::elem::KvElem;
 use spinfer_kernels::pool::{SyncPtr, ThreadPool};
 
 use super::Model;
-use super::kv::{KvCache, RowPos};
+use super::kv::{KvCache, LayerCache, RowPos};
 
 /// Query rows of one prompt whose attention runs as one pair of GEMMs per
 /// head; also the most query heads of one decode item.
@@ -44,8 +46,8 @@ pub(super) struct Attention<'a> {
     pub items: &'a mut Vec<Item>,
 }
 
-/// A unit of work: the query heads of one decode row that share a kv head
-/// (at most [`QUERY_BLOCK`]), or one head of a block of consecutive prompt
+/// A unit of work: the query heads that share a kv head (at most
+/// [`QUERY_BLOCK`]) of one decode row, or of a block of consecutive prompt
 /// rows of one sequence.
 #[derive(Clone, Copy)]
 pub(super) struct Item {
@@ -82,7 +84,6 @@ impl Model {
             // above), which outlives the broadcast.
             let sc = unsafe { std::slice::from_raw_parts_mut(scores.get().add(ti * per_thread), per_thread) };
             while let Some(&it) = items.get(next.fetch_add(1, Ordering::Relaxed)) {
-                let kv = seqs[rows[it.t].seq].layer(l);
                 // SAFETY: the item's rows `it.t..it.t + it.len`, heads
                 // `it.head..it.head + it.heads` (consecutive in a row), of
                 // `att` (which holds every row, asserted above) belong to
@@ -93,19 +94,47 @@ impl Model {
                 };
                 let q = &q[(it.t * n_heads + it.head) * hd..];
                 let kv_off = it.head / (n_heads / self.config.n_kv_heads) * hd;
-                let first = rows[it.t].pos;
-                if it.prompt {
-                    let (scores, outs) = sc.split_at_mut(QUERY_BLOCK * score_len);
-                    let block = Block { first, len: it.len, kv_off, hd, ld_q: n_heads * hd };
-                    attend_block(&kv, &block, local, q, scores, outs);
-                    for i in 0..it.len {
-                        out(i).copy_from_slice(&outs[i * hd..(i + 1) * hd]);
-                    }
-                } else {
-                    attend_group(&kv, first, local, kv_off, hd, &q[..it.heads * hd], sc, out(0));
+                let op = Op { it, first: rows[it.t].pos, kv_off, hd, ld_q: n_heads * hd, local, score_len };
+                match seqs[rows[it.t].seq].layer(l) {
+                    LayerCache::F32(kv) => op.run(&kv, q, sc, out),
+                    LayerCache::F16(kv) => op.run(&kv, q, sc, out),
                 }
             }
         });
+    }
+}
+
+/// One item's attention, whatever its cache's element type.
+struct Op {
+    it: Item,
+    /// The first row's position.
+    first: usize,
+    /// Column of the item's kv head in the cache.
+    kv_off: usize,
+    hd: usize,
+    /// Stride between rows' queries.
+    ld_q: usize,
+    local: bool,
+    score_len: usize,
+}
+
+impl Op {
+    /// `q` starts at the item's first row and head; `sc` is the thread's
+    /// scratch; `out(i)` is row `i`'s output for the item's heads.
+    fn run<'o, E: KvElem>(&self, kv: &Cache<'_, E>, q: &[f32], sc: &mut [f32], out: impl Fn(usize) -> &'o mut [f32]) {
+        let (it, hd) = (self.it, self.hd);
+        if it.prompt {
+            let (scores, outs) = sc.split_at_mut(QUERY_BLOCK * self.score_len);
+            let (first, kv_off, ld_q) = (self.first, self.kv_off, self.ld_q);
+            let block = Block { first, len: it.len, kv_off, hd, heads: it.heads, ld_q };
+            attend_block(kv, &block, self.local, q, scores, outs, &mut |h, o| {
+                for i in 0..it.len {
+                    out(i)[h * hd..(h + 1) * hd].copy_from_slice(&o[i * hd..(i + 1) * hd]);
+                }
+            });
+        } else {
+            attend_group(kv, self.first, self.local, self.kv_off, hd, &q[..it.heads * hd], sc, out(0));
+        }
     }
 }
 
@@ -131,17 +160,14 @@ fn plan(rows: &[RowPos], roles: &[(usize, bool)], n_heads: usize, group: usize, 
                 n += 1;
             }
             let cost: usize = (t..t + n).map(|r| rows[r].pos + 1).sum();
-            if prompt {
-                items.extend((0..n_heads).map(|head| Item { t, len: n, head, heads: 1, prompt, cost }));
-            } else {
-                // Each kv head's query heads together, in runs of at most
-                // a block (the scratch's score rows).
-                for kv_head in 0..n_heads / group {
-                    for h in (0..group).step_by(QUERY_BLOCK) {
-                        let heads = QUERY_BLOCK.min(group - h);
-                        let head = kv_head * group + h;
-                        items.push(Item { t, len: 1, head, heads, prompt, cost: cost * heads });
-                    }
+            // Each kv head's query heads together (its keys and values read,
+            // or widened from f16, once for them), in runs of at most a
+            // block (a decode row's scores fill the scratch's score rows).
+            for kv_head in 0..n_heads / group {
+                for h in (0..group).step_by(QUERY_BLOCK) {
+                    let heads = QUERY_BLOCK.min(group - h);
+                    let head = kv_head * group + h;
+                    items.push(Item { t, len: n, head, heads, prompt, cost: cost * heads });
                 }
             }
             t += n;

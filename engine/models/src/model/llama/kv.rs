@@ -1,10 +1,53 @@
 //! One sequence's KV cache: every layer's keys and values by position
-//! (a ring for a local layer), read by [`super::attend`].
+//! (a ring for a local layer), read by [`super::attend`], in f32 or f16
+//! ([`KvType`]).
 
+use half::f16;
 use spinfer_kernels::attention::Cache;
+use spinfer_kernels::elem::{KvElem, store_row};
 
 use super::{Model, kv_positions};
 use crate::{Error, Result};
+
+/// The element type of the KV cache (`--kv-cache`, `[model] kv_cache`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvType {
+    /// f32: the keys and values exactly as computed.
+    #[default]
+    F32,
+    /// IEEE f16 (llama.cpp's default): half the memory and half the bytes
+    /// attention reads per token; each value is rounded once when stored
+    /// (relative error at most 2^-11; magnitudes past 65504 saturate).
+    F16,
+}
+
+impl KvType {
+    /// Bytes per cached value.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::F32 => f32::BYTES,
+            Self::F16 => f16::BYTES,
+        }
+    }
+}
+
+/// Every layer's keys and values, `(layer slots, kv_dim)` each.
+enum Store {
+    F32 { keys: Vec<f32>, values: Vec<f32> },
+    F16 { keys: Vec<f16>, values: Vec<f16> },
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Self::F32 { keys: Vec::new(), values: Vec::new() }
+    }
+}
+
+/// One layer's keys and values, of either element type.
+pub(super) enum LayerCache<'a> {
+    F32(Cache<'a, f32>),
+    F16(Cache<'a, f16>),
+}
 
 /// The keys and values of one sequence, every layer, and its position.
 /// A [`super::Session`] holds one; a batch of requests holds one per
@@ -19,30 +62,25 @@ pub struct KvCache {
     kv_dim: usize,
     start: Vec<usize>, // per layer: its first position slot
     len: Vec<usize>,   // per layer: its slots (`kv_positions`); position p in slot p % len
-    keys: Vec<f32>,    // (layer slots, kv_dim)
-    values: Vec<f32>,  // (layer slots, kv_dim)
+    store: Store,
 }
 
 impl KvCache {
-    /// An empty cache of `ctx` positions for the model `m`. The caches are
-    /// zero-initialised allocations: the OS maps their pages lazily, so
-    /// memory is only committed for positions used.
+    /// An empty cache of `ctx` positions for the model `m`, of its
+    /// options' [`KvType`]. The caches are zero-initialised allocations:
+    /// the OS maps their pages lazily, so memory is only committed for
+    /// positions used.
     pub(super) fn new(m: &Model, ctx: usize) -> Self {
         let c = &m.config;
         let kv_dim = c.n_kv_heads * c.head_dim;
         let len: Vec<usize> = (0..c.n_layers).map(|l| kv_positions(c, l, ctx)).collect();
         let start: Vec<usize> = len.iter().scan(0, |at, &n| Some(std::mem::replace(at, *at + n))).collect();
-        let slots: usize = len.iter().sum();
-        Self {
-            pos: 0,
-            ctx,
-            window: c.sliding_window.map_or(0, |w| w.window),
-            kv_dim,
-            start,
-            len,
-            keys: vec![0.0; slots * kv_dim],
-            values: vec![0.0; slots * kv_dim],
-        }
+        let n = len.iter().sum::<usize>() * kv_dim;
+        let store = match m.options.kv_type() {
+            KvType::F32 => Store::F32 { keys: vec![0.0; n], values: vec![0.0; n] },
+            KvType::F16 => Store::F16 { keys: vec![f16::ZERO; n], values: vec![f16::ZERO; n] },
+        };
+        Self { pos: 0, ctx, window: c.sliding_window.map_or(0, |w| w.window), kv_dim, start, len, store }
     }
 
     /// Tokens currently in the cache.
@@ -65,8 +103,16 @@ impl KvCache {
     /// cache stays usable, its pages mapped again when written.
     pub fn release(&mut self) {
         self.pos = 0;
-        release_pages(&mut self.keys);
-        release_pages(&mut self.values);
+        match &mut self.store {
+            Store::F32 { keys, values } => {
+                release_pages(keys);
+                release_pages(values);
+            }
+            Store::F16 { keys, values } => {
+                release_pages(keys);
+                release_pages(values);
+            }
+        }
     }
 
     /// Drops cached tokens after `pos` (see [`super::Session::truncate`]).
@@ -92,31 +138,43 @@ impl KvCache {
     }
 
     /// Layer `l`'s keys and values.
-    pub(super) fn layer(&self, l: usize) -> Cache<'_> {
-        let (slots, kv_dim) = (self.len[l], self.kv_dim);
-        let base = self.start[l] * kv_dim;
-        Cache {
-            keys: &self.keys[base..base + slots * kv_dim],
-            values: &self.values[base..base + slots * kv_dim],
-            slots,
-            kv_dim,
-            window: self.window,
+    pub(super) fn layer(&self, l: usize) -> LayerCache<'_> {
+        match &self.store {
+            Store::F32 { keys, values } => LayerCache::F32(self.cache(l, keys, values)),
+            Store::F16 { keys, values } => LayerCache::F16(self.cache(l, keys, values)),
         }
     }
 
+    fn cache<'a, E: KvElem>(&self, l: usize, keys: &'a [E], values: &'a [E]) -> Cache<'a, E> {
+        let (slots, kv_dim) = (self.len[l], self.kv_dim);
+        let rows = self.start[l] * kv_dim..(self.start[l] + slots) * kv_dim;
+        Cache { keys: &keys[rows.clone()], values: &values[rows], slots, kv_dim, window: self.window }
+    }
+
     /// Stores layer `l`'s key and value of position `p` (in slot p mod
-    /// the layer's length: a ring for a local layer).
+    /// the layer's length: a ring for a local layer), rounded to the
+    /// cache's element type.
     pub(super) fn store(&mut self, l: usize, p: usize, k: &[f32], v: &[f32]) {
         let slot = (self.start[l] + p % self.len[l]) * self.kv_dim;
-        self.keys[slot..slot + self.kv_dim].copy_from_slice(k);
-        self.values[slot..slot + self.kv_dim].copy_from_slice(v);
+        let row = slot..slot + self.kv_dim;
+        match &mut self.store {
+            Store::F32 { keys, values } => {
+                keys[row.clone()].copy_from_slice(k);
+                values[row].copy_from_slice(v);
+            }
+            Store::F16 { keys, values } => {
+                store_row(&mut keys[row.clone()], k);
+                store_row(&mut values[row], v);
+            }
+        }
     }
 }
 
 /// `madvise(DONTNEED)` on the whole pages inside `v`: their memory is
-/// released and they read as zeros afterwards; advice only, so a failure
-/// leaves the memory held and changes nothing else.
-fn release_pages(v: &mut [f32]) {
+/// released and they read as zeros afterwards (`0.0` for every
+/// [`KvElem`]); advice only, so a failure leaves the memory held and
+/// changes nothing else.
+fn release_pages<E: KvElem>(v: &mut [E]) {
     #[cfg(target_os = "linux")]
     {
         const PAGE: usize = 4096;
@@ -131,8 +189,8 @@ fn release_pages(v: &mut [f32]) {
             // SAFETY: [from, to) lies inside `v`'s allocation, which the
             // `&mut` borrow keeps from every other reader during the call.
             // Heap memory is private and anonymous: after DONTNEED its
-            // pages stay mapped and read as zeros, a valid f32 (0.0), so
-            // the slice stays valid and initialised.
+            // pages stay mapped and read as zeros, a valid element (0.0 as
+            // f32 or f16), so the slice stays valid and initialised.
             unsafe { madvise(from as *mut std::ffi::c_void, to - from, MADV_DONTNEED) };
         }
     }

@@ -179,7 +179,7 @@ impl MemoryPlan {
 /// and tables, and activations for steps of [`BUDGET_STEP`] tokens plus one
 /// row of logits (with the fast mode's two planes).
 fn fixed(c: &ModelConfig, options: &ModelOptions) -> Result<Fixed> {
-    let session = session_bytes(c, options.ctx, options.threads.max(1))
+    let session = session_bytes(c, options.ctx, options.threads.max(1), options.kv_type())
         .ok_or_else(|| Error::InvalidArgument(format!("context size {}: the KV cache size overflows", options.ctx)))?;
     let (q_dim, kv_dim) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
     let per_token = 4 * c.dim + 2 * q_dim + 2 * kv_dim + 2 * c.ffn_dim;
