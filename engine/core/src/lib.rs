@@ -5,6 +5,7 @@ pub mod engine;
 mod error;
 pub mod inspect;
 pub mod metrics;
+pub mod perplexity;
 pub mod provider;
 mod server_config;
 pub mod model {
@@ -24,7 +25,7 @@ pub use error::{Error, Result};
 pub use spinfer_embed::embed;
 pub use spinfer_formats::{gguf, loader, safetensors, tensor};
 pub use spinfer_kernel_select::{registry, tuning};
-pub use spinfer_models::{calibrate, generate, perplexity, placement, sampling, stream};
+pub use spinfer_models::{calibrate, generate, placement, sampling, stream};
 /// The sparse output head ([`spinfer_models::head`]) and its measurement
 /// against the dense head.
 pub mod head {

@@ -1,7 +1,8 @@
 //! spinfer's Llama-family models: the forward pass (dense, sparse FFN,
 //! sparse output head), sessions, generation (with `spinfer-sampling`'s
-//! sampler, re-exported as `sampling`), perplexity, and the calibration that
-//! runs the model to fit its sparsity sidecar.
+//! sampler, re-exported as `sampling`), and the calibration that runs the
+//! model to fit its sparsity sidecar. Perplexity by the reference protocol
+//! is `spinfer-engine`'s (`spinfer_engine::perplexity`).
 //!
 //! Architecture invariant: the model reads weights only through
 //! `spinfer_formats::Loader` and runs every matrix product through a kernel
@@ -11,7 +12,6 @@ mod error;
 pub mod generate;
 pub mod head;
 pub mod model;
-pub mod perplexity;
 
 pub use spinfer_sampling as sampling;
 

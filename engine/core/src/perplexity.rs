@@ -8,8 +8,8 @@
 //! forward: what a predictor that chooses its neurons from the prompt
 //! (sentence-level) needs to be measured on the text it did not see.
 
-use crate::model::{Model, Session};
-use crate::{Error, Result};
+use spinfer_models::model::{Model, Session};
+use spinfer_models::{Error, Result};
 
 /// Rows of logits computed at once (bounds memory to rows × vocab floats).
 const LOGIT_ROWS: usize = 64;
