@@ -24,14 +24,7 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     };
     let refs = reference();
-    let options = |precision| ModelOptions {
-        precision,
-        ctx: 256,
-        threads: 2,
-        sparsity: None,
-        mem_budget: None,
-        ..ModelOptions::default()
-    };
+    let options = |precision| ModelOptions { precision, ctx: 256, threads: 2, ..ModelOptions::default() };
     let isa = if spinfer_kernels::cpu::CpuFeatures::detect().has_avx512() { "avx512" } else { "avx2" };
     let mut planes = KernelRegistry::builtin();
     planes.pin("q4_1*q8_1", format!("{isa}/q4_1*q8_1"));

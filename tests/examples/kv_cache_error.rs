@@ -12,6 +12,8 @@
 use anyhow::{Context, Result};
 use spinfer_engine::Engine;
 use spinfer_engine::model::{KvType, ModelOptions, Precision};
+use spinfer_engine::perplexity::log_softmax_at;
+use spinfer_engine::sampling::argmax_logits;
 use spinfer_tests::{data, gemma3, smollm2};
 
 /// Rows of logits compared at a time.
@@ -27,17 +29,6 @@ fn window_logits(e: &Engine, ids: &[u32], mut f: impl FnMut(usize, &[f32])) -> R
         f(r, &logits);
     }
     Ok(())
-}
-
-fn argmax(x: &[f32]) -> usize {
-    x.iter().enumerate().fold(0, |best, (i, &v)| if v > x[best] { i } else { best })
-}
-
-/// `-log softmax(x)[t]`.
-fn nll(x: &[f32], t: u32) -> f64 {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = x.iter().map(|&v| f64::from(v - max).exp()).sum();
-    sum.ln() - f64::from(x[t as usize] - max)
 }
 
 fn main() -> Result<()> {
@@ -77,11 +68,11 @@ fn main() -> Result<()> {
                             sum += f64::from((x - y).abs());
                         }
                         n += vocab;
-                        agree += usize::from(argmax(a) == argmax(b));
+                        agree += usize::from(argmax_logits(a) == argmax_logits(b));
                         // Position p's logits score token p + 1.
                         if let Some(&next) = win.get(r + i + 1) {
-                            nll32 += nll(a, next);
-                            nll16 += nll(b, next);
+                            nll32 -= log_softmax_at(a, next as usize);
+                            nll16 -= log_softmax_at(b, next as usize);
                             scored += 1;
                         }
                     }

@@ -30,17 +30,7 @@ fn main() -> anyhow::Result<()> {
         };
         let refs = refs();
         for precision in [Precision::Precise, Precision::Fast, Precision::Int8] {
-            let e = Engine::load(
-                &path,
-                ModelOptions {
-                    precision,
-                    ctx: 256,
-                    threads: 2,
-                    sparsity: None,
-                    mem_budget: None,
-                    ..ModelOptions::default()
-                },
-            )?;
+            let e = Engine::load(&path, ModelOptions { precision, ctx: 256, threads: 2, ..ModelOptions::default() })?;
             for (i, p) in refs.prompts.iter().enumerate() {
                 let logits = e.logits(&p.input_ids)?;
                 let top = logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(t, _)| t);

@@ -161,7 +161,6 @@ fn main() -> Result<()> {
         ctx: 512,
         threads: a.threads,
         sparsity,
-        mem_budget: None,
         ..ModelOptions::default()
     };
     let dense = Engine::load(&a.model, options(None))?;

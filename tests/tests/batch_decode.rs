@@ -9,11 +9,7 @@ use spinfer_engine::model::{ModelOptions, Precision};
 use spinfer_tests::{gemma3, smollm2};
 
 fn load(path: &Path, precision: Precision) -> Engine {
-    Engine::load(
-        path,
-        ModelOptions { precision, ctx: 256, threads: 2, sparsity: None, mem_budget: None, ..ModelOptions::default() },
-    )
-    .unwrap()
+    Engine::load(path, ModelOptions { precision, ctx: 256, threads: 2, ..ModelOptions::default() }).unwrap()
 }
 
 fn argmax(x: &[f32]) -> u32 {

@@ -65,18 +65,8 @@ fn allocations_in(f: impl FnOnce()) -> usize {
 fn decode_steps_allocate_nothing() {
     let Some(path) = smollm2() else { return };
     for precision in [Precision::Fast, Precision::Int8, Precision::Precise] {
-        let e = Engine::load(
-            &path,
-            ModelOptions {
-                precision,
-                ctx: 128,
-                threads: 2,
-                sparsity: None,
-                mem_budget: None,
-                ..ModelOptions::default()
-            },
-        )
-        .unwrap();
+        let e =
+            Engine::load(&path, ModelOptions { precision, ctx: 128, threads: 2, ..ModelOptions::default() }).unwrap();
         let mut s = e.new_session();
         let prompt = e.tokenize("The capital of France is").unwrap();
         e.model.forward(&mut s, &prompt).unwrap();

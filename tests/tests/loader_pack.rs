@@ -97,14 +97,7 @@ fn a_loader_pack_opens_a_format_the_host_does_not_know() {
     npy_dir(&st, &npy);
 
     // The host alone cannot read the directory, and says what is missing.
-    let options = |precision| ModelOptions {
-        precision,
-        ctx: 64,
-        threads: 2,
-        sparsity: None,
-        mem_budget: None,
-        ..ModelOptions::default()
-    };
+    let options = |precision| ModelOptions { precision, ctx: 64, threads: 2, ..ModelOptions::default() };
     let Err(e) = Engine::load(&npy, options(Precision::Precise)) else { panic!("the host has no .npy loader") };
     assert!(e.to_string().contains(&npy.display().to_string()), "{e}");
 

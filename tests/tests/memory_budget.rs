@@ -13,11 +13,7 @@ use spinfer_engine::registry::KernelRegistry;
 use spinfer_tests::{data, gemma3, reference, smollm2};
 
 fn load(path: &Path, precision: Precision, mem_budget: Option<u64>) -> Engine {
-    Engine::load(
-        path,
-        ModelOptions { precision, ctx: 128, threads: 2, sparsity: None, mem_budget, ..ModelOptions::default() },
-    )
-    .unwrap()
+    Engine::load(path, ModelOptions { precision, ctx: 128, threads: 2, mem_budget, ..ModelOptions::default() }).unwrap()
 }
 
 /// The prompt's last logits and 12 greedy tokens after it.

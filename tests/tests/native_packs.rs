@@ -128,14 +128,7 @@ fn smollm2_through_each_pack_matches_builtin_kernels() {
     }
 
     for precision in [Precision::Int8, Precision::Fast] {
-        let options = ModelOptions {
-            precision,
-            ctx: 64,
-            threads: 2,
-            sparsity: None,
-            mem_budget: None,
-            ..ModelOptions::default()
-        };
+        let options = ModelOptions { precision, ctx: 64, threads: 2, ..ModelOptions::default() };
         let default = last_logits(&Engine::load_with(&model, options.clone(), &KernelRegistry::builtin()).unwrap());
         for (pack, isa) in &packs {
             // The built-in provider pinned to the same kernels of
@@ -181,14 +174,7 @@ fn smollm2_through_each_pack_matches_builtin_kernels() {
 #[test]
 fn fast_mode_takes_fast_act_unless_a_pin_says_otherwise() {
     let Some(model) = smollm2() else { return };
-    let options = ModelOptions {
-        precision: Precision::Fast,
-        ctx: 64,
-        threads: 1,
-        sparsity: None,
-        mem_budget: None,
-        ..ModelOptions::default()
-    };
+    let options = ModelOptions { precision: Precision::Fast, ctx: 64, threads: 1, ..ModelOptions::default() };
     let features = CpuFeatures::detect();
     let e = Engine::load_with(&model, options.clone(), &KernelRegistry::builtin()).unwrap();
     let mut checked = 0;
@@ -277,14 +263,7 @@ fn untrusted_signer_is_refused() {
 fn gt50_sidecar(model: &Path, dir: &Path) -> SparsityOptions {
     let builtin = Engine::load_with(
         model,
-        ModelOptions {
-            precision: Precision::Fast,
-            ctx: 128,
-            threads: 2,
-            sparsity: None,
-            mem_budget: None,
-            ..ModelOptions::default()
-        },
+        ModelOptions { precision: Precision::Fast, ctx: 128, threads: 2, ..ModelOptions::default() },
         &KernelRegistry::builtin(),
     )
     .unwrap();
@@ -333,7 +312,6 @@ fn sparse_gate_and_up_rows_run_through_the_pack() {
         ctx: 64,
         threads: 2,
         sparsity,
-        mem_budget: None,
         ..ModelOptions::default()
     };
     let so = gt50_sidecar(&model, root.path());

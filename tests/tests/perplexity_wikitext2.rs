@@ -18,11 +18,7 @@ const SHORT: usize = 12;
 /// Perplexity of `model` in `precision` over `windows` windows, its scored
 /// tokens, and its running perplexity after the first [`SHORT`] windows.
 fn ppl_of(model: &std::path::Path, precision: Precision, windows: usize) -> (f64, usize, f64) {
-    let e = Engine::load(
-        model,
-        ModelOptions { precision, ctx: 512, threads: 2, sparsity: None, mem_budget: None, ..ModelOptions::default() },
-    )
-    .unwrap();
+    let e = Engine::load(model, ModelOptions { precision, ctx: 512, threads: 2, ..ModelOptions::default() }).unwrap();
     let text = std::fs::read_to_string(data("wikitext-2-raw/wiki.test.raw")).unwrap().replace("\r\n", "\n");
     let tokens = e.tokenizer.encode(&text, false).unwrap();
     let mut s = e.new_session();

@@ -13,11 +13,8 @@ mod refcheck;
 fn engine(precision: Precision, ctx: usize) -> Option<Engine> {
     let path = gemma3()?;
     Some(
-        Engine::load(
-            path,
-            ModelOptions { precision, ctx, threads: 2, sparsity: None, mem_budget: None, ..ModelOptions::default() },
-        )
-        .expect("model loads"),
+        Engine::load(path, ModelOptions { precision, ctx, threads: 2, ..ModelOptions::default() })
+            .expect("model loads"),
     )
 }
 

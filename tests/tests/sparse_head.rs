@@ -17,18 +17,8 @@ use spinfer_engine::sampling::SamplerParams;
 use spinfer_tests::{Reference, data, gemma3, gemma3_reference, reference, smollm2};
 
 fn engine(path: &Path) -> Engine {
-    Engine::load(
-        path,
-        ModelOptions {
-            precision: Precision::Fast,
-            ctx: 512,
-            threads: 2,
-            sparsity: None,
-            mem_budget: None,
-            ..ModelOptions::default()
-        },
-    )
-    .unwrap()
+    Engine::load(path, ModelOptions { precision: Precision::Fast, ctx: 512, threads: 2, ..ModelOptions::default() })
+        .unwrap()
 }
 
 /// An index of `e`'s head from WikiText-2's test split from byte 300,000

@@ -21,14 +21,7 @@ use spinfer_plugin_api::{PackError, Predictor, Predictor_TO, PredictorBox, Predi
 use spinfer_tests::{data, reference, smollm2, top_k};
 
 fn options(sparsity: Option<SparsityOptions>) -> ModelOptions {
-    ModelOptions {
-        precision: Precision::Fast,
-        ctx: 512,
-        threads: 2,
-        sparsity,
-        mem_budget: None,
-        ..ModelOptions::default()
-    }
+    ModelOptions { precision: Precision::Fast, ctx: 512, threads: 2, sparsity, ..ModelOptions::default() }
 }
 
 /// Calibration tokens: WikiText-2 test after byte 800,000 (the evaluation

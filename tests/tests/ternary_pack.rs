@@ -113,12 +113,7 @@ fn with_pack() -> KernelRegistry {
 }
 
 fn load(g: &GgufFile, registry: &KernelRegistry, precision: Precision) -> Model {
-    Model::load(
-        g,
-        registry,
-        ModelOptions { precision, ctx: 64, threads: 2, sparsity: None, mem_budget: None, ..ModelOptions::default() },
-    )
-    .unwrap()
+    Model::load(g, registry, ModelOptions { precision, ctx: 64, threads: 2, ..ModelOptions::default() }).unwrap()
 }
 
 fn kernels(m: &Model) -> Vec<String> {

@@ -178,14 +178,7 @@ fn kernels_are_offered_only_for_served_pairs() {
 #[test]
 fn smollm2_with_wasm_kernels_pinned_matches_builtin() {
     let Some(path) = smollm2() else { return };
-    let options = ModelOptions {
-        precision: Precision::Precise,
-        ctx: 64,
-        threads: 2,
-        sparsity: None,
-        mem_budget: None,
-        ..ModelOptions::default()
-    };
+    let options = ModelOptions { precision: Precision::Precise, ctx: 64, threads: 2, ..ModelOptions::default() };
     let prompt = "The capital of France is";
     let logits = |e: &Engine| {
         let ids = e.tokenizer.encode(prompt, false).unwrap();

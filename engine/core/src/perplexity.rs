@@ -140,7 +140,7 @@ fn score_windows<'t>(
 }
 
 /// `log softmax(row)[i]`, accumulated in f64.
-fn log_softmax_at(row: &[f32], i: usize) -> f64 {
+pub fn log_softmax_at(row: &[f32], i: usize) -> f64 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
     row[i] as f64 - max - sum.ln()

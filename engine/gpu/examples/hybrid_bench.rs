@@ -108,14 +108,7 @@ fn run() -> Res<()> {
         );
         hybrids.push((line, m));
     }
-    let options = |precision| ModelOptions {
-        precision,
-        ctx: 1024,
-        threads,
-        sparsity: None,
-        mem_budget: None,
-        ..ModelOptions::default()
-    };
+    let options = |precision| ModelOptions { precision, ctx: 1024, threads, ..ModelOptions::default() };
     let precise = Engine::load(path, options(Precision::Precise))?;
     let fast = Engine::load(path, options(Precision::Fast))?;
 

@@ -31,14 +31,7 @@ pub fn gpu_model(path: &Path, ctx: usize) -> Option<GpuModel> {
 /// The CPU engine in precise mode (f32 activations, as the GPU runs).
 pub fn cpu_engine(path: &Path, ctx: usize) -> Engine {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(16));
-    let options = ModelOptions {
-        precision: Precision::Precise,
-        ctx,
-        threads,
-        sparsity: None,
-        mem_budget: None,
-        ..ModelOptions::default()
-    };
+    let options = ModelOptions { precision: Precision::Precise, ctx, threads, ..ModelOptions::default() };
     Engine::load(path, options).expect("cpu engine")
 }
 

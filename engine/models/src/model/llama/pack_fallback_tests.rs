@@ -25,14 +25,7 @@ fn trapping_kernel_mid_model_falls_back_to_builtin() {
 
     let dir = st::write_dir(&st::config("llama"), &[("model.safetensors", st::st_bytes(&st::tiny(true, false)))]);
     let loader = SafetensorsModel::open(dir.path()).unwrap();
-    let options = ModelOptions {
-        precision: Precision::Precise,
-        ctx: 16,
-        threads: 1,
-        sparsity: None,
-        mem_budget: None,
-        ..ModelOptions::default()
-    };
+    let options = ModelOptions { precision: Precision::Precise, ctx: 16, threads: 1, ..ModelOptions::default() };
     let builtin = Model::load(&loader, &KernelRegistry::builtin(), options.clone()).unwrap();
     let mut registry = KernelRegistry::builtin();
     registry.add_provider(p.clone());
