@@ -87,7 +87,7 @@ def start_spinfer(a, n, tmp):
     with open(cfg, "w") as f:
         f.write(f"[model]\npath = {json.dumps(a.model)}\nthreads = {a.threads}\nctx = 2048\n"
                 f"precision = {json.dumps(a.spinfer_precision)}\n\n"
-                f"[server]\nport = 0\nslots = {n}\nqueue = 256\n")
+                f"[server]\nport = 0\nslots = {n}\nqueue = 256\n{getattr(a, 'spinfer_server_extra', '')}\n")
         if a.head_index:
             # The sparse output head (exact greedy tokens; docs/sparsity.md).
             f.write(f"\n[head]\nindex = {json.dumps(os.path.abspath(a.head_index))}\n")

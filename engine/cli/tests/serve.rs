@@ -234,6 +234,68 @@ fn the_openai_client_gets_the_embedders_vectors() {
     python_checks("embed", &served, &expect);
 }
 
+/// A completion's text and its `usage.prompt_tokens_details.cached_tokens`.
+fn complete_cached(addr: &str, prompt: &str, max_tokens: usize) -> (String, u64) {
+    let (st, v) = post(addr, "/v1/completions", &json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}));
+    assert_eq!(st, 200, "{v}");
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("usage.prompt_tokens_details");
+    (v["choices"][0]["text"].as_str().unwrap().to_string(), cached)
+}
+
+/// The prompt cache: a request sharing a prefix with the prompt a free
+/// slot keeps runs only the rest (usage and metrics count the tokens
+/// reused), takes that slot over a less recently used one, and answers
+/// what `spinfer generate` answers; with `prompt_cache = false` nothing
+/// is reused.
+#[test]
+fn a_prompt_sharing_a_kept_prefix_runs_only_the_rest_and_answers_the_same() {
+    let Some(model) = spinfer_test_support::smollm2() else { return };
+    let engine = spinfer_engine::Engine::load(&model, Default::default()).unwrap();
+    let tokens = |p: &str| engine.tokenize(p).unwrap();
+    let reusable = |kept: &str, p: &str| {
+        let (a, b) = (tokens(kept), tokens(p));
+        a.iter().zip(&b).take_while(|(x, y)| x == y).count().min(b.len() - 1) as u64
+    };
+    let a = "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg";
+    let b = "Once upon a time, in a small village by the sea, there lived an old fisherman who";
+    let served = Served::start(&model, &format!("api_keys = [\"{KEY}\"]\nslots = 2"), "ctx = 1024");
+    let addr = served.addr.clone();
+    let (first_a, cached) = complete_cached(&addr, a, 16);
+    assert_eq!(cached, 0, "nothing is kept before the first request");
+    let (text_b, cached) = complete_cached(&addr, b, 16);
+    assert_eq!(cached, 0, "b shares nothing with a");
+    // The next turn of b's conversation: b's slot, though a's is the
+    // least recently used; then a's prompt again, whole but its last token.
+    let b2 = format!("{b}{text_b} And one morning,");
+    let (text, cached) = complete_cached(&addr, &b2, 24);
+    assert!(cached > 10, "b2 reused {cached} tokens");
+    assert_eq!(cached, reusable(b, &b2));
+    assert_eq!(text, cli_generate(&model, &b2, 24)["text"].as_str().unwrap(), "{b2:?} with its prefix cached");
+    let (again, cached) = complete_cached(&addr, a, 16);
+    assert_eq!((again.as_str(), cached), (first_a.as_str(), tokens(a).len() as u64 - 1));
+    let total = metric(&addr, "spinfer_cached_prompt_tokens_total");
+    assert_eq!(total, (reusable(b, &b2) + tokens(a).len() as u64 - 1) as f64);
+
+    let off = Served::start(&model, &format!("api_keys = [\"{KEY}\"]\nslots = 2\nprompt_cache = false"), "ctx = 1024");
+    complete_cached(&off.addr, b, 16);
+    let (text_off, cached) = complete_cached(&off.addr, &b2, 24);
+    assert_eq!((text_off, cached), (text, 0));
+}
+
+/// Gemma 3's local layers keep their keys in rings: a reused prefix
+/// answers as `spinfer generate` there too.
+#[test]
+fn gemma3_reuses_a_kept_prefix_and_answers_the_same() {
+    let Some(model) = spinfer_test_support::gemma3() else { return };
+    let a = "The history of the printing press begins in the fifteenth century, when";
+    let served = Served::start(&model, &format!("api_keys = [\"{KEY}\"]\nslots = 1"), "ctx = 1024");
+    let (text_a, _) = complete_cached(&served.addr, a, 12);
+    let a2 = format!("{a}{text_a} Later,");
+    let (text, cached) = complete_cached(&served.addr, &a2, 12);
+    assert!(cached > 10, "a2 reused {cached} tokens");
+    assert_eq!(text, cli_generate(&model, &a2, 12)["text"].as_str().unwrap(), "{a2:?} with its prefix cached");
+}
+
 /// A request that must fail: its status and the error's `param`.
 struct Case {
     what: &'static str,

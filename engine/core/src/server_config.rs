@@ -35,6 +35,10 @@ pub struct ServerSection {
     /// Prompt tokens of one request run per step, so that a long prompt
     /// does not stall the others' decoding.
     pub prefill_chunk: usize,
+    /// A finished request's slot keeps its prompt's keys and values, and
+    /// a request sharing a prefix with it runs only the rest (outputs are
+    /// unchanged; memory of the kept prompts stays held).
+    pub prompt_cache: bool,
     /// Bearer keys a request must present (`Authorization: Bearer …`);
     /// empty with no `api_keys_file`: no authentication.
     pub api_keys: Vec<String>,
@@ -58,6 +62,7 @@ impl Default for ServerSection {
             max_body_kb: 1024,
             max_tokens: None,
             prefill_chunk: 256,
+            prompt_cache: true,
             api_keys: Vec::new(),
             api_keys_file: None,
             cors_origins: Vec::new(),

@@ -80,9 +80,15 @@ impl Server {
             if template.is_none() {
                 tracing::warn!("the model has no chat template: /v1/chat/completions will answer 400");
             }
-            let scheduler =
-                scheduler::Scheduler::start(engine.clone(), s.slots, s.queue, s.prefill_chunk, metrics.clone())
-                    .map_err(|e| Error::Io { what: "starting the scheduler thread".into(), source: e })?;
+            let scheduler = scheduler::Scheduler::start(
+                engine.clone(),
+                s.slots,
+                s.queue,
+                s.prefill_chunk,
+                s.prompt_cache,
+                metrics.clone(),
+            )
+            .map_err(|e| Error::Io { what: "starting the scheduler thread".into(), source: e })?;
             (
                 Served::Generator { engine, template: Box::new(template), scheduler },
                 s.max_tokens.unwrap_or(ctx).min(ctx),

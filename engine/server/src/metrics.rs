@@ -1,7 +1,8 @@
 //! `GET /metrics`: Prometheus text (`prometheus-client`): requests by
-//! endpoint and status, queue depth and busy slots, prompt and generated
-//! tokens, recent prefill and decode throughput, time to first token, and
-//! the sparse FFN's kept neurons when the model runs sparse.
+//! endpoint and status, queue depth and busy slots, prompt tokens (run
+//! and found in the prompt cache) and generated tokens, recent prefill and
+//! decode throughput, time to first token, and the sparse FFN's kept
+//! neurons when the model runs sparse.
 
 use std::sync::atomic::AtomicU64;
 
@@ -24,6 +25,7 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     pub active_slots: Gauge,
     pub prompt_tokens: Counter,
+    pub cached_prompt_tokens: Counter,
     pub generated_tokens: Counter,
     pub cancelled: Counter,
     pub prefill_tps: Gauge<f64, AtomicU64>,
@@ -48,6 +50,7 @@ impl Default for Metrics {
             queue_depth: Gauge::default(),
             active_slots: Gauge::default(),
             prompt_tokens: Counter::default(),
+            cached_prompt_tokens: Counter::default(),
             generated_tokens: Counter::default(),
             cancelled: Counter::default(),
             prefill_tps: Gauge::default(),
@@ -62,6 +65,11 @@ impl Default for Metrics {
         registry.register("queue_depth", "Requests waiting for a slot", m.queue_depth.clone());
         registry.register("active_slots", "Slots holding a request", m.active_slots.clone());
         registry.register("prompt_tokens", "Prompt tokens run", m.prompt_tokens.clone());
+        registry.register(
+            "cached_prompt_tokens",
+            "Prompt tokens not run: their keys and values were in the slot's prompt cache",
+            m.cached_prompt_tokens.clone(),
+        );
         registry.register("generated_tokens", "Tokens generated", m.generated_tokens.clone());
         registry.register("cancelled_requests", "Requests cancelled (client gone, timeout)", m.cancelled.clone());
         registry.register(

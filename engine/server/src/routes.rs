@@ -217,8 +217,11 @@ fn finish_reason(r: StopReason) -> &'static str {
     }
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+/// OpenAI's `usage`: `prompt_tokens_details.cached_tokens` counts the
+/// prompt tokens the slot's prompt cache held.
+fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 /// Waits for the whole answer.
@@ -233,7 +236,7 @@ async fn whole(
         match ev {
             Event::Text(_) => {}
             Event::Failed(e) => return Err(e),
-            Event::Done { reason, prompt_tokens, completion_tokens, text } => {
+            Event::Done { reason, prompt_tokens, cached_tokens, completion_tokens, text } => {
                 let choice = if chat {
                     json!({"index": 0, "message": {"role": "assistant", "content": text},
                            "finish_reason": finish_reason(reason), "logprobs": null})
@@ -243,7 +246,7 @@ async fn whole(
                 let body = json!({
                     "id": id, "object": if chat { "chat.completion" } else { "text_completion" },
                     "created": created, "model": st.model_name, "choices": [choice],
-                    "usage": usage(prompt_tokens, completion_tokens),
+                    "usage": usage(prompt_tokens, cached_tokens, completion_tokens),
                 });
                 return Ok(axum::Json(body).into_response());
             }
@@ -287,10 +290,10 @@ fn stream(
             Event::Failed(e) => {
                 vec![SseEvent::default().data(e.body().to_string()), SseEvent::default().data("[DONE]")]
             }
-            Event::Done { reason, prompt_tokens, completion_tokens, .. } => {
+            Event::Done { reason, prompt_tokens, cached_tokens, completion_tokens, .. } => {
                 let mut v = vec![chunk(piece("", Some(finish_reason(reason))), None)];
                 if include_usage {
-                    v.push(chunk(Value::Null, Some(usage(prompt_tokens, completion_tokens))));
+                    v.push(chunk(Value::Null, Some(usage(prompt_tokens, cached_tokens, completion_tokens))));
                 }
                 v.push(SseEvent::default().data("[DONE]"));
                 v

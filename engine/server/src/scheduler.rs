@@ -5,6 +5,14 @@
 //! reading their prompt; new requests take free slots between steps. A
 //! request whose client is gone (its event receiver dropped) or whose
 //! deadline passed is cancelled and its slot freed at the next step.
+//!
+//! Prompt cache: a finished request's slot keeps its prompt's keys and
+//! values. A new request takes the free slot whose kept prompt shares the
+//! longest prefix with its own and runs only the tokens after that prefix
+//! (at least its last, whose logits choose the first token). Only tokens
+//! read as a prompt are kept, never generated ones: the decode path rounds
+//! differently, and a reused prefix must give the bits a fresh prompt
+//! gives (prompt chunks of any length do; `tests/tests/batch_decode.rs`).
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
@@ -30,6 +38,8 @@ pub enum Event {
     Done {
         reason: StopReason,
         prompt_tokens: usize,
+        /// Prompt tokens whose keys and values came from the slot's cache.
+        cached_tokens: usize,
         completion_tokens: usize,
         text: String,
     },
@@ -66,6 +76,7 @@ impl Scheduler {
         slots: usize,
         queue: usize,
         prefill_chunk: usize,
+        prompt_cache: bool,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<Self> {
         let (tx, rx) = channel();
@@ -73,7 +84,7 @@ impl Scheduler {
         let w = waiting.clone();
         let thread = std::thread::Builder::new()
             .name("spinfer-scheduler".into())
-            .spawn(move || Loop::new(&engine, slots, prefill_chunk, w, metrics).run(rx))?;
+            .spawn(move || Loop::new(&engine, slots, prefill_chunk, prompt_cache, w, metrics).run(rx))?;
         Ok(Self { tx, waiting, queue, thread: Some(thread) })
     }
 
@@ -106,8 +117,10 @@ struct Active<'e> {
     events: UnboundedSender<Event>,
     cont: Continuation<'e>,
     prompt: Vec<u32>,
-    /// Prompt tokens already run.
+    /// Prompt tokens already run or found in the slot's cache.
     prefilled: usize,
+    /// Prompt tokens found in the slot's cache.
+    cached: usize,
     /// The token to run next (decoding).
     next: Option<u32>,
     received: Instant,
@@ -130,6 +143,14 @@ struct Loop<'e> {
     engine: &'e Engine,
     work: Session,
     kvs: Vec<KvCache>,
+    /// Per slot: the prompt whose keys and values its cache keeps for
+    /// the next request (empty: nothing kept, or `prompt_cache` off).
+    kept: Vec<Vec<u32>>,
+    /// Per slot: when it was last freed (`frees` then), so that a request
+    /// sharing no prefix takes the least recently used.
+    freed_at: Vec<u64>,
+    frees: u64,
+    prompt_cache: bool,
     active: Vec<Option<Active<'e>>>,
     queue: VecDeque<Job>,
     waiting: Arc<AtomicUsize>,
@@ -144,6 +165,7 @@ impl<'e> Loop<'e> {
         engine: &'e Engine,
         slots: usize,
         prefill_chunk: usize,
+        prompt_cache: bool,
         waiting: Arc<AtomicUsize>,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -152,6 +174,10 @@ impl<'e> Loop<'e> {
             engine,
             work: model.new_session(),
             kvs: (0..slots).map(|_| model.new_kv_cache()).collect(),
+            kept: vec![Vec::new(); slots],
+            freed_at: vec![0; slots],
+            frees: 0,
+            prompt_cache,
             active: (0..slots).map(|_| None).collect(),
             queue: VecDeque::new(),
             waiting,
@@ -212,16 +238,19 @@ impl<'e> Loop<'e> {
 
     /// Moves waiting requests into free slots.
     fn admit(&mut self) {
-        while let Some(slot) = self.active.iter().position(Option::is_none) {
+        while let Some((slot, reuse)) = self.queue.front().and_then(|j| self.pick_slot(&j.prompt)) {
             let Some(job) = self.queue.pop_front() else { break };
             self.waiting.fetch_sub(1, Ordering::AcqRel);
+            let cached = self.cut_to(slot, reuse);
             match Continuation::new(&self.engine.tokenizer, &job.params, &job.prompt) {
                 Ok(cont) => {
+                    self.metrics.cached_prompt_tokens.inc_by(cached as u64);
                     self.active[slot] = Some(Active {
                         events: job.events,
                         cont,
                         prompt: job.prompt,
-                        prefilled: 0,
+                        prefilled: cached,
+                        cached,
                         next: None,
                         received: job.received,
                         deadline: job.deadline,
@@ -235,6 +264,28 @@ impl<'e> Loop<'e> {
         }
         self.metrics.queue_depth.set(self.queue.len() as i64);
         self.metrics.active_slots.set(self.active.iter().flatten().count() as i64);
+    }
+
+    /// A free slot for `prompt` (none: all are busy): the one whose kept
+    /// prompt shares the longest prefix with it, else the least recently
+    /// used; and how many of its tokens that slot's cache holds.
+    fn pick_slot(&self, prompt: &[u32]) -> Option<(usize, usize)> {
+        (0..self.active.len())
+            .filter(|&s| self.active[s].is_none())
+            .map(|s| (s, reusable(&self.kept[s], prompt)))
+            .max_by_key(|&(s, reuse)| (reuse, std::cmp::Reverse(self.freed_at[s])))
+    }
+
+    /// Cuts `slot`'s cache back to its first `reuse` tokens, or empties it
+    /// where a local layer's ring no longer holds what that needs; the
+    /// tokens kept.
+    fn cut_to(&mut self, slot: usize, reuse: usize) -> usize {
+        self.kept[slot].clear();
+        if reuse == 0 || self.kvs[slot].truncate(reuse).is_err() {
+            self.kvs[slot].reset();
+            return 0;
+        }
+        reuse
     }
 
     /// The step's parts: every decoding request's next token, then prompt
@@ -374,25 +425,40 @@ impl<'e> Loop<'e> {
         }
     }
 
-    /// A request is over: its final event, and its slot freed.
+    /// A request is over: its final event, and its slot freed, keeping
+    /// its prompt's keys and values with `prompt_cache` on.
     fn finish(&mut self, slot: usize) {
-        if let Some(a) = self.active[slot].take() {
-            let events = a.events.clone();
-            let mut on_text = |piece: &str| {
-                let _ = events.send(Event::Text(piece.to_string()));
-                ControlFlow::Continue(())
-            };
-            let prompt_tokens = a.prompt.len();
-            let (text, tokens, reason) = a.cont.finish(&mut on_text);
-            let _ = a.events.send(Event::Done { reason, prompt_tokens, completion_tokens: tokens.len(), text });
-        }
-        self.free(slot);
+        let Some(a) = self.active[slot].take() else { return self.free(slot) };
+        let events = a.events.clone();
+        let mut on_text = |piece: &str| {
+            let _ = events.send(Event::Text(piece.to_string()));
+            ControlFlow::Continue(())
+        };
+        let (prompt_tokens, cached_tokens) = (a.prompt.len(), a.cached);
+        let (text, tokens, reason) = a.cont.finish(&mut on_text);
+        let completion_tokens = tokens.len();
+        let _ = a.events.send(Event::Done { reason, prompt_tokens, cached_tokens, completion_tokens, text });
+        // A one-token prompt ran on the decode path: nothing to keep.
+        let keep = if self.prompt_cache && a.prompt.len() > 1 { a.prompt } else { Vec::new() };
+        self.vacate(slot, keep);
     }
 
     /// Empties a slot; its cache's memory goes back to the system.
     fn free(&mut self, slot: usize) {
+        self.vacate(slot, Vec::new());
+    }
+
+    /// Empties a slot whose cache keeps the keys and values of `kept`
+    /// (the memory of the positions used goes back to the system when
+    /// that is empty).
+    fn vacate(&mut self, slot: usize, kept: Vec<u32>) {
         self.active[slot] = None;
-        self.kvs[slot].release();
+        if kept.is_empty() {
+            self.kvs[slot].release();
+        }
+        self.kept[slot] = kept;
+        self.frees += 1;
+        self.freed_at[slot] = self.frees;
         self.metrics.active_slots.set(self.active.iter().flatten().count() as i64);
     }
 
@@ -410,6 +476,30 @@ impl<'e> Loop<'e> {
     }
 }
 
+/// How many of `prompt`'s tokens a slot keeping `kept` can skip: their
+/// common prefix, short of `prompt`'s last token, which must run for its
+/// logits. A one-token prompt runs on the decode path and reuses nothing.
+fn reusable(kept: &[u32], prompt: &[u32]) -> usize {
+    let common = kept.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+    if prompt.len() > 1 { common.min(prompt.len() - 1) } else { 0 }
+}
+
 fn timeout_of(received: Instant, deadline: Instant) -> u64 {
     deadline.saturating_duration_since(received).as_secs()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reusable;
+
+    #[test]
+    fn a_prompt_reuses_its_common_prefix_short_of_its_last_token() {
+        assert_eq!(reusable(&[1, 2, 3, 4], &[1, 2, 3, 9, 9]), 3);
+        assert_eq!(reusable(&[1, 2, 3], &[1, 2, 3]), 2, "the last token runs for its logits");
+        assert_eq!(reusable(&[1, 2, 3], &[1, 2, 3, 4, 5]), 3);
+        assert_eq!(reusable(&[1, 2, 3, 4, 5], &[1, 2]), 1);
+        assert_eq!(reusable(&[7, 2], &[1, 2]), 0);
+        assert_eq!(reusable(&[], &[1, 2]), 0);
+        assert_eq!(reusable(&[1, 2], &[1]), 0, "a one-token prompt runs on the decode path");
+    }
 }
