@@ -69,6 +69,19 @@ def generate(c, expect):
     assert "".join(streamed) == whole, (streamed, whole)
     assert usage.total_tokens == r.usage.total_tokens, (usage, r.usage)
 
+    # Log-probabilities as the client's typed objects: one per completion
+    # token, the greedy token its position's most likely.
+    r = c.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0, logprobs=True,
+                                  top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens, (content, r.usage)
+    assert all(e.logprob == e.top_logprobs[0].logprob and len(e.top_logprobs) == 2 for e in content), content
+    assert "".join(e.token for e in content) == r.choices[0].message.content, content
+    r = c.completions.create(model=model, prompt=expect["prompt"], max_tokens=1, temperature=0, logprobs=1, echo=True)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == expect["prompt_tokens"] + 1 and lp.token_logprobs[0] is None, lp
+    assert r.choices[0].text.startswith(expect["prompt"]), r.choices[0].text
+
     # A stop string ends the text before it.
     r = c.completions.create(model=model, prompt=expect["prompt"], max_tokens=expect["max_tokens"], temperature=0,
                              stop=[expect["stop"]])

@@ -296,6 +296,94 @@ fn gemma3_reuses_a_kept_prefix_and_answers_the_same() {
     assert_eq!(text, cli_generate(&model, &a2, 12)["text"].as_str().unwrap(), "{a2:?} with its prefix cached");
 }
 
+/// Log-probabilities: `echo` with `logprobs` on token ids (what
+/// lm-evaluation-harness's `local-completions` sends to score a text)
+/// gives each prompt token's log-probability, whose sum is the one
+/// perplexity's protocol scores on the same window; a generated token's
+/// is the largest of its `top_logprobs` under greedy decoding; chat gives
+/// one entry per completion token, the same streamed and whole.
+#[test]
+fn logprobs_score_the_prompt_as_perplexity_does_and_follow_the_tokens_chosen() {
+    let Some(model) = spinfer_test_support::smollm2() else { return };
+    let engine = spinfer_engine::Engine::load(&model, Default::default()).unwrap();
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/wikitext-2-raw/wiki.test.head.raw"),
+    )
+    .unwrap();
+    let ids: Vec<u32> = engine.tokenize(&text).unwrap()[..300].to_vec();
+    let mut session = engine.model.new_session();
+    let want = spinfer_engine::perplexity::perplexity(
+        &engine.model,
+        &mut session,
+        &ids,
+        ids.len(),
+        Some(1),
+        &mut |_, _, _| {},
+    )
+    .unwrap();
+
+    let served = Served::start(&model, &format!("api_keys = [\"{KEY}\"]\nslots = 2"), "ctx = 1024");
+    let a = served.addr.as_str();
+    // Twice: the second finds the first's prompt kept, and must not use it.
+    for _ in 0..2 {
+        let body =
+            json!({"prompt": [ids], "max_tokens": 1, "logprobs": 1, "echo": true, "temperature": 0, "seed": 1234});
+        let (st, v) = post(a, "/v1/completions", &body);
+        assert_eq!(st, 200, "{v}");
+        let lp = &v["choices"][0]["logprobs"];
+        let lps = lp["token_logprobs"].as_array().unwrap();
+        assert_eq!(lps.len(), ids.len() + 1, "every prompt token and the one generated");
+        assert!(lps[0].is_null() && lp["top_logprobs"][0].is_null(), "nothing predicts the first token");
+        let nll: f64 = -lps[1..ids.len()].iter().map(|x| x.as_f64().unwrap()).sum::<f64>();
+        eprintln!("echo NLL {nll}, perplexity's {}", want.nll);
+        assert!((nll - want.nll).abs() < 1e-6 * want.nll, "echo NLL {nll}, perplexity's {}", want.nll);
+        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+        let tops = lp["top_logprobs"].as_array().unwrap();
+        let best =
+            |i: usize| tops[i].as_object().unwrap().values().map(|x| x.as_f64().unwrap()).fold(f64::MIN, f64::max);
+        let last = lps[ids.len()].as_f64().unwrap();
+        assert_eq!(last, best(ids.len()), "the greedy token is the most likely");
+        assert!((1..ids.len()).all(|i| lps[i].as_f64().unwrap() <= best(i)), "a token above its top-1");
+        let offsets = lp["text_offset"].as_array().unwrap();
+        assert!(offsets.windows(2).all(|w| w[0].as_u64() <= w[1].as_u64()) && offsets[0] == 0);
+        assert!(v["choices"][0]["text"].as_str().unwrap().starts_with(&engine.detokenize(&ids).unwrap()));
+    }
+
+    let chat = |stream: bool| {
+        let body = json!({"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                          "max_tokens": 12, "temperature": 0, "logprobs": true, "top_logprobs": 3, "stream": stream,
+                          "stream_options": if stream { json!({"include_usage": true}) } else { Value::Null }});
+        let auth = format!("Bearer {KEY}");
+        let (st, b) = http(a, "POST", "/v1/chat/completions", &[("Authorization", &auth)], body.to_string().as_bytes());
+        assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+        if !stream {
+            let v: Value = serde_json::from_slice(&b).unwrap();
+            let n = v["usage"]["completion_tokens"].as_u64().unwrap();
+            return (v["choices"][0]["logprobs"]["content"].as_array().unwrap().clone(), n);
+        }
+        let (mut entries, mut n) = (Vec::new(), 0);
+        for data in String::from_utf8(b).unwrap().lines().filter_map(|l| l.strip_prefix("data: ")) {
+            let Ok(v) = serde_json::from_str::<Value>(data) else { continue };
+            n = v["usage"]["completion_tokens"].as_u64().unwrap_or(n);
+            if let Some(c) = v["choices"][0]["logprobs"]["content"].as_array() {
+                entries.extend(c.iter().cloned());
+            }
+        }
+        (entries, n)
+    };
+    let (whole, n) = chat(false);
+    assert_eq!(whole.len() as u64, n, "one entry per completion token");
+    for e in &whole {
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        assert_eq!(e["logprob"], top[0]["logprob"], "greedy: {e}");
+        assert_eq!(e["token"], top[0]["token"]);
+        assert!(e["bytes"].is_array());
+    }
+    let (streamed, n2) = chat(true);
+    assert_eq!((streamed, n2), (whole, n), "streamed and whole log-probabilities differ");
+}
+
 /// A request that must fail: its status and the error's `param`.
 struct Case {
     what: &'static str,
@@ -362,6 +450,18 @@ fn bad_input_is_a_4xx_in_openais_shape_and_the_server_keeps_serving() {
         case("unsupported field", text, &key, br#"{"prompt": "x", "logit_bias": {"5": 1}}"#, 400, Some("logit_bias")),
         case("unknown field", text, &key, br#"{"prompt": "x", "frobnicate": 1}"#, 400, Some("frobnicate")),
         case("embeddings on a generator", "/v1/embeddings", &key, br#"{"input": "x"}"#, 400, Some("model")),
+        case(
+            "top_logprobs without logprobs",
+            chat,
+            &key,
+            br#"{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}"#,
+            400,
+            Some("top_logprobs"),
+        ),
+        case("logprobs over 20", text, &key, br#"{"prompt": "x", "logprobs": 21}"#, 400, Some("logprobs")),
+        case("token id outside the vocabulary", text, &key, br#"{"prompt": [1, 49152]}"#, 400, Some("prompt")),
+        case("negative token id", text, &key, br#"{"prompt": [[1, -2]]}"#, 400, Some("prompt")),
+        case("two prompts", text, &key, br#"{"prompt": [[1, 2], [3]]}"#, 400, Some("prompt")),
         case("body over the limit", text, &key, too_big.as_bytes(), 413, None),
     ];
     for c in cases {

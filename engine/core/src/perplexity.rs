@@ -141,9 +141,15 @@ fn score_windows<'t>(
 
 /// `log softmax(row)[i]`, accumulated in f64.
 pub fn log_softmax_at(row: &[f32], i: usize) -> f64 {
+    row[i] as f64 - log_sum_exp(row)
+}
+
+/// `log Σ exp(row)`, accumulated in f64 (`log softmax(row)[i]` is
+/// `row[i]` less it).
+pub fn log_sum_exp(row: &[f32]) -> f64 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
-    row[i] as f64 - max - sum.ln()
+    max + sum.ln()
 }
 
 #[cfg(test)]

@@ -6,7 +6,9 @@
 //!   OpenAI's shape ([`error::ApiError`]).
 //! - [`scheduler`]: a fixed number of slots decoded together, one forward
 //!   step for all of them, prompts read in chunks between their decode
-//!   steps, a bounded queue (429 beyond it).
+//!   steps, a bounded queue (429 beyond it), the prompt cache.
+//! - [`answer`], [`logprobs`]: a completion written whole or streamed,
+//!   with log-probabilities in OpenAI's shapes.
 //! - [`chat`]: the model's own chat template (minijinja).
 //! - Shutdown (SIGTERM, SIGINT): stop accepting, let in-flight requests
 //!   finish for `shutdown_timeout_s`, cancel the rest, return.
@@ -14,8 +16,10 @@
 //! Configuration: the `[server]` table of the operator's TOML
 //! (`docs/config.md`); deployment: `docs/serving.md`.
 
+pub mod answer;
 pub mod chat;
 pub mod error;
+pub mod logprobs;
 pub mod metrics;
 pub mod routes;
 pub mod scheduler;

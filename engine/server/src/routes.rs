@@ -1,7 +1,6 @@
 //! The HTTP side: axum routes, the API-key check, request counting, and
 //! each endpoint's translation between OpenAI's shapes and the engine.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -12,23 +11,21 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
-use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc};
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use crate::answer;
 use crate::chat::ChatTemplate;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::scheduler::{Event, Job, Scheduler};
+use crate::scheduler::{Job, Scheduler};
 use crate::wire::{self, Completion, Input};
 use spinfer_engine::Engine;
 use spinfer_engine::embed::Embedder;
-use spinfer_engine::generate::{GenerateParams, StopReason, encode_prompt};
+use spinfer_engine::generate::{GenerateParams, encode_prompt};
 
 /// What the server runs: a generative model behind the scheduler, or a
 /// sentence embedder.
@@ -164,7 +161,7 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
     // the I/O threads.
     let input = std::mem::replace(&mut req.input, Input::Text(String::new()));
     let st2 = st.clone();
-    let ids = tokio::task::spawn_blocking(move || prompt_ids(&st2, input))
+    let (ids, text) = tokio::task::spawn_blocking(move || prompt_ids(&st2, input))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??;
     let ctx = engine.model.options.ctx;
@@ -172,20 +169,36 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
     let params = GenerateParams { max_tokens, sampler: req.sampler, stop: req.stop, add_bos: None };
     let (tx, rx) = mpsc::unbounded_channel();
     let now = Instant::now();
-    scheduler.submit(Job { prompt: ids, params, events: tx, received: now, deadline: now + st.timeout })?;
-    let id = request_id(if chat { "chatcmpl" } else { "cmpl" });
-    let created = now_secs();
-    if req.stream {
-        Ok(stream(st.model_name.clone(), id, created, chat, req.include_usage, rx).into_response())
-    } else {
-        whole(&st, id, created, chat, rx).await
-    }
+    scheduler.submit(Job {
+        prompt: ids.clone(),
+        logprobs: req.logprobs,
+        prompt_logprobs: req.echo && req.logprobs.is_some(),
+        params,
+        events: tx,
+        received: now,
+        deadline: now + st.timeout,
+    })?;
+    let shape = answer::Shape {
+        engine: engine.clone(),
+        model: st.model_name.clone(),
+        id: request_id(if chat { "chatcmpl" } else { "cmpl" }),
+        created: now_secs(),
+        chat,
+        logprobs: req.logprobs.is_some(),
+        prompt_chars: text.chars().count(),
+        echo: req.echo.then_some(text),
+        prompt: ids,
+        include_usage: req.include_usage,
+    };
+    if req.stream { Ok(answer::stream(shape, rx).into_response()) } else { answer::whole(shape, rx).await }
 }
 
-/// The prompt's token ids: the chat rendered with the model's template, or
-/// the text; at most the context less one position (one to generate).
-fn prompt_ids(st: &AppState, input: Input) -> Result<Vec<u32>, ApiError> {
+/// The prompt's token ids and text: the chat rendered with the model's
+/// template, the text, or the ids given (and their text); at most the
+/// context less one position (one to generate).
+fn prompt_ids(st: &AppState, input: Input) -> Result<(Vec<u32>, String), ApiError> {
     let Served::Generator { engine, template, .. } = &st.served else { return Err(embedder_error(st)) };
+    let ctx = engine.model.options.ctx;
     let (prompt, chat) = match input {
         Input::Chat(messages) => {
             let t = template.as_ref().as_ref().ok_or_else(|| {
@@ -194,115 +207,42 @@ fn prompt_ids(st: &AppState, input: Input) -> Result<Vec<u32>, ApiError> {
             (t.render(&messages)?, true)
         }
         Input::Text(p) => (p, false),
+        Input::Tokens(ids) => {
+            let vocab = engine.model.config.vocab_size;
+            if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!("token id {bad} is outside the vocabulary of {vocab}"),
+                ));
+            }
+            if ids.is_empty() {
+                return Err(ApiError::invalid("prompt", "the prompt has no tokens"));
+            }
+            if ids.len() > ctx - 1 {
+                return Err(overflow(ids.len(), ctx, false));
+            }
+            let text = engine.tokenizer.decode(&ids).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+            return Ok((ids, text));
+        }
     };
-    let ctx = engine.model.options.ctx;
     // A chat template opens with its own BOS when the model wants one.
     let add_bos = chat.then(|| crate::chat::add_bos(&engine.tokenizer, &prompt));
-    encode_prompt(&engine.tokenizer, &prompt, add_bos, ctx - 1).map_err(|e| match e {
-        spinfer_models::Error::ContextOverflow { needed, .. } => ApiError {
-            code: Some("context_length_exceeded"),
-            ..ApiError::invalid(
-                if chat { "messages" } else { "prompt" },
-                format!("the prompt is {needed} tokens: the context holds {ctx}, and one is needed to generate"),
-            )
-        },
+    let ids = encode_prompt(&engine.tokenizer, &prompt, add_bos, ctx - 1).map_err(|e| match e {
+        spinfer_models::Error::ContextOverflow { needed, .. } => overflow(needed, ctx, chat),
         other => other.into(),
-    })
+    })?;
+    Ok((ids, prompt))
 }
 
-fn finish_reason(r: StopReason) -> &'static str {
-    match r {
-        StopReason::MaxTokens | StopReason::ContextFull => "length",
-        _ => "stop",
+/// A prompt of `needed` tokens that leaves no room to generate.
+fn overflow(needed: usize, ctx: usize, chat: bool) -> ApiError {
+    ApiError {
+        code: Some("context_length_exceeded"),
+        ..ApiError::invalid(
+            if chat { "messages" } else { "prompt" },
+            format!("the prompt is {needed} tokens: the context holds {ctx}, and one is needed to generate"),
+        )
     }
-}
-
-/// OpenAI's `usage`: `prompt_tokens_details.cached_tokens` counts the
-/// prompt tokens the slot's prompt cache held.
-fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-           "prompt_tokens_details": {"cached_tokens": cached}})
-}
-
-/// Waits for the whole answer.
-async fn whole(
-    st: &AppState,
-    id: String,
-    created: u64,
-    chat: bool,
-    mut rx: mpsc::UnboundedReceiver<Event>,
-) -> Result<Response, ApiError> {
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Text(_) => {}
-            Event::Failed(e) => return Err(e),
-            Event::Done { reason, prompt_tokens, cached_tokens, completion_tokens, text } => {
-                let choice = if chat {
-                    json!({"index": 0, "message": {"role": "assistant", "content": text},
-                           "finish_reason": finish_reason(reason), "logprobs": null})
-                } else {
-                    json!({"index": 0, "text": text, "finish_reason": finish_reason(reason), "logprobs": null})
-                };
-                let body = json!({
-                    "id": id, "object": if chat { "chat.completion" } else { "text_completion" },
-                    "created": created, "model": st.model_name, "choices": [choice],
-                    "usage": usage(prompt_tokens, cached_tokens, completion_tokens),
-                });
-                return Ok(axum::Json(body).into_response());
-            }
-        }
-    }
-    Err(ApiError::internal("the request ended without an answer"))
-}
-
-/// Server-sent events in OpenAI's chunk format, ending with `[DONE]`.
-fn stream(
-    model: String,
-    id: String,
-    created: u64,
-    chat: bool,
-    include_usage: bool,
-    rx: mpsc::UnboundedReceiver<Event>,
-) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
-    let object = if chat { "chat.completion.chunk" } else { "text_completion" };
-    let chunk = move |choice: Value, usage_v: Option<Value>| {
-        let mut c = json!({"id": id, "object": object, "created": created, "model": model,
-                           "choices": if choice.is_null() { json!([]) } else { json!([choice]) }});
-        if let Some(u) = usage_v {
-            c["usage"] = u;
-        }
-        SseEvent::default().data(c.to_string())
-    };
-    let piece = move |text: &str, finish: Option<&str>| {
-        if chat {
-            let delta = if finish.is_some() { json!({}) } else { json!({"content": text}) };
-            json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null})
-        } else {
-            json!({"index": 0, "text": text, "finish_reason": finish, "logprobs": null})
-        }
-    };
-    let first = chat.then(|| {
-        chunk(json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}), None)
-    });
-    let events = UnboundedReceiverStream::new(rx).flat_map(move |ev| {
-        let out: Vec<SseEvent> = match ev {
-            Event::Text(t) => vec![chunk(piece(&t, None), None)],
-            Event::Failed(e) => {
-                vec![SseEvent::default().data(e.body().to_string()), SseEvent::default().data("[DONE]")]
-            }
-            Event::Done { reason, prompt_tokens, cached_tokens, completion_tokens, .. } => {
-                let mut v = vec![chunk(piece("", Some(finish_reason(reason))), None)];
-                if include_usage {
-                    v.push(chunk(Value::Null, Some(usage(prompt_tokens, cached_tokens, completion_tokens))));
-                }
-                v.push(SseEvent::default().data("[DONE]"));
-                v
-            }
-        };
-        futures_util::stream::iter(out)
-    });
-    let all = futures_util::stream::iter(first).chain(events).map(Ok);
-    Sse::new(all).keep_alive(KeepAlive::default())
 }
 
 async fn embeddings(

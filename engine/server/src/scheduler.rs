@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::ApiError;
+use crate::logprobs::TokenLogprob;
 use crate::metrics::Metrics;
 use spinfer_engine::Engine;
 use spinfer_engine::generate::{Continuation, GenerateParams, StopReason};
@@ -33,8 +34,15 @@ use spinfer_engine::model::{KvCache, Session};
 /// What a request's handler hears from the scheduler.
 #[derive(Debug)]
 pub enum Event {
-    /// Text that became final.
-    Text(String),
+    /// Text that became final in a step, and the log-probability of the
+    /// token that step chose (when asked for; `None` also after the last).
+    Piece {
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// Log-probabilities of prompt tokens (`echo` with `logprobs`), in
+    /// order from the prompt's second token, a chunk at a time.
+    Prompt(Vec<TokenLogprob>),
     Done {
         reason: StopReason,
         prompt_tokens: usize,
@@ -49,6 +57,11 @@ pub enum Event {
 /// A request, tokenized and checked.
 pub struct Job {
     pub prompt: Vec<u32>,
+    /// Alternatives per token when log-probabilities are asked for.
+    pub logprobs: Option<usize>,
+    /// The prompt tokens' log-probabilities too (the prompt cache is not
+    /// used: they need every prompt position's logits).
+    pub prompt_logprobs: bool,
     pub params: GenerateParams,
     pub events: UnboundedSender<Event>,
     pub received: Instant,
@@ -121,6 +134,8 @@ struct Active<'e> {
     prefilled: usize,
     /// Prompt tokens found in the slot's cache.
     cached: usize,
+    logprobs: Option<usize>,
+    prompt_logprobs: bool,
     /// The token to run next (decoding).
     next: Option<u32>,
     received: Instant,
@@ -238,7 +253,7 @@ impl<'e> Loop<'e> {
 
     /// Moves waiting requests into free slots.
     fn admit(&mut self) {
-        while let Some((slot, reuse)) = self.queue.front().and_then(|j| self.pick_slot(&j.prompt)) {
+        while let Some((slot, reuse)) = self.queue.front().and_then(|j| self.pick_slot(j)) {
             let Some(job) = self.queue.pop_front() else { break };
             self.waiting.fetch_sub(1, Ordering::AcqRel);
             let cached = self.cut_to(slot, reuse);
@@ -251,6 +266,8 @@ impl<'e> Loop<'e> {
                         prompt: job.prompt,
                         prefilled: cached,
                         cached,
+                        logprobs: job.logprobs,
+                        prompt_logprobs: job.prompt_logprobs,
                         next: None,
                         received: job.received,
                         deadline: job.deadline,
@@ -266,13 +283,14 @@ impl<'e> Loop<'e> {
         self.metrics.active_slots.set(self.active.iter().flatten().count() as i64);
     }
 
-    /// A free slot for `prompt` (none: all are busy): the one whose kept
-    /// prompt shares the longest prefix with it, else the least recently
-    /// used; and how many of its tokens that slot's cache holds.
-    fn pick_slot(&self, prompt: &[u32]) -> Option<(usize, usize)> {
+    /// A free slot for `job` (none: all are busy): the one whose kept
+    /// prompt shares the longest prefix with its prompt, else the least
+    /// recently used; and how many of its tokens that slot's cache holds.
+    fn pick_slot(&self, job: &Job) -> Option<(usize, usize)> {
+        let reuse = |s: usize| if job.prompt_logprobs { 0 } else { reusable(&self.kept[s], &job.prompt) };
         (0..self.active.len())
             .filter(|&s| self.active[s].is_none())
-            .map(|s| (s, reusable(&self.kept[s], prompt)))
+            .map(|s| (s, reuse(s)))
             .max_by_key(|&(s, reuse)| (reuse, std::cmp::Reverse(self.freed_at[s])))
     }
 
@@ -328,16 +346,13 @@ impl<'e> Loop<'e> {
         let mut seqs: Vec<&mut KvCache> = parts.iter().filter_map(|p| refs[p.slot].take()).collect();
         if let Err(e) = self.engine.model.forward_batch(&mut self.work, &mut seqs, &tokens, &lens, &prompt) {
             tracing::error!(error = %e, "a batch step failed: its requests are failed");
-            let e = ApiError::internal(e.to_string());
-            for p in &parts {
-                if let Some(a) = &self.active[p.slot] {
-                    let _ = a.events.send(Event::Failed(e.clone()));
-                }
-                self.free(p.slot);
-            }
-            return;
+            return self.fail(&parts, &e);
         }
         self.record_step(&parts, t0.elapsed());
+        if let Err(e) = self.send_prompt_logprobs(&parts) {
+            tracing::error!(error = %e, "the output head failed: the step's requests are failed");
+            return self.fail(&parts, &e);
+        }
         // Rows whose logits choose a token: the last of each sampling part.
         let mut rows = Vec::new();
         let mut end = 0;
@@ -357,14 +372,8 @@ impl<'e> Loop<'e> {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!(error = %e, "the output head failed: the step's sampling requests are failed");
-                let e = ApiError::internal(e.to_string());
-                for p in parts.iter().filter(|p| p.samples) {
-                    if let Some(a) = &self.active[p.slot] {
-                        let _ = a.events.send(Event::Failed(e.clone()));
-                    }
-                    self.free(p.slot);
-                }
-                return;
+                let sampling: Vec<Part> = parts.iter().filter(|p| p.samples).copied().collect();
+                return self.fail(&sampling, &e);
             }
         };
         let mut finished = Vec::new();
@@ -372,16 +381,23 @@ impl<'e> Loop<'e> {
             let Some(a) = self.active[p.slot].as_mut() else { continue };
             a.prefilled = a.prompt.len();
             let kv = &self.kvs[p.slot];
-            let events = &a.events;
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            let (chosen, mut text) = (a.cont.tokens().len(), String::new());
             let mut on_text = |piece: &str| {
-                let _ = events.send(Event::Text(piece.to_string()));
+                text.push_str(piece);
                 ControlFlow::Continue(())
             };
-            match a.cont.next(&logits[i * vocab..(i + 1) * vocab], kv.pos(), kv.ctx(), &mut on_text) {
+            match a.cont.next(row, kv.pos(), kv.ctx(), &mut on_text) {
                 Ok(next) => {
                     if !a.first_token {
                         a.first_token = true;
                         self.metrics.ttft.observe(a.received.elapsed().as_secs_f64());
+                    }
+                    // The token chosen, unless it ended the generation.
+                    let logprob =
+                        a.logprobs.and_then(|k| a.cont.tokens().get(chosen).map(|&t| TokenLogprob::of(row, t, k)));
+                    if !text.is_empty() || logprob.is_some() {
+                        let _ = a.events.send(Event::Piece { text, logprob });
                     }
                     a.next = next;
                     if next.is_none() {
@@ -397,6 +413,48 @@ impl<'e> Loop<'e> {
         }
         for slot in finished {
             self.finish(slot);
+        }
+    }
+
+    /// The log-probabilities of the prompt tokens the step's prompt chunks
+    /// predict, for the requests that asked for them (`echo` with
+    /// `logprobs`): row i of a chunk predicts the prompt's next token. The
+    /// head runs on a few rows at a time, bounding its logits' memory.
+    fn send_prompt_logprobs(&mut self, parts: &[Part]) -> spinfer_models::Result<()> {
+        const ROWS: usize = 16;
+        let vocab = self.engine.model.config.vocab_size;
+        let mut row0 = 0;
+        for p in parts {
+            let first = row0;
+            row0 += p.len;
+            let Some(a) = self.active[p.slot].as_ref() else { continue };
+            let (Some(k), true) = (a.logprobs, a.prompt_logprobs && a.prefilled < a.prompt.len()) else { continue };
+            // Prompt index of the chunk's first row; rows with a prompt token to predict.
+            let at = a.prefilled;
+            let n = p.len.min(a.prompt.len() - 1 - at);
+            let mut out = Vec::with_capacity(n);
+            for g in (0..n).step_by(ROWS) {
+                let rows: Vec<usize> = (first + g..first + n.min(g + ROWS)).collect();
+                let logits = self.engine.model.logits_of_rows(&mut self.work, &rows)?;
+                for (j, row) in logits.chunks_exact(vocab).enumerate() {
+                    out.push(TokenLogprob::of(row, a.prompt[at + g + j + 1], k));
+                }
+            }
+            if !out.is_empty() {
+                let _ = a.events.send(Event::Prompt(out));
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails the requests of `parts` with `e`, freeing their slots.
+    fn fail(&mut self, parts: &[Part], e: &spinfer_models::Error) {
+        let e = ApiError::internal(e.to_string());
+        for p in parts {
+            if let Some(a) = &self.active[p.slot] {
+                let _ = a.events.send(Event::Failed(e.clone()));
+            }
+            self.free(p.slot);
         }
     }
 
@@ -431,7 +489,7 @@ impl<'e> Loop<'e> {
         let Some(a) = self.active[slot].take() else { return self.free(slot) };
         let events = a.events.clone();
         let mut on_text = |piece: &str| {
-            let _ = events.send(Event::Text(piece.to_string()));
+            let _ = events.send(Event::Piece { text: piece.to_string(), logprob: None });
             ControlFlow::Continue(())
         };
         let (prompt_tokens, cached_tokens) = (a.prompt.len(), a.cached);

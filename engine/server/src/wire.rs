@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 
 use crate::chat::Message;
 use crate::error::ApiError;
+use crate::logprobs::MAX_TOP;
 use spinfer_engine::sampling::SamplerParams;
 
 /// Fields accepted and ignored: they never change the result.
@@ -23,12 +24,21 @@ pub struct Completion {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Log-probabilities of the tokens generated, with this many
+    /// alternatives each (chat's `logprobs` + `top_logprobs`, the
+    /// completions' `logprobs`).
+    pub logprobs: Option<usize>,
+    /// The completions' `echo`: the answer repeats the prompt, with its
+    /// tokens' log-probabilities when `logprobs` is set.
+    pub echo: bool,
 }
 
 #[derive(Debug)]
 pub enum Input {
     Chat(Vec<Message>),
     Text(String),
+    /// A prompt given as token ids (checked against the vocabulary later).
+    Tokens(Vec<u32>),
 }
 
 /// An embeddings request, checked.
@@ -75,6 +85,9 @@ const COMPLETION_FIELDS: &[&str] = &[
     "presence_penalty",
     "logprobs",
 ];
+
+/// Most token ids of a prompt given as ids (a body of 1 MB holds fewer).
+const MAX_PROMPT_IDS: usize = 1 << 20;
 
 /// Rejects fields outside the lists `known` (and [`IGNORED`]).
 fn check_fields(m: &Map<String, Value>, known: &[&[&str]]) -> Result<(), ApiError> {
@@ -194,6 +207,8 @@ fn common(m: &Map<String, Value>, cap: usize, key: &str) -> Result<Completion, A
         stop,
         stream,
         include_usage,
+        logprobs: None,
+        echo: false,
     })
 }
 
@@ -211,8 +226,14 @@ pub fn chat(m: &Map<String, Value>, cap: usize) -> Result<Completion, ApiError> 
         "parallel_tool_calls",
     ];
     check_fields(m, &[COMPLETION_FIELDS, KNOWN])?;
-    only_default(m, "logprobs", |v| v.as_bool() == Some(false), "log probabilities")?;
-    only_default(m, "top_logprobs", |_| false, "log probabilities")?;
+    let top = number(m, "top_logprobs", 0.0, MAX_TOP as f64)?.map(|k| k as usize);
+    let logprobs = match boolean(m, "logprobs")? {
+        true => Some(top.unwrap_or(0)),
+        false if top.is_some() => {
+            return Err(ApiError::invalid("top_logprobs", "top_logprobs needs logprobs = true"));
+        }
+        false => None,
+    };
     for key in ["tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"] {
         only_default(m, key, |_| false, "tool calls")?;
     }
@@ -225,6 +246,7 @@ pub fn chat(m: &Map<String, Value>, cap: usize) -> Result<Completion, ApiError> 
     let key = if present(m, "max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
     let mut c = common(m, cap, key)?;
     c.input = Input::Chat(messages(m)?);
+    c.logprobs = logprobs;
     Ok(c)
 }
 
@@ -273,21 +295,39 @@ fn messages(m: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
 pub fn completion(m: &Map<String, Value>, cap: usize) -> Result<Completion, ApiError> {
     const KNOWN: &[&str] = &["prompt", "best_of", "echo", "suffix"];
     check_fields(m, &[COMPLETION_FIELDS, KNOWN])?;
-    only_default(m, "logprobs", |_| false, "log probabilities")?;
     only_default(m, "best_of", |v| v.as_i64() == Some(1), "best_of > 1")?;
-    only_default(m, "echo", |v| v.as_bool() == Some(false), "echo")?;
     only_default(m, "suffix", |_| false, "suffix (insertion)")?;
-    let prompt = match present(m, "prompt") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
-        Some(Value::Array(_)) => {
-            return Err(ApiError::invalid("prompt", "one prompt string per request (an array of one string)"));
-        }
-        _ => return Err(ApiError::invalid("prompt", "prompt must be a string")),
-    };
     let mut c = common(m, cap, "max_tokens")?;
-    c.input = Input::Text(prompt);
+    c.logprobs = number(m, "logprobs", 0.0, MAX_TOP as f64)?.map(|k| k as usize);
+    c.echo = boolean(m, "echo")?;
+    c.input = prompt(m)?;
     Ok(c)
+}
+
+/// The completions' `prompt`: a string, token ids, or an array of one of
+/// those (one prompt per request).
+fn prompt(m: &Map<String, Value>) -> Result<Input, ApiError> {
+    const WHAT: &str = "prompt must be a string, an array of token ids, or an array of one of those";
+    let ids = |a: &[Value]| -> Result<Input, ApiError> {
+        if a.len() > MAX_PROMPT_IDS {
+            return Err(ApiError::invalid("prompt", format!("at most {MAX_PROMPT_IDS} token ids")));
+        }
+        let ids = a.iter().map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok())).collect::<Option<Vec<_>>>();
+        ids.map(Input::Tokens).ok_or_else(|| ApiError::invalid("prompt", "a token id must be a non-negative integer"))
+    };
+    match present(m, "prompt") {
+        Some(Value::String(s)) => Ok(Input::Text(s.clone())),
+        Some(Value::Array(a)) if a.first().is_some_and(Value::is_number) => ids(a),
+        Some(Value::Array(a)) if a.len() == 1 => match &a[0] {
+            Value::String(s) => Ok(Input::Text(s.clone())),
+            Value::Array(inner) if inner.iter().all(Value::is_number) => ids(inner),
+            _ => Err(ApiError::invalid("prompt", WHAT)),
+        },
+        Some(Value::Array(a)) if a.len() > 1 && a.iter().all(|v| v.is_string() || v.is_array()) => {
+            Err(ApiError::invalid("prompt", "one prompt per request (an array of one prompt)"))
+        }
+        _ => Err(ApiError::invalid("prompt", WHAT)),
+    }
 }
 
 /// `POST /v1/embeddings`.
@@ -346,6 +386,37 @@ mod tests {
         }
         let ok = chat_of(base).unwrap();
         assert!(matches!(ok.input, Input::Chat(ref m) if m.len() == 1));
+    }
+
+    #[test]
+    fn a_prompt_is_text_or_token_ids_and_logprobs_are_read_per_endpoint() {
+        let text = |v: Value| completion(v.as_object().unwrap(), 100);
+        for (prompt, ids) in [
+            (serde_json::json!([5, 6]), Some(vec![5, 6])),
+            (serde_json::json!([[5, 6]]), Some(vec![5, 6])),
+            (serde_json::json!(["hi"]), None),
+            (serde_json::json!("hi"), None),
+        ] {
+            let c = text(serde_json::json!({"prompt": prompt, "logprobs": 2, "echo": true})).unwrap();
+            assert_eq!((c.logprobs, c.echo), (Some(2), true));
+            match (c.input, ids) {
+                (Input::Tokens(got), Some(want)) => assert_eq!(got, want),
+                (Input::Text(t), None) => assert_eq!(t, "hi"),
+                (other, want) => panic!("{other:?} for {want:?}"),
+            }
+        }
+        for bad in [serde_json::json!([[1], [2]]), serde_json::json!([1.5]), serde_json::json!({"a": 1})] {
+            assert_eq!(text(serde_json::json!({"prompt": bad})).unwrap_err().param.as_deref(), Some("prompt"));
+        }
+        let msgs = serde_json::json!([{"role": "user", "content": "hi"}]);
+        let c = chat_of(serde_json::json!({"messages": msgs, "logprobs": true, "top_logprobs": 4})).unwrap();
+        assert_eq!(c.logprobs, Some(4));
+        assert_eq!(chat_of(serde_json::json!({"messages": msgs, "logprobs": true})).unwrap().logprobs, Some(0));
+        assert_eq!(chat_of(serde_json::json!({"messages": msgs})).unwrap().logprobs, None);
+        let e = chat_of(serde_json::json!({"messages": msgs, "logprobs": true, "top_logprobs": 21})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("top_logprobs"));
+        let e = chat_of(serde_json::json!({"messages": msgs, "echo": true})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("echo"), "echo is the completions' only");
     }
 
     #[test]
