@@ -384,6 +384,43 @@ fn logprobs_score_the_prompt_as_perplexity_does_and_follow_the_tokens_chosen() {
     assert_eq!((streamed, n2), (whole, n), "streamed and whole log-probabilities differ");
 }
 
+/// `/tokenize`, `/detokenize` and `/tokenizer_info` in vLLM's shapes (what
+/// lm-evaluation-harness's remote tokenizer asks): the model's tokens and
+/// text, its special tokens and template, behind the API key.
+#[test]
+fn the_tokenizer_endpoints_give_the_models_tokens() {
+    let Some(model) = spinfer_test_support::smollm2() else { return };
+    let engine = spinfer_engine::Engine::load(&model, Default::default()).unwrap();
+    let served = Served::start(&model, &format!("api_keys = [\"{KEY}\"]"), "ctx = 512");
+    let a = served.addr.as_str();
+    let text = "Tokenizers split text into pieces: naïve café, 123 + 456.";
+    let (st, v) = post(a, "/tokenize", &json!({"prompt": text, "add_special_tokens": false}));
+    assert_eq!(st, 200, "{v}");
+    let ids: Vec<u32> = serde_json::from_value(v["tokens"].clone()).unwrap();
+    assert_eq!(ids, engine.tokenizer.encode(text, false).unwrap());
+    assert_eq!((v["count"].as_u64(), v["max_model_len"].as_u64()), (Some(ids.len() as u64), Some(512)));
+    let (st, v) = post(a, "/tokenize", &json!({"content": text}));
+    assert_eq!((st, v["tokens"].as_array().map(Vec::len)), (200, Some(engine.tokenize(text).unwrap().len())));
+    let (st, v) = post(a, "/detokenize", &json!({"tokens": ids}));
+    assert_eq!((st, v["prompt"].as_str()), (200, Some(text)));
+    let auth = format!("Bearer {KEY}");
+    let (st, b) = http(a, "GET", "/tokenizer_info", &[("Authorization", &auth)], b"");
+    let v: Value = serde_json::from_slice(&b).unwrap();
+    assert_eq!((st, v["eos_token"].as_str()), (200, Some("<|im_end|>")), "{v}");
+    assert_eq!(v["chat_template"].as_str(), engine.chat_template());
+    let (st, _) = http(a, "POST", "/tokenize", &[], json!({"prompt": "x"}).to_string().as_bytes());
+    assert_eq!(st, 401, "the tokenizer endpoints need the key");
+    for (path, body, param) in [
+        ("/tokenize", json!({"prompt": 5}), "prompt"),
+        ("/tokenize", json!({"prompt": "x", "frobnicate": 1}), "frobnicate"),
+        ("/detokenize", json!({"tokens": [1, -1]}), "tokens"),
+        ("/detokenize", json!({"tokens": [4_000_000_000u32]}), "tokens"),
+    ] {
+        let (st, v) = post(a, path, &body);
+        assert_eq!((st, v["error"]["param"].as_str()), (400, Some(param)), "{path} {body}: {v}");
+    }
+}
+
 /// A request that must fail: its status and the error's `param`.
 struct Case {
     what: &'static str,

@@ -9,6 +9,8 @@
 //!   steps, a bounded queue (429 beyond it), the prompt cache.
 //! - [`answer`], [`logprobs`]: a completion written whole or streamed,
 //!   with log-probabilities in OpenAI's shapes.
+//! - [`tokens`]: `/tokenize`, `/detokenize`, `/tokenizer_info` (vLLM's
+//!   shapes), for clients that count tokens without the tokenizer.
 //! - [`chat`]: the model's own chat template (minijinja).
 //! - Shutdown (SIGTERM, SIGINT): stop accepting, let in-flight requests
 //!   finish for `shutdown_timeout_s`, cancel the rest, return.
@@ -23,6 +25,7 @@ pub mod logprobs;
 pub mod metrics;
 pub mod routes;
 pub mod scheduler;
+pub mod tokens;
 pub mod wire;
 
 use std::net::SocketAddr;

@@ -22,6 +22,7 @@ use crate::chat::ChatTemplate;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::scheduler::{Job, Scheduler};
+use crate::tokens;
 use crate::wire::{self, Completion, Input};
 use spinfer_engine::Engine;
 use spinfer_engine::embed::Embedder;
@@ -54,6 +55,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
+        .route("/tokenizer_info", get(tokens::tokenizer_info))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
@@ -62,19 +66,28 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Every request: the API key (on `/v1/`), refusal while draining, and
-/// its count by endpoint and status.
+/// Endpoints counted by name in the metrics (others count as "other").
+const ENDPOINTS: &[&str] = &[
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/models",
+    "/tokenize",
+    "/detokenize",
+    "/tokenizer_info",
+    "/health",
+    "/metrics",
+];
+
+/// Every request: the API key (on `/v1/` and the tokenizer's endpoints),
+/// refusal while draining, and its count by endpoint and status.
 async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
-    let endpoint = match path.as_str() {
-        "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" | "/v1/models" | "/health" | "/metrics" => {
-            path.as_str()
-        }
-        _ => "other",
-    };
-    let response = if path.starts_with("/v1/") && !authorized(&st.keys, req.headers()) {
+    let endpoint = ENDPOINTS.iter().find(|e| **e == path).copied().unwrap_or("other");
+    let api = path.starts_with("/v1/") || ["/tokenize", "/detokenize", "/tokenizer_info"].contains(&path.as_str());
+    let response = if api && !authorized(&st.keys, req.headers()) {
         ApiError::unauthorized("a valid API key is required: 'Authorization: Bearer <key>'").into_response()
-    } else if st.draining.load(Ordering::Acquire) && path.starts_with("/v1/") {
+    } else if st.draining.load(Ordering::Acquire) && api {
         ApiError::unavailable("the server is shutting down").into_response()
     } else {
         next.run(req).await
@@ -99,7 +112,10 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// The body, or a 413 / 400 in OpenAI's shape.
-fn body_of(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<serde_json::Map<String, Value>, ApiError> {
+pub(crate) fn body_of(
+    st: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<serde_json::Map<String, Value>, ApiError> {
     let bytes = body.map_err(|e| match e.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(st.max_body),
         _ => ApiError::bad_request(format!("cannot read the body: {e}")),
