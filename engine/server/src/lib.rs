@@ -25,6 +25,7 @@ pub mod logprobs;
 pub mod metrics;
 pub mod routes;
 pub mod scheduler;
+pub mod state;
 pub mod tokens;
 pub mod wire;
 
@@ -38,10 +39,10 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 pub use error::{ApiError, Error, Result};
-use routes::{AppState, Served};
 use spinfer_engine::Engine;
 use spinfer_engine::config::{Config, PrecisionSetting, ServerSection};
 use spinfer_engine::embed::{Embedder, EmbedderOptions};
+use state::{AppState, Served};
 
 /// Most bytes of an `api_keys_file`.
 const MAX_KEYS_FILE: u64 = 1 << 20;

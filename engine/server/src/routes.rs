@@ -2,8 +2,8 @@
 //! each endpoint's translation between OpenAI's shapes and the engine.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::Ordering;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -15,38 +15,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
 use serde_json::{Value, json};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 
 use crate::answer;
-use crate::chat::ChatTemplate;
 use crate::error::ApiError;
-use crate::metrics::Metrics;
-use crate::scheduler::{Job, Scheduler};
+use crate::scheduler::Job;
+use crate::state::{AppState, Served, body_of};
 use crate::tokens;
 use crate::wire::{self, Completion, Input};
-use spinfer_engine::Engine;
-use spinfer_engine::embed::Embedder;
 use spinfer_engine::generate::{GenerateParams, encode_prompt};
-
-/// What the server runs: a generative model behind the scheduler, or a
-/// sentence embedder.
-pub enum Served {
-    Generator { engine: Arc<Engine>, template: Box<Option<ChatTemplate>>, scheduler: Scheduler },
-    Embedder { embedder: Arc<Embedder>, permits: Arc<Semaphore> },
-}
-
-pub struct AppState {
-    pub served: Served,
-    pub model_name: String,
-    pub created: u64,
-    pub keys: Vec<String>,
-    pub metrics: Arc<Metrics>,
-    pub draining: AtomicBool,
-    /// Largest `max_tokens` a request may ask for.
-    pub max_tokens_cap: usize,
-    pub timeout: Duration,
-    pub max_body: usize,
-}
 
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.max_body;
@@ -109,18 +86,6 @@ fn authorized(keys: &[String], headers: &HeaderMap) -> bool {
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// The body, or a 413 / 400 in OpenAI's shape.
-pub(crate) fn body_of(
-    st: &AppState,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<serde_json::Map<String, Value>, ApiError> {
-    let bytes = body.map_err(|e| match e.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(st.max_body),
-        _ => ApiError::bad_request(format!("cannot read the body: {e}")),
-    })?;
-    wire::object(&bytes)
 }
 
 fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {

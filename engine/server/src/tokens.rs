@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
-use crate::routes::{AppState, Served, body_of};
+use crate::state::{AppState, Served, body_of};
 use spinfer_engine::Engine;
 
 fn engine(st: &AppState) -> Result<&Engine, ApiError> {
