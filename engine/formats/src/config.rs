@@ -12,18 +12,18 @@ pub enum Arch {
     Llama,
     /// Qwen2: Llama plus biases on the q/k/v projections.
     Qwen2,
-    /// Gemma 3 text models (GGUF `gemma3`): embeddings scaled by √dim,
+    /// Gemma 3 text models (GGUF `gemma3`, HF `Gemma3ForCausalLM`): embeddings scaled by √dim,
     /// QK-norm, norms after attention and FFN as well as before, GeGLU
     /// (tanh GELU), local sliding-window layers between global ones
     /// ([`SlidingWindow`]). RMSNorm weights in GGUF already hold Gemma's
-    /// `1 + w`.
+    /// `1 + w`; a safetensors checkpoint's `w` is served as `1 + w`.
     Gemma3,
 }
 
 /// Architectures read from GGUF.
 pub const SUPPORTED_ARCHS: &str = "llama, mistral, qwen2, gemma3";
 /// Architectures read from safetensors checkpoints (HF `config.json`).
-pub const SUPPORTED_HF_ARCHS: &str = "llama, mistral, qwen2";
+pub const SUPPORTED_HF_ARCHS: &str = "llama, mistral, qwen2, gemma3_text";
 
 /// The activation of the gated FFN: `down(act(gate(x)) * up(x))`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,6 +12,7 @@ mod error;
 #[cfg(feature = "fixtures")]
 pub mod fixtures;
 pub mod gguf;
+mod hf_config;
 pub mod loader;
 pub mod safetensors;
 pub mod tensor;

@@ -6,7 +6,7 @@
 //! (`model.layers.3.self_attn.q_proj.weight` is `blk.3.attn_q.weight`) with
 //! GGML-order dims (an HF `[rows, cols]` tensor has dims `[cols, rows]`).
 //! HF q/k weights are in the `rotate_half` layout, so [`ModelConfig::rope_style`]
-//! is [`RopeStyle::NeoX`]. Tensor data is only guaranteed 8-byte aligned
+//! is [`RopeStyle::NeoX`](crate::config::RopeStyle::NeoX). Tensor data is only guaranteed 8-byte aligned
 //! (the format's rule); consumers must not assume more.
 
 use std::collections::{BTreeMap, HashMap};
@@ -19,8 +19,7 @@ use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use spinfer_kernels::GgmlType;
 
-use crate::config::SUPPORTED_HF_ARCHS;
-use crate::config::{Arch, FfnAct, ModelConfig, RopeStyle};
+use crate::config::ModelConfig;
 use crate::gguf::GgufFile;
 use crate::loader::Loader;
 use crate::tensor::{TensorData, TensorView};
@@ -29,6 +28,8 @@ use crate::{Error, Result};
 const SINGLE_FILE: &str = "model.safetensors";
 const INDEX_FILE: &str = "model.safetensors.index.json";
 const CONFIG_FILE: &str = "config.json";
+
+pub use crate::hf_config::{HfLayout, config_from_hf};
 
 /// Top-level tensors: (HF name, canonical name).
 const GLOBAL_NAMES: [(&str, &str); 3] = [
@@ -50,24 +51,67 @@ const LAYER_NAMES: [(&str, &str); 9] = [
     ("mlp.down_proj", "ffn_down"),
 ];
 
-/// The canonical GGUF name of an HF tensor name, if it has one.
+/// Gemma 3's per-layer modules: its four norms around attention and the
+/// FFN, and the QK-norms.
+const GEMMA3_LAYER_NAMES: [(&str, &str); 13] = [
+    ("self_attn.q_proj", "attn_q"),
+    ("self_attn.k_proj", "attn_k"),
+    ("self_attn.v_proj", "attn_v"),
+    ("self_attn.o_proj", "attn_output"),
+    ("self_attn.q_norm", "attn_q_norm"),
+    ("self_attn.k_norm", "attn_k_norm"),
+    ("input_layernorm", "attn_norm"),
+    ("post_attention_layernorm", "post_attention_norm"),
+    ("pre_feedforward_layernorm", "ffn_norm"),
+    ("post_feedforward_layernorm", "post_ffw_norm"),
+    ("mlp.gate_proj", "ffn_gate"),
+    ("mlp.up_proj", "ffn_up"),
+    ("mlp.down_proj", "ffn_down"),
+];
+
+fn layer_names(layout: HfLayout) -> &'static [(&'static str, &'static str)] {
+    match layout {
+        HfLayout::Llama => &LAYER_NAMES,
+        HfLayout::Gemma3 => &GEMMA3_LAYER_NAMES,
+    }
+}
+
+/// The canonical GGUF name of an HF tensor name of a Llama-layout
+/// checkpoint, if it has one.
 pub fn hf_to_canonical(name: &str) -> Option<String> {
+    hf_to_canonical_in(name, HfLayout::Llama)
+}
+
+/// The canonical GGUF name of an HF tensor name in `layout`, if it has one.
+pub fn hf_to_canonical_in(name: &str, layout: HfLayout) -> Option<String> {
     if let Some((_, c)) = GLOBAL_NAMES.iter().find(|(h, _)| *h == name) {
         return Some((*c).to_string());
     }
     let (layer, module, param) = split_layer_name(name, "model.layers.")?;
-    let (_, c) = LAYER_NAMES.iter().find(|(h, _)| *h == module)?;
+    let (_, c) = layer_names(layout).iter().find(|(h, _)| *h == module)?;
     Some(format!("blk.{layer}.{c}.{param}"))
 }
 
-/// The HF name of a canonical GGUF tensor name, if it has one.
+/// The HF name of a canonical GGUF tensor name (Llama layout), if it has one.
 pub fn canonical_to_hf(name: &str) -> Option<String> {
+    canonical_to_hf_in(name, HfLayout::Llama)
+}
+
+/// The HF name of a canonical GGUF tensor name in `layout`, if it has one.
+pub fn canonical_to_hf_in(name: &str, layout: HfLayout) -> Option<String> {
     if let Some((h, _)) = GLOBAL_NAMES.iter().find(|(_, c)| *c == name) {
         return Some((*h).to_string());
     }
     let (layer, module, param) = split_layer_name(name, "blk.")?;
-    let (h, _) = LAYER_NAMES.iter().find(|(_, c)| *c == module)?;
+    let (h, _) = layer_names(layout).iter().find(|(_, c)| *c == module)?;
     Some(format!("model.layers.{layer}.{h}.{param}"))
+}
+
+/// Whether the canonical tensor `name` is an RMSNorm weight that `layout`
+/// stores as Gemma's `w` of `x · (1 + w)`, where GGUF and the model hold
+/// `1 + w`.
+pub fn offset_norm(name: &str, layout: HfLayout) -> bool {
+    layout == HfLayout::Gemma3 && name.ends_with("_norm.weight")
 }
 
 /// `<prefix>N.<module>.<weight|bias>` -> (N, module, param).
@@ -103,6 +147,7 @@ struct Entry {
 /// An opened safetensors checkpoint.
 pub struct SafetensorsModel {
     path: PathBuf,
+    layout: HfLayout,
     config_path: PathBuf,
     config_json: serde_json::Map<String, Value>,
     shards: Vec<Shard>,
@@ -156,6 +201,7 @@ impl SafetensorsModel {
 
         let mut model = Self {
             path: path.clone(),
+            layout: HfLayout::of(&config_json),
             config_path,
             config_json,
             shards: Vec::new(),
@@ -198,7 +244,7 @@ impl SafetensorsModel {
             let shard = self.add_shard(dir.join(file))?;
             let st_path = &self.shards[shard].path;
             for name in names {
-                let key = hf_to_canonical(name).unwrap_or_else(|| name.to_string());
+                let key = hf_to_canonical_in(name, self.layout).unwrap_or_else(|| name.to_string());
                 if !self.tensors.get(&key).is_some_and(|e| e.shard == shard && e.hf_name == name) {
                     let d = format!(
                         "tensor '{name}' is listed for shard '{file}' but {} does not contain it",
@@ -226,7 +272,7 @@ impl SafetensorsModel {
         let mut infos: Vec<_> = metadata.tensors().into_iter().collect();
         infos.sort_by_key(|(_, info)| info.data_offsets);
         for (hf_name, info) in infos {
-            let key = hf_to_canonical(&hf_name).unwrap_or_else(|| hf_name.clone());
+            let key = hf_to_canonical_in(&hf_name, self.layout).unwrap_or_else(|| hf_name.clone());
             let (s, e) = info.data_offsets;
             let entry = Entry {
                 hf_name,
@@ -301,12 +347,12 @@ impl Loader for SafetensorsModel {
         if dims.is_empty() {
             dims.push(1);
         }
-        Ok(TensorView {
-            name: name.to_string(),
-            ty,
-            dims,
-            data: TensorData::mapped_file(shard.map.clone(), shard.file.clone(), e.start, e.len),
-        })
+        let data = TensorData::mapped_file(shard.map.clone(), shard.file.clone(), e.start, e.len);
+        let view = TensorView { name: name.to_string(), ty, dims, data };
+        if offset_norm(name, self.layout) {
+            return plus_one(view, &shard.path);
+        }
+        Ok(view)
     }
 
     fn has_tensor(&self, name: &str) -> bool {
@@ -323,101 +369,18 @@ impl Loader for SafetensorsModel {
     }
 }
 
-/// The hyper-parameters of a Hugging Face `config.json` (`json`, read from
-/// `config_path`) for a checkpoint whose tensors are `names` (canonical),
-/// `dims` giving a tensor's GGML-order dims or `None` when it is absent: the
-/// safetensors loader's, and that of any loader pack serving a `config.json`.
-///
-/// # Errors
-///
-/// [`Error::Metadata`] naming a key that is missing, mistyped or
-/// contradicted by the tensors; [`Error::UnsupportedArch`].
-pub fn config_from_hf(
-    config_path: &Path,
-    json: &serde_json::Map<String, Value>,
-    names: &[String],
-    dims: &dyn Fn(&str) -> Result<Option<Vec<usize>>>,
-) -> Result<ModelConfig> {
-    let c = Cfg { path: config_path, j: json };
-    let has_tensor = |n: &str| names.iter().any(|t| t == n);
-    let arch_name = match c.opt_str("model_type")? {
-        Some(t) => t,
-        None => match c.get("architectures") {
-            None => return Err(c.err("model_type", "is missing (and so is 'architectures')")),
-            Some(v) => v
-                .as_array()
-                .and_then(|a| a.first())
-                .and_then(Value::as_str)
-                .ok_or_else(|| c.err("architectures", "must be a non-empty array of strings"))?,
-        },
-    };
-    let arch = match arch_name {
-        "llama" | "mistral" | "LlamaForCausalLM" | "MistralForCausalLM" => Arch::Llama,
-        "qwen2" | "Qwen2ForCausalLM" => Arch::Qwen2,
-        other => {
-            return Err(Error::UnsupportedArch {
-                path: config_path.to_path_buf(),
-                arch: other.to_string(),
-                supported: SUPPORTED_HF_ARCHS,
-            });
-        }
-    };
-    let dim = c.usize("hidden_size")?;
-    let n_heads = c.usize("num_attention_heads")?;
-    let n_kv_heads = c.opt_usize("num_key_value_heads")?.unwrap_or(n_heads);
-    let head_dim = match c.opt_usize("head_dim")? {
-        Some(h) => h,
-        None => dim.checked_div(n_heads).unwrap_or(0),
-    };
-    let rope_params = c.get("rope_parameters");
-    let rope_theta = match c.opt_f64("rope_theta")? {
-        Some(t) => t,
-        None => match rope_params.and_then(|p| p.get("rope_theta")).filter(|v| !v.is_null()) {
-            Some(v) => v.as_f64().ok_or_else(|| c.err("rope_parameters.rope_theta", "must be a number"))?,
-            None => 10_000.0,
-        },
-    };
-    for (key, v) in [("rope_scaling", c.get("rope_scaling")), ("rope_parameters", rope_params)] {
-        let kind = v.and_then(|v| v.get("rope_type").or_else(|| v.get("type"))).and_then(Value::as_str);
-        if let Some(kind) = kind.filter(|k| *k != "default") {
-            // Running with plain RoPE would silently compute another
-            // function: refuse instead.
-            return Err(c.err(key, &format!("uses rope scaling type '{kind}', which is not supported yet")));
-        }
-    }
-    let tie = c.opt_bool("tie_word_embeddings")?.unwrap_or(false);
-    let cfg = ModelConfig {
-        arch,
-        n_layers: c.usize("num_hidden_layers")?,
-        dim,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        ffn_dim: c.usize("intermediate_size")?,
-        vocab_size: c.usize("vocab_size")?,
-        rope_theta: rope_theta as f32,
-        rope_style: RopeStyle::NeoX,
-        rms_eps: c.f64("rms_norm_eps")? as f32,
-        ctx_train: c.usize("max_position_embeddings")?,
-        tied_embeddings: tie || !has_tensor("output.weight"),
-        qkv_bias: has_tensor("blk.0.attn_q.bias"),
-        ffn_act: FfnAct::Silu,
-        sliding_window: None,
-    };
-    cfg.check_tensors(names, dims, config_path, &|field| {
-        match field {
-            "block_count" => "num_hidden_layers",
-            "embedding_length" => "hidden_size",
-            "head_count" => "num_attention_heads",
-            "head_count_kv" if c.get("num_key_value_heads").is_some() => "num_key_value_heads",
-            "head_count_kv" => "num_attention_heads",
-            "feed_forward_length" => "intermediate_size",
-            _ => "vocab_size",
-        }
-        .into()
+/// `1 + w` of a norm weight `w`, in f32.
+fn plus_one(view: TensorView, path: &Path) -> Result<TensorView> {
+    let n: usize = view.dims.iter().product();
+    let mut w = vec![0f32; n];
+    spinfer_kernels::dequant::dequantize_row(view.ty, view.data.bytes(), &mut w).map_err(|e| Error::TensorType {
+        path: path.to_path_buf(),
+        tensor: view.name.clone(),
+        ty: format!("{:?}", view.ty),
+        what: format!("cannot be read: {e}"),
     })?;
-    cfg.validate().map_err(|d| Error::format(config_path, d))?;
-    Ok(cfg)
+    let bytes: Vec<u8> = w.iter().flat_map(|x| (1.0 + x).to_le_bytes()).collect();
+    Ok(TensorView { ty: GgmlType::F32, data: TensorData::owned(bytes), ..view })
 }
 
 /// Opens model weights: a directory, `.safetensors` or
@@ -445,59 +408,10 @@ fn lower_first(s: &str) -> String {
     c.next().map(|f| f.to_lowercase().chain(c).collect()).unwrap_or_default()
 }
 
-/// Typed access to `config.json` keys; `null` counts as absent.
-struct Cfg<'a> {
-    path: &'a Path,
-    j: &'a serde_json::Map<String, Value>,
-}
-
-impl Cfg<'_> {
-    fn err(&self, key: &str, detail: &str) -> Error {
-        Error::Metadata { path: self.path.to_path_buf(), key: key.into(), detail: detail.into() }
-    }
-
-    fn get(&self, key: &str) -> Option<&Value> {
-        self.j.get(key).filter(|v| !v.is_null())
-    }
-
-    fn typed<T>(&self, key: &str, what: &str, f: impl Fn(&Value) -> Option<T>) -> Result<Option<T>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => f(v).map(Some).ok_or_else(|| self.err(key, &format!("must be {what}, got {v}"))),
-        }
-    }
-
-    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
-        self.typed(key, "an unsigned integer", |v| v.as_u64().and_then(|x| usize::try_from(x).ok()))
-    }
-
-    fn usize(&self, key: &str) -> Result<usize> {
-        self.opt_usize(key)?.ok_or_else(|| self.err(key, "is missing"))
-    }
-
-    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
-        self.typed(key, "a number", Value::as_f64)
-    }
-
-    fn f64(&self, key: &str) -> Result<f64> {
-        self.opt_f64(key)?.ok_or_else(|| self.err(key, "is missing"))
-    }
-
-    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
-        self.typed(key, "a boolean", Value::as_bool)
-    }
-
-    fn opt_str(&self, key: &str) -> Result<Option<&str>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| self.err(key, &format!("must be a string, got {v}"))),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Arch, RopeStyle};
     use crate::fixtures::safetensors::*;
     use serde_json::json;
 
