@@ -349,6 +349,30 @@ fn logprobs_score_the_prompt_as_perplexity_does_and_follow_the_tokens_chosen() {
         assert!(v["choices"][0]["text"].as_str().unwrap().starts_with(&engine.detokenize(&ids).unwrap()));
     }
 
+    // Streamed, an echo's text and log-probabilities are the whole answer's.
+    let body = json!({"prompt": "The capital of France is", "max_tokens": 6, "logprobs": 2, "echo": true,
+                      "temperature": 0});
+    let (_, whole) = post(a, "/v1/completions", &body);
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let auth = format!("Bearer {KEY}");
+    let (st, b) = http(a, "POST", "/v1/completions", &[("Authorization", &auth)], streamed.to_string().as_bytes());
+    assert_eq!(st, 200);
+    let (mut text, mut lps, mut tokens) = (String::new(), Vec::new(), Vec::new());
+    for data in String::from_utf8(b).unwrap().lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let Ok(v) = serde_json::from_str::<Value>(data) else { continue };
+        text.push_str(v["choices"][0]["text"].as_str().unwrap_or(""));
+        if let Some(l) = v["choices"][0]["logprobs"].as_object() {
+            lps.extend(l["token_logprobs"].as_array().unwrap().iter().cloned());
+            tokens.extend(l["tokens"].as_array().unwrap().iter().cloned());
+        }
+    }
+    let w = &whole["choices"][0];
+    assert_eq!(text, w["text"].as_str().unwrap());
+    assert!(text.starts_with("The capital of France is"), "{text}");
+    assert_eq!(&lps, w["logprobs"]["token_logprobs"].as_array().unwrap());
+    assert_eq!(&tokens, w["logprobs"]["tokens"].as_array().unwrap());
+
     let chat = |stream: bool| {
         let body = json!({"messages": [{"role": "user", "content": "What is the capital of France?"}],
                           "max_tokens": 12, "temperature": 0, "logprobs": true, "top_logprobs": 3, "stream": stream,
