@@ -10,21 +10,23 @@
 //! The weights file is written tensor by tensor (one dequantised tensor in
 //! memory at a time) to a `.partial` file that is renamed when complete.
 
-use std::collections::HashSet;
+mod tokenizer;
+
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use serde::Serialize;
-use serde::ser::SerializeMap;
 use serde_json::{Value, json};
 use spinfer_kernels::dequant::dequantize_row;
 
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::model::{Arch, ModelConfig};
-use crate::safetensors::canonical_to_hf;
+use crate::safetensors::{HfLayout, canonical_to_hf_in, offset_norm};
 use crate::tensor::TensorView;
 use crate::{Error, Result};
+use tokenizer::tokenizer_config_json;
+pub use tokenizer::tokenizer_json;
 
 /// Element type of the exported weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +67,8 @@ struct Planned<'a> {
     shape: Vec<usize>,
     /// Head count to un-permute the rows by (llama q/k).
     unpermute_heads: Option<usize>,
+    /// A Gemma norm: the file holds `1 + w`, the checkpoint `w`.
+    minus_one: bool,
 }
 
 /// Converts `src` into an HF checkpoint in `out_dir` (created if needed):
@@ -81,10 +85,6 @@ pub fn gguf_to_safetensors(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
     let cfg = ModelConfig::from_gguf(src)?;
-    if cfg.arch == Arch::Gemma3 {
-        // Its norms hold `1 + w` and it needs Gemma3ForCausalLM's config.
-        return Err(Error::format(src.path(), "converting a gemma3 model to safetensors is not supported yet"));
-    }
     let tokenizer = tokenizer_json(src)?;
     let tokenizer_config = tokenizer_config_json(src, &cfg)?;
     let plan = plan(src, &cfg)?;
@@ -106,10 +106,11 @@ pub fn gguf_to_safetensors(
 }
 
 fn plan<'a>(src: &'a GgufFile, cfg: &ModelConfig) -> Result<Vec<Planned<'a>>> {
+    let layout = if cfg.arch == Arch::Gemma3 { HfLayout::Gemma3 } else { HfLayout::Llama };
     src.tensors
         .iter()
         .map(|info| {
-            let hf_name = canonical_to_hf(&info.name).ok_or_else(|| {
+            let hf_name = canonical_to_hf_in(&info.name, layout).ok_or_else(|| {
                 Error::format(
                     src.path(),
                     format!("tensor '{}' has no hugging face equivalent; it cannot be exported", info.name),
@@ -135,7 +136,7 @@ fn plan<'a>(src: &'a GgufFile, cfg: &ModelConfig) -> Result<Vec<Planned<'a>>> {
                     format!("tensor '{}' has {} rows, which do not split into {h} heads of pairs", info.name, shape[0]);
                 return Err(Error::format(src.path(), d));
             }
-            Ok(Planned { info, hf_name, shape, unpermute_heads })
+            Ok(Planned { info, hf_name, shape, unpermute_heads, minus_one: offset_norm(&info.name, layout) })
         })
         .collect()
 }
@@ -174,6 +175,9 @@ fn write_weights(
         if let Some(heads) = p.unpermute_heads {
             let rows = p.shape[0];
             vals = unpermute_rows(&vals, rows, vals.len() / rows, heads);
+        }
+        if p.minus_one {
+            vals.iter_mut().for_each(|v| *v -= 1.0);
         }
         for chunk in vals.chunks(1 << 16) {
             buf.clear();
@@ -247,16 +251,17 @@ pub fn unpermute_rows(data: &[f32], rows: usize, cols: usize, n_head: usize) -> 
     out
 }
 
-fn token_id(src: &GgufFile, key: &str) -> Option<u64> {
+pub(crate) fn token_id(src: &GgufFile, key: &str) -> Option<u64> {
     src.get(key).and_then(|v| v.as_u64()).filter(|&v| v < u64::from(u32::MAX))
 }
 
-/// HF `config.json` for `LlamaForCausalLM` / `Qwen2ForCausalLM`.
+/// HF `config.json` for `LlamaForCausalLM`, `Qwen2ForCausalLM` or
+/// `Gemma3ForCausalLM`.
 fn config_json(src: &GgufFile, cfg: &ModelConfig, dtype: OutDType) -> Value {
     let (arch, model_type) = match cfg.arch {
         Arch::Llama => ("LlamaForCausalLM", "llama"),
         Arch::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
-        Arch::Gemma3 => unreachable!("convert refuses gemma3 before writing"),
+        Arch::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
     };
     let mut c = json!({
         "architectures": [arch],
@@ -285,7 +290,22 @@ fn config_json(src: &GgufFile, cfg: &ModelConfig, dtype: OutDType) -> Value {
             o.insert("attention_bias".into(), json!(cfg.qkv_bias));
             o.insert("mlp_bias".into(), json!(false));
         }
-        Arch::Gemma3 => {}
+        Arch::Gemma3 => {
+            o.remove("hidden_act");
+            o.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
+            o.insert("query_pre_attn_scalar".into(), json!(cfg.head_dim));
+            o.insert("attn_logit_softcapping".into(), Value::Null);
+            o.insert("final_logit_softcapping".into(), Value::Null);
+            o.insert("attention_bias".into(), json!(false));
+            if let Some(w) = cfg.sliding_window {
+                let types: Vec<&str> = (0..cfg.n_layers)
+                    .map(|l| if w.is_local(l) { "sliding_attention" } else { "full_attention" })
+                    .collect();
+                o.insert("sliding_window".into(), json!(w.window));
+                o.insert("layer_types".into(), json!(types));
+                o.insert("rope_local_base_freq".into(), json!(w.rope_theta));
+            }
+        }
         Arch::Qwen2 => {
             o.insert("use_sliding_window".into(), json!(false));
             o.insert("sliding_window".into(), json!(cfg.ctx_train));
@@ -304,229 +324,7 @@ fn config_json(src: &GgufFile, cfg: &ModelConfig, dtype: OutDType) -> Value {
     c
 }
 
-/// GGUF token types that become HF added tokens (control, user-defined).
-const CONTROL: u64 = 3;
-const USER_DEFINED: u64 = 4;
-
-// Pre-tokeniser regexes (as in the HF tokenizer.json files of these models).
-const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const QWEN2: &str =
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const SUPPORTED_PRE: &str =
-    "default, gpt2, smollm, starcoder, refact, codeshell, exaone, minerva, qwen2, llama-bpe, llama3";
-
-#[derive(Serialize)]
-struct TokenizerJson<'a> {
-    version: &'static str,
-    truncation: Option<()>,
-    padding: Option<()>,
-    added_tokens: Vec<AddedToken<'a>>,
-    normalizer: Value,
-    pre_tokenizer: Value,
-    post_processor: Value,
-    decoder: Value,
-    model: BpeModel<'a>,
-}
-
-#[derive(Serialize)]
-struct AddedToken<'a> {
-    id: u32,
-    content: &'a str,
-    single_word: bool,
-    lstrip: bool,
-    rstrip: bool,
-    normalized: bool,
-    special: bool,
-}
-
-#[derive(Serialize)]
-struct BpeModel<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    dropout: Option<f32>,
-    unk_token: Option<&'a str>,
-    continuing_subword_prefix: Option<&'a str>,
-    end_of_word_suffix: Option<&'a str>,
-    fuse_unk: bool,
-    byte_fallback: bool,
-    ignore_merges: bool,
-    vocab: Vocab<'a>,
-    merges: Vec<&'a str>,
-}
-
-/// Token text -> id, serialised in id order.
-struct Vocab<'a>(Vec<(&'a str, u32)>);
-
-impl Serialize for Vocab<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(self.0.len()))?;
-        for (t, id) in &self.0 {
-            m.serialize_entry(t, id)?;
-        }
-        m.end()
-    }
-}
-
-/// The token types (`tokenizer.ggml.token_type`, all normal when absent).
-fn token_types(src: &GgufFile, n: usize) -> Result<Vec<u64>> {
-    let key = "tokenizer.ggml.token_type";
-    let Some(v) = src.get(key) else {
-        return Ok(vec![1; n]);
-    };
-    let a = v.as_array().ok_or_else(|| src.meta_err(key, "must be an array of integers"))?;
-    if a.len() != n {
-        return Err(src.meta_err(key, &format!("has {} entries but tokenizer.ggml.tokens has {n}", a.len())).into());
-    }
-    a.to_u64s().ok_or_else(|| src.meta_err(key, "must be an array of integers").into())
-}
-
-/// An HF `tokenizer.json` (byte-level BPE) equivalent to the GGUF's
-/// `tokenizer.ggml.*` metadata. Only `tokenizer.ggml.model = "gpt2"` is
-/// supported.
-pub fn tokenizer_json(src: &GgufFile) -> Result<String> {
-    let model = src.require_str("tokenizer.ggml.model")?;
-    if model != "gpt2" {
-        return Err(Error::Tokenizer(format!(
-            "{}: tokenizer export is not supported for tokenizer model '{model}' (supported: gpt2)",
-            src.path().display()
-        )));
-    }
-    let tokens: Vec<&str> = src
-        .str_array("tokenizer.ggml.tokens")?
-        .ok_or_else(|| src.meta_err("tokenizer.ggml.tokens", "is missing"))?
-        .iter()
-        .collect();
-    let merges: Vec<&str> = src
-        .str_array("tokenizer.ggml.merges")?
-        .ok_or_else(|| src.meta_err("tokenizer.ggml.merges", "is missing"))?
-        .iter()
-        .collect();
-    let types = token_types(src, tokens.len())?;
-    let pre = match src.get("tokenizer.ggml.pre") {
-        None => "default",
-        Some(_) => src.require_str("tokenizer.ggml.pre")?,
-    };
-
-    let byte_level = |trim_offsets: bool, use_regex: bool| json!({ "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": trim_offsets, "use_regex": use_regex });
-    let split =
-        |re: &str| json!({ "type": "Split", "pattern": { "Regex": re }, "behavior": "Isolated", "invert": false });
-    let (normalizer, pre_tokenizer, ignore_merges) = match pre {
-        "default" | "gpt2" => (Value::Null, byte_level(true, true), false),
-        "smollm" | "starcoder" | "refact" | "codeshell" | "exaone" | "minerva" => {
-            let digits = json!({ "type": "Digits", "individual_digits": true });
-            (Value::Null, json!({ "type": "Sequence", "pretokenizers": [digits, byte_level(true, true)] }), false)
-        }
-        "qwen2" => {
-            let seq = json!({ "type": "Sequence", "pretokenizers": [split(QWEN2), byte_level(false, false)] });
-            (json!({ "type": "NFC" }), seq, false)
-        }
-        "llama-bpe" | "llama3" => (
-            Value::Null,
-            json!({ "type": "Sequence", "pretokenizers": [split(LLAMA3), byte_level(true, false)] }),
-            true,
-        ),
-        other => {
-            let d = format!(
-                "names pre-tokenizer '{other}', which tokenizer export does not support (supported: {SUPPORTED_PRE})"
-            );
-            return Err(src.meta_err("tokenizer.ggml.pre", &d).into());
-        }
-    };
-
-    let bos = token_id(src, "tokenizer.ggml.bos_token_id").filter(|&b| (b as usize) < tokens.len());
-    let add_bos = src.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false);
-    let post_processor = match bos.filter(|_| add_bos) {
-        None => Value::Null,
-        Some(id) => {
-            let b = tokens[id as usize];
-            json!({
-                "type": "TemplateProcessing",
-                "single": [{ "SpecialToken": { "id": b, "type_id": 0 } }, { "Sequence": { "id": "A", "type_id": 0 } }],
-                "pair": [
-                    { "SpecialToken": { "id": b, "type_id": 0 } }, { "Sequence": { "id": "A", "type_id": 0 } },
-                    { "SpecialToken": { "id": b, "type_id": 1 } }, { "Sequence": { "id": "B", "type_id": 1 } }
-                ],
-                "special_tokens": { b: { "id": b, "ids": [id], "tokens": [b] } }
-            })
-        }
-    };
-
-    let mut seen = HashSet::with_capacity(tokens.len());
-    let mut vocab = Vec::with_capacity(tokens.len());
-    for (id, t) in tokens.iter().enumerate() {
-        if seen.insert(*t) {
-            vocab.push((*t, id as u32));
-        } else {
-            tracing::warn!(
-                "{}: token {id} '{t}' repeats an earlier token; tokenizer.json keeps the first",
-                src.path().display()
-            );
-        }
-    }
-    let added_tokens = (0..tokens.len())
-        .filter(|&i| matches!(types[i], CONTROL | USER_DEFINED))
-        .map(|i| AddedToken {
-            id: i as u32,
-            content: tokens[i],
-            single_word: false,
-            lstrip: false,
-            rstrip: false,
-            normalized: false,
-            special: types[i] == CONTROL,
-        })
-        .collect();
-    let tj = TokenizerJson {
-        version: "1.0",
-        truncation: None,
-        padding: None,
-        added_tokens,
-        normalizer,
-        pre_tokenizer,
-        post_processor,
-        decoder: json!({ "type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true }),
-        model: BpeModel {
-            kind: "BPE",
-            dropout: None,
-            unk_token: None,
-            continuing_subword_prefix: None,
-            end_of_word_suffix: None,
-            fuse_unk: false,
-            byte_fallback: false,
-            ignore_merges,
-            vocab: Vocab(vocab),
-            merges,
-        },
-    };
-    pretty(&tj)
-}
-
-/// `tokenizer_config.json`: special tokens, BOS policy, chat template.
-fn tokenizer_config_json(src: &GgufFile, cfg: &ModelConfig) -> Result<Value> {
-    let tokens: Vec<&str> = src.str_array("tokenizer.ggml.tokens")?.map(|t| t.iter().collect()).unwrap_or_default();
-    let mut c = serde_json::Map::new();
-    let add_bos = src.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false);
-    c.insert("add_bos_token".into(), json!(add_bos));
-    c.insert("add_eos_token".into(), json!(false));
-    for (key, gguf_key) in [
-        ("bos_token", "tokenizer.ggml.bos_token_id"),
-        ("eos_token", "tokenizer.ggml.eos_token_id"),
-        ("pad_token", "tokenizer.ggml.padding_token_id"),
-        ("unk_token", "tokenizer.ggml.unknown_token_id"),
-    ] {
-        if let Some(t) = token_id(src, gguf_key).and_then(|id| tokens.get(id as usize)) {
-            c.insert(key.into(), json!(t));
-        }
-    }
-    if let Some(t) = src.get("tokenizer.chat_template").and_then(|v| v.as_str()) {
-        c.insert("chat_template".into(), json!(t));
-    }
-    c.insert("clean_up_tokenization_spaces".into(), json!(false));
-    c.insert("model_max_length".into(), json!(cfg.ctx_train));
-    c.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));
-    Ok(Value::Object(c))
-}
-
-fn pretty<T: Serialize>(v: &T) -> Result<String> {
+pub(crate) fn pretty<T: Serialize>(v: &T) -> Result<String> {
     serde_json::to_string_pretty(v).map_err(|e| Error::InvalidArgument(format!("json serialisation failed: {e}")))
 }
 
@@ -671,12 +469,17 @@ mod tests {
 
     #[test]
     fn unsupported_inputs_fail_before_writing() {
-        let f = tiny_gguf("llama", "llama");
-        let g = GgufFile::open(f.path()).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let e = gguf_to_safetensors(&g, dir.path(), OutDType::F32, &mut |_, _| {}).unwrap_err().to_string();
-        assert!(e.contains("tokenizer export is not supported for tokenizer model 'llama'"), "{e}");
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        for (model, says) in [
+            ("bert", "tokenizer export is not supported for tokenizer model 'bert'"),
+            ("llama", "'tokenizer.ggml.scores' is missing"),
+        ] {
+            let f = tiny_gguf("llama", model);
+            let g = GgufFile::open(f.path()).unwrap();
+            let e = gguf_to_safetensors(&g, dir.path(), OutDType::F32, &mut |_, _| {}).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+            assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        }
         let f = tiny_gguf("gpt2", "gpt2");
         let e = gguf_to_safetensors(&GgufFile::open(f.path()).unwrap(), dir.path(), OutDType::F32, &mut |_, _| {});
         assert!(e.unwrap_err().to_string().contains("unsupported architecture 'gpt2'"));
