@@ -85,6 +85,8 @@ echo "== spinfer serve ($precision) at $addr"
 if [[ $hf -eq 1 ]]; then
     "$spinfer" convert -m "$model" -o "$tmp/hf" > /dev/null
     echo "== lm-eval's Hugging Face backend, f32, on the dequantised weights"
-    "$lm_eval" --model hf --model_args "pretrained=$tmp/hf,dtype=float32" --device cpu --batch_size 1 \
+    # add_bos_token=False: lm-eval puts the BOS before each rolling window
+    # itself (as for the server); the tokenizer's own would make it two.
+    "$lm_eval" --model hf --model_args "pretrained=$tmp/hf,dtype=float32,add_bos_token=False" --device cpu --batch_size 1 \
         "${tasks[@]}" 2>&1 | grep '^|'
 fi
