@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use spinfer_engine::model::{Model, ModelOptions, Precision};
+use spinfer_engine::model::{Model, ModelOptions, Precision, Requant};
 use spinfer_engine::registry::KernelRegistry;
 use spinfer_engine::safetensors::{HfLayout, SafetensorsModel, canonical_to_hf_in};
 
@@ -23,8 +23,12 @@ fn reference() -> (Vec<u32>, Vec<Vec<f32>>) {
 }
 
 fn logits(precision: Precision, ids: &[u32]) -> Vec<Vec<f32>> {
+    logits_with(ModelOptions { precision, ..ModelOptions::default() }, ids)
+}
+
+fn logits_with(opts: ModelOptions, ids: &[u32]) -> Vec<Vec<f32>> {
     let loader = SafetensorsModel::open(dir()).unwrap();
-    let opts = ModelOptions { precision, ctx: 32, threads: 2, ..ModelOptions::default() };
+    let opts = ModelOptions { ctx: 32, threads: 2, ..opts };
     let model = Model::load(&loader, &KernelRegistry::builtin(), opts).unwrap();
     let c = &model.config;
     let w = c.sliding_window.expect("a local window");
@@ -44,6 +48,37 @@ fn a_hugging_face_gemma3_checkpoint_gives_pytorchs_logits() {
         eprintln!("{precision:?}: max |Δlogit| {d} over {} positions", ids.len());
         assert!(d < tol, "{precision:?}: max |Δlogit| {d}");
     }
+}
+
+/// Quantised to Q8_0 as it loads (`[model] quantize`): every weight
+/// matrix reads 34/128 of its f32 bytes, and the logits stay near
+/// PyTorch's; with a memory budget it is refused.
+#[test]
+fn a_checkpoint_quantised_on_load_reads_a_quarter_and_stays_close() {
+    let (ids, want) = reference();
+    let plain = SafetensorsModel::open(dir()).unwrap();
+    let registry = KernelRegistry::builtin();
+    let q8 = ModelOptions { quantize: Some(Requant::Q8_0), ctx: 32, threads: 2, ..ModelOptions::default() };
+    let f32_bytes: usize = Model::load(&plain, &registry, ModelOptions { quantize: None, ..q8.clone() })
+        .unwrap()
+        .linears()
+        .map(|l| l.weight_bytes())
+        .sum();
+    let q8_bytes: usize = Model::load(&plain, &registry, q8.clone()).unwrap().linears().map(|l| l.weight_bytes()).sum();
+    assert_eq!(q8_bytes * 32 * 4, f32_bytes * 34, "Q8_0 is 34 bytes per 32 weights");
+    for precision in [Precision::Precise, Precision::Fast] {
+        let got = logits_with(ModelOptions { precision, ..q8.clone() }, &ids);
+        let d = got.iter().flatten().zip(want.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let argmax = |v: &[f32]| v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|m| m.0);
+        let same = got.iter().zip(&want).filter(|(g, w)| argmax(g) == argmax(w)).count();
+        eprintln!("q8_0 on load, {precision:?}: max |Δlogit| {d}, top-1 equal at {same}/{}", ids.len());
+        // Random weights amplify rounding more than trained ones: the
+        // logits span ±2.5, the measured error is 0.10.
+        assert!(d < 0.25 && same + 2 >= ids.len(), "{precision:?}: {d}, {same}");
+    }
+    let budget = ModelOptions { mem_budget: Some(64 << 20), ..q8 };
+    let err = Model::load(&plain, &registry, budget).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("q8_0") && err.contains("memory budget"), "{err}");
 }
 
 /// Gemma's names map both ways, its norms arrive as `1 + w`, and a

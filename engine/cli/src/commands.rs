@@ -8,8 +8,8 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use spinfer_engine::config::{
-    Config, HeadMode, HeadSection, KvCacheSetting, PrecisionSetting, SparsitySection, check_cache_policy,
-    check_predictor,
+    Config, HeadMode, HeadSection, KvCacheSetting, PrecisionSetting, QuantizeSetting, SparsitySection,
+    check_cache_policy, check_predictor,
 };
 use spinfer_engine::generate::GenerateParams;
 use spinfer_engine::model::llama::MAX_THREADS;
@@ -87,6 +87,11 @@ pub struct CommonArgs {
     /// f32 (`[model] kv_cache`).
     #[arg(long, value_enum)]
     pub kv_cache: Option<KvCacheArg>,
+    /// Quantise float weight matrices (an f32, f16 or bf16 checkpoint) to
+    /// this type as they load: q8_0 decodes from a quarter (f32) or half
+    /// (bf16) of the bytes, on the GGUF kernels (`[model] quantize`).
+    #[arg(long, value_enum)]
+    pub quantize: Option<QuantizeArg>,
     /// Print only the result on stdout.
     #[arg(short, long)]
     pub quiet: bool,
@@ -105,6 +110,20 @@ pub enum HeadArg {
 pub enum KvCacheArg {
     F32,
     F16,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum QuantizeArg {
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl From<QuantizeArg> for QuantizeSetting {
+    fn from(q: QuantizeArg) -> Self {
+        match q {
+            QuantizeArg::Q8_0 => Self::Q8_0,
+        }
+    }
 }
 
 impl From<KvCacheArg> for KvCacheSetting {
@@ -133,6 +152,9 @@ impl CommonArgs {
         }
         if let Some(k) = self.kv_cache {
             o.kv_type = Some(KvCacheSetting::from(k).into());
+        }
+        if let Some(q) = self.quantize {
+            o.quantize = Some(QuantizeSetting::from(q).into());
         }
         o
     }
@@ -166,6 +188,7 @@ impl CommonArgs {
             Precision::Precise => PrecisionSetting::Precise,
         };
         c.model.kv_cache = self.kv_cache.map(KvCacheSetting::from).or(c.model.kv_cache);
+        c.model.quantize = self.quantize.map(QuantizeSetting::from).or(c.model.quantize);
         if let Some(p) = &self.predictor {
             check_predictor(p).map_err(|e| anyhow::anyhow!("--{e}"))?;
         }
@@ -418,6 +441,7 @@ fn refuse_cpu_only_settings(c: &spinfer_engine::config::Config) -> Result<()> {
         ("[model] precision (the GPU runs f32 activations)", c.model.precision != PrecisionSetting::Fast),
         ("[memory]", c.memory.is_some()),
         ("[model] kv_cache (the GPU keeps its cache in f32)", c.model.kv_cache.is_some()),
+        ("[model] quantize", c.model.quantize.is_some()),
         ("[sparsity] predictor", s.is_some_and(|s| s.predictor.is_some())),
         ("[sparsity] dense_above", s.is_some_and(|s| s.dense_above.is_some())),
         ("[sparsity] ffn_budget_mb", s.is_some_and(|s| s.ffn_budget_mb.is_some())),
@@ -440,6 +464,7 @@ fn refuse_cpu_only_flags(a: &GenerateArgs) -> Result<()> {
         ("--threads", c.threads.is_some() && a.gpu_budget_mb.is_none() && c.config.is_none()),
         ("--stats", a.stats),
         ("--kv-cache", c.kv_cache.is_some()),
+        ("--quantize", c.quantize.is_some()),
     ];
     if let Some((flag, _)) = cpu_only.iter().find(|(_, set)| *set) {
         bail!(

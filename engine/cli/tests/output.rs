@@ -137,6 +137,31 @@ fn bench_reports_the_kv_cache_type() {
     assert!(!o.status.success() && err.contains("--kv-cache") && err.contains("q8_0"), "{err}");
 }
 
+/// `--quantize q8_0` on a bf16 checkpoint (SmolLM2 exported by `spinfer
+/// convert`): the weight matrices are read as Q8_0 (34 bytes per 32
+/// weights instead of 64), and with a memory budget it is refused.
+#[test]
+fn quantize_on_load_reads_q8_0_bytes() {
+    let Some(m) = spinfer_test_support::smollm2() else { return };
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let out = dir.path().join("bf16");
+    spinfer(&["convert", "-m", m.to_str().unwrap(), "-o", out.to_str().unwrap(), "--dtype", "bf16"]);
+    let args = ["bench", "-m", out.to_str().unwrap(), "-t", "2", "-r", "1", "--json", "--tests", "tg", "--gen", "2"];
+    let bytes = |flags: &[&str]| {
+        let v: serde_json::Value = serde_json::from_str(stdout(&spinfer(&[&args[..], flags].concat())).trim()).unwrap();
+        v["bytes_per_token"].as_f64().unwrap()
+    };
+    let (bf16, q8) = (bytes(&[]), bytes(&["--quantize", "q8_0"]));
+    assert!((q8 / bf16 - 34.0 / 64.0).abs() < 0.01, "{q8} / {bf16}");
+    let o = Command::new(env!("CARGO_BIN_EXE_spinfer"))
+        .args(args)
+        .args(["--quantize", "q8_0", "--mem-budget-mb", "400"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("memory budget") && err.contains("q8_0"), "{err}");
+}
+
 #[test]
 fn inspect_lists_hyper_parameters_and_tensors() {
     let Some(m) = spinfer_test_support::smollm2() else { return };

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::model::{KvType, ModelOptions, Precision};
+use crate::model::{KvType, ModelOptions, Precision, Requant};
 pub use crate::server_config::ServerSection;
 use crate::{Error, Result};
 use spinfer_sparsity::cache::CachePolicyKind;
@@ -160,6 +160,23 @@ pub struct ModelSection {
     /// KV cache element type, `"f32"` or `"f16"` (default: f32 in precise
     /// mode, f16 otherwise).
     pub kv_cache: Option<KvCacheSetting>,
+    /// Quantise float weight matrices as they load: `"q8_0"` (default:
+    /// as stored).
+    pub quantize: Option<QuantizeSetting>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum QuantizeSetting {
+    Q8_0,
+}
+
+impl From<QuantizeSetting> for Requant {
+    fn from(q: QuantizeSetting) -> Self {
+        match q {
+            QuantizeSetting::Q8_0 => Requant::Q8_0,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -312,7 +329,8 @@ impl Config {
             PrecisionSetting::Precise => Precision::Precise,
         };
         let kv_type = self.model.kv_cache.map(KvType::from);
-        let mut o = ModelOptions { precision, kv_type, ..ModelOptions::default() };
+        let quantize = self.model.quantize.map(Requant::from);
+        let mut o = ModelOptions { precision, kv_type, quantize, ..ModelOptions::default() };
         if let Some(c) = self.model.ctx {
             o.ctx = c;
         }
@@ -355,6 +373,15 @@ mod tests {
         assert_eq!(c.wasm.max_memory_mb, 512);
         assert_eq!(c.model_options().precision, Precision::Fast);
         assert_eq!(c.model_options().kv_type, None);
+    }
+
+    #[test]
+    fn quantize_on_load_parses_and_names_the_key() {
+        let c = parse("[model]\npath = \"m\"\nquantize = \"q8_0\"\n").unwrap();
+        assert_eq!(c.model_options().quantize, Some(Requant::Q8_0));
+        assert_eq!(parse("[model]\npath = \"m\"\n").unwrap().model_options().quantize, None);
+        let e = parse("[model]\npath = \"m\"\nquantize = \"q4_k\"\n").unwrap_err().to_string();
+        assert!(e.contains("q4_k") && e.contains("quantize"), "{e}");
     }
 
     #[test]

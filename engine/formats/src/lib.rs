@@ -14,6 +14,7 @@ pub mod fixtures;
 pub mod gguf;
 mod hf_config;
 pub mod loader;
+pub mod requant;
 pub mod safetensors;
 pub mod tensor;
 

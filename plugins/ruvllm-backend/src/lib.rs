@@ -35,7 +35,7 @@ use spinfer_engine::config::Config;
 use spinfer_engine::engine::Output;
 use spinfer_engine::generate::{self, StopReason};
 use spinfer_engine::model::ModelOptions;
-pub use spinfer_engine::model::{KvType, Precision};
+pub use spinfer_engine::model::{KvType, Precision, Requant};
 pub use spinfer_engine::sparse::{PredictorKind, SparsityOptions};
 
 pub use crate::tokenizer::SpinferTokenizer;
@@ -68,6 +68,9 @@ pub struct SpinferOptions {
     /// The KV cache's element type; `None` = the precision's own
     /// ([`ModelOptions::kv_type`]).
     pub kv_type: Option<KvType>,
+    /// Quantise an f32, f16 or bf16 checkpoint's weight matrices as they
+    /// load ([`ModelOptions::quantize`]); `None` = as stored.
+    pub quantize: Option<Requant>,
 }
 
 /// A RuvLLM backend on spinfer's engine. See the crate docs.
@@ -180,6 +183,7 @@ impl SpinferBackend {
             },
             mem_budget: None,
             kv_type: self.options.kv_type,
+            quantize: self.options.quantize,
         };
         Engine::load(path, options).map_err(|e| convert::load_error(model_id, e))
     }

@@ -16,6 +16,7 @@ use super::{add, check_dims, load_vector};
 use crate::head::{HeadIndex, HeadScratch, HeadStats, SparseHead};
 use crate::{Error, Result};
 use spinfer_formats::loader::Loader;
+use spinfer_formats::requant::{Requant, Requantized};
 use spinfer_formats::tensor::TensorView;
 use spinfer_kernel_select::registry::KernelRegistry;
 use spinfer_plugin_api::PredictorSpec;
@@ -62,6 +63,8 @@ pub struct ModelOptions {
     /// Element type of the KV cache (`None`: the precision's own,
     /// [`ModelOptions::kv_type`]).
     pub kv_type: Option<KvType>,
+    /// Quantise float weight matrices as they load (`None`: as stored).
+    pub quantize: Option<Requant>,
 }
 
 /// Most worker threads a session may start (`--threads`, `[model] threads`).
@@ -162,6 +165,7 @@ impl Default for ModelOptions {
             sparsity: None,
             mem_budget: None,
             kv_type: None,
+            quantize: None,
         }
     }
 }
@@ -221,6 +225,19 @@ pub struct Model {
 impl Model {
     /// Binds every weight to a kernel chosen by `registry`.
     pub fn load(loader: &dyn Loader, registry: &KernelRegistry, options: ModelOptions) -> Result<Self> {
+        let requantized;
+        let loader = match options.quantize {
+            // Quantised copies live in memory: a budget streams file bytes.
+            Some(q) if options.mem_budget.is_some() => {
+                let d = format!("quantising to {} on load is not supported with a memory budget yet", q.name());
+                return Err(Error::InvalidArgument(d));
+            }
+            Some(q) => {
+                requantized = Requantized::new(loader, q);
+                &requantized as &dyn Loader
+            }
+            None => loader,
+        };
         let c = loader.config()?;
         options.check(&c)?;
         if options.sparsity.is_some() && c.ffn_act != FfnAct::Silu {

@@ -9,6 +9,7 @@ pub use llama::{KvCache, KvType, Model, ModelOptions, Precision, Session};
 
 pub use spinfer_formats::config;
 pub use spinfer_formats::loader::{check_dims, load_vector};
+pub use spinfer_formats::requant::Requant;
 
 /// `x += y`, element-wise (residual connections).
 pub fn add(x: &mut [f32], y: &[f32]) {
