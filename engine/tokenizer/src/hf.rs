@@ -34,8 +34,13 @@ fn tk_err(path: &Path, e: impl std::fmt::Display) -> Error {
 pub(crate) fn load(path: &Path) -> Result<Loaded> {
     let text =
         spinfer_formats::bounded::read_text(path, spinfer_formats::bounded::MAX_TOKENIZER_BYTES, "a tokenizer.json")?;
-    let json: Json = serde_json::from_str(&text).map_err(|e| tk_err(path, format!("not valid JSON: {e}")))?;
-    check_bpe_merges(&json["model"]).map_err(|e| tk_err(path, format!("model: {e}")))?;
+    // The few fields read here, not a tree of the whole file (vocabulary
+    // and merges are most of it: Gemma 3's is 33 MB).
+    let json: Head = serde_json::from_str(&text).map_err(|e| tk_err(path, format!("cannot be read: {e}")))?;
+    if json.model.continuing_subword_prefix.as_deref().is_some_and(|p| !p.is_empty()) {
+        let merges: MergesOnly = serde_json::from_str(&text).map_err(|e| tk_err(path, format!("model: {e}")))?;
+        check_bpe_merges(&merges.model).map_err(|e| tk_err(path, format!("model: {e}")))?;
+    }
     let mut tk = tokenizers::Tokenizer::from_str(&text).map_err(|e| tk_err(path, e))?;
     if let Some(pp) = tk.get_post_processor() {
         check_post_processor(pp).map_err(|e| tk_err(path, format!("post_processor: {e}")))?;
@@ -43,10 +48,9 @@ pub(crate) fn load(path: &Path) -> Result<Loaded> {
     tk.with_padding(None);
     tk.with_truncation(None).map_err(|e| tk_err(path, e))?;
 
-    let model = &json["model"];
-    let model_type = model["type"].as_str().unwrap_or("unknown").to_string();
-    let byte_level = contains_type(&json["decoder"], "ByteLevel");
-    let byte_fallback = model["byte_fallback"].as_bool().unwrap_or(false);
+    let model_type = json.model.kind.unwrap_or_else(|| "unknown".into());
+    let byte_level = contains_type(&json.decoder, "ByteLevel");
+    let byte_fallback = json.model.byte_fallback.unwrap_or(false);
     let word_piece = model_type == "WordPiece";
     let added = tk.get_added_tokens_decoder();
 
@@ -106,7 +110,7 @@ pub(crate) fn load(path: &Path) -> Result<Loaded> {
         .and_then(|c| by_name(&c["eos_token"]))
         .or_else(|| cfg.as_ref().and_then(|c| by_id(&c["eos_token_id"])))
         .or_else(|| guess(&["</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[SEP]"]));
-    let has_post_processor = !json["post_processor"].is_null();
+    let has_post_processor = json.post_processor.is_some();
     let add_bos =
         tcfg.as_ref().and_then(|c| c["add_bos_token"].as_bool()).unwrap_or(has_post_processor && bos.is_some());
 
@@ -127,6 +131,34 @@ pub(crate) fn load(path: &Path) -> Result<Loaded> {
         eog,
         add_bos,
     })
+}
+
+/// What [`load`] reads of a `tokenizer.json` itself (`tokenizers` reads
+/// the rest); `null` and absent fields alike are `None`.
+#[derive(serde::Deserialize)]
+struct Head {
+    #[serde(default)]
+    model: ModelHead,
+    #[serde(default)]
+    decoder: Json,
+    #[serde(default)]
+    post_processor: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Default, serde::Deserialize)]
+struct ModelHead {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    byte_fallback: Option<bool>,
+    continuing_subword_prefix: Option<String>,
+}
+
+/// The model with its merges, read only when a subword prefix needs them
+/// checked.
+#[derive(serde::Deserialize)]
+struct MergesOnly {
+    #[serde(default)]
+    model: Json,
 }
 
 /// Refuses a `TemplateProcessing` (also inside a `Sequence`) whose templates
