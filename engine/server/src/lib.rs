@@ -69,6 +69,7 @@ impl Server {
         let metrics = Arc::new(metrics::Metrics::default());
         let ctx = config.model_options().ctx;
         let (served, cap) = if is_sentence_embedder(path) {
+            refuse_generator_settings(config)?;
             let embedder = Arc::new(Embedder::load(path, embedder_options(config))?);
             (Served::Embedder { embedder, permits: Arc::new(Semaphore::new(s.slots)) }, ctx)
         } else {
@@ -256,6 +257,19 @@ fn read_keys(path: &Path) -> Result<Vec<String>> {
 /// `precision = "precise"` for f32 products (the other settings keep the
 /// reduced-precision products, bf16 or i16, where the CPU makes them
 /// faster).
+/// `[model]` settings of generative models, refused by name for a
+/// sentence embedder rather than ignored.
+fn refuse_generator_settings(config: &Config) -> Result<()> {
+    let m = &config.model;
+    match [("kv_cache", m.kv_cache.is_some()), ("quantize", m.quantize.is_some())].iter().find(|(_, set)| *set) {
+        Some((key, _)) => Err(Error::Config(format!(
+            "[model] {key} applies to generative models; {} is a sentence embedder: remove it",
+            m.path.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn embedder_options(config: &Config) -> EmbedderOptions {
     let mut o = EmbedderOptions::default();
     if let Some(t) = config.model.threads {
@@ -279,5 +293,11 @@ mod tests {
         assert_eq!(precise.threads, 3);
         let fast = embedder_options(&parse("[model]\npath = \"m\"\n"));
         assert_eq!(fast.reduced_precision, EmbedderOptions::default().reduced_precision);
+        assert!(refuse_generator_settings(&parse("[model]\npath = \"m\"\nthreads = 2\n")).is_ok());
+        for key in ["quantize = \"q8_0\"", "kv_cache = \"f16\""] {
+            let e = refuse_generator_settings(&parse(&format!("[model]\npath = \"m\"\n{key}\n"))).unwrap_err();
+            let name = key.split(' ').next().unwrap();
+            assert!(e.to_string().contains(&format!("[model] {name}")), "{e}");
+        }
     }
 }
