@@ -24,7 +24,7 @@ median TTFT over reps and conversations.
   scripts/bench-serve-multiturn.py --spinfer target/release/spinfer \\
       --llama-server /path/to/llama-server --conversations 1,4 --reps 3
 """
-import argparse, http.client, importlib.util, json, os, statistics, sys, tempfile, threading, time
+import argparse, http.client, importlib.util, json, os, statistics, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("bsv", os.path.join(ROOT, "scripts/bench-serve-vs-llama-server.py"))
@@ -92,21 +92,8 @@ def run_round(engine, a, n, document, tmp):
         a.spinfer_server_extra = f"prompt_cache = {'true' if engine == 'spinfer' else 'false'}"
         p, port = bsv.start_spinfer(a, n, tmp)
     try:
-        convs, errors = [[] for _ in range(n)], []
-
-        def worker(i):
-            try:
-                conversation(port, a, document, convs[i])
-            except Exception as e:  # noqa: BLE001 - reported, fails the round
-                errors.append(e)
-
-        ts = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        if errors:
-            raise errors[0]
+        convs = [[] for _ in range(n)]
+        bsv.run_concurrently(n, lambda i: conversation(port, a, document, convs[i]))
     finally:
         bsv.stop(p)
     return convs

@@ -162,6 +162,25 @@ def one_request(port, prompt, a, engine, out, barrier=None):
     out["text"] = "".join(text)
 
 
+def run_concurrently(n, work):
+    """Runs work(0) .. work(n - 1) on n threads; re-raises the first failure."""
+    errors = []
+
+    def worker(i):
+        try:
+            work(i)
+        except Exception as e:  # noqa: BLE001 - reported, fails the round
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def run_round(engine, a, n, tmp):
     t0, bg = time.time(), busy_cores()
     while bg > a.max_busy and time.time() - t0 < a.max_wait:  # wait for a quieter machine
@@ -171,21 +190,7 @@ def run_round(engine, a, n, tmp):
         one_request(port, WARMUP, a, engine, {})
         outs = [{} for _ in range(n)]
         barrier = threading.Barrier(n)
-        errors = []
-
-        def worker(i):
-            try:
-                one_request(port, PROMPTS[i % len(PROMPTS)], a, engine, outs[i], barrier)
-            except Exception as e:  # noqa: BLE001 - reported, fails the round
-                errors.append(e)
-
-        ts = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        if errors:
-            raise errors[0]
+        run_concurrently(n, lambda i: one_request(port, PROMPTS[i % len(PROMPTS)], a, engine, outs[i], barrier))
     finally:
         stop(p)
     t0, t1 = min(o["start"] for o in outs), max(o["end"] for o in outs)

@@ -55,47 +55,27 @@ fn quantisable(t: &TensorView) -> bool {
 /// `t` as Q8_0: each row dequantised to f32 and requantised, rows split
 /// between the cores.
 fn to_q8_0(t: &TensorView, path: &Path) -> Result<TensorView> {
-    let (rows, cols) = (t.dims[1], t.dims[0]);
+    let cols = t.dims[0];
     let err = |detail: String| Error::TensorType {
         path: path.to_path_buf(),
         tensor: t.name.clone(),
         ty: t.ty.name().into(),
         what: format!("cannot be quantised to q8_0: {detail}"),
     };
-    let src_row = t.ty.row_bytes(cols).map_err(|e| err(e.to_string()))?;
-    let src = t.data.bytes();
-    if src.len() != rows * src_row {
-        return Err(err(format!("{} bytes for {rows} rows of {src_row}", src.len())));
-    }
-    let dst_row = cols / 32 * size_of::<BlockQ8_0>();
-    let mut out = vec![0u8; rows * dst_row];
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, rows.div_ceil(64).max(1));
-    let per = rows.div_ceil(threads);
-    std::thread::scope(|s| {
-        let jobs: Vec<_> = out
-            .chunks_mut(per * dst_row)
-            .zip(src.chunks(per * src_row))
-            .map(|(dst, src)| {
-                s.spawn(move || {
-                    let (mut x, mut q): (Vec<f32>, Vec<BlockQ8_0>) =
-                        (vec![0f32; cols], vec![bytemuck::Zeroable::zeroed(); cols / 32]);
-                    for (d, r) in dst.chunks_mut(dst_row).zip(src.chunks(src_row)) {
-                        dequantize_row(t.ty, r, &mut x)?;
-                        quantize_row_q8_0_ref(&x, &mut q)?;
-                        // `BlockQ8_0` is ggml's block, `repr(C)` without padding.
-                        d.copy_from_slice(bytemuck::cast_slice::<BlockQ8_0, u8>(&q));
-                    }
-                    Ok::<(), spinfer_kernels::KernelError>(())
-                })
-            })
-            .collect();
-        jobs.into_iter().try_for_each(|j| j.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-    })
-    .map_err(|e| err(e.to_string()))?;
+    let blocks = cols / 32;
+    let quantise = |(x, q): &mut (Vec<f32>, Vec<BlockQ8_0>), row: &[u8], out: &mut [u8]| {
+        dequantize_row(t.ty, row, x)?;
+        quantize_row_q8_0_ref(x, q)?;
+        // `BlockQ8_0` is ggml's block, `repr(C)` without padding.
+        out.copy_from_slice(bytemuck::cast_slice::<BlockQ8_0, u8>(q));
+        Ok::<(), spinfer_kernels::KernelError>(())
+    };
+    let init = || (vec![0f32; cols], vec![bytemuck::Zeroable::zeroed(); blocks]);
+    let out = t.map_rows(blocks * size_of::<BlockQ8_0>(), init, quantise).map_err(err)?;
     if t.data.is_mapped() {
         // SAFETY: mapped tensor data is a read-only file mapping; the pages
         // only leave the resident set (re-read if anything reads them).
-        unsafe { crate::tensor::release_pages(src) };
+        unsafe { crate::tensor::release_pages(t.data.bytes()) };
     }
     Ok(TensorView { name: t.name.clone(), ty: GgmlType::Q8_0, dims: t.dims.clone(), data: TensorData::owned(out) })
 }

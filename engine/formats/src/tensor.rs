@@ -125,6 +125,51 @@ impl TensorView {
             [] => (0, 0),
         }
     }
+
+    /// `out_row` outputs per row of `dims[0]` elements, `f(state, row
+    /// bytes, its outputs)` filling them, the rows split between the cores
+    /// (each thread with its own `init()` state). Errors: the bytes do not
+    /// hold whole rows of the type, or `f`'s first error.
+    pub fn map_rows<T, S, E>(
+        &self,
+        out_row: usize,
+        init: impl Fn() -> S + Sync,
+        f: impl Fn(&mut S, &[u8], &mut [T]) -> std::result::Result<(), E> + Sync,
+    ) -> std::result::Result<Vec<T>, String>
+    where
+        T: Copy + Default + Send,
+        E: std::fmt::Display + Send,
+    {
+        let cols = self.dims.first().copied().unwrap_or(1);
+        if self.n_elements() == 0 || out_row == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = self.n_elements() / cols;
+        let row_bytes = self.ty.row_bytes(cols).map_err(|e| e.to_string())?;
+        let bytes = self.data.bytes();
+        if bytes.len() != rows * row_bytes {
+            return Err(format!("{} bytes for {rows} rows of {row_bytes}", bytes.len()));
+        }
+        let mut out = vec![T::default(); rows * out_row];
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(rows.div_ceil(64)).max(1);
+        let per = rows.div_ceil(threads);
+        let (init, f) = (&init, &f);
+        std::thread::scope(|s| {
+            let jobs: Vec<_> = out
+                .chunks_mut(per * out_row)
+                .zip(bytes.chunks(per * row_bytes))
+                .map(|(dst, src)| {
+                    s.spawn(move || {
+                        let mut state = init();
+                        dst.chunks_mut(out_row).zip(src.chunks(row_bytes)).try_for_each(|(d, r)| f(&mut state, r, d))
+                    })
+                })
+                .collect();
+            jobs.into_iter().try_for_each(|j| j.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        })
+        .map_err(|e| e.to_string())?;
+        Ok(out)
+    }
 }
 
 /// Drops this process's pages of `bytes`: they leave the resident set and

@@ -29,9 +29,10 @@ pub struct Shape {
     pub logprobs: bool,
     /// `echo`: the prompt's text, written before the answer.
     pub echo: Option<String>,
-    /// The prompt's token ids and its text's length in characters (where
-    /// the completions' text offsets start without `echo`).
-    pub prompt: Vec<u32>,
+    /// The prompt's first token (the echo's, which nothing predicts) and
+    /// its text's length in characters (where the completions' text
+    /// offsets start without `echo`).
+    pub first_token: Option<u32>,
     pub prompt_chars: usize,
     pub include_usage: bool,
 }
@@ -40,8 +41,8 @@ impl Shape {
     /// The completions' log-probabilities object, its first token (which
     /// nothing predicts) already in when the prompt is echoed.
     fn text_logprobs(&self) -> TextLogprobs {
-        match (&self.echo, self.prompt.first()) {
-            (Some(_), Some(&first)) => {
+        match (&self.echo, self.first_token) {
+            (Some(_), Some(first)) => {
                 let mut t = TextLogprobs::starting_at(0);
                 t.push(&self.engine.tokenizer, first, None);
                 t

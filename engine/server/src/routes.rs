@@ -150,8 +150,9 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
     let params = GenerateParams { max_tokens, sampler: req.sampler, stop: req.stop, add_bos: None };
     let (tx, rx) = mpsc::unbounded_channel();
     let now = Instant::now();
+    let first_token = ids.first().copied();
     scheduler.submit(Job {
-        prompt: ids.clone(),
+        prompt: ids,
         logprobs: req.logprobs,
         prompt_logprobs: req.echo && req.logprobs.is_some(),
         params,
@@ -166,9 +167,9 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
         created: now_secs(),
         chat,
         logprobs: req.logprobs.is_some(),
+        first_token,
         prompt_chars: text.chars().count(),
         echo: req.echo.then_some(text),
-        prompt: ids,
         include_usage: req.include_usage,
     };
     if req.stream { Ok(answer::stream(shape, rx).into_response()) } else { answer::whole(shape, rx).await }

@@ -372,8 +372,7 @@ impl<'e> Loop<'e> {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!(error = %e, "the output head failed: the step's sampling requests are failed");
-                let sampling: Vec<Part> = parts.iter().filter(|p| p.samples).copied().collect();
-                return self.fail(&sampling, &e);
+                return self.fail(parts.iter().filter(|p| p.samples), &e);
             }
         };
         let mut finished = Vec::new();
@@ -448,7 +447,7 @@ impl<'e> Loop<'e> {
     }
 
     /// Fails the requests of `parts` with `e`, freeing their slots.
-    fn fail(&mut self, parts: &[Part], e: &spinfer_models::Error) {
+    fn fail<'p>(&mut self, parts: impl IntoIterator<Item = &'p Part>, e: &spinfer_models::Error) {
         let e = ApiError::internal(e.to_string());
         for p in parts {
             if let Some(a) = &self.active[p.slot] {

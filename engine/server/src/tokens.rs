@@ -10,10 +10,11 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::error::ApiError;
 use crate::state::{AppState, Served, body_of};
+use crate::wire::check_fields;
 use spinfer_engine::Engine;
 
 fn engine(st: &AppState) -> Result<&Engine, ApiError> {
@@ -26,14 +27,6 @@ fn engine(st: &AppState) -> Result<&Engine, ApiError> {
     }
 }
 
-/// Rejects fields outside `known`.
-fn only(m: &Map<String, Value>, known: &[&str]) -> Result<(), ApiError> {
-    match m.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(k) => Err(ApiError::invalid(k, format!("unrecognized request argument supplied: {k}"))),
-        None => Ok(()),
-    }
-}
-
 /// `{"prompt": text}` (llama-server: `"content"`), `add_special_tokens`
 /// (default true: the BOS the model's tokenizer adds) → `{"tokens",
 /// "count", "max_model_len"}`.
@@ -42,7 +35,7 @@ pub async fn tokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let m = body_of(&st, body)?;
-    only(&m, &["model", "prompt", "content", "add_special_tokens", "add_special"])?;
+    check_fields(&m, &[&["model", "prompt", "content", "add_special_tokens", "add_special"]])?;
     let e = engine(&st)?;
     let text = ["prompt", "content"]
         .iter()
@@ -71,7 +64,7 @@ pub async fn detokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let m = body_of(&st, body)?;
-    only(&m, &["model", "tokens"])?;
+    check_fields(&m, &[&["model", "tokens"]])?;
     let e = engine(&st)?;
     let ids = m
         .get("tokens")

@@ -90,7 +90,7 @@ const COMPLETION_FIELDS: &[&str] = &[
 const MAX_PROMPT_IDS: usize = 1 << 20;
 
 /// Rejects fields outside the lists `known` (and [`IGNORED`]).
-fn check_fields(m: &Map<String, Value>, known: &[&[&str]]) -> Result<(), ApiError> {
+pub(crate) fn check_fields(m: &Map<String, Value>, known: &[&[&str]]) -> Result<(), ApiError> {
     let known = |k: &str| known.iter().any(|l| l.contains(&k)) || IGNORED.contains(&k);
     match m.keys().find(|k| !known(k)) {
         Some(k) => Err(ApiError::invalid(k, format!("unrecognized request argument supplied: {k}"))),

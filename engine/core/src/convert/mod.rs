@@ -197,39 +197,12 @@ fn write_weights(
 /// A tensor's elements as f32, rows dequantised on all cores.
 fn dequantize(path: &Path, t: &TensorView) -> Result<Vec<f32>> {
     let cols = t.dims.first().copied().unwrap_or(1);
-    let n = t.n_elements();
-    let mut out = vec![0f32; n];
-    if n == 0 {
-        return Ok(out);
-    }
-    let rows = n / cols;
-    let type_err = |detail: String| Error::TensorType {
+    t.map_rows(cols, || (), |_, r, d| dequantize_row(t.ty, r, d)).map_err(|detail| Error::TensorType {
         path: path.to_path_buf(),
         tensor: t.name.clone(),
         ty: t.ty.name().into(),
         what: format!("cannot be dequantised: {detail}"),
-    };
-    let row_bytes = t.ty.row_bytes(cols).map_err(|e| type_err(e.to_string()))?;
-    let bytes = t.data.bytes();
-    if bytes.len() != rows * row_bytes {
-        return Err(type_err(format!("{} bytes for {rows} rows of {row_bytes}", bytes.len())));
-    }
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(rows.div_ceil(64)).max(1);
-    let rows_per = rows.div_ceil(threads);
-    std::thread::scope(|s| {
-        let jobs: Vec<_> = out
-            .chunks_mut(rows_per * cols)
-            .zip(bytes.chunks(rows_per * row_bytes))
-            .map(|(dst, src)| {
-                s.spawn(move || {
-                    dst.chunks_mut(cols).zip(src.chunks(row_bytes)).try_for_each(|(d, r)| dequantize_row(t.ty, r, d))
-                })
-            })
-            .collect();
-        jobs.into_iter().try_for_each(|j| j.join().expect("dequantisation thread panicked"))
     })
-    .map_err(|e| type_err(e.to_string()))?;
-    Ok(out)
 }
 
 /// Undoes llama.cpp's q/k permutation of a `[rows, cols]` row-major matrix
