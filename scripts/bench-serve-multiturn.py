@@ -24,7 +24,7 @@ median TTFT over reps and conversations.
   scripts/bench-serve-multiturn.py --spinfer target/release/spinfer \\
       --llama-server /path/to/llama-server --conversations 1,4 --reps 3
 """
-import argparse, http.client, importlib.util, json, os, statistics, sys, tempfile, time
+import http.client, importlib.util, json, os, statistics, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("bsv", os.path.join(ROOT, "scripts/bench-serve-vs-llama-server.py"))
@@ -100,11 +100,7 @@ def run_round(engine, a, n, document, tmp):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--spinfer", required=True)
-    ap.add_argument("--llama-server", required=True)
-    ap.add_argument("--model", default=os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--threads", type=int, default=2)
+    ap = bsv.engines_parser(__doc__)
     ap.add_argument("--conversations", default="1,4")
     ap.add_argument("--turns", type=int, default=len(QUESTIONS))
     ap.add_argument("--max-tokens", type=int, default=32)

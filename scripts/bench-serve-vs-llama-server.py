@@ -205,12 +205,18 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def engines_parser(doc):
+    """An argument parser with what every serving benchmark takes: both servers' binaries, the model, threads."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--spinfer", required=True)
     ap.add_argument("--llama-server", required=True)
     ap.add_argument("--model", default=os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--threads", type=int, default=2)
+    return ap
+
+
+def main():
+    ap = engines_parser(__doc__)
     ap.add_argument("--spinfer-precision", default="fast", choices=["fast", "int8", "precise"],
                     help="[model] precision: int8 is llama.cpp's numerics (one 8-bit activation plane)")
     ap.add_argument("--head-index", help="serve spinfer with the sparse output head of this index "

@@ -2,6 +2,7 @@
 
 Usage: openai_client.py generate BASE_URL EXPECT.json
        openai_client.py embed BASE_URL EXPECT.json
+       openai_client.py structured BASE_URL EXPECT.json
 
 EXPECT.json (written by engine/cli/tests/serve.rs) holds what the CLI and
 the library give for the same inputs; every check is an assert, so a
@@ -14,6 +15,7 @@ import struct
 import sys
 
 import openai
+import pydantic
 
 
 def client(base_url):
@@ -122,11 +124,56 @@ def embed(c, expect):
         assert e.body["param"] == "model", e.body
 
 
+class Person(pydantic.BaseModel):
+    name: str
+    age: int
+
+
+def structured(c, expect):
+    """Structured outputs as clients ask for them: the SDK's `parse` with a
+    pydantic model (a strict json_schema), json_object, vLLM's extra fields
+    through `extra_body`, streamed and whole alike."""
+    model = expect["model"]
+    messages = [{"role": "user", "content": expect["question"]}]
+    r = c.chat.completions.parse(model=model, messages=messages, max_tokens=64, temperature=0, response_format=Person)
+    person = r.choices[0].message.parsed
+    assert isinstance(person, Person), r.choices[0].message
+    assert r.choices[0].finish_reason == "stop", r.choices[0]
+    assert r.choices[0].message.content == expect["person_text"], (r.choices[0].message.content, expect["person_text"])
+
+    whole = c.chat.completions.create(model=model, messages=messages, max_tokens=64, temperature=0,
+                                      response_format={"type": "json_object"})
+    assert isinstance(json.loads(whole.choices[0].message.content), dict), whole.choices[0].message.content
+    streamed = []
+    for chunk in c.chat.completions.create(model=model, messages=messages, max_tokens=64, temperature=0, stream=True,
+                                           response_format={"type": "json_object"}):
+        for ch in chunk.choices:
+            if ch.delta.content:
+                streamed.append(ch.delta.content)
+    assert "".join(streamed) == whole.choices[0].message.content, (streamed, whole.choices[0].message.content)
+
+    choices = ["Paris", "London", "Berlin"]
+    r = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is the capital of France?"}],
+                                  max_tokens=8, temperature=0, extra_body={"guided_choice": choices})
+    assert r.choices[0].message.content in choices, r.choices[0].message.content
+    r = c.completions.create(model=model, prompt="The year the Berlin wall fell:", max_tokens=8, temperature=0,
+                             extra_body={"guided_regex": "[12][0-9]{3}"})
+    assert len(r.choices[0].text) == 4 and r.choices[0].text.isdigit(), r.choices[0].text
+
+    try:
+        c.chat.completions.create(model=model, messages=messages, max_tokens=8,
+                                  response_format={"type": "json_schema",
+                                                   "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}})
+        raise AssertionError("a schema of an unknown type was accepted")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "response_format", e.body
+
+
 def main():
     mode, base_url, expect_path = sys.argv[1:4]
     with open(expect_path) as f:
         expect = json.load(f)
-    {"generate": generate, "embed": embed}[mode](client(base_url), expect)
+    {"generate": generate, "embed": embed, "structured": structured}[mode](client(base_url), expect)
     print(f"openai {openai.__version__}: {mode} checks passed")
 
 

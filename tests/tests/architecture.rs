@@ -69,6 +69,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     ("spinfer-storage", &[]),
     ("spinfer-sampling", &[]),
+    ("spinfer-grammar", &["spinfer-tokenizer", "spinfer-sampling"]),
     (
         "spinfer-models",
         &[
@@ -120,6 +121,13 @@ fn only_the_packs_crate_links_wasmtime_and_memfd() {
         for sandbox in ["wasmtime", "wasmparser", "memfd"] {
             assert!(!d.contains(sandbox) || name == "spinfer-packs", "{name} depends on {sandbox}");
         }
+    }
+}
+
+#[test]
+fn only_the_grammar_crate_links_llguidance() {
+    for (name, d) in dependencies() {
+        assert!(!d.contains("llguidance") || name == "spinfer-grammar", "{name} depends on llguidance");
     }
 }
 

@@ -267,3 +267,40 @@ fn logits_tokenize_and_metrics_agree_with_generation() {
     assert!(!after.kernels.is_empty());
     assert!(after.kernels.iter().all(|k| !k.kernel.is_empty() && k.op.starts_with("matmul")));
 }
+
+/// An output constraint through the library: every sampled text, at
+/// several seeds and temperatures, is one of the choices, and the one
+/// compiled source serves threads at once; a bad spec is `Error::Grammar`.
+#[test]
+fn a_constraint_holds_for_sampled_text_across_threads() {
+    use spinfer_engine::grammar::Spec;
+    let Some(e) = engine() else { return };
+    let choices: Vec<String> = ["red", "green", "blue", "a colour I cannot name"].map(String::from).to_vec();
+    let source = e.constraint(&Spec::Choice(choices.clone())).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (e, source, choices) = (e.clone(), source.clone(), &choices);
+            s.spawn(move || {
+                for seed in 0..4 {
+                    let sampler = SamplerParams {
+                        temperature: 1.5,
+                        top_k: 0,
+                        top_p: 1.0,
+                        min_p: 0.0,
+                        seed: t * 10 + seed,
+                        ..SamplerParams::default()
+                    };
+                    let params =
+                        GenerateParams { max_tokens: 16, sampler, constraint: Some(source.clone()), ..greedy(16) };
+                    let out = e.generate("My favourite colour is", &params).unwrap();
+                    assert!(choices.contains(&out.text), "{:?}", out.text);
+                    assert_eq!(out.stop_reason, StopReason::EndOfGeneration, "{:?}", out.text);
+                }
+            });
+        }
+    });
+    match e.constraint(&Spec::Lark("start: missing_rule".into())) {
+        Err(Error::Grammar(g)) => assert!(!g.to_string().is_empty()),
+        other => panic!("a bad grammar gave {other:?}"),
+    }
+}

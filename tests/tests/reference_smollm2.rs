@@ -61,7 +61,13 @@ fn int8_mode_stays_within_its_bound() {
 fn capital_of_france_is_paris_in_every_mode() {
     for precision in [Precision::Precise, Precision::Fast, Precision::Int8] {
         let Some(e) = engine(precision, 256) else { return };
-        let params = GenerateParams { max_tokens: 1, sampler: SamplerParams::greedy(), stop: vec![], add_bos: None };
+        let params = GenerateParams {
+            max_tokens: 1,
+            sampler: SamplerParams::greedy(),
+            stop: vec![],
+            add_bos: None,
+            constraint: None,
+        };
         let mut s = e.new_session();
         let g = generate(&e.model, &e.tokenizer, &mut s, "The capital of France is", &params, &mut |_| {
             ControlFlow::Continue(())

@@ -43,8 +43,13 @@ fn small_index(e: &Engine) -> HeadIndex {
 }
 
 fn greedy(e: &Engine, prompt: &str, n: usize, add_bos: bool) -> Vec<u32> {
-    let params =
-        GenerateParams { max_tokens: n, sampler: SamplerParams::greedy(), stop: vec![], add_bos: Some(add_bos) };
+    let params = GenerateParams {
+        max_tokens: n,
+        sampler: SamplerParams::greedy(),
+        stop: vec![],
+        add_bos: Some(add_bos),
+        constraint: None,
+    };
     let mut s = e.new_session();
     generate(&e.model, &e.tokenizer, &mut s, prompt, &params, &mut |_| ControlFlow::Continue(())).unwrap().tokens
 }

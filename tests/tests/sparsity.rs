@@ -591,7 +591,13 @@ fn sparse_ffn_and_sparse_head_compose() {
     let mut e = Engine::load(&model, options(Some(so))).unwrap();
     let prompts = ["The capital of France is", "Once upon a time, there was a little"];
     let run = |e: &Engine, p: &str| {
-        let params = GenerateParams { max_tokens: 16, sampler: SamplerParams::greedy(), stop: vec![], add_bos: None };
+        let params = GenerateParams {
+            max_tokens: 16,
+            sampler: SamplerParams::greedy(),
+            stop: vec![],
+            add_bos: None,
+            constraint: None,
+        };
         let mut s = e.new_session();
         let g =
             generate(&e.model, &e.tokenizer, &mut s, p, &params, &mut |_| std::ops::ControlFlow::Continue(())).unwrap();

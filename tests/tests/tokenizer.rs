@@ -84,7 +84,9 @@ fn gguf_matches_reference_and_tokenizer_json() {
     }
     for id in 0..g.vocab_size() as u32 {
         assert_eq!(g.token_bytes(id).unwrap(), j.token_bytes(id).unwrap(), "bytes of token {id}");
+        assert_eq!(g.is_control(id), j.is_control(id), "whether token {id} is a control token");
     }
+    assert!(g.is_control(1) && g.is_control(2) && !g.is_control(100));
     assert!(g.token_bytes(49152).is_err());
 }
 

@@ -305,6 +305,8 @@ pub struct GenerateArgs {
     /// whole model is a full offload.
     #[arg(long)]
     pub gpu_budget_mb: Option<f64>,
+    #[command(flatten)]
+    pub constraint: crate::constrain::ConstraintArgs,
 }
 
 /// Where `generate` runs the model.
@@ -329,7 +331,8 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         }
         (None, None) => bail!("give a prompt with --prompt or --prompt-file"),
     };
-    let params = GenerateParams {
+    let spec = a.constraint.spec()?;
+    let mut params = GenerateParams {
         max_tokens: a.n_predict,
         sampler: SamplerParams {
             temperature: a.temp,
@@ -342,6 +345,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         },
         stop: a.stop.clone(),
         add_bos: None,
+        constraint: None,
     };
     // Argument errors before the (slower) model load.
     params.sampler.validate()?;
@@ -380,10 +384,13 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         };
         let ctx = a.ctx.or(config.as_ref().and_then(|c| c.model.ctx)).unwrap_or(2048);
         let head = gpu_head(&a.common, config.as_ref())?;
-        let g = crate::gpu::generate(&path, ctx, &prompt, &params, !a.common.json, split, head)?;
+        let g = crate::gpu::generate(&path, ctx, &prompt, &params, spec.as_ref(), !a.common.json, split, head)?;
         return print_generation(output, &g, serde_json::Value::Null, serde_json::Value::Null);
     }
     let engine = load(&a.common, a.ctx)?;
+    if let Some(spec) = &spec {
+        params.constraint = Some(engine.constraint(spec).map_err(|e| crate::constrain::explain(spec, e))?);
+    }
     let mut session = engine.model.new_session();
     // Judge predictors that choose before the gate against the full gate
     // (a dense gate projection more per token and layer).

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use spinfer_engine::generate::{GenerateParams, Generation, generate_with};
 use spinfer_engine::gguf::GgufFile;
+use spinfer_engine::grammar::{Grammars, Spec};
 use spinfer_engine::head::HeadIndex;
 use spinfer_engine::loader::Loader;
 use spinfer_engine::sparse::{ModelId, Sidecar};
@@ -73,11 +74,13 @@ fn load(file: &GgufFile, ctx: usize, split: Option<Split>) -> Result<GpuModel> {
 /// Generates with the GGUF model at `path` on GPU 0 in a session of `ctx`
 /// positions, streaming text to stdout when `stream`; with `head` = (index
 /// file, probes) through the sparse output head.
+#[allow(clippy::too_many_arguments, reason = "the flags of `generate --device cuda`, each used once")]
 pub fn generate(
     path: &Path,
     ctx: usize,
     prompt: &str,
     params: &GenerateParams,
+    spec: Option<&Spec>,
     stream: bool,
     split: Option<Split>,
     head: Option<(PathBuf, Option<usize>)>,
@@ -93,9 +96,14 @@ pub fn generate(
         model.set_sparse_head(Some(index), probes)?;
     }
     tracing::info!(device = %model.backend().device(), "model on the gpu");
+    let mut params = params.clone();
+    if let Some(spec) = spec {
+        let grammars = Grammars::new(&tokenizer, file.config()?.vocab_size)?;
+        params.constraint = Some(grammars.compile(spec)?.source());
+    }
     let mut session = model.new_session()?;
     let mut stdout = std::io::stdout().lock();
-    let g = generate_with(&mut GpuDecode::new(&model, &mut session), &tokenizer, prompt, params, &mut |piece| {
+    let g = generate_with(&mut GpuDecode::new(&model, &mut session), &tokenizer, prompt, &params, &mut |piece| {
         if stream {
             let _ = stdout.write_all(piece.as_bytes());
             let _ = stdout.flush();

@@ -7,6 +7,7 @@
 mod bench;
 mod calibrate;
 mod commands;
+mod constrain;
 mod embed;
 mod gpu;
 mod head;

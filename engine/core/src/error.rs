@@ -32,6 +32,12 @@ pub enum Error {
     ContextOverflow { needed: usize, ctx: usize },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The output constraint (grammar, JSON schema) could not go on.
+    #[error("output constraint: {0}")]
+    Constraint(String),
+    /// An output constraint's spec does not compile.
+    #[error("output constraint: {0}")]
+    Grammar(#[from] spinfer_grammar::Error),
     #[error("no kernel serves {op}")]
     NoKernel { op: String },
     /// A device back end (the GPU) failed; `detail` is its error.
@@ -137,6 +143,7 @@ impl From<spinfer_models::Error> for Error {
             M::Format { path, detail } => Error::Format { path, detail },
             M::ContextOverflow { needed, ctx } => Error::ContextOverflow { needed, ctx },
             M::InvalidArgument(detail) => Error::InvalidArgument(detail),
+            M::Constraint(detail) => Error::Constraint(detail),
             M::Device { device, detail } => Error::Device { device, detail },
             M::Pack { pack, detail } => Error::Pack { pack, detail },
             M::Kernel { kernel, source } => Error::Kernel { kernel, source },

@@ -32,5 +32,6 @@ pub mod head {
     pub use spinfer_models::head::*;
     pub mod eval;
 }
+pub use spinfer_grammar as grammar;
 pub use spinfer_packs as packs;
 pub use spinfer_tokenizer as tokenizer;

@@ -13,6 +13,9 @@ pub enum Error {
     ContextOverflow { needed: usize, ctx: usize },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The output constraint (grammar, JSON schema) could not go on.
+    #[error("output constraint: {0}")]
+    Constraint(String),
     /// A device back end (the GPU) failed; `detail` is its error.
     #[error("{device}: {detail}")]
     Device { device: String, detail: String },
@@ -40,6 +43,7 @@ impl From<spinfer_sampling::Error> for Error {
     fn from(e: spinfer_sampling::Error) -> Self {
         match e {
             spinfer_sampling::Error::InvalidArgument(m) => Error::InvalidArgument(m),
+            spinfer_sampling::Error::Constraint(m) => Error::Constraint(m),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use crate::model::{Model, Session};
-use crate::sampling::{Sampler, SamplerParams};
+use crate::sampling::{ConstraintSource, Sampler, SamplerParams, TokenConstraint};
 use crate::{Error, Result};
 use spinfer_tokenizer::{StreamDecoder, Tokenizer};
 
@@ -20,17 +20,21 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     /// Prepend BOS; `None` = the tokenizer's default.
     pub add_bos: Option<bool>,
+    /// What the output must follow (a grammar, a JSON schema); `None`: any
+    /// text.
+    pub constraint: Option<ConstraintSource>,
 }
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        Self { max_tokens: 128, sampler: SamplerParams::default(), stop: Vec::new(), add_bos: None }
+        Self { max_tokens: 128, sampler: SamplerParams::default(), stop: Vec::new(), add_bos: None, constraint: None }
     }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopReason {
-    /// An end-of-generation token was sampled.
+    /// An end-of-generation token was sampled, or the output constraint
+    /// allows nothing more.
     EndOfGeneration,
     /// A stop string appeared.
     StopString,
@@ -212,6 +216,8 @@ pub fn encode_prompt(tokenizer: &Tokenizer, prompt: &str, add_bos: Option<bool>,
 pub struct Continuation<'t> {
     tokenizer: &'t Tokenizer,
     sampler: Sampler,
+    /// The output constraint, and the buffer its masked logits go to.
+    constraint: Option<(Box<dyn TokenConstraint>, Vec<f32>)>,
     history: Vec<u32>,
     out: StopWatcher,
     decoder: StreamDecoder<'t>,
@@ -227,6 +233,7 @@ impl<'t> Continuation<'t> {
         Ok(Self {
             tokenizer,
             sampler: Sampler::new(params.sampler.clone())?,
+            constraint: params.constraint.as_ref().map(|c| c.make().map(|c| (c, Vec::new()))).transpose()?,
             history: prompt_ids.to_vec(),
             out: StopWatcher::new(params.stop.clone()),
             decoder: StreamDecoder::new(tokenizer),
@@ -250,15 +257,23 @@ impl<'t> Continuation<'t> {
         if self.stop_reason.is_some() {
             return Ok(None);
         }
-        let next = self.sampler.sample(logits, &self.history);
+        let next = match &mut self.constraint {
+            None => self.sampler.sample(logits, &self.history),
+            Some((c, masked)) => {
+                masked.clear();
+                masked.extend_from_slice(logits);
+                c.mask(masked)?;
+                self.sampler.sample(masked, &self.history)
+            }
+        };
         self.next_chosen(next, pos, ctx, on_text)
     }
 
-    /// Whether the sampler is plain greedy (temperature 0, no penalty):
-    /// its pick is then the first largest logit, which a session may make
-    /// itself ([`DecodeSession::next_token_greedy`]).
+    /// Whether the sampler is plain greedy (temperature 0, no penalty, no
+    /// constraint): its pick is then the first largest logit, which a
+    /// session may make itself ([`DecodeSession::next_token_greedy`]).
     pub fn is_greedy(&self) -> bool {
-        self.sampler.params().is_plain_greedy()
+        self.sampler.params().is_plain_greedy() && self.constraint.is_none()
     }
 
     /// [`Continuation::next`] with the token already chosen (by
@@ -276,11 +291,18 @@ impl<'t> Continuation<'t> {
         if self.tokenizer.eog_ids().contains(&next) {
             return Ok(self.stop(StopReason::EndOfGeneration));
         }
+        let complete = match &mut self.constraint {
+            Some((c, _)) => c.commit(next)?,
+            None => false,
+        };
         self.tokens.push(next);
         self.history.push(next);
         let piece = self.decoder.push(next)?;
         if let Some(reason) = self.out.push(&piece, on_text) {
             return Ok(self.stop(reason));
+        }
+        if complete {
+            return Ok(self.stop(StopReason::EndOfGeneration));
         }
         if self.tokens.len() >= self.max_tokens {
             return Ok(self.stop(StopReason::MaxTokens));

@@ -1,15 +1,23 @@
 //! Token sampling: repetition penalty, top-k, top-p, min-p, temperature,
 //! seeded randomness. The chain runs in llama.cpp's order (penalties,
 //! top-k, top-p, min-p, temperature, draw); temperature 0 is greedy.
+//! A [`TokenConstraint`] (structured outputs: a grammar, a JSON schema)
+//! masks the logits before the chain.
+
+use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// A sampler setting out of range, named.
+/// A sampler setting out of range, named; a constraint that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The output constraint could not go on (its grammar allows no token
+    /// the model has, or it was given a token it forbids).
+    #[error("output constraint: {0}")]
+    Constraint(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -65,6 +73,40 @@ impl SamplerParams {
             return Err(Error::InvalidArgument(format!("repeat penalty must be > 0, got {}", self.repeat_penalty)));
         }
         Ok(())
+    }
+}
+
+/// Which tokens may come next: a grammar or JSON schema the output must
+/// follow. One per generation, stateful; the generation loop masks every
+/// step's logits with it and commits the token chosen.
+pub trait TokenConstraint: Send {
+    /// Sets the logits of the tokens that may not come next to -inf
+    /// (end-of-generation ids stay only where the output may end here).
+    fn mask(&mut self, logits: &mut [f32]) -> Result<()>;
+    /// Takes the token chosen (never an end-of-generation id). `true`: the
+    /// output is complete and nothing may follow it.
+    fn commit(&mut self, token: u32) -> Result<bool>;
+}
+
+/// Makes a fresh [`TokenConstraint`] for each generation that uses it (a
+/// compiled grammar, cloned in its start state).
+#[derive(Clone)]
+pub struct ConstraintSource(Arc<dyn Fn() -> Result<Box<dyn TokenConstraint>> + Send + Sync>);
+
+impl ConstraintSource {
+    pub fn new(make: impl Fn() -> Result<Box<dyn TokenConstraint>> + Send + Sync + 'static) -> Self {
+        Self(Arc::new(make))
+    }
+
+    /// A constraint in its start state.
+    pub fn make(&self) -> Result<Box<dyn TokenConstraint>> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for ConstraintSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConstraintSource(..)")
     }
 }
 

@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod routes;
 pub mod scheduler;
 pub mod state;
+pub mod structured;
 pub mod tokens;
 pub mod wire;
 

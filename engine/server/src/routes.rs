@@ -24,6 +24,8 @@ use crate::state::{AppState, Served, body_of};
 use crate::tokens;
 use crate::wire::{self, Completion, Input};
 use spinfer_engine::generate::{GenerateParams, encode_prompt};
+use spinfer_engine::grammar::Spec;
+use spinfer_engine::sampling::ConstraintSource;
 
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.max_body;
@@ -140,14 +142,20 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
     };
     // Rendering and tokenizing take time in proportion to the body: off
     // the I/O threads.
+    // So does compiling an output constraint.
     let input = std::mem::replace(&mut req.input, Input::Text(String::new()));
+    let spec = req.constraint.take();
     let st2 = st.clone();
-    let (ids, text) = tokio::task::spawn_blocking(move || prompt_ids(&st2, input))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let (ids, text, constraint) = tokio::task::spawn_blocking(move || {
+        let (ids, text) = prompt_ids(&st2, input)?;
+        let constraint = spec.map(|(field, spec)| constraint(&st2, field, &spec)).transpose()?;
+        Ok::<_, ApiError>((ids, text, constraint))
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
     let ctx = engine.model.options.ctx;
     let max_tokens = req.max_tokens.unwrap_or(st.max_tokens_cap).min(ctx - ids.len());
-    let params = GenerateParams { max_tokens, sampler: req.sampler, stop: req.stop, add_bos: None };
+    let params = GenerateParams { max_tokens, sampler: req.sampler, stop: req.stop, add_bos: None, constraint };
     let (tx, rx) = mpsc::unbounded_channel();
     let now = Instant::now();
     let first_token = ids.first().copied();
@@ -173,6 +181,16 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
         include_usage: req.include_usage,
     };
     if req.stream { Ok(answer::stream(shape, rx).into_response()) } else { answer::whole(shape, rx).await }
+}
+
+/// `spec` (from the request's `field`) compiled for the model: a spec that
+/// does not compile is a 400 naming the field.
+fn constraint(st: &AppState, field: &str, spec: &Spec) -> Result<ConstraintSource, ApiError> {
+    let Served::Generator { engine, .. } = &st.served else { return Err(embedder_error(st)) };
+    engine.constraint(spec).map_err(|e| match e {
+        spinfer_engine::Error::Grammar(spinfer_engine::grammar::Error::Spec(m)) => ApiError::invalid(field, m),
+        e => ApiError::internal(e.to_string()),
+    })
 }
 
 /// The prompt's token ids and text: the chat rendered with the model's

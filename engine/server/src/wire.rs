@@ -8,6 +8,8 @@ use serde_json::{Map, Value};
 use crate::chat::Message;
 use crate::error::ApiError;
 use crate::logprobs::MAX_TOP;
+use crate::structured;
+use spinfer_engine::grammar::Spec;
 use spinfer_engine::sampling::SamplerParams;
 
 /// Fields accepted and ignored: they never change the result.
@@ -31,6 +33,8 @@ pub struct Completion {
     /// The completions' `echo`: the answer repeats the prompt, with its
     /// tokens' log-probabilities when `logprobs` is set.
     pub echo: bool,
+    /// The output constraint and the field that set it.
+    pub constraint: Option<(&'static str, Spec)>,
 }
 
 #[derive(Debug)]
@@ -209,6 +213,7 @@ fn common(m: &Map<String, Value>, cap: usize, key: &str) -> Result<Completion, A
         include_usage,
         logprobs: None,
         echo: false,
+        constraint: structured::read(m)?,
     })
 }
 
@@ -222,10 +227,9 @@ pub fn chat(m: &Map<String, Value>, cap: usize) -> Result<Completion, ApiError> 
         "tool_choice",
         "functions",
         "function_call",
-        "response_format",
         "parallel_tool_calls",
     ];
-    check_fields(m, &[COMPLETION_FIELDS, KNOWN])?;
+    check_fields(m, &[COMPLETION_FIELDS, structured::FIELDS, KNOWN])?;
     let top = number(m, "top_logprobs", 0.0, MAX_TOP as f64)?.map(|k| k as usize);
     let logprobs = match boolean(m, "logprobs")? {
         true => Some(top.unwrap_or(0)),
@@ -237,12 +241,6 @@ pub fn chat(m: &Map<String, Value>, cap: usize) -> Result<Completion, ApiError> 
     for key in ["tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"] {
         only_default(m, key, |_| false, "tool calls")?;
     }
-    only_default(
-        m,
-        "response_format",
-        |v| v.get("type").and_then(Value::as_str) == Some("text"),
-        "structured output (only {\"type\": \"text\"})",
-    )?;
     let key = if present(m, "max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
     let mut c = common(m, cap, key)?;
     c.input = Input::Chat(messages(m)?);
@@ -294,7 +292,7 @@ fn messages(m: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
 /// `POST /v1/completions`.
 pub fn completion(m: &Map<String, Value>, cap: usize) -> Result<Completion, ApiError> {
     const KNOWN: &[&str] = &["prompt", "best_of", "echo", "suffix"];
-    check_fields(m, &[COMPLETION_FIELDS, KNOWN])?;
+    check_fields(m, &[COMPLETION_FIELDS, structured::FIELDS, KNOWN])?;
     only_default(m, "best_of", |v| v.as_i64() == Some(1), "best_of > 1")?;
     only_default(m, "suffix", |_| false, "suffix (insertion)")?;
     let mut c = common(m, cap, "max_tokens")?;

@@ -24,6 +24,8 @@ pub(crate) struct Loaded {
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub eog: Vec<u32>,
+    /// Special added tokens' ids, sorted.
+    pub control: Vec<u32>,
     pub add_bos: bool,
 }
 
@@ -122,6 +124,9 @@ pub(crate) fn load(path: &Path) -> Result<Loaded> {
         eog.extend(a.iter().filter_map(|v| v.as_u64()).filter(|&v| v < n as u64).map(|v| v as u32));
     }
 
+    let mut control: Vec<u32> = added.iter().filter(|(_, a)| a.special).map(|(&id, _)| id).collect();
+    control.sort_unstable();
+
     Ok(Loaded {
         tokenizer: Hf { tk, has_post_processor },
         kind: format!("tokenizer.json ({model_type})"),
@@ -129,6 +134,7 @@ pub(crate) fn load(path: &Path) -> Result<Loaded> {
         bos,
         eos,
         eog,
+        control,
         add_bos,
     })
 }

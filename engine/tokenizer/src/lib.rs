@@ -66,6 +66,9 @@ pub struct Tokenizer {
     /// Tokens matched literally in the text (GGUF backends only; the
     /// `tokenizers` crate matches its own added tokens).
     specials: Specials,
+    /// Ids of the tokens that stand for no text (control, unknown and
+    /// unused tokens; `tokenizer.json`'s special added tokens), sorted.
+    control: Vec<u32>,
     bos: Option<u32>,
     eos: Option<u32>,
     eog: Vec<u32>,
@@ -170,12 +173,13 @@ impl Tokenizer {
             return Err(m.err("tokenizer.ggml.add_bos_token", "is true but tokenizer.ggml.bos_token_id is missing"));
         }
         let specials = Specials::from_vocab(&tokens, &types);
+        let control = control_ids(&types);
         let named = tokens.iter().zip(&types).enumerate().filter_map(|(i, (t, &ty))| {
             let special = matches!(ty, token_type::CONTROL | token_type::USER_DEFINED);
             (special && EOG_NAMES.contains(t)).then_some(i as u32)
         });
         extra_eog.extend(named.map(Some));
-        Ok(Self { kind, backend, bytes, specials, bos, eos, eog: eog_list(eos, extra_eog), add_bos })
+        Ok(Self { kind, backend, bytes, specials, control, bos, eos, eog: eog_list(eos, extra_eog), add_bos })
     }
 
     /// A SentencePiece-style tokenizer from plain vectors (as GGUF stores
@@ -213,6 +217,7 @@ impl Tokenizer {
             backend: Backend::Spm(spm),
             bytes,
             specials,
+            control: control_ids(&token_types),
             bos,
             eos,
             eog: eog_list(eos, vec![]),
@@ -229,6 +234,7 @@ impl Tokenizer {
             kind: h.kind,
             bytes: h.bytes.iter().map(Vec::as_slice).collect(),
             specials: Specials::default(),
+            control: h.control,
             bos: h.bos,
             eos: h.eos,
             eog: eog_list(h.eos, h.eog.into_iter().map(Some).collect()),
@@ -327,6 +333,13 @@ impl Tokenizer {
         self.eog.contains(&id)
     }
 
+    /// Whether `id` stands for no text of its own: a control, unknown or
+    /// unused token (`tokenizer.json`: a special added token), such as
+    /// `<|im_start|>`. Its bytes are its name, never text a model writes.
+    pub fn is_control(&self, id: u32) -> bool {
+        self.control.binary_search(&id).is_ok()
+    }
+
     /// Whether prompts should start with BOS (`tokenizer.ggml.add_bos_token`).
     pub fn add_bos_default(&self) -> bool {
         self.add_bos
@@ -336,6 +349,12 @@ impl Tokenizer {
     pub fn kind(&self) -> &str {
         &self.kind
     }
+}
+
+/// The ids of a GGUF vocabulary's control, unknown and unused tokens.
+fn control_ids(types: &[u8]) -> Vec<u32> {
+    let control = |ty: u8| matches!(ty, token_type::CONTROL | token_type::UNKNOWN | token_type::UNUSED);
+    types.iter().enumerate().filter(|&(_, &ty)| control(ty)).map(|(i, _)| i as u32).collect()
 }
 
 fn eog_list(eos: Option<u32>, extra: Vec<Option<u32>>) -> Vec<u32> {

@@ -60,6 +60,7 @@ fn bpe_merges_by_rank_and_matches_specials() {
     assert_eq!(t.encode("<|im_start", false).unwrap().len(), "<|im_start".len());
     assert_eq!(t.encode("", false).unwrap(), Vec::<u32>::new());
     assert_eq!(t.eog_ids(), [1]);
+    assert!(t.is_control(0) && t.is_control(1) && !t.is_control(2) && !t.is_control(265));
     assert!(!t.add_bos_default());
     for s in ["hello world", "héllo 🦀 wörld\n\t  x", "<|im_start|>aaaa<|im_end|>", "2018-01-22 12:1"] {
         assert_eq!(t.decode(&t.encode(s, false).unwrap()).unwrap(), s);

@@ -38,7 +38,13 @@ pub(crate) fn generate_params(p: &GenerateParams) -> ruvllm::Result<SpinferParam
         seed: p.seed.unwrap_or_else(|| RandomState::new().hash_one(Instant::now())),
     };
     sampler.validate().map_err(|e| RuvLLMError::Config(format!("spinfer: GenerateParams: {e}")))?;
-    Ok(SpinferParams { max_tokens: p.max_tokens, sampler, stop: p.stop_sequences.clone(), add_bos: None })
+    Ok(SpinferParams {
+        max_tokens: p.max_tokens,
+        sampler,
+        stop: p.stop_sequences.clone(),
+        add_bos: None,
+        constraint: None,
+    })
 }
 
 /// Why a spinfer generation ended, in RuvLLM's terms.

@@ -1,0 +1,168 @@
+//! Structured outputs on SmolLM2: `spinfer generate` with a JSON schema, a
+//! regular expression or a Lark grammar gives text in that language; the
+//! server gives the same text for the same request in each wire shape
+//! (OpenAI's `response_format`, vLLM's `guided_*`), alone and batched with
+//! other requests; the official `openai` client's `parse` reads its
+//! answers; bad specs are errors naming the flag or field.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::{Value, json};
+
+mod support;
+
+use support::{Served, post, python_checks, render_chat};
+
+/// The schema the `openai` SDK sends for `class Person(BaseModel): name:
+/// str; age: int` (`chat.completions.parse`), property order included.
+fn person_schema() -> Value {
+    json!({
+        "properties": {"name": {"title": "Name", "type": "string"}, "age": {"title": "Age", "type": "integer"}},
+        "required": ["name", "age"], "title": "Person", "type": "object", "additionalProperties": false
+    })
+}
+
+const QUESTION: &str = "Invent a person and describe them as JSON with their name and age.";
+
+fn generate(model: &Path, prompt: &str, n: usize, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_spinfer"))
+        .args(["generate", "-m", model.to_str().unwrap(), "-p", prompt, "-n", &n.to_string()])
+        .args(["--temp", "0", "-t", "2", "-c", "1024", "--json"])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// `spinfer generate --json` under `extra`'s constraint: (text, stop reason).
+fn constrained(model: &Path, prompt: &str, n: usize, extra: &[&str]) -> (String, String) {
+    let out = generate(model, prompt, n, extra);
+    assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    (v["text"].as_str().unwrap().to_string(), v["stop_reason"].as_str().unwrap().to_string())
+}
+
+fn refused(model: &Path, extra: &[&str]) -> String {
+    let out = generate(model, "Hi", 4, extra);
+    assert!(!out.status.success(), "{extra:?} was accepted");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn generate_follows_a_schema_a_regex_and_a_grammar() {
+    let Some(model) = spinfer_test_support::smollm2() else { return };
+    let chat = render_chat(&model, QUESTION);
+    let schema = person_schema().to_string();
+    let (text, stop) = constrained(&model, &chat, 64, &["-j", &schema]);
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    assert!(v["name"].is_string() && v["age"].is_i64() && v.as_object().unwrap().len() == 2, "{text}");
+    assert_eq!(stop, "EndOfGeneration", "a complete object ends the generation: {text:?}");
+
+    // The same schema from a file gives the same text.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("person.json");
+    std::fs::write(&file, &schema).unwrap();
+    assert_eq!(constrained(&model, &chat, 64, &["--json-schema-file", file.to_str().unwrap()]).0, text);
+
+    let (year, _) = constrained(&model, "The Berlin wall fell in the year", 8, &["--regex", " [12][0-9]{3}"]);
+    assert!(year.len() == 5 && year[1..].bytes().all(|b| b.is_ascii_digit()), "{year:?}");
+
+    let lark = "start: \"The answer is \" ANSWER \".\"\nANSWER: \"yes\" | \"no\"";
+    let q = render_chat(&model, "Is Paris in France?");
+    let (answer, stop) = constrained(&model, &q, 16, &["--grammar", lark]);
+    assert!(answer == "The answer is yes." || answer == "The answer is no.", "{answer:?}");
+    assert_eq!(stop, "EndOfGeneration");
+
+    // Unconstrained, the model writes prose around its JSON: the schema is
+    // what made the text above parse.
+    let (free, _) = constrained(&model, &chat, 64, &[]);
+    assert_ne!(free, text);
+}
+
+#[test]
+fn generate_names_what_is_wrong_with_a_constraint() {
+    let Some(model) = spinfer_test_support::smollm2() else { return };
+    let e = refused(&model, &["-j", "{}", "--regex", "a"]);
+    assert!(e.contains("--json-schema and --regex"), "{e}");
+    let e = refused(&model, &["-j", "{not json"]);
+    assert!(e.contains("--json-schema is not valid JSON"), "{e}");
+    let e = refused(&model, &["-j", "{\"type\": \"frobnicate\"}"]);
+    assert!(e.contains("output constraint") && e.contains("frobnicate"), "{e}");
+    let e = refused(&model, &["--grammar", "root ::= \"a\""]);
+    assert!(e.contains("GBNF") && e.contains("Lark"), "{e}");
+    let e = refused(&model, &["--grammar-file", "/no/such/grammar.lark"]);
+    assert!(e.contains("--grammar-file") && e.contains("/no/such/grammar.lark"), "{e}");
+    let e = refused(&model, &["--regex", "[a-"]);
+    assert!(e.contains("output constraint"), "{e}");
+}
+
+/// A completion's text from the server (status 200 asserted).
+fn served_text(addr: &str, body: Value) -> String {
+    let (st, v) = post(addr, "/v1/completions", &body);
+    assert_eq!(st, 200, "{body}: {v}");
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn the_server_constrains_as_generate_does_alone_and_batched() {
+    let Some(model) = spinfer_test_support::smollm2() else { return };
+    let chat = render_chat(&model, QUESTION);
+    let schema = person_schema();
+    let (person, _) = constrained(&model, &chat, 64, &["-j", &schema.to_string()]);
+    let (year, _) = constrained(&model, "The Berlin wall fell in the year", 8, &["--regex", " [12][0-9]{3}"]);
+    let (free, _) = constrained(&model, "The capital of France is", 24, &[]);
+
+    let served = Served::start(&model, "slots = 4", "ctx = 1024");
+    let addr = served.addr.clone();
+    let base = |prompt: &str, n: usize| json!({"prompt": prompt, "max_tokens": n, "temperature": 0});
+    let with = |mut b: Value, key: &str, v: Value| {
+        b[key] = v;
+        b
+    };
+    // Each wire shape of the same schema: the CLI's text.
+    let shapes = [
+        ("response_format", json!({"type": "json_schema", "json_schema": {"name": "Person", "schema": schema}})),
+        ("response_format", json!({"type": "json_object", "schema": schema})),
+        ("json_schema", schema.clone()),
+        ("guided_json", json!(schema.to_string())),
+        ("structured_outputs", json!({"json": schema})),
+    ];
+    let mut requests: Vec<(Value, String)> =
+        shapes.into_iter().map(|(key, v)| (with(base(&chat, 64), key, v), person.clone())).collect();
+    requests.push((with(base("The Berlin wall fell in the year", 8), "guided_regex", json!(" [12][0-9]{3}")), year));
+    requests.push((base("The capital of France is", 24), free));
+    for (body, want) in &requests {
+        assert_eq!(&served_text(&addr, body.clone()), want, "{body}");
+    }
+    // All at once: batching does not change a constrained answer.
+    std::thread::scope(|s| {
+        let handles: Vec<_> = requests
+            .iter()
+            .map(|(body, want)| {
+                let addr = addr.clone();
+                s.spawn(move || assert_eq!(&served_text(&addr, body.clone()), want, "batched: {body}"))
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    });
+
+    // Bad specs are 400s naming the field; the server keeps serving.
+    let bad = [
+        ("guided_grammar", json!("start: undefined_rule"), "guided_grammar"),
+        ("guided_regex", json!("(unclosed"), "guided_regex"),
+        ("json_schema", json!({"type": "frobnicate"}), "json_schema"),
+        ("grammar", json!("root ::= \"a\""), "grammar"),
+        ("guided_choice", json!([]), "guided_choice"),
+    ];
+    for (key, v, param) in bad {
+        let (st, e) = post(&addr, "/v1/completions", &with(base("Hi", 4), key, v));
+        assert_eq!(st, 400, "{key}: {e}");
+        assert_eq!(e["error"]["param"], param, "{e}");
+    }
+    assert_eq!(served_text(&addr, requests[5].0.clone()), requests[5].1);
+
+    let expect = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "question": QUESTION, "person_text": person});
+    python_checks("structured", &served, &expect);
+}
