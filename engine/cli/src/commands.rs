@@ -15,7 +15,6 @@ use spinfer_engine::generate::GenerateParams;
 use spinfer_engine::model::llama::MAX_THREADS;
 use spinfer_engine::model::{ModelOptions, Precision};
 
-use spinfer_engine::sampling::SamplerParams;
 use spinfer_engine::{Engine, perplexity};
 
 use crate::report::{Output, print_generation, print_sparsity_stats, print_storage_stats, sparsity_json, storage_json};
@@ -259,27 +258,8 @@ pub struct GenerateArgs {
     /// Tokens to generate.
     #[arg(short = 'n', long, default_value_t = 128)]
     pub n_predict: usize,
-    /// Sampling temperature; 0 = greedy.
-    #[arg(long, default_value_t = 0.8)]
-    pub temp: f32,
-    /// Top-k sampling (0 = off).
-    #[arg(long, default_value_t = 40)]
-    pub top_k: usize,
-    /// Top-p (nucleus) sampling (1 = off).
-    #[arg(long, default_value_t = 0.95)]
-    pub top_p: f32,
-    /// Min-p sampling (0 = off).
-    #[arg(long, default_value_t = 0.05)]
-    pub min_p: f32,
-    /// Repetition penalty (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub repeat_penalty: f32,
-    /// Tokens the repetition penalty looks back over.
-    #[arg(long, default_value_t = 64)]
-    pub repeat_last_n: usize,
-    /// RNG seed.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub sampling: crate::sampling::SamplingArgs,
     /// Stop when this string appears (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
@@ -331,24 +311,15 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         }
         (None, None) => bail!("give a prompt with --prompt or --prompt-file"),
     };
+    // Argument errors before the (slower) model load.
     let spec = a.constraint.spec()?;
     let mut params = GenerateParams {
         max_tokens: a.n_predict,
-        sampler: SamplerParams {
-            temperature: a.temp,
-            top_k: a.top_k,
-            top_p: a.top_p,
-            min_p: a.min_p,
-            repeat_penalty: a.repeat_penalty,
-            repeat_last_n: a.repeat_last_n,
-            seed: a.seed,
-        },
+        sampler: a.sampling.params()?,
         stop: a.stop.clone(),
         add_bos: None,
         constraint: None,
     };
-    // Argument errors before the (slower) model load.
-    params.sampler.validate()?;
     let output = Output { json: a.common.json, quiet: a.common.quiet };
     if a.gpu_budget_mb.is_some() && a.device != Device::Cuda {
         bail!("--gpu-budget-mb needs --device cuda");

@@ -15,6 +15,7 @@ mod kernels;
 mod pack;
 mod paired;
 mod report;
+mod sampling;
 mod serve;
 
 use std::process::ExitCode;

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 mod support;
 
-use support::{KEY, Served, cli_generate, complete, http, post, python_checks, render_chat};
+use support::{KEY, Served, cli_generate, cli_generate_with, complete, http, post, python_checks, render_chat};
 
 #[test]
 fn the_openai_client_gets_what_generate_gives() {
@@ -41,6 +41,32 @@ fn the_openai_client_gets_what_generate_gives() {
     });
     python_checks("generate", &served, &expect);
     assert!(served.terminate(Duration::from_secs(30)).success(), "SIGTERM is a clean exit");
+}
+
+/// OpenAI's `logit_bias`, `frequency_penalty` and `presence_penalty`
+/// answer as `spinfer generate`'s `--logit-bias`, `--frequency-penalty`
+/// and `--presence-penalty`, and change the greedy text.
+#[test]
+fn penalties_and_biases_answer_as_generate_does() {
+    let Some(model) = spinfer_test_support::smollm2() else { return };
+    let prompt = "One, two, one, two,";
+    let plain = cli_generate(&model, prompt, 16);
+    let first = plain["tokens"][0].as_u64().unwrap();
+    let flags = ["--frequency-penalty", "1", "--presence-penalty", "0.5", "-l", &format!("{first}-100")];
+    let want = cli_generate_with(&model, prompt, 16, &flags);
+    assert_ne!(want["text"], plain["text"]);
+    assert_ne!(want["tokens"][0].as_u64(), Some(first), "the banned token came first");
+
+    let served = Served::start(&model, "slots = 1", "ctx = 1024");
+    let mut bias = serde_json::Map::new();
+    bias.insert(first.to_string(), json!(-100));
+    let body = json!({"prompt": prompt, "max_tokens": 16, "temperature": 0, "frequency_penalty": 1,
+                      "presence_penalty": 0.5, "logit_bias": bias});
+    let (st, v) = post(&served.addr, "/v1/completions", &body);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], want["text"]);
+    let (st, v) = post(&served.addr, "/v1/completions", &json!({"prompt": prompt, "logit_bias": {"49152": 1}}));
+    assert_eq!((st, v["error"]["param"].as_str()), (400, Some("logit_bias")), "{v}");
 }
 
 #[test]

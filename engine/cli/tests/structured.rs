@@ -6,13 +6,12 @@
 //! answers; bad specs are errors naming the flag or field.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
 use serde_json::{Value, json};
 
 mod support;
 
-use support::{Served, post, python_checks, render_chat};
+use support::{Served, cli_generate_with, cli_run, post, python_checks, render_chat};
 
 /// The schema the `openai` SDK sends for `class Person(BaseModel): name:
 /// str; age: int` (`chat.completions.parse`), property order included.
@@ -25,25 +24,14 @@ fn person_schema() -> Value {
 
 const QUESTION: &str = "Invent a person and describe them as JSON with their name and age.";
 
-fn generate(model: &Path, prompt: &str, n: usize, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_spinfer"))
-        .args(["generate", "-m", model.to_str().unwrap(), "-p", prompt, "-n", &n.to_string()])
-        .args(["--temp", "0", "-t", "2", "-c", "1024", "--json"])
-        .args(extra)
-        .output()
-        .unwrap()
-}
-
 /// `spinfer generate --json` under `extra`'s constraint: (text, stop reason).
 fn constrained(model: &Path, prompt: &str, n: usize, extra: &[&str]) -> (String, String) {
-    let out = generate(model, prompt, n, extra);
-    assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = cli_generate_with(model, prompt, n, extra);
     (v["text"].as_str().unwrap().to_string(), v["stop_reason"].as_str().unwrap().to_string())
 }
 
 fn refused(model: &Path, extra: &[&str]) -> String {
-    let out = generate(model, "Hi", 4, extra);
+    let out = cli_run(model, "Hi", 4, extra);
     assert!(!out.status.success(), "{extra:?} was accepted");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }

@@ -65,7 +65,7 @@ fn decode(m: &GpuModel, s: &mut GpuSession, pick: Pick) -> Res<f64> {
                 m.row_logits(s, 0)?;
                 ((rng >> 33) % vocab) as u32
             }
-            Pick::HostGreedy => sampler.sample(m.row_logits(s, 0)?, &[]),
+            Pick::HostGreedy => sampler.sample(m.row_logits(s, 0)?, &[], 0),
             Pick::DeviceGreedy => m.greedy_token(s, 0)?,
         };
     }

@@ -258,12 +258,12 @@ impl<'t> Continuation<'t> {
             return Ok(None);
         }
         let next = match &mut self.constraint {
-            None => self.sampler.sample(logits, &self.history),
+            None => self.sampler.sample(logits, &self.history, self.tokens.len()),
             Some((c, masked)) => {
                 masked.clear();
                 masked.extend_from_slice(logits);
                 c.mask(masked)?;
-                self.sampler.sample(masked, &self.history)
+                self.sampler.sample(masked, &self.history, self.tokens.len())
             }
         };
         self.next_chosen(next, pos, ctx, on_text)

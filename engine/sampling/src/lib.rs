@@ -4,6 +4,7 @@
 //! A [`TokenConstraint`] (structured outputs: a grammar, a JSON schema)
 //! masks the logits before the chain.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
@@ -36,13 +37,34 @@ pub struct SamplerParams {
     pub repeat_penalty: f32,
     /// How many recent tokens the penalty looks at.
     pub repeat_last_n: usize,
+    /// OpenAI's `frequency_penalty`: subtracted from a token's logit once
+    /// for each time it was generated so far; 0 = off.
+    pub frequency_penalty: f32,
+    /// OpenAI's `presence_penalty`: subtracted once from the logit of
+    /// every token generated so far; 0 = off.
+    pub presence_penalty: f32,
+    /// Added to the logits of these token ids (OpenAI's `logit_bias`,
+    /// -100 to 100: -100 bans a token in effect, 100 forces it; -inf bans
+    /// it outright); an id outside the logits is ignored.
+    pub logit_bias: Vec<(u32, f32)>,
     pub seed: u64,
 }
 
 impl Default for SamplerParams {
     /// llama.cpp's defaults.
     fn default() -> Self {
-        Self { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.0, repeat_last_n: 64, seed: 0 }
+        Self {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
+            seed: 0,
+        }
     }
 }
 
@@ -52,10 +74,18 @@ impl SamplerParams {
         Self { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, repeat_penalty: 1.0, ..Self::default() }
     }
 
-    /// Temperature 0 and no penalty: the pick is then the first largest
-    /// logit itself ([`argmax_logits`]).
+    /// Temperature 0, no penalty and no bias: the pick is then the first
+    /// largest logit itself ([`argmax_logits`]).
     pub fn is_plain_greedy(&self) -> bool {
-        self.temperature <= 0.0 && self.repeat_penalty == 1.0
+        self.temperature <= 0.0 && !self.changes_logits()
+    }
+
+    /// Whether a penalty or bias moves logits before the chain.
+    fn changes_logits(&self) -> bool {
+        self.repeat_penalty != 1.0
+            || self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
+            || !self.logit_bias.is_empty()
     }
 
     /// Rejects out-of-range values with a message naming the parameter.
@@ -71,6 +101,17 @@ impl SamplerParams {
         }
         if !(self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite()) {
             return Err(Error::InvalidArgument(format!("repeat penalty must be > 0, got {}", self.repeat_penalty)));
+        }
+        for (name, v) in [("frequency penalty", self.frequency_penalty), ("presence penalty", self.presence_penalty)] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(Error::InvalidArgument(format!("{name} must be in [-2, 2], got {v}")));
+            }
+        }
+        let in_range = |b: f32| b == f32::NEG_INFINITY || (-100.0..=100.0).contains(&b);
+        if let Some((t, b)) = self.logit_bias.iter().find(|(_, b)| !in_range(*b)) {
+            return Err(Error::InvalidArgument(format!(
+                "logit bias of token {t} must be in [-100, 100] (or -inf, a ban), got {b}"
+            )));
         }
         Ok(())
     }
@@ -110,26 +151,32 @@ impl std::fmt::Debug for ConstraintSource {
     }
 }
 
-/// A stateful sampler (owns its RNG and a reusable candidate buffer).
+/// A stateful sampler (owns its RNG and reusable buffers).
 pub struct Sampler {
     params: SamplerParams,
     rng: StdRng,
     cand: Vec<(u32, f32)>,
+    /// Generated tokens and their counts, for the OpenAI penalties.
+    counts: HashMap<u32, u32>,
 }
 
 impl Sampler {
     pub fn new(params: SamplerParams) -> Result<Self> {
         params.validate()?;
         let rng = StdRng::seed_from_u64(params.seed);
-        Ok(Self { params, rng, cand: Vec::new() })
+        Ok(Self { params, rng, cand: Vec::new(), counts: HashMap::new() })
     }
 
     pub fn params(&self) -> &SamplerParams {
         &self.params
     }
 
-    /// Picks the next token from `logits` given the tokens so far.
-    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+    /// Picks the next token from `logits`. `history` holds every token so
+    /// far, the prompt's then the generated ones, the last `generated` of
+    /// them generated: the repetition penalty looks at the last
+    /// `repeat_last_n` of all (llama.cpp), the frequency and presence
+    /// penalties at the generated ones (OpenAI, vLLM).
+    pub fn sample(&mut self, logits: &[f32], history: &[u32], generated: usize) -> u32 {
         let p = &self.params;
         // Greedy without a penalty: the arg-max of the logits themselves
         // (no candidate list; a 262,144-token vocabulary is 1 MB per token).
@@ -138,6 +185,13 @@ impl Sampler {
         }
         self.cand.clear();
         self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+
+        // Logit biases first (llama.cpp's order), then the penalties.
+        for &(t, b) in &p.logit_bias {
+            if let Some(c) = self.cand.get_mut(t as usize) {
+                c.1 += b;
+            }
+        }
 
         // Repetition penalty over the last `repeat_last_n` tokens (each
         // distinct token penalised once).
@@ -149,6 +203,18 @@ impl Sampler {
                     && seen.insert(t)
                 {
                     c.1 = if c.1 > 0.0 { c.1 / p.repeat_penalty } else { c.1 * p.repeat_penalty };
+                }
+            }
+        }
+
+        if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+            self.counts.clear();
+            for &t in &history[history.len().saturating_sub(generated)..] {
+                *self.counts.entry(t).or_insert(0) += 1;
+            }
+            for (&t, &n) in &self.counts {
+                if let Some(c) = self.cand.get_mut(t as usize) {
+                    c.1 -= n as f32 * p.frequency_penalty + p.presence_penalty;
                 }
             }
         }
@@ -249,9 +315,9 @@ mod tests {
     fn greedy_is_argmax_and_penalty_applies() {
         let logits = [0.1, 2.0, 1.9, -1.0];
         let mut s = Sampler::new(SamplerParams::greedy()).unwrap();
-        assert_eq!(s.sample(&logits, &[]), 1);
+        assert_eq!(s.sample(&logits, &[], 0), 1);
         let mut s = Sampler::new(SamplerParams { repeat_penalty: 1.2, ..SamplerParams::greedy() }).unwrap();
-        assert_eq!(s.sample(&logits, &[1]), 2);
+        assert_eq!(s.sample(&logits, &[1], 0), 2);
     }
 
     /// The greedy fast path picks what the candidate list's arg-max picks:
@@ -294,7 +360,7 @@ mod tests {
             SamplerParams { temperature: 1.0, top_k: 3, top_p: 1.0, min_p: 0.0, seed: 42, ..Default::default() };
         let run = || {
             let mut s = Sampler::new(params.clone()).unwrap();
-            (0..50).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
+            (0..50).map(|_| s.sample(&logits, &[], 0)).collect::<Vec<_>>()
         };
         let a = run();
         assert_eq!(a, run());
@@ -312,8 +378,52 @@ mod tests {
         ] {
             let mut s = Sampler::new(params).unwrap();
             for _ in 0..50 {
-                assert_eq!(s.sample(&logits, &[]), 0);
+                assert_eq!(s.sample(&logits, &[], 0), 0);
             }
+        }
+    }
+
+    /// OpenAI's penalties count only generated tokens; a bias moves one
+    /// logit; each turns plain greedy off.
+    #[test]
+    fn frequency_presence_and_bias() {
+        let logits = [3.0, 2.5, 2.4, 0.0];
+        let greedy = SamplerParams::greedy();
+        let pick = |params: SamplerParams, history: &[u32], generated: usize| {
+            assert!(!params.is_plain_greedy());
+            Sampler::new(params).unwrap().sample(&logits, history, generated)
+        };
+        // Token 0 generated twice: 3.0 - 2 * 0.3 = 2.4 loses to 2.5.
+        let freq = SamplerParams { frequency_penalty: 0.3, ..greedy.clone() };
+        assert_eq!(pick(freq.clone(), &[0, 0], 2), 1);
+        assert_eq!(pick(freq.clone(), &[0, 0], 1), 0, "3.0 - 0.3: a prompt token is not counted");
+        // Presence: once per distinct token, however often.
+        let pres = SamplerParams { presence_penalty: 0.55, ..greedy.clone() };
+        assert_eq!(pick(pres.clone(), &[0, 0, 0], 3), 1);
+        assert_eq!(pick(SamplerParams { presence_penalty: 0.45, ..greedy.clone() }, &[0, 0, 0], 3), 0);
+        // Negative values encourage repeats.
+        assert_eq!(pick(SamplerParams { presence_penalty: -1.0, ..greedy.clone() }, &[3], 1), 0);
+        assert_eq!(pick(SamplerParams { presence_penalty: -2.0, ..greedy.clone() }, &[2], 1), 2);
+        // Bias: -100 bans, +100 forces; ids past the logits are ignored.
+        assert_eq!(pick(SamplerParams { logit_bias: vec![(0, -100.0)], ..greedy.clone() }, &[], 0), 1);
+        assert_eq!(pick(SamplerParams { logit_bias: vec![(3, 100.0), (99, 5.0)], ..greedy.clone() }, &[], 0), 3);
+        // Sampled too, not only greedy: a banned token never comes.
+        let mut s = Sampler::new(SamplerParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            logit_bias: vec![(0, -100.0)],
+            ..Default::default()
+        })
+        .unwrap();
+        assert!((0..200).all(|_| s.sample(&logits, &[], 0) != 0));
+        for bad in [
+            SamplerParams { frequency_penalty: 2.5, ..greedy.clone() },
+            SamplerParams { presence_penalty: f32::NAN, ..greedy.clone() },
+            SamplerParams { logit_bias: vec![(1, 101.0)], ..greedy.clone() },
+        ] {
+            assert!(Sampler::new(bad).is_err());
         }
     }
 

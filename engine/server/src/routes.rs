@@ -140,6 +140,10 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
     let Served::Generator { engine, scheduler, .. } = &st.served else {
         return Err(embedder_error(&st));
     };
+    let vocab = engine.model.config.vocab_size;
+    if let Some((id, _)) = req.sampler.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+        return Err(ApiError::invalid("logit_bias", format!("token id {id} is outside the vocabulary of {vocab}")));
+    }
     // Rendering and tokenizing take time in proportion to the body: off
     // the I/O threads.
     // So does compiling an output constraint.

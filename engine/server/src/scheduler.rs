@@ -69,7 +69,7 @@ pub struct Job {
 }
 
 enum Msg {
-    Job(Job),
+    Job(Box<Job>),
     Shutdown,
 }
 
@@ -107,7 +107,7 @@ impl Scheduler {
         if self.waiting.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| (w < queue).then_some(w + 1)).is_err() {
             return Err(ApiError::queue_full(queue));
         }
-        self.tx.send(Msg::Job(job)).map_err(|_| ApiError::unavailable("the scheduler has stopped"))
+        self.tx.send(Msg::Job(Box::new(job))).map_err(|_| ApiError::unavailable("the scheduler has stopped"))
     }
 
     /// Cancels everything in flight and stops the thread.
@@ -207,13 +207,13 @@ impl<'e> Loop<'e> {
             // Idle: wait for a request; busy: take what arrived.
             if self.active.iter().all(Option::is_none) && self.queue.is_empty() {
                 match rx.recv() {
-                    Ok(Msg::Job(j)) => self.queue.push_back(j),
+                    Ok(Msg::Job(j)) => self.queue.push_back(*j),
                     Ok(Msg::Shutdown) | Err(_) => break,
                 }
             }
             loop {
                 match rx.try_recv() {
-                    Ok(Msg::Job(j)) => self.queue.push_back(j),
+                    Ok(Msg::Job(j)) => self.queue.push_back(*j),
                     Ok(Msg::Shutdown) | Err(TryRecvError::Disconnected) => return self.cancel_all(),
                     Err(TryRecvError::Empty) => break,
                 }

@@ -1,6 +1,6 @@
 //! OpenAI's request shapes, read strictly: every field is checked by
 //! name, a field that would change the result but is not implemented
-//! (`n > 1`, `logit_bias`, `tools`…) is a 400 naming it, and an unknown
+//! (`n > 1`, `tools`…) is a 400 naming it, and an unknown
 //! field is a 400 as OpenAI answers it ("unrecognized request argument").
 
 use serde_json::{Map, Value};
@@ -151,15 +151,39 @@ fn max_tokens(m: &Map<String, Value>, key: &str, cap: usize) -> Result<Option<us
     Ok(Some(n as usize))
 }
 
+/// `logit_bias`: `{"token id": bias}`, biases in [-100, 100] (the ids are
+/// checked against the vocabulary once the model is known).
+fn logit_bias(m: &Map<String, Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(v) = present(m, "logit_bias") else { return Ok(Vec::new()) };
+    let o = v.as_object().ok_or_else(|| ApiError::invalid("logit_bias", "logit_bias must be an object"))?;
+    o.iter()
+        .map(|(k, b)| {
+            let id = k.parse::<u32>().map_err(|_| {
+                ApiError::invalid("logit_bias", format!("logit_bias keys must be token ids, got {k:?}"))
+            })?;
+            match b.as_f64() {
+                Some(b) if (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
+                _ => Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("the bias of token {id} must be a number in [-100, 100]"),
+                )),
+            }
+        })
+        .collect()
+}
+
 /// The fields chat and text completions share: sampling, stop, stream
 /// and the unsupported ones.
 fn common(m: &Map<String, Value>, cap: usize, key: &str) -> Result<Completion, ApiError> {
     only_default(m, "n", |v| v.as_i64() == Some(1), "one choice per request (n = 1)")?;
-    only_default(m, "logit_bias", |v| v.as_object().is_some_and(Map::is_empty), "logit biases")?;
-    for key in ["frequency_penalty", "presence_penalty"] {
-        only_default(m, key, |v| v.as_f64() == Some(0.0), "OpenAI's additive penalties (use repeat_penalty)")?;
-    }
     let mut sampler = SamplerParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..SamplerParams::default() };
+    if let Some(p) = number(m, "frequency_penalty", -2.0, 2.0)? {
+        sampler.frequency_penalty = p as f32;
+    }
+    if let Some(p) = number(m, "presence_penalty", -2.0, 2.0)? {
+        sampler.presence_penalty = p as f32;
+    }
+    sampler.logit_bias = logit_bias(m)?;
     if let Some(t) = number(m, "temperature", 0.0, 2.0)? {
         sampler.temperature = t as f32;
     }
@@ -369,7 +393,11 @@ mod tests {
         let base = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
         for (extra, param) in [
             (serde_json::json!({"n": 2}), "n"),
-            (serde_json::json!({"logit_bias": {"1": 5}}), "logit_bias"),
+            (serde_json::json!({"logit_bias": {"one": 5}}), "logit_bias"),
+            (serde_json::json!({"logit_bias": {"1": 101}}), "logit_bias"),
+            (serde_json::json!({"logit_bias": [1]}), "logit_bias"),
+            (serde_json::json!({"frequency_penalty": 2.5}), "frequency_penalty"),
+            (serde_json::json!({"presence_penalty": "x"}), "presence_penalty"),
             (serde_json::json!({"tools": []}), "tools"),
             (serde_json::json!({"bogus": 1}), "bogus"),
             (serde_json::json!({"max_tokens": 0}), "max_tokens"),
@@ -382,8 +410,20 @@ mod tests {
             let e = chat_of(v).unwrap_err();
             assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{}", e.message);
         }
-        let ok = chat_of(base).unwrap();
+        let ok = chat_of(base.clone()).unwrap();
         assert!(matches!(ok.input, Input::Chat(ref m) if m.len() == 1));
+        let mut v = base;
+        v.as_object_mut().unwrap().extend(
+            serde_json::json!({"logit_bias": {"7": -100, "9": 2.5}, "frequency_penalty": 0.5, "presence_penalty": -1})
+                .as_object()
+                .unwrap()
+                .clone(),
+        );
+        let s = chat_of(v).unwrap().sampler;
+        assert_eq!((s.frequency_penalty, s.presence_penalty), (0.5, -1.0));
+        let mut bias = s.logit_bias;
+        bias.sort_by_key(|b| b.0);
+        assert_eq!(bias, [(7, -100.0), (9, 2.5)]);
     }
 
     #[test]

@@ -18,16 +18,10 @@ const REPEAT_LAST_N: usize = 64;
 
 /// RuvLLM's sampling parameters as spinfer's. RuvLLM conventions kept:
 /// `temperature` 0 is greedy, `top_k` 0 and `top_p` 0 or 1 are off,
-/// `repetition_penalty` 1 (or 0) is off, `seed: None` draws a fresh seed.
-/// spinfer has no frequency or presence penalty: non-zero values are
-/// rejected rather than silently ignored.
+/// `repetition_penalty` 1 (or 0) is off, `seed: None` draws a fresh seed;
+/// `frequency_penalty` and `presence_penalty` are OpenAI's (over the
+/// generated tokens, in [-2, 2]).
 pub(crate) fn generate_params(p: &GenerateParams) -> ruvllm::Result<SpinferParams> {
-    if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
-        return Err(RuvLLMError::NotImplemented(format!(
-            "spinfer: frequency_penalty ({}) and presence_penalty ({}) are not supported; use repetition_penalty",
-            p.frequency_penalty, p.presence_penalty
-        )));
-    }
     let sampler = SamplerParams {
         temperature: p.temperature,
         top_k: p.top_k,
@@ -35,6 +29,9 @@ pub(crate) fn generate_params(p: &GenerateParams) -> ruvllm::Result<SpinferParam
         min_p: 0.0,
         repeat_penalty: if p.repetition_penalty == 0.0 { 1.0 } else { p.repetition_penalty },
         repeat_last_n: REPEAT_LAST_N,
+        frequency_penalty: p.frequency_penalty,
+        presence_penalty: p.presence_penalty,
+        logit_bias: Vec::new(),
         seed: p.seed.unwrap_or_else(|| RandomState::new().hash_one(Instant::now())),
     };
     sampler.validate().map_err(|e| RuvLLMError::Config(format!("spinfer: GenerateParams: {e}")))?;
@@ -166,9 +163,13 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_and_invalid_values_are_errors() {
-        let p = GenerateParams { frequency_penalty: 0.5, ..Default::default() };
-        assert!(matches!(generate_params(&p), Err(RuvLLMError::NotImplemented(m)) if m.contains("frequency_penalty")));
+    fn penalties_carry_over_and_invalid_values_are_errors() {
+        let p =
+            generate_params(&GenerateParams { frequency_penalty: 0.5, presence_penalty: -0.25, ..Default::default() })
+                .unwrap();
+        assert_eq!((p.sampler.frequency_penalty, p.sampler.presence_penalty), (0.5, -0.25));
+        let p = GenerateParams { frequency_penalty: 3.0, ..Default::default() };
+        assert!(matches!(generate_params(&p), Err(RuvLLMError::Config(m)) if m.contains("frequency penalty")));
         let p = GenerateParams::default().with_temperature(-1.0);
         assert!(matches!(generate_params(&p), Err(RuvLLMError::Config(m)) if m.contains("temperature")));
         let p = GenerateParams::default().with_top_p(1.5);

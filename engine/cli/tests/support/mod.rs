@@ -169,13 +169,24 @@ pub fn python_checks(mode: &str, served: &Served, expect: &Value) {
 }
 
 pub fn cli_generate(model: &Path, prompt: &str, n: usize) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_spinfer"))
+    cli_generate_with(model, prompt, n, &[])
+}
+
+/// `spinfer generate --temp 0 --json` with `extra` flags, which must succeed.
+pub fn cli_generate_with(model: &Path, prompt: &str, n: usize, extra: &[&str]) -> Value {
+    let out = cli_run(model, prompt, n, extra);
+    assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `spinfer generate --temp 0 --json` with `extra` flags, as it ends.
+pub fn cli_run(model: &Path, prompt: &str, n: usize, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_spinfer"))
         .args(["generate", "-m", model.to_str().unwrap(), "-p", prompt, "-n", &n.to_string()])
         .args(["--temp", "0", "-t", "2", "-c", "1024", "--json"])
+        .args(extra)
         .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
+        .unwrap()
 }
 
 /// A one-message chat as the server renders it with the model's template
