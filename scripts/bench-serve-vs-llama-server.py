@@ -16,9 +16,9 @@ spinfer, llama, ...) because the machine is shared and noisy; the table reports
 the median over reps of the per-rep ratio spinfer/llama, plus per-engine
 medians. Generated token counts come from `usage.completion_tokens`
 (stream_options.include_usage) or, failing that, the number of text chunks;
-mismatches against max_tokens are reported. spinfer has no ignore_eos, so the
-prompts were chosen so that SmolLM2 does not greedily stop within 64 tokens;
---llama-ignore-eos additionally sends ignore_eos to llama-server. Before each
+mismatches against max_tokens are reported. The prompts were chosen so that
+SmolLM2 does not greedily stop within 64 tokens; --ignore-eos sends
+ignore_eos to both servers, so every request runs to max_tokens. Before each
 round the CPU cores kept busy by other processes are sampled from /proc/stat
 and printed: llama.cpp's OpenMP threads slow down sharply when a small machine
 is oversubscribed, so compare only rounds run on a quiet machine.
@@ -125,7 +125,7 @@ def one_request(port, prompt, a, engine, out, barrier=None):
     """Streams one completion; fills out with start/ttft/end (absolute) and tokens."""
     body = {"prompt": prompt, "max_tokens": a.max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
-    if engine == "llama" and a.llama_ignore_eos:
+    if a.ignore_eos:
         body["ignore_eos"] = True
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     if barrier:
@@ -224,7 +224,7 @@ def main():
     ap.add_argument("--streams", default="1,4,16")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--llama-ignore-eos", action="store_true", help="send ignore_eos to llama-server")
+    ap.add_argument("--ignore-eos", action="store_true", help="send ignore_eos to both servers")
     ap.add_argument("--max-busy", type=float, default=9e9, help="wait until other processes use fewer cores")
     ap.add_argument("--max-wait", type=float, default=120, help="at most this many seconds per round")
     ap.add_argument("--json")

@@ -66,7 +66,7 @@ fn capital_of_france_is_paris_in_every_mode() {
             sampler: SamplerParams::greedy(),
             stop: vec![],
             add_bos: None,
-            constraint: None,
+            ..Default::default()
         };
         let mut s = e.new_session();
         let g = generate(&e.model, &e.tokenizer, &mut s, "The capital of France is", &params, &mut |_| {

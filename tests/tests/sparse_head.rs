@@ -48,7 +48,7 @@ fn greedy(e: &Engine, prompt: &str, n: usize, add_bos: bool) -> Vec<u32> {
         sampler: SamplerParams::greedy(),
         stop: vec![],
         add_bos: Some(add_bos),
-        constraint: None,
+        ..Default::default()
     };
     let mut s = e.new_session();
     generate(&e.model, &e.tokenizer, &mut s, prompt, &params, &mut |_| ControlFlow::Continue(())).unwrap().tokens

@@ -596,7 +596,7 @@ fn sparse_ffn_and_sparse_head_compose() {
             sampler: SamplerParams::greedy(),
             stop: vec![],
             add_bos: None,
-            constraint: None,
+            ..Default::default()
         };
         let mut s = e.new_session();
         let g =

@@ -260,6 +260,10 @@ pub struct GenerateArgs {
     pub n_predict: usize,
     #[command(flatten)]
     pub sampling: crate::sampling::SamplingArgs,
+    /// Never end at an end-of-generation token: generate -n tokens (or
+    /// until a stop string or the context ends it).
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// Stop when this string appears (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
@@ -317,8 +321,8 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         max_tokens: a.n_predict,
         sampler: a.sampling.params()?,
         stop: a.stop.clone(),
-        add_bos: None,
-        constraint: None,
+        ignore_eos: a.ignore_eos,
+        ..GenerateParams::default()
     };
     let output = Output { json: a.common.json, quiet: a.common.quiet };
     if a.gpu_budget_mb.is_some() && a.device != Device::Cuda {

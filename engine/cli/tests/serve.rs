@@ -69,6 +69,41 @@ fn penalties_and_biases_answer_as_generate_does() {
     assert_eq!((st, v["error"]["param"].as_str()), (400, Some("logit_bias")), "{v}");
 }
 
+/// `ignore_eos` and `min_tokens` hold off the end of generation: the
+/// server's `ignore_eos` answers as `generate --ignore-eos`, and
+/// `min_tokens` is a floor on the answer's length.
+#[test]
+fn ignore_eos_and_min_tokens_hold_off_the_end() {
+    let Some(model) = spinfer_test_support::smollm2() else { return };
+    let prompt = render_chat(&model, "Say hi.");
+    let natural = cli_generate(&model, &prompt, 64);
+    let n = natural["tokens"].as_array().unwrap().len();
+    assert_eq!(natural["stop_reason"], "EndOfGeneration");
+    assert!(n < 60, "the answer should end by itself: {natural}");
+    let forced = cli_generate_with(&model, &prompt, 64, &["--ignore-eos"]);
+    assert_eq!((forced["tokens"].as_array().unwrap().len(), forced["stop_reason"].as_str()), (64, Some("MaxTokens")));
+
+    let served = Served::start(&model, "slots = 2", "ctx = 1024");
+    let ask = |extra: Value| {
+        let mut body = json!({"prompt": prompt, "max_tokens": 64, "temperature": 0});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (st, v) = post(&served.addr, "/v1/completions", &body);
+        assert_eq!(st, 200, "{v}");
+        v
+    };
+    let v = ask(json!({"ignore_eos": true}));
+    assert_eq!(v["choices"][0]["text"], forced["text"]);
+    assert_eq!(
+        (v["usage"]["completion_tokens"].as_u64(), v["choices"][0]["finish_reason"].as_str()),
+        (Some(64), Some("length"))
+    );
+    let floor = n + 8;
+    let v = ask(json!({"min_tokens": floor}));
+    let got = v["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+    assert!(got >= floor, "{got} tokens under min_tokens {floor}: {v}");
+    assert!(v["choices"][0]["text"].as_str().unwrap().starts_with(natural["text"].as_str().unwrap()), "{v}");
+}
+
 #[test]
 fn the_openai_client_gets_the_embedders_vectors() {
     let Some(dir) = spinfer_test_support::minilm() else { return };

@@ -151,6 +151,20 @@ fn the_server_constrains_as_generate_does_alone_and_batched() {
     }
     assert_eq!(served_text(&addr, requests[5].0.clone()), requests[5].1);
 
+    // Holding off the end (min_tokens past the object's length) cannot
+    // break the schema: whitespace pads it, and a complete object ends.
+    let mut body = with(base(&chat, 96), "json_schema", schema.clone());
+    body["min_tokens"] = json!(90);
+    let (st, v) = post(&addr, "/v1/completions", &body);
+    assert_eq!(st, 200, "{v}");
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    if v["choices"][0]["finish_reason"] == "stop" {
+        let o: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert!(o["name"].is_string() && o["age"].is_i64(), "{text}");
+    } else {
+        assert!(text.trim_start().starts_with('{'), "{text}");
+    }
+
     let expect = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "question": QUESTION, "person_text": person});
     python_checks("structured", &served, &expect);
 }

@@ -41,7 +41,7 @@ fn greedy_on_both(m: &GpuModel, cpu: &Engine, p: &RefPrompt, add_bos: bool) -> (
         sampler: SamplerParams::greedy(),
         stop: vec![],
         add_bos: Some(add_bos),
-        constraint: None,
+        ..Default::default()
     };
     let mut s = m.new_session().unwrap();
     let go_on = &mut |_: &str| ControlFlow::Continue(());

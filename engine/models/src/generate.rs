@@ -23,11 +23,26 @@ pub struct GenerateParams {
     /// What the output must follow (a grammar, a JSON schema); `None`: any
     /// text.
     pub constraint: Option<ConstraintSource>,
+    /// End-of-generation tokens may not be chosen before this many tokens
+    /// are generated (vLLM's `min_tokens`).
+    pub min_tokens: usize,
+    /// End-of-generation tokens are never chosen: the generation runs to
+    /// `max_tokens`, a stop string or the context (llama.cpp's
+    /// `--ignore-eos`, for benchmarks).
+    pub ignore_eos: bool,
 }
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        Self { max_tokens: 128, sampler: SamplerParams::default(), stop: Vec::new(), add_bos: None, constraint: None }
+        Self {
+            max_tokens: 128,
+            sampler: SamplerParams::default(),
+            stop: Vec::new(),
+            add_bos: None,
+            constraint: None,
+            min_tokens: 0,
+            ignore_eos: false,
+        }
     }
 }
 
@@ -216,8 +231,13 @@ pub fn encode_prompt(tokenizer: &Tokenizer, prompt: &str, add_bos: Option<bool>,
 pub struct Continuation<'t> {
     tokenizer: &'t Tokenizer,
     sampler: Sampler,
-    /// The output constraint, and the buffer its masked logits go to.
-    constraint: Option<(Box<dyn TokenConstraint>, Vec<f32>)>,
+    /// The output constraint.
+    constraint: Option<Box<dyn TokenConstraint>>,
+    /// End-of-generation tokens are masked until this many tokens are
+    /// generated (`usize::MAX`: always).
+    eog_from: usize,
+    /// The logits after masking (a constraint's, end-of-generation).
+    masked: Vec<f32>,
     history: Vec<u32>,
     out: StopWatcher,
     decoder: StreamDecoder<'t>,
@@ -233,7 +253,9 @@ impl<'t> Continuation<'t> {
         Ok(Self {
             tokenizer,
             sampler: Sampler::new(params.sampler.clone())?,
-            constraint: params.constraint.as_ref().map(|c| c.make().map(|c| (c, Vec::new()))).transpose()?,
+            constraint: params.constraint.as_ref().map(ConstraintSource::make).transpose()?,
+            eog_from: if params.ignore_eos { usize::MAX } else { params.min_tokens },
+            masked: Vec::new(),
             history: prompt_ids.to_vec(),
             out: StopWatcher::new(params.stop.clone()),
             decoder: StreamDecoder::new(tokenizer),
@@ -257,23 +279,44 @@ impl<'t> Continuation<'t> {
         if self.stop_reason.is_some() {
             return Ok(None);
         }
-        let next = match &mut self.constraint {
-            None => self.sampler.sample(logits, &self.history, self.tokens.len()),
-            Some((c, masked)) => {
-                masked.clear();
-                masked.extend_from_slice(logits);
-                c.mask(masked)?;
-                self.sampler.sample(masked, &self.history, self.tokens.len())
+        let suppress = self.tokens.len() < self.eog_from;
+        let next = if self.constraint.is_none() && !suppress {
+            self.sampler.sample(logits, &self.history, self.tokens.len())
+        } else {
+            self.masked.clear();
+            self.masked.extend_from_slice(logits);
+            if let Some(c) = &mut self.constraint {
+                c.mask(&mut self.masked)?;
             }
+            if suppress {
+                self.mask_eog();
+            }
+            self.sampler.sample(&self.masked, &self.history, self.tokens.len())
         };
         self.next_chosen(next, pos, ctx, on_text)
     }
 
+    /// Masks the end-of-generation tokens in `masked`, unless a constraint
+    /// left nothing else (its output is complete: it ends).
+    fn mask_eog(&mut self) {
+        let eog = self.tokenizer.eog_ids();
+        let kept: Vec<(usize, f32)> =
+            eog.iter().filter_map(|&t| self.masked.get(t as usize).map(|&l| (t as usize, l))).collect();
+        for &(t, _) in &kept {
+            self.masked[t] = f32::NEG_INFINITY;
+        }
+        if self.constraint.is_some() && !self.masked.iter().any(|l| *l > f32::NEG_INFINITY) {
+            for (t, l) in kept {
+                self.masked[t] = l;
+            }
+        }
+    }
+
     /// Whether the sampler is plain greedy (temperature 0, no penalty, no
-    /// constraint): its pick is then the first largest logit, which a
+    /// constraint, end-of-generation tokens allowed): its pick is then the first largest logit, which a
     /// session may make itself ([`DecodeSession::next_token_greedy`]).
     pub fn is_greedy(&self) -> bool {
-        self.sampler.params().is_plain_greedy() && self.constraint.is_none()
+        self.sampler.params().is_plain_greedy() && self.constraint.is_none() && self.eog_from == 0
     }
 
     /// [`Continuation::next`] with the token already chosen (by
@@ -292,7 +335,7 @@ impl<'t> Continuation<'t> {
             return Ok(self.stop(StopReason::EndOfGeneration));
         }
         let complete = match &mut self.constraint {
-            Some((c, _)) => c.commit(next)?,
+            Some(c) => c.commit(next)?,
             None => false,
         };
         self.tokens.push(next);

@@ -159,7 +159,15 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
     .map_err(|e| ApiError::internal(e.to_string()))??;
     let ctx = engine.model.options.ctx;
     let max_tokens = req.max_tokens.unwrap_or(st.max_tokens_cap).min(ctx - ids.len());
-    let params = GenerateParams { max_tokens, sampler: req.sampler, stop: req.stop, add_bos: None, constraint };
+    let params = GenerateParams {
+        max_tokens,
+        sampler: req.sampler,
+        stop: req.stop,
+        add_bos: None,
+        constraint,
+        min_tokens: req.min_tokens,
+        ignore_eos: req.ignore_eos,
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let now = Instant::now();
     let first_token = ids.first().copied();

@@ -35,6 +35,10 @@ pub struct Completion {
     pub echo: bool,
     /// The output constraint and the field that set it.
     pub constraint: Option<(&'static str, Spec)>,
+    /// vLLM's `min_tokens`: no end of generation before this many tokens.
+    pub min_tokens: usize,
+    /// vLLM's and llama-server's `ignore_eos`.
+    pub ignore_eos: bool,
 }
 
 #[derive(Debug)]
@@ -88,6 +92,8 @@ const COMPLETION_FIELDS: &[&str] = &[
     "frequency_penalty",
     "presence_penalty",
     "logprobs",
+    "min_tokens",
+    "ignore_eos",
 ];
 
 /// Most token ids of a prompt given as ids (a body of 1 MB holds fewer).
@@ -149,6 +155,21 @@ fn max_tokens(m: &Map<String, Value>, key: &str, cap: usize) -> Result<Option<us
         return Err(ApiError::invalid(key, format!("{key} = {n} is above this server's limit of {cap}")));
     }
     Ok(Some(n as usize))
+}
+
+/// `min_tokens`: a count up to `cap` and to `max_tokens` (`key`) when that
+/// is given.
+fn min_tokens(m: &Map<String, Value>, key: &str, cap: usize) -> Result<usize, ApiError> {
+    let Some(n) = number(m, "min_tokens", 0.0, cap as f64)? else { return Ok(0) };
+    if n.fract() != 0.0 {
+        return Err(ApiError::invalid("min_tokens", "min_tokens must be an integer"));
+    }
+    match max_tokens(m, key, cap)? {
+        Some(max) if n as usize > max => {
+            Err(ApiError::invalid("min_tokens", format!("min_tokens = {n} is above {key} = {max}")))
+        }
+        _ => Ok(n as usize),
+    }
 }
 
 /// `logit_bias`: `{"token id": bias}`, biases in [-100, 100] (the ids are
@@ -238,6 +259,8 @@ fn common(m: &Map<String, Value>, cap: usize, key: &str) -> Result<Completion, A
         logprobs: None,
         echo: false,
         constraint: structured::read(m)?,
+        min_tokens: min_tokens(m, key, cap)?,
+        ignore_eos: boolean(m, "ignore_eos")?,
     })
 }
 
@@ -397,6 +420,9 @@ mod tests {
             (serde_json::json!({"logit_bias": {"1": 101}}), "logit_bias"),
             (serde_json::json!({"logit_bias": [1]}), "logit_bias"),
             (serde_json::json!({"frequency_penalty": 2.5}), "frequency_penalty"),
+            (serde_json::json!({"min_tokens": 5, "max_tokens": 4}), "min_tokens"),
+            (serde_json::json!({"min_tokens": 1.5}), "min_tokens"),
+            (serde_json::json!({"ignore_eos": 1}), "ignore_eos"),
             (serde_json::json!({"presence_penalty": "x"}), "presence_penalty"),
             (serde_json::json!({"tools": []}), "tools"),
             (serde_json::json!({"bogus": 1}), "bogus"),

@@ -40,7 +40,7 @@ pub(crate) fn generate_params(p: &GenerateParams) -> ruvllm::Result<SpinferParam
         sampler,
         stop: p.stop_sequences.clone(),
         add_bos: None,
-        constraint: None,
+        ..Default::default()
     })
 }
 

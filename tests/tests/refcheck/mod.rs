@@ -26,7 +26,7 @@ pub fn greedy(e: &Engine, p: &RefPrompt, add_bos: bool) -> (Vec<u32>, String) {
         sampler: SamplerParams::greedy(),
         stop: vec![],
         add_bos: Some(add_bos),
-        constraint: None,
+        ..Default::default()
     };
     let mut s = e.new_session();
     let mut streamed = String::new();
