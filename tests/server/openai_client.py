@@ -97,10 +97,31 @@ def generate(c, expect):
     except openai.NotFoundError as e:
         assert e.body["code"] == "model_not_found", e.body
     try:
-        c.chat.completions.create(model=model, messages=messages, max_tokens=4, n=2)
-        raise AssertionError("n = 2 was accepted")
+        c.chat.completions.create(model=model, messages=messages, max_tokens=4, n=17)
+        raise AssertionError("n = 17 was accepted")
     except openai.BadRequestError as e:
         assert e.body["param"] == "n", e.body
+
+    # n choices: sampled ones differ by seed; greedy ones are all the greedy text.
+    r = c.chat.completions.create(model=model, messages=messages, max_tokens=32, temperature=0, n=3)
+    assert [ch.index for ch in r.choices] == [0, 1, 2], r.choices
+    assert all(ch.message.content == expect["chat_text"] for ch in r.choices), r.choices
+    assert r.usage.prompt_tokens == expect["chat_prompt_tokens"], r.usage
+    assert r.usage.completion_tokens == 3 * len(whole_tokens(c, model, messages)), r.usage
+    pieces = {}
+    for chunk in c.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=1.0, seed=5,
+                                           n=2, stream=True):
+        for ch in chunk.choices:
+            pieces.setdefault(ch.index, []).append(ch.delta.content or "")
+    for i in (0, 1):
+        alone = c.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=1.0, seed=5 + i)
+        assert "".join(pieces[i]) == alone.choices[0].message.content, (i, pieces[i], alone.choices[0].message.content)
+
+
+def whole_tokens(c, model, messages):
+    """The greedy answer's completion tokens, from one n = 1 request."""
+    r = c.chat.completions.create(model=model, messages=messages, max_tokens=32, temperature=0, logprobs=True)
+    return r.choices[0].logprobs.content
 
 
 def embed(c, expect):

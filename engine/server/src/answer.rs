@@ -1,7 +1,8 @@
 //! A chat or text completion's answer from the scheduler's events: whole
 //! (one JSON body) or streamed (server-sent events in OpenAI's chunk
 //! format, ending with `[DONE]`), with `usage`, `finish_reason`, the
-//! echoed prompt and log-probabilities when asked for.
+//! echoed prompt and log-probabilities when asked for; `n` choices, each
+//! from its own job, carry their index.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -35,6 +36,8 @@ pub struct Shape {
     pub first_token: Option<u32>,
     pub prompt_chars: usize,
     pub include_usage: bool,
+    /// Choices asked for (`n`), each one job; events carry its index.
+    pub choices: usize,
 }
 
 impl Shape {
@@ -66,11 +69,16 @@ fn usage(prompt: usize, cached: usize, completion: usize) -> Value {
            "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
-/// Waits for the whole answer.
-pub async fn whole(shape: Shape, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Response, ApiError> {
+/// Waits for the whole answer: every choice's.
+pub async fn whole(shape: Shape, mut rx: mpsc::UnboundedReceiver<(usize, Event)>) -> Result<Response, ApiError> {
     let tok = &shape.engine.tokenizer;
-    let (mut chosen, mut text_lps) = (Vec::<TokenLogprob>::new(), shape.text_logprobs());
-    while let Some(ev) = rx.recv().await {
+    let n = shape.choices;
+    let mut chosen: Vec<Vec<TokenLogprob>> = (0..n).map(|_| Vec::new()).collect();
+    let mut text_lps: Vec<TextLogprobs> = (0..n).map(|_| shape.text_logprobs()).collect();
+    let mut choices: Vec<Value> = vec![Value::Null; n];
+    let mut usage_of = (0, 0, 0);
+    while let Some((i, ev)) = rx.recv().await {
+        let (Some(chosen), Some(text_lps)) = (chosen.get_mut(i), text_lps.get_mut(i)) else { continue };
         match ev {
             Event::Piece { logprob: Some(lp), .. } if shape.chat => chosen.push(lp),
             Event::Piece { logprob: Some(lp), .. } => text_lps.push(tok, lp.token, Some(&lp)),
@@ -78,34 +86,53 @@ pub async fn whole(shape: Shape, mut rx: mpsc::UnboundedReceiver<Event>) -> Resu
             Event::Prompt(lps) => lps.iter().for_each(|lp| text_lps.push(tok, lp.token, Some(lp))),
             Event::Failed(e) => return Err(e),
             Event::Done { reason, prompt_tokens, cached_tokens, completion_tokens, text } => {
+                // The prompt is counted once (OpenAI's usage), its cached
+                // part as the first choice found it.
+                usage_of.0 = prompt_tokens;
+                if i == 0 {
+                    usage_of.1 = cached_tokens;
+                }
+                usage_of.2 += completion_tokens;
                 let logprobs = match (shape.logprobs, shape.chat) {
                     (false, _) => Value::Null,
-                    (true, true) => chat_content(tok, &chosen),
+                    (true, true) => chat_content(tok, chosen),
                     (true, false) => text_lps.take(),
                 };
-                let choice = if shape.chat {
-                    json!({"index": 0, "message": {"role": "assistant", "content": text},
+                choices[i] = if shape.chat {
+                    json!({"index": i, "message": {"role": "assistant", "content": text},
                            "finish_reason": finish_reason(reason), "logprobs": logprobs})
                 } else {
                     let text = shape.echo.as_deref().unwrap_or_default().to_string() + &text;
-                    json!({"index": 0, "text": text, "finish_reason": finish_reason(reason), "logprobs": logprobs})
+                    json!({"index": i, "text": text, "finish_reason": finish_reason(reason), "logprobs": logprobs})
                 };
-                let body = json!({
-                    "id": shape.id, "object": if shape.chat { "chat.completion" } else { "text_completion" },
-                    "created": shape.created, "model": shape.model, "choices": [choice],
-                    "usage": usage(prompt_tokens, cached_tokens, completion_tokens),
-                });
-                return Ok(axum::Json(body).into_response());
+                if choices.iter().all(|c| !c.is_null()) {
+                    let body = json!({
+                        "id": shape.id, "object": if shape.chat { "chat.completion" } else { "text_completion" },
+                        "created": shape.created, "model": shape.model, "choices": choices,
+                        "usage": usage(usage_of.0, usage_of.1, usage_of.2),
+                    });
+                    return Ok(axum::Json(body).into_response());
+                }
             }
         }
     }
     Err(ApiError::internal("the request ended without an answer"))
 }
 
-/// Server-sent events in OpenAI's chunk format, ending with `[DONE]`.
+/// What a stream keeps between events.
+struct StreamState {
+    text_lps: Vec<TextLogprobs>,
+    done: usize,
+    usage: (usize, usize, usize),
+    ended: bool,
+}
+
+/// Server-sent events in OpenAI's chunk format, each choice's chunks
+/// carrying its index, ending with `[DONE]` once every choice is done (or
+/// at the first failure).
 pub fn stream(
     shape: Shape,
-    rx: mpsc::UnboundedReceiver<Event>,
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     let object = if shape.chat { "chat.completion.chunk" } else { "text_completion" };
     let (id, created, model, chat) = (shape.id.clone(), shape.created, shape.model.clone(), shape.chat);
@@ -117,57 +144,78 @@ pub fn stream(
         }
         SseEvent::default().data(c.to_string())
     };
-    let piece = move |text: &str, finish: Option<&str>, logprobs: Value| {
+    let piece = move |i: usize, text: &str, finish: Option<&str>, logprobs: Value| {
         if chat {
             let delta = if finish.is_some() { json!({}) } else { json!({"content": text}) };
-            json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs})
+            json!({"index": i, "delta": delta, "finish_reason": finish, "logprobs": logprobs})
         } else {
-            json!({"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs})
+            json!({"index": i, "text": text, "finish_reason": finish, "logprobs": logprobs})
         }
     };
-    let mut text_lps = shape.text_logprobs();
-    let first = if chat {
-        Some(chunk(json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}), None))
-    } else {
-        shape.echo.as_deref().map(|p| {
-            let lps = if shape.logprobs { text_lps.take() } else { Value::Null };
-            chunk(piece(p, None, lps), None)
+    let n = shape.choices;
+    let mut text_lps: Vec<TextLogprobs> = (0..n).map(|_| shape.text_logprobs()).collect();
+    let first: Vec<SseEvent> = (0..n)
+        .filter_map(|i| {
+            if chat {
+                let role = json!({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": null});
+                Some(chunk(role, None))
+            } else {
+                shape.echo.as_deref().map(|p| {
+                    let lps = if shape.logprobs { text_lps[i].take() } else { Value::Null };
+                    chunk(piece(i, p, None, lps), None)
+                })
+            }
         })
-    };
+        .collect();
     let (engine, logprobs, include_usage) = (shape.engine, shape.logprobs, shape.include_usage);
-    let events = UnboundedReceiverStream::new(rx).flat_map(move |ev| {
+    let state = StreamState { text_lps, done: 0, usage: (0, 0, 0), ended: false };
+    let events = UnboundedReceiverStream::new(rx).scan(state, move |st, (i, ev)| {
         let tok = &engine.tokenizer;
-        let out: Vec<SseEvent> = match ev {
-            Event::Piece { text, logprob } => {
-                let lps = match (logprob, chat) {
-                    (Some(lp), true) => chat_content(tok, &[lp]),
-                    (Some(lp), false) => {
-                        text_lps.push(tok, lp.token, Some(&lp));
-                        text_lps.take()
-                    }
-                    (None, _) => Value::Null,
-                };
-                vec![chunk(piece(&text, None, lps), None)]
-            }
-            Event::Prompt(lps) if logprobs => {
-                lps.iter().for_each(|lp| text_lps.push(tok, lp.token, Some(lp)));
-                vec![chunk(piece("", None, text_lps.take()), None)]
-            }
-            Event::Prompt(_) => Vec::new(),
-            Event::Failed(e) => {
-                vec![SseEvent::default().data(e.body().to_string()), SseEvent::default().data("[DONE]")]
-            }
-            Event::Done { reason, prompt_tokens, cached_tokens, completion_tokens, .. } => {
-                let mut v = vec![chunk(piece("", Some(finish_reason(reason)), Value::Null), None)];
-                if include_usage {
-                    v.push(chunk(Value::Null, Some(usage(prompt_tokens, cached_tokens, completion_tokens))));
+        let out: Option<Vec<SseEvent>> = match (st.ended, st.text_lps.get_mut(i), ev) {
+            (true, _, _) => None,
+            (false, None, _) => Some(Vec::new()),
+            (false, Some(lps_i), ev) => Some(match ev {
+                Event::Piece { text, logprob } => {
+                    let lps = match (logprob, chat) {
+                        (Some(lp), true) => chat_content(tok, &[lp]),
+                        (Some(lp), false) => {
+                            lps_i.push(tok, lp.token, Some(&lp));
+                            lps_i.take()
+                        }
+                        (None, _) => Value::Null,
+                    };
+                    vec![chunk(piece(i, &text, None, lps), None)]
                 }
-                v.push(SseEvent::default().data("[DONE]"));
-                v
-            }
+                Event::Prompt(lps) if logprobs => {
+                    lps.iter().for_each(|lp| lps_i.push(tok, lp.token, Some(lp)));
+                    vec![chunk(piece(i, "", None, lps_i.take()), None)]
+                }
+                Event::Prompt(_) => Vec::new(),
+                Event::Failed(e) => {
+                    st.ended = true;
+                    vec![SseEvent::default().data(e.body().to_string()), SseEvent::default().data("[DONE]")]
+                }
+                Event::Done { reason, prompt_tokens, cached_tokens, completion_tokens, .. } => {
+                    st.done += 1;
+                    st.usage.0 = prompt_tokens;
+                    if i == 0 {
+                        st.usage.1 = cached_tokens;
+                    }
+                    st.usage.2 += completion_tokens;
+                    let mut v = vec![chunk(piece(i, "", Some(finish_reason(reason)), Value::Null), None)];
+                    if st.done == n {
+                        st.ended = true;
+                        if include_usage {
+                            v.push(chunk(Value::Null, Some(usage(st.usage.0, st.usage.1, st.usage.2))));
+                        }
+                        v.push(SseEvent::default().data("[DONE]"));
+                    }
+                    v
+                }
+            }),
         };
-        futures_util::stream::iter(out)
+        std::future::ready(out)
     });
-    let all = futures_util::stream::iter(first).chain(events).map(Ok);
+    let all = futures_util::stream::iter(first).chain(events.flat_map(futures_util::stream::iter)).map(Ok);
     Sse::new(all).keep_alive(KeepAlive::default())
 }

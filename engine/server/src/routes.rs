@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 
 use crate::answer;
 use crate::error::ApiError;
-use crate::scheduler::Job;
+use crate::scheduler::{Events, Job};
 use crate::state::{AppState, Served, body_of};
 use crate::tokens;
 use crate::wire::{self, Completion, Input};
@@ -171,15 +171,25 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
     let (tx, rx) = mpsc::unbounded_channel();
     let now = Instant::now();
     let first_token = ids.first().copied();
-    scheduler.submit(Job {
-        prompt: ids,
-        logprobs: req.logprobs,
-        prompt_logprobs: req.echo && req.logprobs.is_some(),
-        params,
-        events: tx,
-        received: now,
-        deadline: now + st.timeout,
-    })?;
+    // One job per choice, each with its own seed (the request's, plus its
+    // index), on one channel.
+    let jobs = (0..req.n)
+        .map(|i| {
+            let mut params = params.clone();
+            params.sampler.seed = params.sampler.seed.wrapping_add(i as u64);
+            Job {
+                prompt: ids.clone(),
+                logprobs: req.logprobs,
+                prompt_logprobs: req.echo && req.logprobs.is_some(),
+                params,
+                events: Events::new(tx.clone(), i),
+                received: now,
+                deadline: now + st.timeout,
+            }
+        })
+        .collect();
+    drop(tx);
+    scheduler.submit(jobs)?;
     let shape = answer::Shape {
         engine: engine.clone(),
         model: st.model_name.clone(),
@@ -191,6 +201,7 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
         prompt_chars: text.chars().count(),
         echo: req.echo.then_some(text),
         include_usage: req.include_usage,
+        choices: req.n,
     };
     if req.stream { Ok(answer::stream(shape, rx).into_response()) } else { answer::whole(shape, rx).await }
 }

@@ -23,6 +23,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::error::SendError;
 
 use crate::error::ApiError;
 use crate::logprobs::TokenLogprob;
@@ -54,7 +55,30 @@ pub enum Event {
     Failed(ApiError),
 }
 
-/// A request, tokenized and checked.
+/// Where a job's events go: its request's channel, tagged with the job's
+/// choice index (a request for `n` choices runs `n` jobs on one channel,
+/// so a client that leaves cancels them all).
+#[derive(Clone)]
+pub struct Events {
+    tx: UnboundedSender<(usize, Event)>,
+    index: usize,
+}
+
+impl Events {
+    pub fn new(tx: UnboundedSender<(usize, Event)>, index: usize) -> Self {
+        Self { tx, index }
+    }
+
+    pub fn send(&self, ev: Event) -> Result<(), SendError<(usize, Event)>> {
+        self.tx.send((self.index, ev))
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// A request's job (one of its choices), tokenized and checked.
 pub struct Job {
     pub prompt: Vec<u32>,
     /// Alternatives per token when log-probabilities are asked for.
@@ -63,7 +87,7 @@ pub struct Job {
     /// used: they need every prompt position's logits).
     pub prompt_logprobs: bool,
     pub params: GenerateParams,
-    pub events: UnboundedSender<Event>,
+    pub events: Events,
     pub received: Instant,
     pub deadline: Instant,
 }
@@ -101,13 +125,21 @@ impl Scheduler {
         Ok(Self { tx, waiting, queue, thread: Some(thread) })
     }
 
-    /// Queues `job`; a full queue is a 429.
-    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
-        let queue = self.queue;
-        if self.waiting.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| (w < queue).then_some(w + 1)).is_err() {
+    /// Queues a request's jobs (one per choice), all or none: a queue
+    /// without room for all of them is a 429.
+    pub fn submit(&self, jobs: Vec<Job>) -> Result<(), ApiError> {
+        let (queue, n) = (self.queue, jobs.len());
+        if self
+            .waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| (w + n <= queue).then_some(w + n))
+            .is_err()
+        {
             return Err(ApiError::queue_full(queue));
         }
-        self.tx.send(Msg::Job(Box::new(job))).map_err(|_| ApiError::unavailable("the scheduler has stopped"))
+        for job in jobs {
+            self.tx.send(Msg::Job(Box::new(job))).map_err(|_| ApiError::unavailable("the scheduler has stopped"))?;
+        }
+        Ok(())
     }
 
     /// Cancels everything in flight and stops the thread.
@@ -127,7 +159,7 @@ impl Drop for Scheduler {
 
 /// A request holding a slot.
 struct Active<'e> {
-    events: UnboundedSender<Event>,
+    events: Events,
     cont: Continuation<'e>,
     prompt: Vec<u32>,
     /// Prompt tokens already run or found in the slot's cache.

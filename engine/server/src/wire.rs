@@ -1,6 +1,6 @@
 //! OpenAI's request shapes, read strictly: every field is checked by
 //! name, a field that would change the result but is not implemented
-//! (`n > 1`, `tools`…) is a 400 naming it, and an unknown
+//! (`tools`, `best_of`…) is a 400 naming it, and an unknown
 //! field is a 400 as OpenAI answers it ("unrecognized request argument").
 
 use serde_json::{Map, Value};
@@ -39,6 +39,8 @@ pub struct Completion {
     pub min_tokens: usize,
     /// vLLM's and llama-server's `ignore_eos`.
     pub ignore_eos: bool,
+    /// Choices to generate (`n`), each its own sequence with its own seed.
+    pub n: usize,
 }
 
 #[derive(Debug)]
@@ -60,6 +62,8 @@ pub struct Embeddings {
 
 /// Most inputs of one embeddings request (OpenAI's limit).
 pub const MAX_EMBED_INPUTS: usize = 2048;
+/// Most choices of one request (`n`): each is a sequence in a slot.
+pub const MAX_CHOICES: usize = 16;
 /// Most stop strings (OpenAI's limit).
 const MAX_STOPS: usize = 4;
 
@@ -196,7 +200,6 @@ fn logit_bias(m: &Map<String, Value>) -> Result<Vec<(u32, f32)>, ApiError> {
 /// The fields chat and text completions share: sampling, stop, stream
 /// and the unsupported ones.
 fn common(m: &Map<String, Value>, cap: usize, key: &str) -> Result<Completion, ApiError> {
-    only_default(m, "n", |v| v.as_i64() == Some(1), "one choice per request (n = 1)")?;
     let mut sampler = SamplerParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..SamplerParams::default() };
     if let Some(p) = number(m, "frequency_penalty", -2.0, 2.0)? {
         sampler.frequency_penalty = p as f32;
@@ -261,6 +264,12 @@ fn common(m: &Map<String, Value>, cap: usize, key: &str) -> Result<Completion, A
         constraint: structured::read(m)?,
         min_tokens: min_tokens(m, key, cap)?,
         ignore_eos: boolean(m, "ignore_eos")?,
+        n: number(m, "n", 1.0, MAX_CHOICES as f64)?
+            .map(
+                |n| if n.fract() == 0.0 { Ok(n as usize) } else { Err(ApiError::invalid("n", "n must be an integer")) },
+            )
+            .transpose()?
+            .unwrap_or(1),
     })
 }
 
@@ -415,7 +424,9 @@ mod tests {
     fn unsupported_and_unknown_fields_are_named() {
         let base = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
         for (extra, param) in [
-            (serde_json::json!({"n": 2}), "n"),
+            (serde_json::json!({"n": 17}), "n"),
+            (serde_json::json!({"n": 0}), "n"),
+            (serde_json::json!({"n": 1.5}), "n"),
             (serde_json::json!({"logit_bias": {"one": 5}}), "logit_bias"),
             (serde_json::json!({"logit_bias": {"1": 101}}), "logit_bias"),
             (serde_json::json!({"logit_bias": [1]}), "logit_bias"),
