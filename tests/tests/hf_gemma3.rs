@@ -76,6 +76,25 @@ fn a_checkpoint_quantised_on_load_reads_a_quarter_and_stays_close() {
         // logits span ±2.5, the measured error is 0.10.
         assert!(d < 0.25 && same + 2 >= ids.len(), "{precision:?}: {d}, {same}");
     }
+    // The 4-bit types: 18 (Q4_0) or 20 (Q4_1) bytes per 32 weights in the
+    // layers, and logits further off but still the same function (the
+    // random weights' logits span ±2.5).
+    for (to, block) in [(Requant::Q4_1, 20), (Requant::Q4_0, 18)] {
+        let o = ModelOptions { quantize: Some(to), ..q8.clone() };
+        let m = Model::load(&plain, &registry, o.clone()).unwrap();
+        let layer_bytes: usize = m.linears().filter(|l| l.name.starts_with("blk.")).map(|l| l.weight_bytes()).sum();
+        let layer_f32: usize = Model::load(&plain, &registry, ModelOptions { quantize: None, ..o.clone() })
+            .unwrap()
+            .linears()
+            .filter(|l| l.name.starts_with("blk."))
+            .map(|l| l.weight_bytes())
+            .sum();
+        assert_eq!(layer_bytes * 32 * 4, layer_f32 * block, "{to:?}");
+        let got = logits_with(o, &ids);
+        let d = got.iter().flatten().zip(want.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        eprintln!("{to:?} on load: max |Δlogit| {d}");
+        assert!(d < 1.5, "{to:?}: {d}");
+    }
     let budget = ModelOptions { mem_budget: Some(64 << 20), ..q8 };
     let err = Model::load(&plain, &registry, budget).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("q8_0") && err.contains("memory budget"), "{err}");

@@ -135,6 +135,27 @@ fn check_weights(e: &Exported, round: fn(f32) -> f32) {
     }
 }
 
+/// Quantised to Q4_1 on load, the f32 export gives back the GGUF's own
+/// Q4_1 blocks: ggml's quantiser puts each block's minimum at 0 and its
+/// maximum at 15, so a block dequantised and quantised again lands on the
+/// same grid (the 4-bit quantiser checked against a model's real blocks).
+fn check_requant_q4_1(e: &Exported) {
+    use spinfer_formats::requant::{Requant, Requantized};
+    let st = open_model(e.dir()).unwrap();
+    let q = Requantized::new(st.as_ref(), Requant::Q4_1);
+    let (mut blocks, mut same) = (0usize, 0usize);
+    for name in ["blk.0.attn_v.weight", "blk.0.attn_output.weight", "blk.7.ffn_gate.weight", "blk.29.ffn_down.weight"] {
+        let (g, t) = (e.gguf.tensor(name).unwrap(), q.tensor(name).unwrap());
+        assert_eq!((g.ty, t.ty), (GgmlType::Q4_1, GgmlType::Q4_1), "{name}");
+        for (a, b) in g.data.bytes().chunks(20).zip(t.data.bytes().chunks(20)) {
+            blocks += 1;
+            same += usize::from(a == b);
+        }
+    }
+    assert!(same == blocks, "{same} of {blocks} Q4_1 blocks came back as the gguf's");
+    assert_eq!(q.tensor("token_embd.weight").unwrap().ty, GgmlType::Q8_0, "the embedding stays 8-bit");
+}
+
 /// The exported `tokenizer.json` tokenises like the GGUF vocabulary.
 fn check_tokenizer(e: &Exported) {
     use spinfer_engine::tokenizer::Tokenizer;
@@ -184,6 +205,7 @@ fn f32_export_is_the_gguf() {
     check_config(&e);
     check_tensors(&e, GgmlType::F32);
     check_weights(&e, |v| v);
+    check_requant_q4_1(&e);
     check_tokenizer(&e);
     check_logits(&e, 1e-3);
 }

@@ -87,8 +87,9 @@ pub struct CommonArgs {
     #[arg(long, value_enum)]
     pub kv_cache: Option<KvCacheArg>,
     /// Quantise float weight matrices (an f32, f16 or bf16 checkpoint) to
-    /// this type as they load: q8_0 decodes from a quarter (f32) or half
-    /// (bf16) of the bytes, on the GGUF kernels (`[model] quantize`).
+    /// this type as they load, on the GGUF kernels (`[model] quantize`):
+    /// q8_0 (8.5 bits per weight), q4_1 (5) or q4_0 (4.5; with either
+    /// 4-bit type the embedding and the head stay q8_0).
     #[arg(long, value_enum)]
     pub quantize: Option<QuantizeArg>,
     /// Print only the result on stdout.
@@ -115,12 +116,18 @@ pub enum KvCacheArg {
 pub enum QuantizeArg {
     #[value(name = "q8_0")]
     Q8_0,
+    #[value(name = "q4_1")]
+    Q4_1,
+    #[value(name = "q4_0")]
+    Q4_0,
 }
 
 impl From<QuantizeArg> for QuantizeSetting {
     fn from(q: QuantizeArg) -> Self {
         match q {
             QuantizeArg::Q8_0 => Self::Q8_0,
+            QuantizeArg::Q4_1 => Self::Q4_1,
+            QuantizeArg::Q4_0 => Self::Q4_0,
         }
     }
 }

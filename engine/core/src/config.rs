@@ -160,21 +160,28 @@ pub struct ModelSection {
     /// KV cache element type, `"f32"` or `"f16"` (default: f32 in precise
     /// mode, f16 otherwise).
     pub kv_cache: Option<KvCacheSetting>,
-    /// Quantise float weight matrices as they load: `"q8_0"` (default:
-    /// as stored).
+    /// Quantise float weight matrices as they load: `"q8_0"`, `"q4_1"`
+    /// or `"q4_0"` (default: as stored).
     pub quantize: Option<QuantizeSetting>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum QuantizeSetting {
+    #[serde(rename = "q8_0")]
     Q8_0,
+    #[serde(rename = "q4_1")]
+    Q4_1,
+    #[serde(rename = "q4_0")]
+    Q4_0,
 }
 
 impl From<QuantizeSetting> for Requant {
     fn from(q: QuantizeSetting) -> Self {
         match q {
             QuantizeSetting::Q8_0 => Requant::Q8_0,
+            QuantizeSetting::Q4_1 => Requant::Q4_1,
+            QuantizeSetting::Q4_0 => Requant::Q4_0,
         }
     }
 }
@@ -379,6 +386,10 @@ mod tests {
     fn quantize_on_load_parses_and_names_the_key() {
         let c = parse("[model]\npath = \"m\"\nquantize = \"q8_0\"\n").unwrap();
         assert_eq!(c.model_options().quantize, Some(Requant::Q8_0));
+        for (name, want) in [("q4_1", Requant::Q4_1), ("q4_0", Requant::Q4_0)] {
+            let c = parse(&format!("[model]\npath = \"m\"\nquantize = \"{name}\"\n")).unwrap();
+            assert_eq!(c.model_options().quantize, Some(want));
+        }
         assert_eq!(parse("[model]\npath = \"m\"\n").unwrap().model_options().quantize, None);
         let e = parse("[model]\npath = \"m\"\nquantize = \"q4_k\"\n").unwrap_err().to_string();
         assert!(e.contains("q4_k") && e.contains("quantize"), "{e}");
