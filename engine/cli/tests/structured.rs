@@ -168,3 +168,21 @@ fn the_server_constrains_as_generate_does_alone_and_batched() {
     let expect = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "question": QUESTION, "person_text": person});
     python_checks("structured", &served, &expect);
 }
+
+/// Gemma 3's SentencePiece vocabulary (262,144 tokens, byte-fallback
+/// tokens, whitespace-run tokens): a schema's output parses, and a regex
+/// spanning a newline (a byte token) is followed.
+#[test]
+fn gemma3_follows_a_schema_over_its_sentencepiece_vocabulary() {
+    let Some(model) = spinfer_test_support::gemma3() else { return };
+    let chat =
+        "<start_of_turn>user\nList three fruits as a JSON array of strings.<end_of_turn>\n<start_of_turn>model\n";
+    let schema = json!({"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 3});
+    let (text, stop) = constrained(&model, chat, 80, &["-j", &schema.to_string()]);
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    assert!(v.as_array().is_some_and(|a| a.len() == 3 && a.iter().all(Value::is_string)), "{text}");
+    assert_eq!(stop, "EndOfGeneration", "{text:?}");
+    let (two_lines, _) = constrained(&model, chat, 24, &["--regex", "[A-Z][a-z]+\n[A-Z][a-z]+"]);
+    let lines: Vec<&str> = two_lines.split('\n').collect();
+    assert!(lines.len() == 2 && lines.iter().all(|l| l.len() >= 2), "{two_lines:?}");
+}
