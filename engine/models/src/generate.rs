@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::model::{Model, Session};
 use crate::sampling::{ConstraintSource, Sampler, SamplerParams, TokenConstraint};
 use crate::{Error, Result};
-use spinfer_tokenizer::{StreamDecoder, Tokenizer};
+use spinfer_tokenizer::{Held, StopWatcher, StreamDecoder, Tokenizer};
 
 #[derive(Clone, Debug)]
 pub struct GenerateParams {
@@ -59,6 +59,15 @@ pub enum StopReason {
     ContextFull,
     /// The streaming callback asked to stop.
     Cancelled,
+}
+
+impl From<Held> for StopReason {
+    fn from(h: Held) -> Self {
+        match h {
+            Held::StopString => StopReason::StopString,
+            Held::Cancelled => StopReason::Cancelled,
+        }
+    }
 }
 
 /// Time spent in each phase of a request.
@@ -341,8 +350,8 @@ impl<'t> Continuation<'t> {
         self.tokens.push(next);
         self.history.push(next);
         let piece = self.decoder.push(next)?;
-        if let Some(reason) = self.out.push(&piece, on_text) {
-            return Ok(self.stop(reason));
+        if let Some(held) = self.out.push(&piece, on_text) {
+            return Ok(self.stop(held.into()));
         }
         if complete {
             return Ok(self.stop(StopReason::EndOfGeneration));
@@ -377,104 +386,11 @@ impl<'t> Continuation<'t> {
         let mut reason = self.stop_reason.unwrap_or(StopReason::MaxTokens);
         if reason != StopReason::StopString && reason != StopReason::Cancelled {
             let rest = self.decoder.finish();
-            if let Some(r) = self.out.push(&rest, on_text) {
-                reason = r;
+            if let Some(held) = self.out.push(&rest, on_text) {
+                reason = held.into();
             }
             self.out.flush(on_text);
         }
-        (self.out.text, self.tokens, reason)
-    }
-}
-
-/// Accumulates generated text, holding back the tail that could still turn
-/// into a stop string, so streamed text never contains one.
-struct StopWatcher {
-    stops: Vec<String>,
-    text: String,
-    /// Bytes of `text` already handed to the callback.
-    emitted: usize,
-    hold: usize,
-}
-
-impl StopWatcher {
-    fn new(stops: Vec<String>) -> Self {
-        let hold = stops.iter().map(|s| s.len()).max().unwrap_or(0).saturating_sub(1);
-        Self { stops, text: String::new(), emitted: 0, hold }
-    }
-
-    fn push(&mut self, piece: &str, on_text: &mut dyn FnMut(&str) -> ControlFlow<()>) -> Option<StopReason> {
-        self.text.push_str(piece);
-        let search_from = self.emitted.saturating_sub(self.hold);
-        let hit = self
-            .stops
-            .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| self.text[search_from..].find(s.as_str()).map(|i| search_from + i))
-            .min();
-        if let Some(at) = hit {
-            self.text.truncate(at);
-            self.flush(on_text);
-            return Some(StopReason::StopString);
-        }
-        let mut safe = self.text.len().saturating_sub(self.hold);
-        while !self.text.is_char_boundary(safe) {
-            safe -= 1;
-        }
-        if safe > self.emitted {
-            let flow = on_text(&self.text[self.emitted..safe]);
-            self.emitted = safe;
-            if flow.is_break() {
-                return Some(StopReason::Cancelled);
-            }
-        }
-        None
-    }
-
-    fn flush(&mut self, on_text: &mut dyn FnMut(&str) -> ControlFlow<()>) {
-        if self.text.len() > self.emitted {
-            let _ = on_text(&self.text[self.emitted..]);
-            self.emitted = self.text.len();
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn run(stops: &[&str], pieces: &[&str]) -> (String, String, Option<StopReason>) {
-        let mut w = StopWatcher::new(stops.iter().map(|s| s.to_string()).collect());
-        let mut streamed = String::new();
-        let mut reason = None;
-        for p in pieces {
-            reason = w.push(p, &mut |s| {
-                streamed.push_str(s);
-                ControlFlow::Continue(())
-            });
-            if reason.is_some() {
-                break;
-            }
-        }
-        if reason.is_none() {
-            w.flush(&mut |s| {
-                streamed.push_str(s);
-                ControlFlow::Continue(())
-            });
-        }
-        (w.text, streamed, reason)
-    }
-
-    #[test]
-    fn stop_string_split_across_pieces_is_never_streamed() {
-        let (text, streamed, reason) = run(&["\n\nThe"], &[" Paris", ".", "\n", "\n", "The", " answer"]);
-        assert_eq!(text, " Paris.");
-        assert_eq!(streamed, " Paris.");
-        assert_eq!(reason, Some(StopReason::StopString));
-    }
-
-    #[test]
-    fn without_stops_everything_streams() {
-        let (text, streamed, reason) = run(&[], &["a", "é", "c"]);
-        assert_eq!((text.as_str(), streamed.as_str(), reason), ("aéc", "aéc", None));
+        (self.out.into_text(), self.tokens, reason)
     }
 }

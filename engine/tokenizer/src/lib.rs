@@ -29,7 +29,7 @@ use spinfer_formats::gguf::{Array, GgufFile, StrList, Value};
 
 pub use error::{Error, Result};
 
-pub use stream::StreamDecoder;
+pub use stream::{Held, StopWatcher, StreamDecoder};
 
 /// GGUF token types (`tokenizer.ggml.token_type`), as llama.cpp numbers them.
 pub(crate) mod token_type {
