@@ -37,14 +37,23 @@ PEOPLE = ["a baker from Lyon", "a retired pilot", "a young chess player", "a mar
 
 
 def ask(port, i, a, constrained, out):
-    body = {"messages": [{"role": "user", "content": f"Describe {PEOPLE[i % len(PEOPLE)]} as JSON with name, "
-                          "age, city and hobbies."}], "max_tokens": a.max_tokens, "temperature": 0}
-    if constrained:
-        body["response_format"] = {"type": "json_schema",
-                                   "json_schema": {"name": "Person", "schema": SCHEMA, "strict": True}}
+    question = f"Describe {PEOPLE[i % len(PEOPLE)]} as JSON with name, age, city and hobbies."
+    body = {"max_tokens": a.max_tokens, "temperature": 0}
+    if a.completions:
+        # A model without a chat template in its file: a plain prompt, and
+        # the schema in the field both servers read on /v1/completions.
+        body["prompt"] = question + "\n"
+        if constrained:
+            body["json_schema"] = SCHEMA
+    else:
+        body["messages"] = [{"role": "user", "content": question}]
+        if constrained:
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "Person", "schema": SCHEMA, "strict": True}}
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     out["start"] = time.perf_counter()
-    c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    path = "/v1/completions" if a.completions else "/v1/chat/completions"
+    c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
     r = c.getresponse()
     data = r.read()
     out["end"] = time.perf_counter()
@@ -53,7 +62,8 @@ def ask(port, i, a, constrained, out):
         raise RuntimeError(f"HTTP {r.status}: {data[:300]!r}")
     v = json.loads(data)
     out["tokens"] = v["usage"]["completion_tokens"]
-    out["text"] = v["choices"][0]["message"]["content"]
+    ch = v["choices"][0]
+    out["text"] = ch["text"] if a.completions else ch["message"]["content"]
     out["finish"] = v["choices"][0]["finish_reason"]
 
 
@@ -80,6 +90,9 @@ def main():
     ap.add_argument("--streams", default="1,16")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--completions", action="store_true",
+                    help="ask through /v1/completions with a plain prompt and `json_schema` (a model whose file "
+                    "has no chat template, as Gemma 3's GGUF here)")
     ap.add_argument("--json")
     a = ap.parse_args()
     a.model = os.path.abspath(a.model)
