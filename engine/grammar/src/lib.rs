@@ -144,7 +144,7 @@ impl Grammar {
     /// A fresh [`Guide`] in the start state.
     pub fn guide(&self) -> Guide {
         let m = self.start.lock().unwrap_or_else(|p| p.into_inner()).deep_clone();
-        Guide { m, eog: self.eog.clone(), eos: self.eos, saved: Vec::new() }
+        Guide { m, eog: self.eog.clone(), eos: self.eos }
     }
 
     /// A source of fresh guides for `GenerateParams::constraint`.
@@ -159,8 +159,6 @@ pub struct Guide {
     m: Matcher,
     eog: Arc<[u32]>,
     eos: u32,
-    /// The end-of-generation logits, kept across masking.
-    saved: Vec<(usize, f32)>,
 }
 
 fn failed(e: impl std::fmt::Display) -> spinfer_sampling::Error {
@@ -169,31 +167,26 @@ fn failed(e: impl std::fmt::Display) -> spinfer_sampling::Error {
 
 impl TokenConstraint for Guide {
     fn mask(&mut self, logits: &mut [f32]) -> spinfer_sampling::Result<()> {
-        let allowed = self.m.compute_mask().map_err(failed)?;
-        let may_end = allowed.is_allowed(self.eos);
-        self.saved.clear();
-        self.saved.extend(self.eog.iter().filter_map(|&t| logits.get(t as usize).map(|&l| (t as usize, l))));
-        let words = allowed.as_slice();
-        let mut any = false;
-        for (chunk, &word) in logits.chunks_mut(32).zip(words.iter().chain(std::iter::repeat(&0))) {
-            if word == u32::MAX {
-                any = true;
-                continue;
-            }
-            for (bit, l) in chunk.iter_mut().enumerate() {
-                if word >> bit & 1 == 0 {
-                    *l = f32::NEG_INFINITY;
-                } else {
-                    any = true;
-                }
-            }
+        let mut allowed = self.m.compute_mask().map_err(failed)?;
+        if allowed.is_zero() {
+            return Err(failed("the grammar allows no token here"));
         }
         // The trie knows one end token; the model may have several.
-        for &(t, l) in &self.saved {
-            logits[t] = if may_end { l } else { f32::NEG_INFINITY };
+        if allowed.is_allowed(self.eos) {
+            let n = allowed.len();
+            for &t in self.eog.iter().filter(|&&t| (t as usize) < n) {
+                allowed.allow_token(t);
+            }
         }
-        if !(any || may_end) {
-            return Err(failed("the grammar allows no token here"));
+        let words = allowed.as_slice().iter().chain(std::iter::repeat(&0));
+        for (chunk, &word) in logits.chunks_mut(32).zip(words) {
+            if word != u32::MAX {
+                for (bit, l) in chunk.iter_mut().enumerate() {
+                    if word >> bit & 1 == 0 {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
         }
         Ok(())
     }

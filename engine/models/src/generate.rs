@@ -309,21 +309,21 @@ impl<'t> Continuation<'t> {
     /// left nothing else (its output is complete: it ends).
     fn mask_eog(&mut self) {
         let eog = self.tokenizer.eog_ids();
-        let kept: Vec<(usize, f32)> =
-            eog.iter().filter_map(|&t| self.masked.get(t as usize).map(|&l| (t as usize, l))).collect();
-        for &(t, _) in &kept {
-            self.masked[t] = f32::NEG_INFINITY;
+        let other = |(i, l): (usize, &f32)| *l > f32::NEG_INFINITY && !eog.contains(&(i as u32));
+        if self.constraint.is_some() && !self.masked.iter().enumerate().any(other) {
+            return;
         }
-        if self.constraint.is_some() && !self.masked.iter().any(|l| *l > f32::NEG_INFINITY) {
-            for (t, l) in kept {
-                self.masked[t] = l;
+        for &t in eog {
+            if let Some(l) = self.masked.get_mut(t as usize) {
+                *l = f32::NEG_INFINITY;
             }
         }
     }
 
     /// Whether the sampler is plain greedy (temperature 0, no penalty, no
-    /// constraint, end-of-generation tokens allowed): its pick is then the first largest logit, which a
-    /// session may make itself ([`DecodeSession::next_token_greedy`]).
+    /// constraint, end-of-generation tokens allowed): its pick is then the
+    /// first largest logit, which a session may make itself
+    /// ([`DecodeSession::next_token_greedy`]).
     pub fn is_greedy(&self) -> bool {
         self.sampler.params().is_plain_greedy() && self.constraint.is_none() && self.eog_from == 0
     }

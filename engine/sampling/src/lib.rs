@@ -156,7 +156,8 @@ pub struct Sampler {
     params: SamplerParams,
     rng: StdRng,
     cand: Vec<(u32, f32)>,
-    /// Generated tokens and their counts, for the OpenAI penalties.
+    /// Tokens and their counts, for the penalties (reused: the repetition
+    /// penalty's set of tokens seen, then the generated tokens' counts).
     counts: HashMap<u32, u32>,
 }
 
@@ -197,10 +198,10 @@ impl Sampler {
         // distinct token penalised once).
         if p.repeat_penalty != 1.0 {
             let recent = &history[history.len().saturating_sub(p.repeat_last_n)..];
-            let mut seen = std::collections::HashSet::new();
+            self.counts.clear();
             for &t in recent {
                 if let Some(c) = self.cand.get_mut(t as usize)
-                    && seen.insert(t)
+                    && self.counts.insert(t, 1).is_none()
                 {
                     c.1 = if c.1 > 0.0 { c.1 / p.repeat_penalty } else { c.1 * p.repeat_penalty };
                 }

@@ -144,9 +144,8 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
     if let Some((id, _)) = req.sampler.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
         return Err(ApiError::invalid("logit_bias", format!("token id {id} is outside the vocabulary of {vocab}")));
     }
-    // Rendering and tokenizing take time in proportion to the body: off
-    // the I/O threads.
-    // So does compiling an output constraint.
+    // Rendering, tokenizing and compiling an output constraint take time
+    // in proportion to the body: off the I/O threads.
     let input = std::mem::replace(&mut req.input, Input::Text(String::new()));
     let spec = req.constraint.take();
     let st2 = st.clone();

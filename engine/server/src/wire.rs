@@ -161,18 +161,22 @@ fn max_tokens(m: &Map<String, Value>, key: &str, cap: usize) -> Result<Option<us
     Ok(Some(n as usize))
 }
 
-/// `min_tokens`: a count up to `cap` and to `max_tokens` (`key`) when that
-/// is given.
-fn min_tokens(m: &Map<String, Value>, key: &str, cap: usize) -> Result<usize, ApiError> {
-    let Some(n) = number(m, "min_tokens", 0.0, cap as f64)? else { return Ok(0) };
-    if n.fract() != 0.0 {
-        return Err(ApiError::invalid("min_tokens", "min_tokens must be an integer"));
+/// A whole number in `[lo, hi]`.
+fn integer(m: &Map<String, Value>, key: &str, lo: usize, hi: usize) -> Result<Option<usize>, ApiError> {
+    match number(m, key, lo as f64, hi as f64)? {
+        Some(x) if x.fract() != 0.0 => Err(ApiError::invalid(key, format!("{key} must be an integer"))),
+        x => Ok(x.map(|x| x as usize)),
     }
-    match max_tokens(m, key, cap)? {
-        Some(max) if n as usize > max => {
+}
+
+/// `min_tokens`: a count up to `cap` and to `max` (the request's `key`)
+/// when that is given.
+fn min_tokens(m: &Map<String, Value>, key: &str, max: Option<usize>, cap: usize) -> Result<usize, ApiError> {
+    match (integer(m, "min_tokens", 0, cap)?, max) {
+        (Some(n), Some(max)) if n > max => {
             Err(ApiError::invalid("min_tokens", format!("min_tokens = {n} is above {key} = {max}")))
         }
-        _ => Ok(n as usize),
+        (n, _) => Ok(n.unwrap_or(0)),
     }
 }
 
@@ -251,10 +255,11 @@ fn common(m: &Map<String, Value>, cap: usize, key: &str) -> Result<Completion, A
         }
         Some(_) => return Err(ApiError::invalid("stream_options", "stream_options must be an object")),
     };
+    let max = max_tokens(m, key, cap)?;
     Ok(Completion {
         model: string(m, "model")?,
         input: Input::Text(String::new()),
-        max_tokens: max_tokens(m, key, cap)?,
+        max_tokens: max,
         sampler,
         stop,
         stream,
@@ -262,14 +267,9 @@ fn common(m: &Map<String, Value>, cap: usize, key: &str) -> Result<Completion, A
         logprobs: None,
         echo: false,
         constraint: structured::read(m)?,
-        min_tokens: min_tokens(m, key, cap)?,
+        min_tokens: min_tokens(m, key, max, cap)?,
         ignore_eos: boolean(m, "ignore_eos")?,
-        n: number(m, "n", 1.0, MAX_CHOICES as f64)?
-            .map(
-                |n| if n.fract() == 0.0 { Ok(n as usize) } else { Err(ApiError::invalid("n", "n must be an integer")) },
-            )
-            .transpose()?
-            .unwrap_or(1),
+        n: integer(m, "n", 1, MAX_CHOICES)?.unwrap_or(1),
     })
 }
 
