@@ -190,11 +190,71 @@ def structured(c, expect):
         assert e.body["param"] == "response_format", e.body
 
 
+class Weather(pydantic.BaseModel):
+    """Get the current weather in a city"""
+    city: str
+    unit: str
+
+
+def tools(c, expect):
+    """Tool calls as clients make them: whole and streamed (the SDK's
+    deltas put together), through the SDK's pydantic function tools
+    (`parse` reads the arguments into the model), and a second turn that
+    sends the call and its result back."""
+    model = expect["model"]
+    messages = [{"role": "user", "content": expect["question"]}]
+    want = [tuple(x) for x in expect["calls"]]
+    args = dict(model=model, messages=messages, tools=expect["tools"], tool_choice="required",
+                parallel_tool_calls=False, temperature=0, max_tokens=48)
+    r = c.chat.completions.create(**args)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+    got = [(t.function.name, json.loads(t.function.arguments)) for t in choice.message.tool_calls]
+    assert got == want, (got, want)
+    assert all(t.type == "function" and t.id.startswith("call_") for t in choice.message.tool_calls), choice
+
+    # Streamed: the deltas, put together as the SDK's users do, are the same calls.
+    calls, finish = {}, None
+    for chunk in c.chat.completions.create(stream=True, **args):
+        for ch in chunk.choices:
+            for d in ch.delta.tool_calls or []:
+                call = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                call["name"] += d.function.name or ""
+                call["arguments"] += d.function.arguments or ""
+            finish = ch.finish_reason or finish
+    streamed = [(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in sorted(calls)]
+    assert (streamed, finish) == (want, "tool_calls"), (streamed, finish)
+
+    # The SDK's pydantic tools: `parse` checks the arguments against the model.
+    r = c.chat.completions.parse(model=model, messages=[{"role": "user", "content": "Is it warm in Rome?"}],
+                                 tools=[openai.pydantic_function_tool(Weather)], tool_choice="required",
+                                 parallel_tool_calls=False, temperature=0, max_tokens=48)
+    parsed = r.choices[0].message.tool_calls[0].function.parsed_arguments
+    assert isinstance(parsed, Weather), r.choices[0].message
+
+    # A second turn: the call and its result go back; the answer is text or calls.
+    a, b = want[0][1].get("a"), want[0][1].get("b")
+    result = str(a + b) if isinstance(a, int) and isinstance(b, int) else "done"
+    turn = messages + [choice.message, {"role": "tool", "tool_call_id": choice.message.tool_calls[0].id,
+                                        "content": result}]
+    r = c.chat.completions.create(model=model, messages=turn, tools=expect["tools"], temperature=0, max_tokens=48)
+    m = r.choices[0].message
+    assert isinstance(m.content, str) or m.tool_calls, m
+    assert r.usage.prompt_tokens_details.cached_tokens > 0, r.usage
+
+    try:
+        c.chat.completions.create(model=model, messages=messages, tools=expect["tools"], max_tokens=8,
+                                  tool_choice={"type": "function", "function": {"name": "nope"}})
+        raise AssertionError("a tool_choice naming no tool was accepted")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "tool_choice", e.body
+
+
 def main():
     mode, base_url, expect_path = sys.argv[1:4]
     with open(expect_path) as f:
         expect = json.load(f)
-    {"generate": generate, "embed": embed, "structured": structured}[mode](client(base_url), expect)
+    {"generate": generate, "embed": embed, "structured": structured, "tools": tools}[mode](client(base_url), expect)
     print(f"openai {openai.__version__}: {mode} checks passed")
 
 

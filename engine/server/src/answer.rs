@@ -17,6 +17,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use crate::error::ApiError;
 use crate::logprobs::{TextLogprobs, TokenLogprob, chat_content};
 use crate::scheduler::Event;
+use crate::tool_reply::{Finish, ReplySplitter};
 use spinfer_engine::Engine;
 use spinfer_engine::generate::StopReason;
 
@@ -38,6 +39,9 @@ pub struct Shape {
     pub include_usage: bool,
     /// Choices asked for (`n`), each one job; events carry its index.
     pub choices: usize,
+    /// The model may call tools: its text is read back as a reply or calls
+    /// ([`crate::tool_reply`]).
+    pub tools: bool,
 }
 
 impl Shape {
@@ -60,6 +64,23 @@ fn finish_reason(r: StopReason) -> &'static str {
         StopReason::MaxTokens | StopReason::ContextFull => "length",
         _ => "stop",
     }
+}
+
+/// A chat answer's message and finish reason; with `tools`, the text is
+/// read back into content or calls.
+fn chat_message(tools: bool, text: String, reason: StopReason) -> (Value, &'static str) {
+    if !tools {
+        return (json!({"role": "assistant", "content": text}), finish_reason(reason));
+    }
+    let mut reply = ReplySplitter::new();
+    let mut content = reply.push(&text);
+    let Finish { content: rest, calls } = reply.finish();
+    content.push_str(&rest);
+    if calls.is_empty() {
+        return (json!({"role": "assistant", "content": content}), finish_reason(reason));
+    }
+    let calls: Vec<Value> = calls.iter().map(|c| c.to_json()).collect();
+    (json!({"role": "assistant", "content": null, "tool_calls": calls}), "tool_calls")
 }
 
 /// OpenAI's `usage`: `prompt_tokens_details.cached_tokens` counts the
@@ -99,8 +120,8 @@ pub async fn whole(shape: Shape, mut rx: mpsc::UnboundedReceiver<(usize, Event)>
                     (true, false) => text_lps.take(),
                 };
                 choices[i] = if shape.chat {
-                    json!({"index": i, "message": {"role": "assistant", "content": text},
-                           "finish_reason": finish_reason(reason), "logprobs": logprobs})
+                    let (message, finish) = chat_message(shape.tools, text, reason);
+                    json!({"index": i, "message": message, "finish_reason": finish, "logprobs": logprobs})
                 } else {
                     let text = shape.echo.as_deref().unwrap_or_default().to_string() + &text;
                     json!({"index": i, "text": text, "finish_reason": finish_reason(reason), "logprobs": logprobs})
@@ -122,6 +143,8 @@ pub async fn whole(shape: Shape, mut rx: mpsc::UnboundedReceiver<(usize, Event)>
 /// What a stream keeps between events.
 struct StreamState {
     text_lps: Vec<TextLogprobs>,
+    /// Each choice's answer read back, when the model may call tools.
+    replies: Vec<Option<ReplySplitter>>,
     done: usize,
     usage: (usize, usize, usize),
     ended: bool,
@@ -168,7 +191,8 @@ pub fn stream(
         })
         .collect();
     let (engine, logprobs, include_usage) = (shape.engine, shape.logprobs, shape.include_usage);
-    let state = StreamState { text_lps, done: 0, usage: (0, 0, 0), ended: false };
+    let replies = (0..n).map(|_| shape.tools.then(ReplySplitter::new)).collect();
+    let state = StreamState { text_lps, replies, done: 0, usage: (0, 0, 0), ended: false };
     let events = UnboundedReceiverStream::new(rx).scan(state, move |st, (i, ev)| {
         let tok = &engine.tokenizer;
         let out: Option<Vec<SseEvent>> = match (st.ended, st.text_lps.get_mut(i), ev) {
@@ -184,7 +208,16 @@ pub fn stream(
                         }
                         (None, _) => Value::Null,
                     };
-                    vec![chunk(piece(i, &text, None, lps), None)]
+                    // Calls are held back until whole; a reply's text
+                    // comes out of its JSON string.
+                    let text = match st.replies.get_mut(i).and_then(Option::as_mut) {
+                        Some(reply) => reply.push(&text),
+                        None => text,
+                    };
+                    match text.is_empty() && lps.is_null() && st.replies.get(i).is_some_and(Option::is_some) {
+                        true => Vec::new(),
+                        false => vec![chunk(piece(i, &text, None, lps), None)],
+                    }
                 }
                 Event::Prompt(lps) if logprobs => {
                     lps.iter().for_each(|lp| lps_i.push(tok, lp.token, Some(lp)));
@@ -202,7 +235,30 @@ pub fn stream(
                         st.usage.1 = cached_tokens;
                     }
                     st.usage.2 += completion_tokens;
-                    let mut v = vec![chunk(piece(i, "", Some(finish_reason(reason)), Value::Null), None)];
+                    let mut v = Vec::new();
+                    let mut finish = finish_reason(reason);
+                    if let Some(reply) = st.replies.get_mut(i).and_then(Option::take) {
+                        let Finish { content, calls } = reply.finish();
+                        if !content.is_empty() {
+                            v.push(chunk(piece(i, &content, None, Value::Null), None));
+                        }
+                        if !calls.is_empty() {
+                            let calls: Vec<Value> = calls
+                                .iter()
+                                .enumerate()
+                                .map(|(k, c)| {
+                                    let mut c = c.to_json();
+                                    c["index"] = json!(k);
+                                    c
+                                })
+                                .collect();
+                            let delta = json!({"index": i, "delta": {"tool_calls": calls}, "finish_reason": null,
+                                               "logprobs": null});
+                            v.push(chunk(delta, None));
+                            finish = "tool_calls";
+                        }
+                    }
+                    v.push(chunk(piece(i, "", Some(finish), Value::Null), None));
                     if st.done == n {
                         st.ended = true;
                         if include_usage {

@@ -24,6 +24,9 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
+    /// Whether a `tool` message shows in the prompt (see
+    /// [`ChatTemplate::shows_tool_role`]).
+    tool_role: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -44,7 +47,23 @@ impl ChatTemplate {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_template_owned("chat", source.to_string()).map_err(|e| Error::Template(e.to_string()))?;
-        Ok(Self { env, bos, eos })
+        let mut t = Self { env, bos, eos, tool_role: false };
+        t.tool_role = t.probe_tool_role();
+        Ok(t)
+    }
+
+    /// Whether the template writes a `tool` message's content (ChatML's
+    /// do; others raise on the role or drop it, and tool results are then
+    /// given as user messages).
+    pub fn shows_tool_role(&self) -> bool {
+        self.tool_role
+    }
+
+    fn probe_tool_role(&self) -> bool {
+        const NEEDLE: &str = "spinfer-tool-result-7f3a";
+        let msg = |role: &str, content: &str| Message { role: role.into(), content: content.into() };
+        let probe = [msg("user", "Hi"), msg("assistant", "{}"), msg("tool", NEEDLE)];
+        self.render(&probe).is_ok_and(|p| p.contains(NEEDLE))
     }
 
     /// The prompt for `messages`, ending with the assistant's turn opened.
@@ -112,6 +131,18 @@ mod tests {
         let e = t.render(&[msg("system", "x")]).unwrap_err();
         assert_eq!(e.status, 400);
         assert!(e.message.contains("first must be user"), "{}", e.message);
+    }
+
+    #[test]
+    fn the_tool_role_is_probed() {
+        let chatml = ChatTemplate::new(CHATML, "<s>".into(), "</s>".into()).unwrap();
+        assert!(chatml.shows_tool_role());
+        let strict = "{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}\
+                      {{ raise_exception('roles must alternate') }}{% endif %}{{ m.content }}{% endfor %}";
+        let dropping = "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}";
+        for src in [strict, dropping] {
+            assert!(!ChatTemplate::new(src, String::new(), String::new()).unwrap().shows_tool_role(), "{src}");
+        }
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //! - [`tokens`]: `/tokenize`, `/detokenize`, `/tokenizer_info` (vLLM's
 //!   shapes), for clients that count tokens without the tokenizer.
 //! - [`chat`]: the model's own chat template (minijinja).
+//! - [`structured`], [`tools`], [`tool_reply`]: output constraints on the
+//!   wire, and tool calling (the tools' prompt, grammar and answers).
 //! - Shutdown (SIGTERM, SIGINT): stop accepting, let in-flight requests
 //!   finish for `shutdown_timeout_s`, cancel the rest, return.
 //!
@@ -28,6 +30,8 @@ pub mod scheduler;
 pub mod state;
 pub mod structured;
 pub mod tokens;
+pub mod tool_reply;
+pub mod tools;
 pub mod wire;
 
 use std::net::SocketAddr;

@@ -22,6 +22,7 @@ use crate::error::ApiError;
 use crate::scheduler::{Events, Job};
 use crate::state::{AppState, Served, body_of};
 use crate::tokens;
+use crate::tools::Tools;
 use crate::wire::{self, Completion, Input};
 use spinfer_engine::generate::{GenerateParams, encode_prompt};
 use spinfer_engine::grammar::Spec;
@@ -147,10 +148,13 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
     // Rendering, tokenizing and compiling an output constraint take time
     // in proportion to the body: off the I/O threads.
     let input = std::mem::replace(&mut req.input, Input::Text(String::new()));
-    let spec = req.constraint.take();
+    // Tool calls are held to their format by a grammar of their own.
+    let spec = req.constraint.take().or_else(|| req.tools.as_ref().map(|t| ("tools", t.spec())));
+    let tools = req.tools.take();
+    let calls_tools = tools.is_some();
     let st2 = st.clone();
     let (ids, text, constraint) = tokio::task::spawn_blocking(move || {
-        let (ids, text) = prompt_ids(&st2, input)?;
+        let (ids, text) = prompt_ids(&st2, input, tools.as_ref())?;
         let constraint = spec.map(|(field, spec)| constraint(&st2, field, &spec)).transpose()?;
         Ok::<_, ApiError>((ids, text, constraint))
     })
@@ -201,6 +205,7 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
         echo: req.echo.then_some(text),
         include_usage: req.include_usage,
         choices: req.n,
+        tools: calls_tools,
     };
     if req.stream { Ok(answer::stream(shape, rx).into_response()) } else { answer::whole(shape, rx).await }
 }
@@ -216,9 +221,9 @@ fn constraint(st: &AppState, field: &str, spec: &Spec) -> Result<ConstraintSourc
 }
 
 /// The prompt's token ids and text: the chat rendered with the model's
-/// template, the text, or the ids given (and their text); at most the
+/// template (and the tools' instructions), the text, or the ids given (and their text); at most the
 /// context less one position (one to generate).
-fn prompt_ids(st: &AppState, input: Input) -> Result<(Vec<u32>, String), ApiError> {
+fn prompt_ids(st: &AppState, input: Input, tools: Option<&Tools>) -> Result<(Vec<u32>, String), ApiError> {
     let Served::Generator { engine, template, .. } = &st.served else { return Err(embedder_error(st)) };
     let ctx = engine.model.options.ctx;
     let (prompt, chat) = match input {
@@ -226,7 +231,7 @@ fn prompt_ids(st: &AppState, input: Input) -> Result<(Vec<u32>, String), ApiErro
             let t = template.as_ref().as_ref().ok_or_else(|| {
                 ApiError::invalid("messages", "the model has no chat template: use /v1/completions with a prompt")
             })?;
-            (t.render(&messages)?, true)
+            (crate::tools::render(t, &messages, tools)?, true)
         }
         Input::Text(p) => (p, false),
         Input::Tokens(ids) => {

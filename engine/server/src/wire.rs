@@ -1,14 +1,14 @@
 //! OpenAI's request shapes, read strictly: every field is checked by
 //! name, a field that would change the result but is not implemented
-//! (`tools`, `best_of`…) is a 400 naming it, and an unknown
+//! (`best_of`, `suffix`…) is a 400 naming it, and an unknown
 //! field is a 400 as OpenAI answers it ("unrecognized request argument").
 
 use serde_json::{Map, Value};
 
-use crate::chat::Message;
 use crate::error::ApiError;
 use crate::logprobs::MAX_TOP;
 use crate::structured;
+use crate::tools::{self, ChatMessage, Tools};
 use spinfer_engine::grammar::Spec;
 use spinfer_engine::sampling::SamplerParams;
 
@@ -41,11 +41,13 @@ pub struct Completion {
     pub ignore_eos: bool,
     /// Choices to generate (`n`), each its own sequence with its own seed.
     pub n: usize,
+    /// Tools the model may call (chat only).
+    pub tools: Option<Tools>,
 }
 
 #[derive(Debug)]
 pub enum Input {
-    Chat(Vec<Message>),
+    Chat(Vec<ChatMessage>),
     Text(String),
     /// A prompt given as token ids (checked against the vocabulary later).
     Tokens(Vec<u32>),
@@ -270,22 +272,14 @@ fn common(m: &Map<String, Value>, cap: usize, key: &str) -> Result<Completion, A
         min_tokens: min_tokens(m, key, max, cap)?,
         ignore_eos: boolean(m, "ignore_eos")?,
         n: integer(m, "n", 1, MAX_CHOICES)?.unwrap_or(1),
+        tools: None,
     })
 }
 
 /// `POST /v1/chat/completions`.
 pub fn chat(m: &Map<String, Value>, cap: usize) -> Result<Completion, ApiError> {
-    const KNOWN: &[&str] = &[
-        "messages",
-        "max_completion_tokens",
-        "top_logprobs",
-        "tools",
-        "tool_choice",
-        "functions",
-        "function_call",
-        "parallel_tool_calls",
-    ];
-    check_fields(m, &[COMPLETION_FIELDS, structured::FIELDS, KNOWN])?;
+    const KNOWN: &[&str] = &["messages", "max_completion_tokens", "top_logprobs", "functions", "function_call"];
+    check_fields(m, &[COMPLETION_FIELDS, structured::FIELDS, tools::FIELDS, KNOWN])?;
     let top = number(m, "top_logprobs", 0.0, MAX_TOP as f64)?.map(|k| k as usize);
     let logprobs = match boolean(m, "logprobs")? {
         true => Some(top.unwrap_or(0)),
@@ -294,55 +288,77 @@ pub fn chat(m: &Map<String, Value>, cap: usize) -> Result<Completion, ApiError> 
         }
         false => None,
     };
-    for key in ["tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"] {
-        only_default(m, key, |_| false, "tool calls")?;
+    for key in ["functions", "function_call"] {
+        only_default(m, key, |_| false, "the deprecated functions API: give tools and tool_choice")?;
     }
     let key = if present(m, "max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
     let mut c = common(m, cap, key)?;
     c.input = Input::Chat(messages(m)?);
     c.logprobs = logprobs;
+    c.tools = tools::read(m)?;
+    if let (Some(_), Some((field, _))) = (&c.tools, &c.constraint) {
+        return Err(ApiError::invalid(
+            field,
+            format!("{field} cannot be combined with tools: tool calls have their own format"),
+        ));
+    }
     Ok(c)
 }
 
 /// `messages`: a non-empty array of `{role, content}`, content a string
-/// or an array of text parts.
-fn messages(m: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
+/// or an array of text parts; an assistant's may be `tool_calls` instead,
+/// a tool's answers a `tool_call_id`.
+fn messages(m: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let Some(Value::Array(a)) = present(m, "messages") else {
         return Err(ApiError::invalid("messages", "messages must be an array of {role, content} objects"));
     };
     if a.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
-    a.iter()
-        .enumerate()
-        .map(|(i, v)| {
-            let at = |f: &str| format!("messages[{i}].{f}");
-            let o = v.as_object().ok_or_else(|| ApiError::invalid(&format!("messages[{i}]"), "must be an object"))?;
-            let role = o.get("role").and_then(Value::as_str).ok_or_else(|| {
-                ApiError::invalid(&at("role"), "role must be one of system, developer, user, assistant")
-            })?;
-            if !["system", "developer", "user", "assistant"].contains(&role) {
-                return Err(ApiError::invalid(&at("role"), format!("role '{role}' is not supported")));
-            }
-            if let Some(k) = o.keys().find(|k| !["role", "content", "name"].contains(&k.as_str())) {
-                return Err(ApiError::invalid(&at(k), format!("message field '{k}' is not supported")));
-            }
-            let content = match o.get("content") {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => parts
-                    .iter()
-                    .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                        (Some("text"), Some(t)) => Ok(t),
-                        _ => Err(ApiError::invalid(&at("content"), "only text content parts are supported")),
-                    })
-                    .collect::<Result<String, _>>()?,
-                _ => return Err(ApiError::invalid(&at("content"), "content must be a string or text parts")),
-            };
-            // The developer role is OpenAI's new name for system.
-            let role = if role == "developer" { "system" } else { role };
-            Ok(Message { role: role.to_string(), content })
-        })
-        .collect()
+    a.iter().enumerate().map(|(i, v)| message(i, v)).collect()
+}
+
+fn message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
+    let at = |f: &str| format!("messages[{i}].{f}");
+    let o = v.as_object().ok_or_else(|| ApiError::invalid(&format!("messages[{i}]"), "must be an object"))?;
+    let role = o.get("role").and_then(Value::as_str).ok_or_else(|| {
+        ApiError::invalid(&at("role"), "role must be one of system, developer, user, assistant, tool")
+    })?;
+    let fields: &[&str] = match role {
+        "system" | "developer" | "user" => &["role", "content", "name"],
+        "assistant" => &["role", "content", "name", "tool_calls", "refusal", "annotations"],
+        "tool" => &["role", "content", "tool_call_id"],
+        _ => return Err(ApiError::invalid(&at("role"), format!("role '{role}' is not supported"))),
+    };
+    // A field sent as null is absent (clients echo a message's unset fields so).
+    if let Some((k, _)) = o.iter().find(|(k, v)| !fields.contains(&k.as_str()) && !v.is_null()) {
+        return Err(ApiError::invalid(&at(k), format!("message field '{k}' is not supported on a {role} message")));
+    }
+    let tool_calls = match o.get("tool_calls").filter(|v| !v.is_null()) {
+        Some(v) => tools::past_calls(v, &at("tool_calls"))?,
+        None => Vec::new(),
+    };
+    let content = match o.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                (Some("text"), Some(t)) => Ok(t),
+                _ => Err(ApiError::invalid(&at("content"), "only text content parts are supported")),
+            })
+            .collect::<Result<String, _>>()?,
+        // An assistant's calls stand for its content.
+        None | Some(Value::Null) if !tool_calls.is_empty() => String::new(),
+        _ => return Err(ApiError::invalid(&at("content"), "content must be a string or text parts")),
+    };
+    let tool_call_id = match (role, o.get("tool_call_id")) {
+        ("tool", Some(Value::String(id))) => Some(id.clone()),
+        ("tool", _) => return Err(ApiError::invalid(&at("tool_call_id"), "a tool message needs its tool_call_id")),
+        _ => None,
+    };
+    // The developer role is OpenAI's new name for system.
+    let role = if role == "developer" { "system" } else { role };
+    Ok(ChatMessage { role: role.to_string(), content, tool_calls, tool_call_id })
 }
 
 /// `POST /v1/completions`.
@@ -436,6 +452,13 @@ mod tests {
             (serde_json::json!({"ignore_eos": 1}), "ignore_eos"),
             (serde_json::json!({"presence_penalty": "x"}), "presence_penalty"),
             (serde_json::json!({"tools": []}), "tools"),
+            (serde_json::json!({"functions": [{"name": "f"}]}), "functions"),
+            (serde_json::json!({"tool_choice": "auto"}), "tool_choice"),
+            (
+                serde_json::json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                                   "response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
             (serde_json::json!({"bogus": 1}), "bogus"),
             (serde_json::json!({"max_tokens": 0}), "max_tokens"),
             (serde_json::json!({"max_tokens": 101}), "max_tokens"),
@@ -461,6 +484,28 @@ mod tests {
         let mut bias = s.logit_bias;
         bias.sort_by_key(|b| b.0);
         assert_eq!(bias, [(7, -100.0), (9, 2.5)]);
+    }
+
+    #[test]
+    fn tool_calls_and_results_are_read_in_the_history() {
+        let call = serde_json::json!([{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]);
+        let msgs = serde_json::json!([
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": null, "tool_calls": call, "function_call": null, "refusal": null},
+            {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]},
+        ]);
+        let Input::Chat(m) = chat_of(serde_json::json!({"messages": msgs})).unwrap().input else { panic!() };
+        assert_eq!((m[1].tool_calls.len(), m[1].content.as_str()), (1, ""));
+        assert_eq!((m[2].tool_call_id.as_deref(), m[2].content.as_str()), (Some("c1"), "42"));
+        for (msg, param) in [
+            (serde_json::json!({"role": "user", "content": "x", "tool_calls": call}), "messages[0].tool_calls"),
+            (serde_json::json!({"role": "assistant", "content": null}), "messages[0].content"),
+            (serde_json::json!({"role": "tool", "content": "x"}), "messages[0].tool_call_id"),
+            (serde_json::json!({"role": "function", "content": "x"}), "messages[0].role"),
+        ] {
+            let e = chat_of(serde_json::json!({"messages": [msg]})).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{msg}: {}", e.message);
+        }
     }
 
     #[test]

@@ -192,6 +192,18 @@ pub fn cli_run(model: &Path, prompt: &str, n: usize, extra: &[&str]) -> std::pro
 /// A one-message chat as the server renders it with the model's template
 /// (for SmolLM2, which adds no BOS: the CLI then runs the same tokens).
 pub fn render_chat(model: &Path, question: &str) -> String {
+    let msg = spinfer_server::chat::Message { role: "user".into(), content: question.into() };
+    let (template, engine) = chat_template(model);
+    let rendered = template.render(&[msg]).unwrap();
+    assert!(
+        !spinfer_server::chat::add_bos(&engine.tokenizer, &rendered),
+        "SmolLM2 adds no BOS: a CLI run would differ"
+    );
+    rendered
+}
+
+/// The model's chat template as the server compiles it, and the model.
+pub fn chat_template(model: &Path) -> (spinfer_server::chat::ChatTemplate, spinfer_engine::Engine) {
     let engine = spinfer_engine::Engine::load(model, Default::default()).unwrap();
     let t = &engine.tokenizer;
     let text_of = |id: Option<u32>| id.and_then(|i| spinfer_server::chat::token_text(t, i)).unwrap_or_default();
@@ -201,8 +213,5 @@ pub fn render_chat(model: &Path, question: &str) -> String {
         text_of(t.eos_id()),
     )
     .unwrap();
-    let msg = spinfer_server::chat::Message { role: "user".into(), content: question.into() };
-    let rendered = template.render(&[msg]).unwrap();
-    assert!(!spinfer_server::chat::add_bos(t, &rendered), "SmolLM2 adds no BOS: a CLI run of this text would differ");
-    rendered
+    (template, engine)
 }
