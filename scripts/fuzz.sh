@@ -22,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 fuzz=$root/tests/fuzz
-all_targets=(gguf safetensors operator_toml pack sidecar history)
+all_targets=(gguf safetensors operator_toml pack sidecar history gbnf)
 
 mode=time
 amount=600

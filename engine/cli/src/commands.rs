@@ -371,7 +371,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     }
     let engine = load(&a.common, a.ctx)?;
     if let Some(spec) = &spec {
-        params.constraint = Some(engine.constraint(spec).map_err(|e| crate::constrain::explain(spec, e))?);
+        params.constraint = Some(engine.constraint(spec)?);
     }
     let mut session = engine.model.new_session();
     // Judge predictors that choose before the gate against the full gate

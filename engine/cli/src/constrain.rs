@@ -1,6 +1,7 @@
 //! `generate`'s output constraints: llama.cpp's `--json-schema`,
-//! `--json-schema-file`, `--grammar` and `--grammar-file` (the grammar in
-//! llguidance's Lark dialect, not GBNF), and `--regex`.
+//! `--json-schema-file`, `--grammar` and `--grammar-file` (GBNF, as
+//! llama.cpp reads it, or llguidance's Lark dialect, told apart by the
+//! first rule), and `--regex`.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -21,8 +22,8 @@ pub struct ConstraintArgs {
     /// As --json-schema, from a file.
     #[arg(long, value_name = "FILE")]
     pub json_schema_file: Option<PathBuf>,
-    /// Constrain the output to a grammar in llguidance's Lark syntax
-    /// (`start: ...`; GBNF files need converting).
+    /// Constrain the output to a grammar: GBNF (llama.cpp's, `root ::=
+    /// ...`) or llguidance's Lark (`start: ...`).
     #[arg(long, value_name = "GRAMMAR")]
     pub grammar: Option<String>,
     /// As --grammar, from a file.
@@ -57,22 +58,11 @@ impl ConstraintArgs {
             Self { json_schema_file: Some(f), .. } => {
                 schema(&read(f, "--json-schema-file")?, &format!("--json-schema-file {}", f.display()))?
             }
-            Self { grammar: Some(g), .. } => Spec::Lark(g.clone()),
-            Self { grammar_file: Some(f), .. } => Spec::Lark(read(f, "--grammar-file")?),
+            Self { grammar: Some(g), .. } => Spec::grammar(g.clone()),
+            Self { grammar_file: Some(f), .. } => Spec::grammar(read(f, "--grammar-file")?),
             Self { regex: Some(r), .. } => Spec::Regex(r.clone()),
             _ => return Ok(None),
         }))
-    }
-}
-
-/// `e` (a spec that did not compile), with a hint when the spec is a GBNF
-/// grammar given for a Lark one.
-pub fn explain(spec: &Spec, e: spinfer_engine::Error) -> anyhow::Error {
-    match spec {
-        Spec::Lark(g) if g.contains("::=") => anyhow::anyhow!(
-            "{e}\n(this looks like a GBNF grammar; spinfer reads llguidance's Lark syntax, `start: ...`: see docs/serving.md \"Structured outputs\")"
-        ),
-        _ => e.into(),
     }
 }
 

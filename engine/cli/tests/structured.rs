@@ -1,5 +1,6 @@
 //! Structured outputs on SmolLM2: `spinfer generate` with a JSON schema, a
-//! regular expression or a Lark grammar gives text in that language; the
+//! regular expression or a grammar (Lark, or GBNF as llama.cpp ships it)
+//! gives text in that language; the
 //! server gives the same text for the same request in each wire shape
 //! (OpenAI's `response_format`, vLLM's `guided_*`), alone and batched with
 //! other requests; the official `openai` client's `parse` reads its
@@ -60,6 +61,18 @@ fn generate_follows_a_schema_a_regex_and_a_grammar() {
     let (answer, stop) = constrained(&model, &q, 16, &["--grammar", lark]);
     assert!(answer == "The answer is yes." || answer == "The answer is no.", "{answer:?}");
     assert_eq!(stop, "EndOfGeneration");
+    // The same language in GBNF, llama.cpp's format: the same answer.
+    let gbnf = "root ::= \"The answer is \" answer \".\"\nanswer ::= \"yes\" | \"no\"\n";
+    assert_eq!(constrained(&model, &q, 16, &["--grammar", gbnf]), (answer, stop));
+    // llama.cpp's own json.gbnf, as it ships: the output parses.
+    let json_gbnf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/gbnf/json.gbnf");
+    let (json_text, stop) = constrained(&model, &chat, 64, &["--grammar-file", json_gbnf.to_str().unwrap()]);
+    if stop == "EndOfGeneration" {
+        let v: Value = serde_json::from_str(&json_text).unwrap_or_else(|e| panic!("{json_text:?}: {e}"));
+        assert!(v.is_object(), "{json_text}");
+    } else {
+        assert!(json_text.starts_with('{'), "{json_text:?}");
+    }
 
     // Unconstrained, the model writes prose around its JSON: the schema is
     // what made the text above parse.
@@ -76,8 +89,8 @@ fn generate_names_what_is_wrong_with_a_constraint() {
     assert!(e.contains("--json-schema is not valid JSON"), "{e}");
     let e = refused(&model, &["-j", "{\"type\": \"frobnicate\"}"]);
     assert!(e.contains("output constraint") && e.contains("frobnicate"), "{e}");
-    let e = refused(&model, &["--grammar", "root ::= \"a\""]);
-    assert!(e.contains("GBNF") && e.contains("Lark"), "{e}");
+    let e = refused(&model, &["--grammar", "root ::= \"a\" |\n  [b-"]);
+    assert!(e.contains("GBNF line 2, column 6: unexpected end") && e.matches("GBNF").count() == 1, "{e}");
     let e = refused(&model, &["--grammar-file", "/no/such/grammar.lark"]);
     assert!(e.contains("--grammar-file") && e.contains("/no/such/grammar.lark"), "{e}");
     let e = refused(&model, &["--regex", "[a-"]);
@@ -119,6 +132,12 @@ fn the_server_constrains_as_generate_does_alone_and_batched() {
         shapes.into_iter().map(|(key, v)| (with(base(&chat, 64), key, v), person.clone())).collect();
     requests.push((with(base("The Berlin wall fell in the year", 8), "guided_regex", json!(" [12][0-9]{3}")), year));
     requests.push((base("The capital of France is", 24), free));
+    // llama-server's GBNF `grammar` and vLLM's `guided_grammar` in GBNF: the
+    // regex's language, the regex's text.
+    for key in ["grammar", "guided_grammar"] {
+        let gbnf = json!("root ::= \" \" [12] [0-9]{3}");
+        requests.push((with(base("The Berlin wall fell in the year", 8), key, gbnf), requests[5].1.clone()));
+    }
     for (body, want) in &requests {
         assert_eq!(&served_text(&addr, body.clone()), want, "{body}");
     }
@@ -141,7 +160,7 @@ fn the_server_constrains_as_generate_does_alone_and_batched() {
         ("guided_grammar", json!("start: undefined_rule"), "guided_grammar"),
         ("guided_regex", json!("(unclosed"), "guided_regex"),
         ("json_schema", json!({"type": "frobnicate"}), "json_schema"),
-        ("grammar", json!("root ::= \"a\""), "grammar"),
+        ("grammar", json!("root ::= \"a"), "grammar"),
         ("guided_choice", json!([]), "guided_choice"),
     ];
     for (key, v, param) in bad {

@@ -35,9 +35,10 @@ pub enum Error {
     /// The output constraint (grammar, JSON schema) could not go on.
     #[error("output constraint: {0}")]
     Constraint(String),
-    /// An output constraint's spec does not compile.
+    /// An output constraint's spec does not compile (the message is
+    /// the whole story: not a `source`, so it is not printed twice).
     #[error("output constraint: {0}")]
-    Grammar(#[from] spinfer_grammar::Error),
+    Grammar(spinfer_grammar::Error),
     #[error("no kernel serves {op}")]
     NoKernel { op: String },
     /// A device back end (the GPU) failed; `detail` is its error.
@@ -170,5 +171,11 @@ impl From<spinfer_embed::Error> for Error {
             B::Tokenizer(e) => e.into(),
             B::Select(e) => e.into(),
         }
+    }
+}
+
+impl From<spinfer_grammar::Error> for Error {
+    fn from(e: spinfer_grammar::Error) -> Self {
+        Error::Grammar(e)
     }
 }

@@ -1,8 +1,11 @@
 //! What a JSON schema costs per token: the vocabulary's tables, compiling
 //! a schema, and each step's mask, for a real tokenizer (a GGUF file or a
-//! `tokenizer.json`), over the tokens of one valid instance.
+//! `tokenizer.json`), over the tokens of one valid instance. With a grammar
+//! file (GBNF or Lark) after it, the same instance under that grammar
+//! instead (llama.cpp's `json.gbnf`, say).
 //!
 //!   cargo run --release -p spinfer-grammar --example mask_cost -- models/gemma-3-270m-Q4_K_M.gguf
+//!   cargo run --release -p spinfer-grammar --example mask_cost -- MODEL tests/data/gbnf/json.gbnf
 
 use spinfer_grammar::{Grammars, Spec};
 use spinfer_sampling::TokenConstraint;
@@ -23,7 +26,11 @@ fn main() {
     let ids = t.encode(text, false).unwrap();
     for round in 0..3 {
         let t0 = Instant::now();
-        let g = gs.compile(&Spec::JsonSchema(schema.clone())).unwrap();
+        let spec = match std::env::args().nth(2) {
+            Some(f) => Spec::grammar(std::fs::read_to_string(f).unwrap()),
+            None => Spec::JsonSchema(schema.clone()),
+        };
+        let g = gs.compile(&spec).unwrap();
         let tc = t0.elapsed();
         let mut guide = g.guide();
         let mut logits = vec![0f32; t.vocab_size()];

@@ -18,6 +18,7 @@
 //! - Hostile specs are bounded by llguidance's [`ParserLimits`] (lexer fuel,
 //!   grammar size, lexer states) and by [`MAX_CHOICES`].
 
+pub mod gbnf;
 mod vocab;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -56,8 +57,11 @@ pub enum Spec {
     /// patterns, numeric bounds, local `$ref`s).
     JsonSchema(Value),
     /// Text in the language of a Lark grammar (llguidance's dialect; its
-    /// `%json` and regex terminals included; GBNF is not read).
+    /// `%json` and regex terminals included).
     Lark(String),
+    /// Text in the language of a GBNF grammar (llama.cpp's format), read
+    /// as llama.cpp reads it ([`gbnf`]).
+    Gbnf(String),
     /// Text matching a regular expression in full (Rust `regex` syntax).
     Regex(String),
     /// Exactly one of these strings.
@@ -65,11 +69,18 @@ pub enum Spec {
 }
 
 impl Spec {
+    /// A grammar in either format: GBNF when its first rule is `name ::=`
+    /// ([`gbnf::looks_like_gbnf`]), else Lark.
+    pub fn grammar(source: String) -> Self {
+        if gbnf::looks_like_gbnf(&source) { Spec::Gbnf(source) } else { Spec::Lark(source) }
+    }
+
     fn top_level(&self) -> Result<TopLevelGrammar> {
         Ok(match self {
             Spec::JsonObject => TopLevelGrammar::from_json_schema(with_whitespace(json!({"type": "object"}))),
             Spec::JsonSchema(schema) => TopLevelGrammar::from_json_schema(with_whitespace(schema.clone())),
             Spec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+            Spec::Gbnf(g) => TopLevelGrammar::from_lark(gbnf::to_lark(g).map_err(Error::Spec)?),
             Spec::Regex(rx) => TopLevelGrammar::from_regex(rx),
             Spec::Choice(items) => {
                 if items.is_empty() || items.len() > MAX_CHOICES {

@@ -10,7 +10,7 @@ use spinfer_tokenizer::Tokenizer;
 
 use super::*;
 
-fn tokenizer() -> &'static Tokenizer {
+pub(crate) fn tokenizer() -> &'static Tokenizer {
     static T: OnceLock<Tokenizer> = OnceLock::new();
     T.get_or_init(|| {
         let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/smollm2-135m-instruct/tokenizer.json");
@@ -18,7 +18,7 @@ fn tokenizer() -> &'static Tokenizer {
     })
 }
 
-fn grammars() -> &'static Grammars {
+pub(crate) fn grammars() -> &'static Grammars {
     static G: OnceLock<Grammars> = OnceLock::new();
     G.get_or_init(|| Grammars::new(tokenizer(), tokenizer().vocab_size()).expect("the vocabulary takes grammars"))
 }
@@ -42,7 +42,7 @@ impl Noise {
 /// Generates under `spec` with random logits (the arg-max after masking)
 /// until the guide completes or an end token wins; returns the text and
 /// whether it ended by itself within `max` tokens.
-fn walk(spec: &Spec, seed: u64, max: usize) -> (String, bool) {
+pub(crate) fn walk(spec: &Spec, seed: u64, max: usize) -> (String, bool) {
     let t = tokenizer();
     let mut guide = grammars().compile(spec).expect("compiles").guide();
     let mut noise = Noise(seed | 1);

@@ -1,5 +1,5 @@
 //! Structured outputs on the wire: OpenAI's `response_format`, llama-server's
-//! `json_schema`, vLLM's `guided_json` / `guided_regex` / `guided_choice` /
+//! `json_schema` and `grammar` (GBNF), vLLM's `guided_json` / `guided_regex` / `guided_choice` /
 //! `guided_grammar` and `structured_outputs`. Each is read into a
 //! [`Spec`] that the model's vocabulary compiles later (a 400 naming the
 //! field when it does not).
@@ -41,15 +41,13 @@ fn spec_of(key: &str, v: &Value) -> Result<Option<Spec>, ApiError> {
     Ok(Some(match key {
         "response_format" => return response_format(v),
         "json_schema" | "guided_json" => Spec::JsonSchema(schema(key, v)?),
-        "grammar" => {
-            return Err(ApiError::invalid(
-                key,
-                "GBNF grammars are not read: send a grammar in llguidance's Lark syntax as guided_grammar",
-            ));
-        }
+        // llama-server's clients send an empty grammar for none.
+        "grammar" if v.as_str() == Some("") => return Ok(None),
+        // GBNF or Lark, told apart by the first rule (llama-server sends
+        // GBNF, vLLM either).
+        "grammar" | "guided_grammar" => Spec::grammar(v.as_str().ok_or_else(|| bad("a string (a grammar)"))?.into()),
         "guided_regex" => Spec::Regex(v.as_str().ok_or_else(|| bad("a string"))?.to_string()),
         "guided_choice" => Spec::Choice(strings(v).ok_or_else(|| bad("an array of strings"))?),
-        "guided_grammar" => Spec::Lark(v.as_str().ok_or_else(|| bad("a string (a Lark grammar)"))?.to_string()),
         "structured_outputs" => return structured_outputs(v),
         _ => return Ok(None),
     }))
@@ -101,7 +99,7 @@ fn structured_outputs(v: &Value) -> Result<Option<Spec>, ApiError> {
             "json" => Spec::JsonSchema(schema(&field, v)?),
             "regex" => Spec::Regex(v.as_str().ok_or_else(|| ApiError::invalid(&field, "must be a string"))?.into()),
             "choice" => Spec::Choice(strings(v).ok_or_else(|| ApiError::invalid(&field, "must be strings"))?),
-            "grammar" => Spec::Lark(v.as_str().ok_or_else(|| ApiError::invalid(&field, "must be a string"))?.into()),
+            "grammar" => Spec::grammar(v.as_str().ok_or_else(|| ApiError::invalid(&field, "must be a string"))?.into()),
             _ => return Err(ApiError::invalid(&field, format!("{field} is not supported"))),
         };
         if spec.replace(s).is_some() {
@@ -158,11 +156,17 @@ mod tests {
             (json!({"guided_regex": "[a-z]+"}), Some(("guided_regex", Spec::Regex("[a-z]+".into())))),
             (json!({"guided_choice": ["a", "b"]}), Some(("guided_choice", Spec::Choice(vec!["a".into(), "b".into()])))),
             (json!({"guided_grammar": "start: \"x\""}), Some(("guided_grammar", Spec::Lark("start: \"x\"".into())))),
+            (json!({"grammar": "root ::= \"x\""}), Some(("grammar", Spec::Gbnf("root ::= \"x\"".into())))),
+            (
+                json!({"guided_grammar": "root ::= \"x\""}),
+                Some(("guided_grammar", Spec::Gbnf("root ::= \"x\"".into()))),
+            ),
             (
                 json!({"structured_outputs": {"choice": ["a"]}}),
                 Some(("structured_outputs", Spec::Choice(vec!["a".into()]))),
             ),
             (json!({"guided_regex": null}), None),
+            (json!({"grammar": ""}), None),
         ];
         for (body, want) in cases {
             assert_eq!(req(body.clone()).unwrap(), want, "{body}");
@@ -183,7 +187,7 @@ mod tests {
             (json!({"guided_json": "not json"}), "guided_json"),
             (json!({"guided_choice": ["a", 1]}), "guided_choice"),
             (json!({"guided_regex": 5}), "guided_regex"),
-            (json!({"grammar": "root ::= \"a\""}), "grammar"),
+            (json!({"grammar": 5}), "grammar"),
             (json!({"structured_outputs": {"json": {}, "regex": "a"}}), "structured_outputs"),
             (json!({"structured_outputs": {"xml": "a"}}), "structured_outputs.xml"),
             (json!({"guided_regex": "a", "guided_choice": ["a"]}), "guided_choice"),
