@@ -1,5 +1,6 @@
 //! Structured outputs: the text a model generates made to follow a JSON
-//! schema, a Lark grammar, a regular expression or a list of choices.
+//! schema, a grammar (Lark, or GBNF through [`gbnf`]), a regular
+//! expression or a list of choices.
 //!
 //! [llguidance](https://github.com/guidance-ai/llguidance) (the engine
 //! behind vLLM's, SGLang's and llama.cpp's `guidance` back ends) compiles a
