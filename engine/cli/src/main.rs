@@ -6,6 +6,7 @@
 
 mod bench;
 mod calibrate;
+mod chat;
 mod commands;
 mod constrain;
 mod embed;
@@ -33,6 +34,8 @@ struct Cli {
 enum Command {
     /// Generate a continuation of a prompt.
     Generate(commands::GenerateArgs),
+    /// Chat with the model: each line of input a turn, in its chat template.
+    Chat(chat::ChatArgs),
     /// Perplexity of a text file (windows of --ctx tokens, each from an empty cache).
     Perplexity(commands::PerplexityArgs),
     /// Prefill (pp128, pp512) and decode (tg128) speed and peak memory.
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
     }
     let quiet = match &cli.command {
         Command::Generate(a) => a.common.quiet,
+        Command::Chat(a) => a.common.quiet,
         Command::Perplexity(a) => a.common.quiet,
         Command::Bench(a) => a.quiet,
         Command::Kernels(a) | Command::Tune(a) => a.common.quiet,
@@ -85,6 +89,7 @@ fn main() -> ExitCode {
     init_logging(quiet);
     let result = match cli.command {
         Command::Generate(a) => commands::generate(a),
+        Command::Chat(a) => chat::chat(a),
         Command::Perplexity(a) => commands::perplexity(a),
         Command::Bench(a) => bench::run(a),
         Command::Inspect(a) => commands::inspect(a),

@@ -243,6 +243,9 @@ impl Config {
         if let Some(p) = c.server.api_keys_file.as_mut() {
             abs(p);
         }
+        if let Some(p) = c.server.chat_template_file.as_mut() {
+            abs(p);
+        }
         Ok(c)
     }
 

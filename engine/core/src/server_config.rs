@@ -48,6 +48,9 @@ pub struct ServerSection {
     pub cors_origins: Vec<String>,
     /// Seconds in-flight requests get to finish after SIGTERM.
     pub shutdown_timeout_s: u64,
+    /// A Jinja chat template used instead of the model's own (for a model
+    /// file without one, or with a broken one).
+    pub chat_template_file: Option<PathBuf>,
 }
 
 impl Default for ServerSection {
@@ -67,6 +70,7 @@ impl Default for ServerSection {
             api_keys_file: None,
             cors_origins: Vec::new(),
             shutdown_timeout_s: 30,
+            chat_template_file: None,
         }
     }
 }

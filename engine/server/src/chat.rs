@@ -6,7 +6,11 @@
 use minijinja::{Environment, ErrorKind, context};
 use serde::Serialize;
 
+use std::io::Read;
+use std::path::Path;
+
 use crate::error::{ApiError, Error, Result};
+use spinfer_engine::Engine;
 use spinfer_engine::tokenizer::Tokenizer;
 
 /// One message as the template sees it (content flattened to text).
@@ -15,6 +19,9 @@ pub struct Message {
     pub role: String,
     pub content: String,
 }
+
+/// Most bytes of a chat template file.
+const MAX_TEMPLATE_FILE: u64 = 1 << 20;
 
 /// Instructions a template may run per render (a chat of hundreds of
 /// messages takes a few thousand per message).
@@ -52,6 +59,21 @@ impl ChatTemplate {
         Ok(t)
     }
 
+    /// The template of `engine`'s model: the one in `file` when given,
+    /// else the model file's own; `None` when neither is.
+    pub fn for_engine(engine: &Engine, file: Option<&Path>) -> Result<Option<Self>> {
+        let text = |id: Option<u32>| id.and_then(|i| token_text(&engine.tokenizer, i)).unwrap_or_default();
+        let (bos, eos) = (text(engine.tokenizer.bos_id()), text(engine.tokenizer.eos_id()));
+        let source = match file {
+            Some(f) => read_template(f)?,
+            None => match engine.chat_template() {
+                Some(s) => s.to_string(),
+                None => return Ok(None),
+            },
+        };
+        Self::new(&source, bos, eos).map(Some)
+    }
+
     /// Whether the template writes a `tool` message's content (ChatML's
     /// do; others raise on the role or drop it, and tool results are then
     /// given as user messages).
@@ -85,6 +107,17 @@ impl ChatTemplate {
             ApiError::invalid("messages", format!("the model's chat template refused the messages: {detail}"))
         })
     }
+}
+
+/// A template file, read once and bounded.
+fn read_template(path: &Path) -> Result<String> {
+    let io = |source| Error::Io { what: format!("chat template {}", path.display()), source };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path).map_err(io)?.take(MAX_TEMPLATE_FILE + 1).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() as u64 > MAX_TEMPLATE_FILE {
+        return Err(Error::Template(format!("{} is over {MAX_TEMPLATE_FILE} bytes", path.display())));
+    }
+    String::from_utf8(bytes).map_err(|_| Error::Template(format!("{} is not UTF-8", path.display())))
 }
 
 /// Whether a rendered chat gets the tokenizer's BOS: as the tokenizer

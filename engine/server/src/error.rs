@@ -16,7 +16,7 @@ pub enum Error {
     Io { what: String, source: std::io::Error },
     #[error("{0}")]
     Config(String),
-    #[error("the chat template of the model does not compile: {0}")]
+    #[error("chat template: {0}")]
     Template(String),
 }
 

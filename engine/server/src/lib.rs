@@ -83,14 +83,7 @@ impl Server {
                 tracing::info!(pack = ?p, "pack");
             }
             let engine = Arc::new(engine);
-            let template = engine
-                .chat_template()
-                .map(|src| {
-                    let text =
-                        |id: Option<u32>| id.and_then(|i| chat::token_text(&engine.tokenizer, i)).unwrap_or_default();
-                    chat::ChatTemplate::new(src, text(engine.tokenizer.bos_id()), text(engine.tokenizer.eos_id()))
-                })
-                .transpose()?;
+            let template = chat::ChatTemplate::for_engine(&engine, s.chat_template_file.as_deref())?;
             if template.is_none() {
                 tracing::warn!("the model has no chat template: /v1/chat/completions will answer 400");
             }
