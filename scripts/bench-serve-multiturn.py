@@ -3,7 +3,9 @@
 
 What it measures: C concurrent conversations (--conversations), each a
 system message holding a document (the start of WikiText-2's test text,
-about --context-chars characters) followed by --turns user questions. Every
+about --context-chars characters) followed by --turns user questions
+(conversation i asks them from the i-th on, so that conversations share
+the document and differ after it). Every
 turn sends the whole conversation so far to POST /v1/chat/completions
 (streamed, greedy, max_tokens each), the model's own earlier replies
 included, as a chat client does. Per turn: time to first token (TTFT, first
@@ -73,9 +75,11 @@ def chat_turn(port, messages, a, out):
     out["reply"], out["usage"] = "".join(text), usage or {}
 
 
-def conversation(port, a, document, turns):
+def conversation(port, a, document, turns, i=0):
     messages = [{"role": "system", "content": "Answer questions about this text.\n\n" + document}]
-    for q in QUESTIONS[: a.turns]:
+    # Conversation i asks the questions from the i-th on: one document,
+    # different conversations.
+    for q in (QUESTIONS[i % len(QUESTIONS):] + QUESTIONS[:i % len(QUESTIONS)])[: a.turns]:
         messages.append({"role": "user", "content": q})
         out = {}
         chat_turn(port, messages, a, out)
@@ -93,7 +97,7 @@ def run_round(engine, a, n, document, tmp):
         p, port = bsv.start_spinfer(a, n, tmp)
     try:
         convs = [[] for _ in range(n)]
-        bsv.run_concurrently(n, lambda i: conversation(port, a, document, convs[i]))
+        bsv.run_concurrently(n, lambda i: conversation(port, a, document, convs[i], i))
     finally:
         bsv.stop(p)
     return convs

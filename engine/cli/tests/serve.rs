@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 mod support;
 
-use support::{KEY, Served, cli_generate, cli_generate_with, complete, http, post, python_checks, render_chat};
+use support::{KEY, Served, cli_generate, cli_generate_with, complete, http, metric, post, python_checks, render_chat};
 
 #[test]
 fn the_openai_client_gets_what_generate_gives() {
@@ -461,12 +461,6 @@ fn rss_bytes(pid: u32) -> u64 {
     let kb: u64 =
         status.lines().find(|l| l.starts_with("VmRSS:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
     kb * 1024
-}
-
-fn metric(addr: &str, name: &str) -> f64 {
-    let (_, m) = http(addr, "GET", "/metrics", &[], b"");
-    let m = String::from_utf8(m).unwrap();
-    m.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok())).unwrap_or(f64::NAN)
 }
 
 /// 32 clients × 4 requests of mixed lengths, streamed and not, one in 8

@@ -136,6 +136,34 @@ pub fn store_row<E: KvElem>(dst: &mut [E], src: &[f32]) {
     }
 }
 
+/// `madvise(DONTNEED)` on the whole pages inside `v`: their memory is
+/// released and they read as zeros afterwards (`0.0` for every
+/// [`KvElem`]); advice only, so a failure leaves the memory held and
+/// changes nothing else.
+pub fn release_pages<E: KvElem>(v: &mut [E]) {
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        const MADV_DONTNEED: i32 = 4;
+        unsafe extern "C" {
+            fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
+        }
+        let start = v.as_mut_ptr() as usize;
+        let end = start + std::mem::size_of_val(v);
+        let (from, to) = (start.next_multiple_of(PAGE), end / PAGE * PAGE);
+        if to > from {
+            // SAFETY: [from, to) lies inside `v`'s allocation, which the
+            // `&mut` borrow keeps from every other reader during the call.
+            // Heap memory is private and anonymous: after DONTNEED its
+            // pages stay mapped and read as zeros, a valid element (0.0 as
+            // f32 or f16), so the slice stays valid and initialised.
+            unsafe { madvise(from as *mut std::ffi::c_void, to - from, MADV_DONTNEED) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = v;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

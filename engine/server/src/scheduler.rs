@@ -9,10 +9,16 @@
 //! Prompt cache: a finished request's slot keeps its prompt's keys and
 //! values. A new request takes the free slot whose kept prompt shares the
 //! longest prefix with its own and runs only the tokens after that prefix
-//! (at least its last, whose logits choose the first token). Only tokens
-//! read as a prompt are kept, never generated ones: the decode path rounds
-//! differently, and a reused prefix must give the bits a fresh prompt
-//! gives (prompt chunks of any length do; `tests/tests/batch_decode.rs`).
+//! (at least its last, whose logits choose the first token). A longer
+//! prefix held by another slot (a kept prompt, or the prompt a running
+//! request has read) is copied into the new request's slot instead of
+//! read again; a request whose prompt shares at least [`WAIT_FOR_SHARE`]
+//! more tokens with a prompt still being read waits for it (the `n`
+//! choices of a request, requests with one long system prompt). Only
+//! tokens read as a prompt are kept or copied, never generated ones: the
+//! decode path rounds differently, and a reused prefix must give the bits
+//! a fresh prompt gives (prompt chunks of any length do;
+//! `tests/tests/batch_decode.rs`).
 
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
@@ -283,12 +289,17 @@ impl<'e> Loop<'e> {
         self.metrics.queue_depth.set(self.queue.len() as i64);
     }
 
-    /// Moves waiting requests into free slots.
+    /// Moves waiting requests into free slots, in order.
     fn admit(&mut self) {
-        while let Some((slot, reuse)) = self.queue.front().and_then(|j| self.pick_slot(j)) {
+        while let Some((slot, reuse)) = self.queue.front().filter(|j| !self.waits(j)).and_then(|j| self.pick_slot(j)) {
             let Some(job) = self.queue.pop_front() else { break };
             self.waiting.fetch_sub(1, Ordering::AcqRel);
-            let cached = self.cut_to(slot, reuse);
+            let mut cached = self.cut_to(slot, reuse);
+            if let Some((donor, n)) = self.donor(&job, slot).filter(|&(_, n)| n > cached)
+                && self.copy_prefix(donor, slot, n)
+            {
+                cached = n;
+            }
             match Continuation::new(&self.engine.tokenizer, &job.params, &job.prompt) {
                 Ok(cont) => {
                     self.metrics.cached_prompt_tokens.inc_by(cached as u64);
@@ -324,6 +335,59 @@ impl<'e> Loop<'e> {
             .filter(|&s| self.active[s].is_none())
             .map(|s| (s, reuse(s)))
             .max_by_key(|&(s, reuse)| (reuse, std::cmp::Reverse(self.freed_at[s])))
+    }
+
+    /// The prompt tokens whose keys and values slot `s` holds, read as a
+    /// prompt: a running request's, as far as it has read them, or a free
+    /// slot's kept prompt.
+    fn held(&self, s: usize) -> &[u32] {
+        match &self.active[s] {
+            // A one-token prompt runs on the decode path: nothing to share.
+            Some(a) if a.prompt.len() > 1 => &a.prompt[..a.prefilled.min(a.prompt.len())],
+            Some(_) => &[],
+            None => &self.kept[s],
+        }
+    }
+
+    /// The slot other than `slot` holding the longest prefix of `job`'s
+    /// prompt (that `job` may use), and that prefix's length.
+    fn donor(&self, job: &Job, slot: usize) -> Option<(usize, usize)> {
+        if !self.prompt_cache || job.prompt_logprobs {
+            return None;
+        }
+        (0..self.kvs.len())
+            .filter(|&d| d != slot)
+            .map(|d| (d, reusable(self.held(d), &job.prompt)))
+            .max_by_key(|&(_, n)| n)
+            .filter(|&(_, n)| n > 0)
+    }
+
+    /// Whether `job` waits: a prompt still being read will hold at least
+    /// [`WAIT_FOR_SHARE`] more of its prompt than any slot holds now.
+    fn waits(&self, job: &Job) -> bool {
+        if !self.prompt_cache || job.prompt_logprobs {
+            return false;
+        }
+        let now = (0..self.kvs.len()).map(|d| reusable(self.held(d), &job.prompt)).max().unwrap_or(0);
+        self.active
+            .iter()
+            .flatten()
+            .filter(|a| a.prefilled < a.prompt.len())
+            .any(|a| reusable(&a.prompt, &job.prompt) >= now + WAIT_FOR_SHARE)
+    }
+
+    /// Copies `donor`'s first `n` cached tokens into `slot`'s cache; false
+    /// (and `slot` unchanged) where a local layer's ring no longer holds
+    /// them.
+    fn copy_prefix(&mut self, donor: usize, slot: usize, n: usize) -> bool {
+        let (dst, src) = if slot < donor {
+            let (a, b) = self.kvs.split_at_mut(donor);
+            (&mut a[slot], &b[0])
+        } else {
+            let (a, b) = self.kvs.split_at_mut(slot);
+            (&mut b[0], &a[donor])
+        };
+        dst.copy_prefix_from(src, n).map_err(|e| tracing::debug!(error = %e, "prefix not copied")).is_ok()
     }
 
     /// Cuts `slot`'s cache back to its first `reuse` tokens, or empties it
@@ -564,6 +628,10 @@ impl<'e> Loop<'e> {
         }
     }
 }
+
+/// Fewest prompt tokens a request waits for another slot to read (then
+/// copies), rather than reading them itself beside it.
+const WAIT_FOR_SHARE: usize = 32;
 
 /// How many of `prompt`'s tokens a slot keeping `kept` can skip: their
 /// common prefix, short of `prompt`'s last token, which must run for its

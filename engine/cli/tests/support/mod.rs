@@ -215,3 +215,10 @@ pub fn chat_template(model: &Path) -> (spinfer_server::chat::ChatTemplate, spinf
     .unwrap();
     (template, engine)
 }
+
+/// A metric's value from `/metrics` (NaN when absent).
+pub fn metric(addr: &str, name: &str) -> f64 {
+    let (_, m) = http(addr, "GET", "/metrics", &[], b"");
+    let m = String::from_utf8(m).unwrap();
+    m.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok())).unwrap_or(f64::NAN)
+}

@@ -4,7 +4,7 @@
 
 use half::f16;
 use spinfer_kernels::attention::Cache;
-use spinfer_kernels::elem::{KvElem, store_row};
+use spinfer_kernels::elem::{KvElem, release_pages, store_row};
 
 use super::{Model, kv_positions};
 use crate::{Error, Result};
@@ -115,8 +115,38 @@ impl KvCache {
         }
     }
 
+    /// Makes this cache hold `src`'s first `n` tokens, as `src` truncated
+    /// to `n` would (same model and context; a local layer's ring is
+    /// copied whole, under [`KvCache::truncate`]'s limit).
+    pub fn copy_prefix_from(&mut self, src: &KvCache, n: usize) -> Result<()> {
+        if (self.ctx, self.kv_dim, &self.len) != (src.ctx, src.kv_dim, &src.len) || n > src.pos {
+            return Err(Error::InvalidArgument("a KV prefix copied between caches of another shape".into()));
+        }
+        src.can_go_back_to(n)?;
+        let rows: Vec<_> = (0..self.len.len())
+            .map(|l| {
+                let at = self.start[l] * self.kv_dim;
+                at..at + if self.len[l] < self.ctx { self.len[l] } else { n } * self.kv_dim
+            })
+            .collect();
+        match (&mut self.store, &src.store) {
+            (Store::F32 { keys, values }, Store::F32 { keys: k, values: v }) => copy_rows(keys, values, k, v, &rows),
+            (Store::F16 { keys, values }, Store::F16 { keys: k, values: v }) => copy_rows(keys, values, k, v, &rows),
+            _ => return Err(Error::InvalidArgument("a KV prefix copied between element types".into())),
+        }
+        self.pos = n;
+        Ok(())
+    }
+
     /// Drops cached tokens after `pos` (see [`super::Session::truncate`]).
     pub fn truncate(&mut self, pos: usize) -> Result<()> {
+        self.can_go_back_to(pos)?;
+        self.pos = self.pos.min(pos);
+        Ok(())
+    }
+
+    /// Whether the cache still holds what attention at `pos` needs.
+    fn can_go_back_to(&self, pos: usize) -> Result<()> {
         // Only a ring shorter than the context wraps (and overwrites).
         let slack = self.len.iter().filter(|&&len| len < self.ctx).map(|&len| len - self.window).min();
         if let Some(slack) = slack
@@ -128,7 +158,6 @@ impl KvCache {
                 self.pos - pos
             )));
         }
-        self.pos = self.pos.min(pos);
         Ok(())
     }
 
@@ -170,32 +199,12 @@ impl KvCache {
     }
 }
 
-/// `madvise(DONTNEED)` on the whole pages inside `v`: their memory is
-/// released and they read as zeros afterwards (`0.0` for every
-/// [`KvElem`]); advice only, so a failure leaves the memory held and
-/// changes nothing else.
-fn release_pages<E: KvElem>(v: &mut [E]) {
-    #[cfg(target_os = "linux")]
-    {
-        const PAGE: usize = 4096;
-        const MADV_DONTNEED: i32 = 4;
-        unsafe extern "C" {
-            fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
-        }
-        let start = v.as_mut_ptr() as usize;
-        let end = start + std::mem::size_of_val(v);
-        let (from, to) = (start.next_multiple_of(PAGE), end / PAGE * PAGE);
-        if to > from {
-            // SAFETY: [from, to) lies inside `v`'s allocation, which the
-            // `&mut` borrow keeps from every other reader during the call.
-            // Heap memory is private and anonymous: after DONTNEED its
-            // pages stay mapped and read as zeros, a valid element (0.0 as
-            // f32 or f16), so the slice stays valid and initialised.
-            unsafe { madvise(from as *mut std::ffi::c_void, to - from, MADV_DONTNEED) };
-        }
+/// Copies `rows` of the keys and values `k`, `v` into `keys`, `values`.
+fn copy_rows<E: Copy>(keys: &mut [E], values: &mut [E], k: &[E], v: &[E], rows: &[std::ops::Range<usize>]) {
+    for r in rows {
+        keys[r.clone()].copy_from_slice(&k[r.clone()]);
+        values[r.clone()].copy_from_slice(&v[r.clone()]);
     }
-    #[cfg(not(target_os = "linux"))]
-    let _ = v;
 }
 
 /// Which sequence a row of the step belongs to, and its position there.
