@@ -631,7 +631,7 @@ impl<'e> Loop<'e> {
 
 /// Fewest prompt tokens a request waits for another slot to read (then
 /// copies), rather than reading them itself beside it.
-const WAIT_FOR_SHARE: usize = 32;
+pub const WAIT_FOR_SHARE: usize = 32;
 
 /// How many of `prompt`'s tokens a slot keeping `kept` can skip: their
 /// common prefix, short of `prompt`'s last token, which must run for its
