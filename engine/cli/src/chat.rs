@@ -3,8 +3,8 @@
 //! model's chat template (or `--chat-template-file`), and the answer streams
 //! to stdout. The session keeps its cache between turns: a turn runs only
 //! the tokens after the prefix it shares with the cache (the earlier turns,
-//! unless the template rewrites them). `/reset` starts again, `/exit` or
-//! the end of input ends.
+//! unless the template rewrites them). A line ending in `\` continues on
+//! the next; `/reset` starts again, `/exit` or the end of input ends.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::ops::ControlFlow;
@@ -80,7 +80,9 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     let interactive = std::io::stdin().is_terminal();
     let (json, quiet) = (a.common.json, a.common.quiet);
     if interactive && !quiet && !json {
-        eprintln!("spinfer chat: a line is a turn; /reset starts again, /exit or Ctrl-D ends");
+        eprintln!(
+            "spinfer chat: a line is a turn (end it with \\ to go on); /reset starts again, /exit or Ctrl-D ends"
+        );
     }
     let mut stdout = std::io::stdout().lock();
     let prompt = || {
@@ -89,8 +91,16 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         }
     };
     prompt();
+    let mut pending = String::new();
     for line in std::io::stdin().lock().lines() {
         let line = line.context("reading stdin")?;
+        // A line ending in `\` goes on on the next one (llama-cli's way).
+        if let Some(part) = line.strip_suffix('\\') {
+            pending.push_str(part);
+            pending.push('\n');
+            continue;
+        }
+        let line = std::mem::take(&mut pending) + &line;
         match line.trim() {
             "/exit" => break,
             "" => {

@@ -63,6 +63,11 @@ fn each_turn_answers_as_generate_does_for_the_conversation_so_far() {
     let sys = "You answer in one word.";
     let t = turns(&chat(&model, &format!("{q1}\n"), &["--system", sys]));
     assert_eq!(t[0]["assistant"].as_str().unwrap(), want(&[msg("system", sys), msg("user", q1)]));
+    // A line ending in `\` goes on on the next: one turn of two lines.
+    let t = turns(&chat(&model, &format!("{q1}\\\n{q2}\n"), &[]));
+    let two = format!("{q1}\n{q2}");
+    assert_eq!((t.len(), t[0]["user"].as_str().unwrap()), (1, two.as_str()));
+    assert_eq!(t[0]["assistant"].as_str().unwrap(), want(&[msg("user", &two)]));
 }
 
 #[test]
