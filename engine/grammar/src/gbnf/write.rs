@@ -17,6 +17,9 @@ use std::fmt::Write;
 
 use super::Node;
 
+/// Most parts of a sequence written as one regular expression.
+const MAX_RUN: usize = 64;
+
 /// GBNF names mapped to Lark rule names (`[a-z][a-z0-9_-]*`, and not
 /// `start`).
 #[derive(Default)]
@@ -73,16 +76,18 @@ pub(super) fn alts(out: &mut String, alts: &[Vec<Node>], names: &mut Names, top:
 /// A sequence: runs of rule-free parts that lex unambiguously as one
 /// regular expression, the other parts one by one.
 fn sequence(out: &mut String, seq: &[Node], names: &mut Names) {
+    let shapes: Vec<Option<Shape>> = seq.iter().map(Shape::of).collect();
     let mut parts: Vec<String> = Vec::new();
     let mut i = 0;
     while i < seq.len() {
         // The longest run of rule-free parts from here that lexes alone (a
-        // lone part only if it is a group or a repetition).
+        // lone part only if it is a group or a repetition), among the next
+        // MAX_RUN: a long sequence is scanned in linear time.
         let mut shape = Shape::empty();
         let mut take = 0;
-        for (j, n) in seq[i..].iter().enumerate() {
-            let Some(s) = Shape::of(n) else { break };
-            shape = shape.then(&s);
+        for (j, (n, s)) in seq[i..].iter().zip(&shapes[i..]).take(MAX_RUN).enumerate() {
+            let Some(s) = s else { break };
+            shape = shape.then(s);
             if shape.lexes_alone() && (j > 0 || matches!(n, Node::Group(_) | Node::Repeat { .. })) {
                 take = j + 1;
             }
