@@ -3,8 +3,7 @@
 //! llama.cpp reads it, or llguidance's Lark dialect, told apart by the
 //! first rule), and `--regex`.
 
-use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -67,14 +66,6 @@ impl ConstraintArgs {
 }
 
 /// The file, read once and at most [`MAX_SPEC_BYTES`] of it.
-fn read(path: &PathBuf, flag: &str) -> Result<String> {
-    let file = std::fs::File::open(path).with_context(|| format!("{flag}: cannot read {}", path.display()))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_SPEC_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .with_context(|| format!("{flag}: cannot read {}", path.display()))?;
-    if bytes.len() as u64 > MAX_SPEC_BYTES {
-        bail!("{flag}: {} is over the {MAX_SPEC_BYTES}-byte limit", path.display());
-    }
-    String::from_utf8(bytes).with_context(|| format!("{flag}: {} is not UTF-8", path.display()))
+fn read(path: &Path, flag: &str) -> Result<String> {
+    spinfer_formats::bounded::read_text(path, MAX_SPEC_BYTES, "a grammar or schema").with_context(|| flag.to_string())
 }

@@ -6,7 +6,6 @@
 use minijinja::{Environment, ErrorKind, context};
 use serde::Serialize;
 
-use std::io::Read;
 use std::path::Path;
 
 use crate::error::{ApiError, Error, Result};
@@ -65,7 +64,8 @@ impl ChatTemplate {
         let text = |id: Option<u32>| id.and_then(|i| token_text(&engine.tokenizer, i)).unwrap_or_default();
         let (bos, eos) = (text(engine.tokenizer.bos_id()), text(engine.tokenizer.eos_id()));
         let source = match file {
-            Some(f) => read_template(f)?,
+            Some(f) => spinfer_formats::bounded::read_text(f, MAX_TEMPLATE_FILE, "a chat template")
+                .map_err(|e| Error::Template(e.to_string()))?,
             None => match engine.chat_template() {
                 Some(s) => s.to_string(),
                 None => return Ok(None),
@@ -107,17 +107,6 @@ impl ChatTemplate {
             ApiError::invalid("messages", format!("the model's chat template refused the messages: {detail}"))
         })
     }
-}
-
-/// A template file, read once and bounded.
-fn read_template(path: &Path) -> Result<String> {
-    let io = |source| Error::Io { what: format!("chat template {}", path.display()), source };
-    let mut bytes = Vec::new();
-    std::fs::File::open(path).map_err(io)?.take(MAX_TEMPLATE_FILE + 1).read_to_end(&mut bytes).map_err(io)?;
-    if bytes.len() as u64 > MAX_TEMPLATE_FILE {
-        return Err(Error::Template(format!("{} is over {MAX_TEMPLATE_FILE} bytes", path.display())));
-    }
-    String::from_utf8(bytes).map_err(|_| Error::Template(format!("{} is not UTF-8", path.display())))
 }
 
 /// Whether a rendered chat gets the tokenizer's BOS: as the tokenizer

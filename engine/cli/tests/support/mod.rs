@@ -205,14 +205,7 @@ pub fn render_chat(model: &Path, question: &str) -> String {
 /// The model's chat template as the server compiles it, and the model.
 pub fn chat_template(model: &Path) -> (spinfer_server::chat::ChatTemplate, spinfer_engine::Engine) {
     let engine = spinfer_engine::Engine::load(model, Default::default()).unwrap();
-    let t = &engine.tokenizer;
-    let text_of = |id: Option<u32>| id.and_then(|i| spinfer_server::chat::token_text(t, i)).unwrap_or_default();
-    let template = spinfer_server::chat::ChatTemplate::new(
-        engine.chat_template().unwrap(),
-        text_of(t.bos_id()),
-        text_of(t.eos_id()),
-    )
-    .unwrap();
+    let template = spinfer_server::chat::ChatTemplate::for_engine(&engine, None).unwrap().expect("a chat template");
     (template, engine)
 }
 
