@@ -129,3 +129,41 @@ fn gemma3_batched_requests_equal_each_alone() {
     let Some(path) = gemma3() else { return };
     batched_equals_alone(&path);
 }
+
+/// Several tokens of one sequence run on the decode path in one step (a
+/// speculative draft checked at once): every row's logits are those of
+/// decoding the tokens one by one.
+fn draft_rows_equal_one_by_one(path: &Path) {
+    for precision in [Precision::Fast, Precision::Precise, Precision::Int8] {
+        let e = load(path, precision);
+        let vocab = e.model.config.vocab_size;
+        let ids = e.tokenize(PROMPTS[4]).unwrap();
+        let want = alone(&e, PROMPTS[4], 10);
+        let greedy: Vec<u32> = want.iter().map(|l| argmax(l)).collect();
+        // The prompt, then its first token alone, then 8 at once.
+        let mut work = e.model.new_session();
+        let mut kv = e.model.new_kv_cache();
+        e.model.forward_batch(&mut work, &mut [&mut kv], &ids, &[ids.len()], &[true]).unwrap();
+        e.model.forward_batch(&mut work, &mut [&mut kv], &greedy[..1], &[1], &[false]).unwrap();
+        e.model.forward_batch(&mut work, &mut [&mut kv], &greedy[1..9], &[8], &[false]).unwrap();
+        let rows: Vec<usize> = (0..8).collect();
+        let got = e.model.logits_of_rows(&mut work, &rows).unwrap();
+        for r in 0..8 {
+            let g = &got[r * vocab..(r + 1) * vocab];
+            let diff = g.iter().zip(&want[r + 2]).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            assert!(g == want[r + 2].as_slice(), "{precision:?}: row {r} differs by up to {diff:e}");
+        }
+    }
+}
+
+#[test]
+fn smollm2_draft_rows_equal_one_by_one() {
+    let Some(path) = smollm2() else { return };
+    draft_rows_equal_one_by_one(&path);
+}
+
+#[test]
+fn gemma3_draft_rows_equal_one_by_one() {
+    let Some(path) = gemma3() else { return };
+    draft_rows_equal_one_by_one(&path);
+}

@@ -11,7 +11,7 @@ use spinfer_engine::config::{
     Config, HeadMode, HeadSection, KvCacheSetting, PrecisionSetting, QuantizeSetting, SparsitySection,
     check_cache_policy, check_predictor,
 };
-use spinfer_engine::generate::GenerateParams;
+use spinfer_engine::generate::{DraftParams, GenerateParams};
 use spinfer_engine::model::llama::MAX_THREADS;
 use spinfer_engine::model::{ModelOptions, Precision};
 
@@ -267,6 +267,8 @@ pub struct GenerateArgs {
     pub n_predict: usize,
     #[command(flatten)]
     pub sampling: crate::sampling::SamplingArgs,
+    #[command(flatten)]
+    pub draft: crate::sampling::DraftArgs,
     /// Never end at an end-of-generation token: generate -n tokens (or
     /// until a stop string or the context ends it).
     #[arg(long)]
@@ -329,6 +331,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         sampler: a.sampling.params()?,
         stop: a.stop.clone(),
         ignore_eos: a.ignore_eos,
+        draft: a.draft.params(DraftParams::default())?,
         ..GenerateParams::default()
     };
     let output = Output { json: a.common.json, quiet: a.common.quiet };

@@ -61,6 +61,11 @@ pub fn print_generation(
                 "decode": ms(g.timings.decode),
                 "sample": ms(g.timings.sample),
             },
+            "draft": {
+                "drafts": g.draft.drafts,
+                "drafted": g.draft.drafted,
+                "accepted": g.draft.accepted,
+            },
             "sparsity": sparsity,
             "storage": storage,
         });
@@ -81,6 +86,16 @@ pub fn print_generation(
             g.tokens.len(),
             g.decode_tokens_per_second()
         );
+        let d = g.draft;
+        if d.drafts > 0 {
+            eprintln!(
+                "[drafts: {} tokens in {} drafts, {} accepted ({:.0}%)]",
+                d.drafted,
+                d.drafts,
+                d.accepted,
+                100.0 * d.accepted as f64 / d.drafted as f64
+            );
+        }
     }
     Ok(())
 }

@@ -1,7 +1,9 @@
-//! `generate`'s sampling flags, llama.cpp's names and defaults.
+//! `generate`'s sampling and drafting flags, llama.cpp's names and
+//! defaults.
 
 use anyhow::{Result, bail};
 use clap::Args;
+use spinfer_engine::generate::DraftParams;
 use spinfer_engine::sampling::SamplerParams;
 
 #[derive(Args)]
@@ -55,6 +57,37 @@ impl SamplingArgs {
             presence_penalty: self.presence_penalty,
             logit_bias: self.logit_bias.iter().map(|b| bias(b)).collect::<Result<_>>()?,
             seed: self.seed,
+        };
+        p.validate()?;
+        Ok(p)
+    }
+}
+
+/// Speculative decoding from the context's own n-grams (prompt lookup).
+#[derive(Args)]
+pub struct DraftArgs {
+    /// Draft up to N tokens a step from the context's own n-grams, checked
+    /// with the next token in one step (0 = off; the output is the same
+    /// either way, only faster where the text repeats the context).
+    /// llama.cpp's --draft-max, vLLM's num_speculative_tokens. Default:
+    /// the config's [speculative], else 0.
+    #[arg(long)]
+    pub draft_max: Option<usize>,
+    /// Longest n-gram looked up (vLLM's prompt_lookup_max).
+    #[arg(long)]
+    pub draft_ngram_max: Option<usize>,
+    /// Shortest n-gram looked up (vLLM's prompt_lookup_min).
+    #[arg(long)]
+    pub draft_ngram_min: Option<usize>,
+}
+
+impl DraftArgs {
+    /// The drafts the flags describe over `base` (the config's), checked.
+    pub fn params(&self, base: DraftParams) -> Result<DraftParams> {
+        let p = DraftParams {
+            max_tokens: self.draft_max.unwrap_or(base.max_tokens),
+            ngram_max: self.draft_ngram_max.unwrap_or(base.ngram_max),
+            ngram_min: self.draft_ngram_min.unwrap_or(base.ngram_min),
         };
         p.validate()?;
         Ok(p)

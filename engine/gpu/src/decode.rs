@@ -1,7 +1,7 @@
 //! The GPU model as the engine's generation loop drives it
-//! (`spinfer_models::generate::generate_with`).
+//! (`spinfer_generate::generate_with`).
 
-use spinfer_models::generate::DecodeSession;
+use spinfer_generate::DecodeSession;
 
 use crate::{GpuModel, GpuSession};
 

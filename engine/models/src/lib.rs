@@ -1,7 +1,7 @@
 //! spinfer's Llama-family models: the forward pass (dense, sparse FFN,
-//! sparse output head), sessions, generation (with `spinfer-sampling`'s
-//! sampler, re-exported as `sampling`), and the calibration that runs the
-//! model to fit its sparsity sidecar. Perplexity by the reference protocol
+//! sparse output head), sessions (`spinfer-sampling`'s sampler
+//! re-exported as `sampling`), and the calibration that runs the model to
+//! fit its sparsity sidecar. The generation loop is `spinfer-generate`'s. Perplexity by the reference protocol
 //! is `spinfer-engine`'s (`spinfer_engine::perplexity`).
 //!
 //! Architecture invariant: the model reads weights only through
@@ -9,7 +9,6 @@
 //! the `spinfer-kernel-select` registry resolved at load.
 pub mod calibrate;
 mod error;
-pub mod generate;
 pub mod head;
 pub mod model;
 

@@ -170,6 +170,8 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
         constraint,
         min_tokens: req.min_tokens,
         ignore_eos: req.ignore_eos,
+        // Drafts are the scheduler's (`[speculative]`), not a request's.
+        draft: Default::default(),
     };
     let (tx, rx) = mpsc::unbounded_channel();
     let now = Instant::now();

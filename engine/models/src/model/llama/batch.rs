@@ -90,6 +90,18 @@ impl Model {
         result
     }
 
+    /// Runs `tokens` at the session's next positions on the decode path:
+    /// each row bit for bit what running the tokens one at a time gives
+    /// (a speculative draft checked in one step; [`Model::logits_of_rows`]
+    /// then gives every row's next-token logits). At most
+    /// [`Model::max_batch_tokens`] tokens.
+    pub fn forward_decode_rows(&self, s: &mut Session, tokens: &[u32]) -> Result<()> {
+        let mut kv = std::mem::take(&mut s.kv);
+        let result = self.forward_batch(s, &mut [&mut kv], tokens, &[tokens.len()], &[false]);
+        s.kv = kv;
+        result
+    }
+
     /// Next-token logits (`rows.len() x vocab`, row-major) of `rows` of the
     /// last forward call (indices into its tokens), from the sparse head
     /// when one is set, as [`Model::next_token_logits`] gives for one.

@@ -1,15 +1,16 @@
 //! The generation loop: prefill the prompt in one batch, then decode token
-//! by token, streaming text as it becomes valid UTF-8 and stopping on an
-//! end-of-generation token, a stop string, the token budget or a full
-//! context.
+//! by token (or a draft's tokens at once), streaming text as it becomes
+//! valid UTF-8 and stopping on an end-of-generation token, a stop string,
+//! the token budget or a full context.
 
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-use crate::model::{Model, Session};
-use crate::sampling::{ConstraintSource, Sampler, SamplerParams, TokenConstraint};
-use crate::{Error, Result};
-use spinfer_tokenizer::{Held, StopWatcher, StreamDecoder, Tokenizer};
+use spinfer_models::{Error, Model, Result, Session};
+use spinfer_sampling::{ConstraintSource, SamplerParams};
+use spinfer_tokenizer::{Held, Tokenizer};
+
+use crate::{Continuation, DraftParams, DraftStats, Drafter};
 
 #[derive(Clone, Debug)]
 pub struct GenerateParams {
@@ -30,6 +31,9 @@ pub struct GenerateParams {
     /// `max_tokens`, a stop string or the context (llama.cpp's
     /// `--ignore-eos`, for benchmarks).
     pub ignore_eos: bool,
+    /// Drafts from the context's n-grams checked a step at a time
+    /// (speculative decoding; the output is the same with or without).
+    pub draft: DraftParams,
 }
 
 impl Default for GenerateParams {
@@ -42,6 +46,7 @@ impl Default for GenerateParams {
             constraint: None,
             min_tokens: 0,
             ignore_eos: false,
+            draft: DraftParams::default(),
         }
     }
 }
@@ -88,6 +93,8 @@ pub struct Generation {
     pub prompt_tokens: usize,
     pub stop_reason: StopReason,
     pub timings: Timings,
+    /// What speculative decoding did (all zero without drafts).
+    pub draft: DraftStats,
 }
 
 impl Generation {
@@ -125,6 +132,18 @@ pub trait DecodeSession {
     fn next_token_greedy(&mut self) -> Result<Option<u32>> {
         Ok(None)
     }
+    /// Runs `tokens` at the next positions, each row bit for bit as a
+    /// decode step of it alone would, and returns every row's next-token
+    /// logits (`tokens.len() x vocab`, row-major): a draft checked in one
+    /// step. `None`: the session cannot (drafts are then not made).
+    fn forward_rows(&mut self, tokens: &[u32]) -> Result<Option<&[f32]>> {
+        let _ = tokens;
+        Ok(None)
+    }
+    /// Drops the cached tokens after `pos` (a draft's rejected tokens).
+    fn truncate(&mut self, pos: usize) -> Result<()> {
+        Err(Error::InvalidArgument(format!("this session cannot go back to position {pos}")))
+    }
 }
 
 /// The CPU model and a session of it.
@@ -148,6 +167,17 @@ impl DecodeSession for CpuSession<'_> {
     }
     fn next_token_logits(&mut self) -> Result<&[f32]> {
         self.model.next_token_logits(self.session)
+    }
+    fn forward_rows(&mut self, tokens: &[u32]) -> Result<Option<&[f32]>> {
+        if tokens.len() > self.model.max_batch_tokens() {
+            return Ok(None);
+        }
+        self.model.forward_decode_rows(self.session, tokens)?;
+        let rows: Vec<usize> = (0..tokens.len()).collect();
+        self.model.logits_of_rows(self.session, &rows).map(Some)
+    }
+    fn truncate(&mut self, pos: usize) -> Result<()> {
+        self.session.truncate(pos)
     }
 }
 
@@ -189,21 +219,79 @@ pub fn generate_with(
     let mut picked = next_choice(session, greedy, &mut logits)?;
     timings.prefill = t.elapsed();
 
-    loop {
+    let mut drafter = params.draft.enabled().then(|| Drafter::new(params.draft));
+    'generate: loop {
+        // Choose the next token.
         let ts = Instant::now();
         let next = match picked {
             Some(token) => cont.next_chosen(token, session.pos(), session.ctx(), on_text)?,
             None => cont.next(&logits, session.pos(), session.ctx(), on_text)?,
         };
         timings.sample += ts.elapsed();
-        let Some(next) = next else { break };
+        let Some(mut next) = next else { break };
         let ts = Instant::now();
+        // Run it with a draft of what follows while drafts are accepted:
+        // each step then chooses the token after the last one accepted.
+        while let Some(d) = &mut drafter {
+            match draft_step(session, &mut cont, d, next, on_text)? {
+                Drafted::None => break,
+                Drafted::Unable => {
+                    drafter = None;
+                    break;
+                }
+                Drafted::Next(token) => next = token,
+                Drafted::Over => {
+                    timings.decode += ts.elapsed();
+                    break 'generate;
+                }
+            }
+        }
         session.forward(&[next])?;
         picked = next_choice(session, greedy, &mut logits)?;
         timings.decode += ts.elapsed();
     }
     let (text, tokens, stop_reason) = cont.finish(on_text);
-    Ok(Generation { text, tokens, prompt_tokens: prompt_ids.len(), stop_reason, timings })
+    let draft = drafter.map(|d| d.stats()).unwrap_or_default();
+    Ok(Generation { text, tokens, prompt_tokens: prompt_ids.len(), stop_reason, timings, draft })
+}
+
+/// What a step with a draft came to.
+enum Drafted {
+    /// Nothing to draft: run the token alone.
+    None,
+    /// The session cannot check drafts: stop making them.
+    Unable,
+    /// The token and the accepted part of a draft ran; this one is next.
+    Next(u32),
+    /// The continuation ended within the step.
+    Over,
+}
+
+/// Runs `next` and a draft of what follows it in one step, then chooses
+/// tokens from the step's rows while they agree with the draft, leaving
+/// the session's cache at the last token chosen from its own logits.
+fn draft_step(
+    session: &mut dyn DecodeSession,
+    cont: &mut Continuation<'_>,
+    drafter: &mut Drafter,
+    next: u32,
+    on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
+) -> Result<Drafted> {
+    let (pos, ctx) = (session.pos(), session.ctx());
+    // Room: positions after `next`, and tokens still to choose after the
+    // one its row chooses.
+    let room = (ctx - pos).saturating_sub(1).min(cont.remaining().saturating_sub(1));
+    let draft = drafter.propose(cont.history(), room);
+    if draft.is_empty() {
+        return Ok(Drafted::None);
+    }
+    let tokens: Vec<u32> = std::iter::once(next).chain(draft.iter().copied()).collect();
+    let Some(rows) = session.forward_rows(&tokens)? else { return Ok(Drafted::Unable) };
+    let (accepted, then) = cont.verify(&tokens[1..], rows, pos, ctx, on_text)?;
+    drafter.record(tokens.len() - 1, accepted);
+    let Some(then) = then else { return Ok(Drafted::Over) };
+    session.truncate(pos + 1 + accepted)?;
+    Ok(Drafted::Next(then))
 }
 
 /// The session's own greedy pick when `greedy` and it has one, else its
@@ -232,165 +320,3 @@ pub fn encode_prompt(tokenizer: &Tokenizer, prompt: &str, add_bos: Option<bool>,
     Ok(ids)
 }
 
-/// One request's side of the generation loop, apart from the model: it
-/// samples each next token from the logits it is given, turns tokens into
-/// text, watches for stop strings and the token budget. The loop above
-/// drives one with one session; a server drives many with one batched
-/// forward step ([`crate::model::Model::forward_batch`]).
-pub struct Continuation<'t> {
-    tokenizer: &'t Tokenizer,
-    sampler: Sampler,
-    /// The output constraint.
-    constraint: Option<Box<dyn TokenConstraint>>,
-    /// End-of-generation tokens are masked until this many tokens are
-    /// generated (`usize::MAX`: always).
-    eog_from: usize,
-    /// The logits after masking (a constraint's, end-of-generation).
-    masked: Vec<f32>,
-    history: Vec<u32>,
-    out: StopWatcher,
-    decoder: StreamDecoder<'t>,
-    tokens: Vec<u32>,
-    max_tokens: usize,
-    stop_reason: Option<StopReason>,
-}
-
-impl<'t> Continuation<'t> {
-    /// A continuation of `prompt_ids` with `params`' sampler, stop strings
-    /// and token budget.
-    pub fn new(tokenizer: &'t Tokenizer, params: &GenerateParams, prompt_ids: &[u32]) -> Result<Self> {
-        Ok(Self {
-            tokenizer,
-            sampler: Sampler::new(params.sampler.clone())?,
-            constraint: params.constraint.as_ref().map(ConstraintSource::make).transpose()?,
-            eog_from: if params.ignore_eos { usize::MAX } else { params.min_tokens },
-            masked: Vec::new(),
-            history: prompt_ids.to_vec(),
-            out: StopWatcher::new(params.stop.clone()),
-            decoder: StreamDecoder::new(tokenizer),
-            tokens: Vec::new(),
-            max_tokens: params.max_tokens,
-            stop_reason: (params.max_tokens == 0).then_some(StopReason::MaxTokens),
-        })
-    }
-
-    /// Chooses the next token from `logits` (those after the last token
-    /// run, the model's cache holding `pos` of `ctx` positions) and hands
-    /// the text that became final to `on_text`. `Some(token)`: run it and
-    /// call again with its logits; `None`: the continuation is over.
-    pub fn next(
-        &mut self,
-        logits: &[f32],
-        pos: usize,
-        ctx: usize,
-        on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
-    ) -> Result<Option<u32>> {
-        if self.stop_reason.is_some() {
-            return Ok(None);
-        }
-        let suppress = self.tokens.len() < self.eog_from;
-        let next = if self.constraint.is_none() && !suppress {
-            self.sampler.sample(logits, &self.history, self.tokens.len())
-        } else {
-            self.masked.clear();
-            self.masked.extend_from_slice(logits);
-            if let Some(c) = &mut self.constraint {
-                c.mask(&mut self.masked)?;
-            }
-            if suppress {
-                self.mask_eog();
-            }
-            self.sampler.sample(&self.masked, &self.history, self.tokens.len())
-        };
-        self.next_chosen(next, pos, ctx, on_text)
-    }
-
-    /// Masks the end-of-generation tokens in `masked`, unless a constraint
-    /// left nothing else (its output is complete: it ends).
-    fn mask_eog(&mut self) {
-        let eog = self.tokenizer.eog_ids();
-        let other = |(i, l): (usize, &f32)| *l > f32::NEG_INFINITY && !eog.contains(&(i as u32));
-        if self.constraint.is_some() && !self.masked.iter().enumerate().any(other) {
-            return;
-        }
-        for &t in eog {
-            if let Some(l) = self.masked.get_mut(t as usize) {
-                *l = f32::NEG_INFINITY;
-            }
-        }
-    }
-
-    /// Whether the sampler is plain greedy (temperature 0, no penalty, no
-    /// constraint, end-of-generation tokens allowed): its pick is then the
-    /// first largest logit, which a session may make itself
-    /// ([`DecodeSession::next_token_greedy`]).
-    pub fn is_greedy(&self) -> bool {
-        self.sampler.params().is_plain_greedy() && self.constraint.is_none() && self.eog_from == 0
-    }
-
-    /// [`Continuation::next`] with the token already chosen (by
-    /// [`DecodeSession::next_token_greedy`], when [`Continuation::is_greedy`]).
-    pub fn next_chosen(
-        &mut self,
-        next: u32,
-        pos: usize,
-        ctx: usize,
-        on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
-    ) -> Result<Option<u32>> {
-        if self.stop_reason.is_some() {
-            return Ok(None);
-        }
-        if self.tokenizer.eog_ids().contains(&next) {
-            return Ok(self.stop(StopReason::EndOfGeneration));
-        }
-        let complete = match &mut self.constraint {
-            Some(c) => c.commit(next)?,
-            None => false,
-        };
-        self.tokens.push(next);
-        self.history.push(next);
-        let piece = self.decoder.push(next)?;
-        if let Some(held) = self.out.push(&piece, on_text) {
-            return Ok(self.stop(held.into()));
-        }
-        if complete {
-            return Ok(self.stop(StopReason::EndOfGeneration));
-        }
-        if self.tokens.len() >= self.max_tokens {
-            return Ok(self.stop(StopReason::MaxTokens));
-        }
-        if pos >= ctx {
-            return Ok(self.stop(StopReason::ContextFull));
-        }
-        Ok(Some(next))
-    }
-
-    /// Ends the continuation early (a cancelled request).
-    pub fn cancel(&mut self) {
-        self.stop_reason.get_or_insert(StopReason::Cancelled);
-    }
-
-    fn stop(&mut self, reason: StopReason) -> Option<u32> {
-        self.stop_reason = Some(reason);
-        None
-    }
-
-    /// Tokens generated so far (an end-of-generation token excluded).
-    pub fn tokens(&self) -> &[u32] {
-        &self.tokens
-    }
-
-    /// Flushes the text held back (unless a stop string or a cancel ended
-    /// it) and returns the whole text, the tokens and why it stopped.
-    pub fn finish(mut self, on_text: &mut dyn FnMut(&str) -> ControlFlow<()>) -> (String, Vec<u32>, StopReason) {
-        let mut reason = self.stop_reason.unwrap_or(StopReason::MaxTokens);
-        if reason != StopReason::StopString && reason != StopReason::Cancelled {
-            let rest = self.decoder.finish();
-            if let Some(held) = self.out.push(&rest, on_text) {
-                reason = held.into();
-            }
-            self.out.flush(on_text);
-        }
-        (self.out.into_text(), self.tokens, reason)
-    }
-}
