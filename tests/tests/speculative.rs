@@ -26,7 +26,8 @@ fn load(path: &Path) -> Engine {
 }
 
 fn run(e: &Engine, prompt: &str, params: &GenerateParams, draft: usize) -> Generation {
-    let params = GenerateParams { draft: DraftParams { max_tokens: draft, ..DraftParams::default() }, ..params.clone() };
+    let params =
+        GenerateParams { draft: DraftParams { max_tokens: draft, ..DraftParams::default() }, ..params.clone() };
     let mut session = e.model.new_session();
     spinfer_engine::generate::generate(&e.model, &e.tokenizer, &mut session, prompt, &params, &mut |_| {
         std::ops::ControlFlow::Continue(())

@@ -14,11 +14,13 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 use spinfer_engine::Engine;
-use spinfer_engine::generate::{Continuation, GenerateParams, StopReason, encode_prompt};
+use spinfer_engine::generate::{
+    Continuation, CpuSession, DraftStats, GenerateParams, StopReason, Timings, decode, encode_prompt,
+};
 use spinfer_engine::model::Session;
 use spinfer_server::chat::{ChatTemplate, Message, add_bos};
 
-use crate::commands::{CommonArgs, load};
+use crate::commands::{CommonArgs, load_config};
 
 #[derive(Args)]
 pub struct ChatArgs {
@@ -39,6 +41,8 @@ pub struct ChatArgs {
     /// A Jinja chat template to use instead of the model's own.
     #[arg(long, value_name = "FILE")]
     pub chat_template_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub draft: crate::sampling::DraftArgs,
 }
 
 /// One answered turn.
@@ -49,6 +53,7 @@ struct Turn {
     cached_tokens: usize,
     completion_tokens: usize,
     decode_tps: f64,
+    draft: DraftStats,
 }
 
 /// The model, its session, and what the session's cache holds.
@@ -63,8 +68,11 @@ struct Conversation<'e> {
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {
-    let params = GenerateParams { max_tokens: a.n_predict, sampler: a.sampling.params()?, ..GenerateParams::default() };
-    let engine = load(&a.common, a.ctx)?;
+    let config = a.common.config(a.ctx)?;
+    let draft = a.draft.params(config.speculative.as_ref().map(|s| s.draft_params()).unwrap_or_default())?;
+    let params =
+        GenerateParams { max_tokens: a.n_predict, sampler: a.sampling.params()?, draft, ..GenerateParams::default() };
+    let engine = load_config(&a.common, &config)?;
     let template = ChatTemplate::for_engine(&engine, a.chat_template_file.as_deref())?.with_context(
         || "the model has no chat template (tokenizer.chat_template): give one with --chat-template-file",
     )?;
@@ -136,7 +144,8 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         if json {
             let v = json!({"user": line, "assistant": turn.text, "stop_reason": format!("{:?}", turn.reason),
                            "prompt_tokens": turn.prompt_tokens, "cached_tokens": turn.cached_tokens,
-                           "completion_tokens": turn.completion_tokens, "decode_tokens_per_second": turn.decode_tps});
+                           "completion_tokens": turn.completion_tokens, "decode_tokens_per_second": turn.decode_tps,
+                           "draft": {"drafted": turn.draft.drafted, "accepted": turn.draft.accepted}});
             writeln!(stdout, "{v}")?;
         } else {
             writeln!(stdout)?;
@@ -177,20 +186,15 @@ impl Conversation<'_> {
         let mut cont = Continuation::new(tokenizer, &self.params, &ids)?;
         let start = std::time::Instant::now();
         model.forward(&mut self.session, &ids[keep..])?;
-        self.cached.extend_from_slice(&ids[keep..]);
-        let decode = std::time::Instant::now();
-        let mut steps = 0usize;
-        loop {
-            let pos = self.session.pos();
-            let logits = model.next_token_logits(&mut self.session)?;
-            let Some(next) = cont.next(logits, pos, ctx, on_text)? else { break };
-            model.forward(&mut self.session, &[next])?;
-            self.cached.push(next);
-            steps += 1;
-        }
-        let decode_s = decode.elapsed().as_secs_f64();
-        tracing::debug!(prefill_s = (decode - start).as_secs_f64(), "chat turn");
+        let mut timings = Timings { prefill: start.elapsed(), ..Timings::default() };
+        let mut session = CpuSession::new(model, &mut self.session);
+        let draft = decode(&mut session, &mut cont, self.params.draft, &mut timings, on_text)?;
+        // The cache holds the prompt and what was generated, short of the
+        // last token chosen.
+        self.cached = cont.history()[..self.session.pos()].to_vec();
+        tracing::debug!(prefill_s = timings.prefill.as_secs_f64(), "chat turn");
         let (text, tokens, reason) = cont.finish(on_text);
+        let decode_s = timings.decode.as_secs_f64();
         self.messages = shown;
         self.messages.push(Message { role: "assistant".into(), content: text.clone() });
         Ok(Turn {
@@ -199,7 +203,8 @@ impl Conversation<'_> {
             prompt_tokens: ids.len(),
             cached_tokens: keep,
             completion_tokens: tokens.len(),
-            decode_tps: if decode_s > 0.0 { steps as f64 / decode_s } else { 0.0 },
+            decode_tps: if decode_s > 0.0 { tokens.len().saturating_sub(1) as f64 / decode_s } else { 0.0 },
+            draft,
         })
     }
 }

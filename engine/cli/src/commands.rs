@@ -331,7 +331,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         sampler: a.sampling.params()?,
         stop: a.stop.clone(),
         ignore_eos: a.ignore_eos,
-        draft: a.draft.params(DraftParams::default())?,
+        draft: a.draft.params(configured_drafts(&a.common, a.ctx)?)?,
         ..GenerateParams::default()
     };
     let output = Output { json: a.common.json, quiet: a.common.quiet };
@@ -404,6 +404,12 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
+/// The drafts of `--config`'s `[speculative]` (none without).
+fn configured_drafts(c: &CommonArgs, ctx: Option<usize>) -> Result<DraftParams> {
+    let speculative = if c.config.is_some() { c.config(ctx)?.speculative } else { None };
+    Ok(speculative.map(|s| s.draft_params()).unwrap_or_default())
+}
+
 /// The sparse head `--device cuda` runs, as (index, probes): from the
 /// config's `[head]` (merged with the flags) or, without one, from
 /// `--head`, `--head-index` and `--head-probes`.
@@ -457,6 +463,7 @@ fn refuse_cpu_only_flags(a: &GenerateArgs) -> Result<()> {
         ("--stats", a.stats),
         ("--kv-cache", c.kv_cache.is_some()),
         ("--quantize", c.quantize.is_some()),
+        ("--draft-max", a.draft.draft_max.is_some_and(|n| n > 0)),
     ];
     if let Some((flag, _)) = cpu_only.iter().find(|(_, set)| *set) {
         bail!(

@@ -70,6 +70,26 @@ fn each_turn_answers_as_generate_does_for_the_conversation_so_far() {
     assert_eq!(t[0]["assistant"].as_str().unwrap(), want(&[msg("user", &two)]));
 }
 
+/// Drafts from the conversation's n-grams (`--draft-max`) change no turn,
+/// and the cache they leave serves the next turn as decoding one token at
+/// a time does.
+#[test]
+fn drafts_change_no_turn() {
+    let Some(model) = spinfer_test_support::smollm2() else { return };
+    let input = "Repeat this sentence: the quick brown fox jumps over the lazy dog.\nNow write it again in capitals.\n";
+    let plain = turns(&chat(&model, input, &[]));
+    let drafted = turns(&chat(&model, input, &["--draft-max", "4"]));
+    assert_eq!(plain.len(), 2);
+    for (a, b) in plain.iter().zip(&drafted) {
+        for key in ["assistant", "prompt_tokens", "cached_tokens", "completion_tokens", "stop_reason"] {
+            assert_eq!(a[key], b[key], "{key}: {a} vs {b}");
+        }
+    }
+    let accepted: u64 = drafted.iter().map(|t| t["draft"]["accepted"].as_u64().unwrap()).sum();
+    assert!(accepted > 10, "{drafted:?}");
+    assert!(plain.iter().all(|t| t["draft"]["drafted"] == 0), "{plain:?}");
+}
+
 #[test]
 fn what_cannot_run_says_what_to_do() {
     let Some(model) = spinfer_test_support::smollm2() else { return };

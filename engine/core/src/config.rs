@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::model::{KvType, ModelOptions, Precision, Requant};
-pub use crate::server_config::ServerSection;
+pub use crate::server_config::{ServerSection, SpeculativeSection};
 use crate::{Error, Result};
 use spinfer_sparsity::cache::CachePolicyKind;
 use spinfer_sparsity::{PredictorKind, SparsityOptions};
@@ -41,6 +41,9 @@ pub struct Config {
     /// `spinfer serve`'s listener, scheduling and guards.
     #[serde(default)]
     pub server: ServerSection,
+    /// Drafts from the context's n-grams (speculative decoding); absent:
+    /// none.
+    pub speculative: Option<SpeculativeSection>,
 }
 
 /// `[memory]`: decode within a memory budget.
@@ -299,6 +302,9 @@ impl Config {
             }
         }
         self.server.validate()?;
+        if let Some(s) = &self.speculative {
+            s.validate()?;
+        }
         let w = &self.wasm;
         for (key, v, max) in [
             ("max_memory_mb", w.max_memory_mb, MAX_WASM_MEMORY_MB),

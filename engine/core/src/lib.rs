@@ -24,8 +24,8 @@ pub use engine::Engine;
 pub use error::{Error, Result};
 pub use spinfer_embed::embed;
 pub use spinfer_formats::{gguf, loader, safetensors, tensor};
-pub use spinfer_kernel_select::{registry, tuning};
 pub use spinfer_generate as generate;
+pub use spinfer_kernel_select::{registry, tuning};
 pub use spinfer_models::{calibrate, placement, sampling, stream};
 /// The sparse output head ([`spinfer_models::head`]) and its measurement
 /// against the dense head.

@@ -1,9 +1,11 @@
 //! `[server]`: how `spinfer serve` listens, schedules and guards its
-//! OpenAI-compatible API (`docs/config.md`, `docs/serving.md`).
+//! OpenAI-compatible API (`docs/config.md`, `docs/serving.md`); and
+//! `[speculative]`: the drafts `serve`, `generate` and `chat` check.
 
 use std::path::PathBuf;
 
 use serde::Deserialize;
+use spinfer_generate::DraftParams;
 
 /// Most concurrent sequences a server may hold.
 pub const MAX_SLOTS: usize = 256;
@@ -111,6 +113,77 @@ impl ServerSection {
     }
 }
 
+/// `[speculative]`: drafts from the context's own n-grams, checked with
+/// the next token in one step (vLLM's `speculative_config` with method
+/// `ngram`). Outputs are the same with or without; present, the table
+/// turns drafts on.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SpeculativeSection {
+    /// `"ngram"`, the one method (prompt lookup).
+    pub method: String,
+    /// Most tokens per draft (1 to 16).
+    pub num_speculative_tokens: usize,
+    /// Longest n-gram looked up.
+    pub prompt_lookup_max: usize,
+    /// Shortest n-gram looked up.
+    pub prompt_lookup_min: usize,
+    /// `spinfer serve`: no drafts in a step where more requests than this
+    /// decode (their rows already share the weights' reads; more rows
+    /// cost compute).
+    pub disable_by_batch_size: usize,
+}
+
+impl Default for SpeculativeSection {
+    fn default() -> Self {
+        let d = DraftParams::default();
+        Self {
+            method: "ngram".into(),
+            num_speculative_tokens: 4,
+            prompt_lookup_max: d.ngram_max,
+            prompt_lookup_min: d.ngram_min,
+            disable_by_batch_size: 1,
+        }
+    }
+}
+
+impl SpeculativeSection {
+    /// The drafts this table describes.
+    pub fn draft_params(&self) -> DraftParams {
+        DraftParams {
+            max_tokens: self.num_speculative_tokens,
+            ngram_max: self.prompt_lookup_max,
+            ngram_min: self.prompt_lookup_min,
+        }
+    }
+
+    /// Range checks, each naming its key.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.method != "ngram" {
+            return Err(format!("speculative.method = {:?}: the one method is \"ngram\"", self.method));
+        }
+        if !(1..=DraftParams::MAX_TOKENS).contains(&self.num_speculative_tokens) {
+            return Err(format!(
+                "speculative.num_speculative_tokens = {} is out of range: it must be between 1 and {}",
+                self.num_speculative_tokens,
+                DraftParams::MAX_TOKENS
+            ));
+        }
+        self.draft_params().validate().map_err(|_| {
+            format!(
+                "speculative.prompt_lookup_min = {} and prompt_lookup_max = {}: they must satisfy 1 <= min <= max <= {}",
+                self.prompt_lookup_min,
+                self.prompt_lookup_max,
+                DraftParams::MAX_NGRAM
+            )
+        })?;
+        if self.disable_by_batch_size > MAX_SLOTS {
+            return Err(format!("speculative.disable_by_batch_size must be at most {MAX_SLOTS}"));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::Config;
@@ -135,6 +208,30 @@ mod tests {
             ("bogus = 1", "bogus"),
         ] {
             let e = parse(bad).unwrap_err();
+            assert!(e.contains(key), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn speculative_keys_are_checked_by_name() {
+        let parse = |t: &str| {
+            Config::parse(&format!("[model]\npath = \"m.gguf\"\n{t}\n"), Path::new("s.toml")).map_err(|e| e.to_string())
+        };
+        assert_eq!(parse("").unwrap().speculative, None);
+        let s = parse("[speculative]").unwrap().speculative.unwrap();
+        assert_eq!(s.draft_params().max_tokens, 4);
+        let s = parse("[speculative]\nnum_speculative_tokens = 8\nprompt_lookup_min = 3").unwrap().speculative.unwrap();
+        assert_eq!((s.draft_params().max_tokens, s.draft_params().ngram_min), (8, 3));
+        for (bad, key) in [
+            ("method = \"eagle\"", "speculative.method"),
+            ("num_speculative_tokens = 0", "speculative.num_speculative_tokens"),
+            ("num_speculative_tokens = 17", "speculative.num_speculative_tokens"),
+            ("prompt_lookup_min = 5", "speculative.prompt_lookup_min"),
+            ("prompt_lookup_max = 40", "prompt_lookup_max"),
+            ("disable_by_batch_size = 100000", "speculative.disable_by_batch_size"),
+            ("draft = 3", "draft"),
+        ] {
+            let e = parse(&format!("[speculative]\n{bad}")).unwrap_err();
             assert!(e.contains(key), "{bad}: {e}");
         }
     }

@@ -20,4 +20,7 @@ mod run;
 
 pub use continuation::Continuation;
 pub use draft::{DraftParams, DraftStats, Drafter};
-pub use run::{DecodeSession, GenerateParams, Generation, StopReason, Timings, encode_prompt, generate, generate_with};
+pub use run::{
+    CpuSession, DecodeSession, GenerateParams, Generation, StopReason, Timings, decode, encode_prompt, generate,
+    generate_with,
+};

@@ -147,9 +147,15 @@ pub trait DecodeSession {
 }
 
 /// The CPU model and a session of it.
-struct CpuSession<'a> {
+pub struct CpuSession<'a> {
     model: &'a Model,
     session: &'a mut Session,
+}
+
+impl<'a> CpuSession<'a> {
+    pub fn new(model: &'a Model, session: &'a mut Session) -> Self {
+        Self { model, session }
+    }
 }
 
 impl DecodeSession for CpuSession<'_> {
@@ -210,17 +216,34 @@ pub fn generate_with(
     let mut cont = Continuation::new(tokenizer, params, &prompt_ids)?;
     session.reset();
 
-    // Prefill: the whole prompt as one batch. Greedy without a penalty,
-    // the session may pick the token itself.
-    let greedy = cont.is_greedy();
-    let mut logits = Vec::new();
+    // Prefill: the whole prompt as one batch.
     let t = Instant::now();
     session.forward(&prompt_ids)?;
-    let mut picked = next_choice(session, greedy, &mut logits)?;
     timings.prefill = t.elapsed();
 
-    let mut drafter = params.draft.enabled().then(|| Drafter::new(params.draft));
-    'generate: loop {
+    let draft = decode(session, &mut cont, params.draft, &mut timings, on_text)?;
+    let (text, tokens, stop_reason) = cont.finish(on_text);
+    Ok(Generation { text, tokens, prompt_tokens: prompt_ids.len(), stop_reason, timings, draft })
+}
+
+/// Decodes `cont` in `session`, whose last forward call ran the prompt
+/// (or its part after what the cache held), until the continuation ends;
+/// with `draft` on, a step also checks a draft. Afterwards the session's
+/// cache holds the first [`DecodeSession::pos`] tokens of
+/// [`Continuation::history`] (the last token chosen is not run).
+pub fn decode(
+    session: &mut dyn DecodeSession,
+    cont: &mut Continuation<'_>,
+    draft: DraftParams,
+    timings: &mut Timings,
+    on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
+) -> Result<DraftStats> {
+    // Greedy without a penalty, the session may pick the token itself.
+    let greedy = cont.is_greedy();
+    let mut logits = Vec::new();
+    let mut picked = next_choice(session, greedy, &mut logits)?;
+    let mut drafter = draft.enabled().then(|| Drafter::new(draft));
+    'decode: loop {
         // Choose the next token.
         let ts = Instant::now();
         let next = match picked {
@@ -233,7 +256,7 @@ pub fn generate_with(
         // Run it with a draft of what follows while drafts are accepted:
         // each step then chooses the token after the last one accepted.
         while let Some(d) = &mut drafter {
-            match draft_step(session, &mut cont, d, next, on_text)? {
+            match draft_step(session, cont, d, next, on_text)? {
                 Drafted::None => break,
                 Drafted::Unable => {
                     drafter = None;
@@ -242,7 +265,7 @@ pub fn generate_with(
                 Drafted::Next(token) => next = token,
                 Drafted::Over => {
                     timings.decode += ts.elapsed();
-                    break 'generate;
+                    break 'decode;
                 }
             }
         }
@@ -250,9 +273,7 @@ pub fn generate_with(
         picked = next_choice(session, greedy, &mut logits)?;
         timings.decode += ts.elapsed();
     }
-    let (text, tokens, stop_reason) = cont.finish(on_text);
-    let draft = drafter.map(|d| d.stats()).unwrap_or_default();
-    Ok(Generation { text, tokens, prompt_tokens: prompt_ids.len(), stop_reason, timings, draft })
+    Ok(drafter.map(|d| d.stats()).unwrap_or_default())
 }
 
 /// What a step with a draft came to.
@@ -280,7 +301,7 @@ fn draft_step(
     let (pos, ctx) = (session.pos(), session.ctx());
     // Room: positions after `next`, and tokens still to choose after the
     // one its row chooses.
-    let room = (ctx - pos).saturating_sub(1).min(cont.remaining().saturating_sub(1));
+    let room = ctx.saturating_sub(pos + 1).min(cont.remaining().saturating_sub(1));
     let draft = drafter.propose(cont.history(), room);
     if draft.is_empty() {
         return Ok(Drafted::None);
@@ -289,9 +310,8 @@ fn draft_step(
     let Some(rows) = session.forward_rows(&tokens)? else { return Ok(Drafted::Unable) };
     let (accepted, then) = cont.verify(&tokens[1..], rows, pos, ctx, on_text)?;
     drafter.record(tokens.len() - 1, accepted);
-    let Some(then) = then else { return Ok(Drafted::Over) };
     session.truncate(pos + 1 + accepted)?;
-    Ok(Drafted::Next(then))
+    Ok(then.map_or(Drafted::Over, Drafted::Next))
 }
 
 /// The session's own greedy pick when `greedy` and it has one, else its
@@ -319,4 +339,3 @@ pub fn encode_prompt(tokenizer: &Tokenizer, prompt: &str, add_bos: Option<bool>,
     }
     Ok(ids)
 }
-
