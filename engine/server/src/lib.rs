@@ -93,6 +93,7 @@ impl Server {
                 s.queue,
                 s.prefill_chunk,
                 s.prompt_cache,
+                drafts(config),
                 metrics.clone(),
             )
             .map_err(|e| Error::Io { what: "starting the scheduler thread".into(), source: e })?;
@@ -251,23 +252,36 @@ fn read_keys(path: &Path) -> Result<Vec<String>> {
     Ok(keys)
 }
 
-/// The options of a served sentence embedder: `[model] threads`, and
-/// `precision = "precise"` for f32 products (the other settings keep the
-/// reduced-precision products, bf16 or i16, where the CPU makes them
-/// faster).
-/// `[model]` settings of generative models, refused by name for a
-/// sentence embedder rather than ignored.
+/// Settings of generative models, refused by name for a sentence embedder
+/// rather than ignored.
 fn refuse_generator_settings(config: &Config) -> Result<()> {
     let m = &config.model;
-    match [("kv_cache", m.kv_cache.is_some()), ("quantize", m.quantize.is_some())].iter().find(|(_, set)| *set) {
+    let set = [
+        ("[model] kv_cache", m.kv_cache.is_some()),
+        ("[model] quantize", m.quantize.is_some()),
+        ("[speculative]", config.speculative.is_some()),
+    ];
+    match set.iter().find(|(_, set)| *set) {
         Some((key, _)) => Err(Error::Config(format!(
-            "[model] {key} applies to generative models; {} is a sentence embedder: remove it",
+            "{key} applies to generative models; {} is a sentence embedder: remove it",
             m.path.display()
         ))),
         None => Ok(()),
     }
 }
 
+/// The scheduler's drafts: `[speculative]`, or none.
+fn drafts(config: &Config) -> scheduler::Drafts {
+    match &config.speculative {
+        Some(s) => scheduler::Drafts { params: s.draft_params(), max_batch: s.disable_by_batch_size },
+        None => scheduler::Drafts::default(),
+    }
+}
+
+/// The options of a served sentence embedder: `[model] threads`, and
+/// `precision = "precise"` for f32 products (the other settings keep the
+/// reduced-precision products, bf16 or i16, where the CPU makes them
+/// faster).
 fn embedder_options(config: &Config) -> EmbedderOptions {
     let mut o = EmbedderOptions::default();
     if let Some(t) = config.model.threads {
@@ -292,6 +306,8 @@ mod tests {
         let fast = embedder_options(&parse("[model]\npath = \"m\"\n"));
         assert_eq!(fast.reduced_precision, EmbedderOptions::default().reduced_precision);
         assert!(refuse_generator_settings(&parse("[model]\npath = \"m\"\nthreads = 2\n")).is_ok());
+        let e = refuse_generator_settings(&parse("[model]\npath = \"m\"\n[speculative]\n")).unwrap_err();
+        assert!(e.to_string().contains("[speculative]"), "{e}");
         for key in ["quantize = \"q8_0\"", "kv_cache = \"f16\""] {
             let e = refuse_generator_settings(&parse(&format!("[model]\npath = \"m\"\n{key}\n"))).unwrap_err();
             let name = key.split(' ').next().unwrap();

@@ -27,6 +27,8 @@ pub struct Metrics {
     pub prompt_tokens: Counter,
     pub cached_prompt_tokens: Counter,
     pub generated_tokens: Counter,
+    pub draft_tokens: Counter,
+    pub draft_accepted_tokens: Counter,
     pub cancelled: Counter,
     pub prefill_tps: Gauge<f64, AtomicU64>,
     pub decode_tps: Gauge<f64, AtomicU64>,
@@ -52,6 +54,8 @@ impl Default for Metrics {
             prompt_tokens: Counter::default(),
             cached_prompt_tokens: Counter::default(),
             generated_tokens: Counter::default(),
+            draft_tokens: Counter::default(),
+            draft_accepted_tokens: Counter::default(),
             cancelled: Counter::default(),
             prefill_tps: Gauge::default(),
             decode_tps: Gauge::default(),
@@ -71,6 +75,16 @@ impl Default for Metrics {
             m.cached_prompt_tokens.clone(),
         );
         registry.register("generated_tokens", "Tokens generated", m.generated_tokens.clone());
+        registry.register(
+            "draft_tokens",
+            "Speculative decoding: tokens drafted from the context's n-grams and checked",
+            m.draft_tokens.clone(),
+        );
+        registry.register(
+            "draft_accepted_tokens",
+            "Speculative decoding: drafted tokens the model chose too (steps saved)",
+            m.draft_accepted_tokens.clone(),
+        );
         registry.register("cancelled_requests", "Requests cancelled (client gone, timeout)", m.cancelled.clone());
         registry.register(
             "prefill_tokens_per_second",

@@ -26,16 +26,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::mpsc::error::SendError;
+
+mod step;
 
 use crate::error::ApiError;
 use crate::logprobs::TokenLogprob;
 use crate::metrics::Metrics;
 use spinfer_engine::Engine;
-use spinfer_engine::generate::{Continuation, GenerateParams, StopReason};
+use spinfer_engine::generate::{Continuation, DraftParams, Drafter, GenerateParams, StopReason};
 use spinfer_engine::model::{KvCache, Session};
 
 /// What a request's handler hears from the scheduler.
@@ -120,6 +122,7 @@ impl Scheduler {
         queue: usize,
         prefill_chunk: usize,
         prompt_cache: bool,
+        drafts: Drafts,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<Self> {
         let (tx, rx) = channel();
@@ -127,7 +130,7 @@ impl Scheduler {
         let w = waiting.clone();
         let thread = std::thread::Builder::new()
             .name("spinfer-scheduler".into())
-            .spawn(move || Loop::new(&engine, slots, prefill_chunk, prompt_cache, w, metrics).run(rx))?;
+            .spawn(move || Loop::new(&engine, slots, prefill_chunk, prompt_cache, drafts, w, metrics).run(rx))?;
         Ok(Self { tx, waiting, queue, thread: Some(thread) })
     }
 
@@ -179,6 +182,8 @@ struct Active<'e> {
     received: Instant,
     deadline: Instant,
     first_token: bool,
+    /// Drafts of what follows the next token (`[speculative]`).
+    drafter: Option<Drafter>,
 }
 
 /// One row group of a step: a slot and how many tokens it runs.
@@ -190,6 +195,28 @@ struct Part {
     samples: bool,
     /// Prompt tokens of a prompt of several (`Model::forward_batch`).
     prompt: bool,
+    /// A decoding request's token, then a draft of `len - 1` tokens: each
+    /// row chooses a token.
+    decode: bool,
+}
+
+impl Part {
+    /// Rows whose logits choose tokens (the last ones).
+    fn sampled(&self) -> usize {
+        match (self.samples, self.decode) {
+            (false, _) => 0,
+            (true, false) => 1,
+            (true, true) => self.len,
+        }
+    }
+}
+
+/// Speculative decoding in the scheduler (`[speculative]`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Drafts {
+    pub params: DraftParams,
+    /// No drafts in a step where more requests than this decode.
+    pub max_batch: usize,
 }
 
 struct Loop<'e> {
@@ -208,6 +235,9 @@ struct Loop<'e> {
     queue: VecDeque<Job>,
     waiting: Arc<AtomicUsize>,
     prefill_chunk: usize,
+    /// Drafts, and the most requests decoding in a step that has them.
+    draft: DraftParams,
+    draft_batch: usize,
     metrics: Arc<Metrics>,
     /// The sparse FFN's counters already reported.
     ffn_seen: (u64, u64),
@@ -219,6 +249,7 @@ impl<'e> Loop<'e> {
         slots: usize,
         prefill_chunk: usize,
         prompt_cache: bool,
+        drafts: Drafts,
         waiting: Arc<AtomicUsize>,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -235,6 +266,8 @@ impl<'e> Loop<'e> {
             queue: VecDeque::new(),
             waiting,
             prefill_chunk: prefill_chunk.min(model.max_batch_tokens()),
+            draft: drafts.params,
+            draft_batch: drafts.max_batch,
             metrics,
             ffn_seen: (0, 0),
         }
@@ -315,6 +348,7 @@ impl<'e> Loop<'e> {
                         received: job.received,
                         deadline: job.deadline,
                         first_token: false,
+                        drafter: self.draft.enabled().then(|| Drafter::new(self.draft)),
                     });
                 }
                 Err(e) => {
@@ -400,182 +434,6 @@ impl<'e> Loop<'e> {
             return 0;
         }
         reuse
-    }
-
-    /// The step's parts: every decoding request's next token, then prompt
-    /// chunks (oldest slot first) up to `prefill_chunk` tokens.
-    fn plan(&self) -> (Vec<u32>, Vec<Part>) {
-        let (mut tokens, mut parts) = (Vec::new(), Vec::new());
-        for (slot, a) in self.active.iter().enumerate() {
-            if let Some(tok) = a.as_ref().and_then(|a| a.next) {
-                tokens.push(tok);
-                parts.push(Part { slot, len: 1, samples: true, prompt: false });
-            }
-        }
-        let mut room = self.prefill_chunk.min(self.engine.model.max_batch_tokens().saturating_sub(tokens.len()));
-        for (slot, a) in self.active.iter().enumerate() {
-            let Some(a) = a.as_ref().filter(|a| a.prefilled < a.prompt.len()) else { continue };
-            if room == 0 {
-                break;
-            }
-            let len = (a.prompt.len() - a.prefilled).min(room);
-            tokens.extend_from_slice(&a.prompt[a.prefilled..a.prefilled + len]);
-            // As `Model::forward` of the whole prompt: a prompt of several
-            // tokens runs on the prompt path, whatever its chunks.
-            let prompt = a.prompt.len() > 1;
-            parts.push(Part { slot, len, samples: a.prefilled + len == a.prompt.len(), prompt });
-            room -= len;
-        }
-        (tokens, parts)
-    }
-
-    /// One forward step over the planned parts, then sampling.
-    fn step(&mut self) {
-        let (tokens, parts) = self.plan();
-        if parts.is_empty() {
-            return;
-        }
-        let t0 = Instant::now();
-        let lens: Vec<usize> = parts.iter().map(|p| p.len).collect();
-        let prompt: Vec<bool> = parts.iter().map(|p| p.prompt).collect();
-        let mut refs: Vec<Option<&mut KvCache>> = self.kvs.iter_mut().map(Some).collect();
-        let mut seqs: Vec<&mut KvCache> = parts.iter().filter_map(|p| refs[p.slot].take()).collect();
-        if let Err(e) = self.engine.model.forward_batch(&mut self.work, &mut seqs, &tokens, &lens, &prompt) {
-            tracing::error!(error = %e, "a batch step failed: its requests are failed");
-            return self.fail(&parts, &e);
-        }
-        self.record_step(&parts, t0.elapsed());
-        if let Err(e) = self.send_prompt_logprobs(&parts) {
-            tracing::error!(error = %e, "the output head failed: the step's requests are failed");
-            return self.fail(&parts, &e);
-        }
-        // Rows whose logits choose a token: the last of each sampling part.
-        let mut rows = Vec::new();
-        let mut end = 0;
-        for p in &parts {
-            end += p.len;
-            if p.samples {
-                rows.push(end - 1);
-            }
-        }
-        for p in parts.iter().filter(|p| !p.samples) {
-            if let Some(a) = self.active[p.slot].as_mut() {
-                a.prefilled += p.len;
-            }
-        }
-        let vocab = self.engine.model.config.vocab_size;
-        let logits = match self.engine.model.logits_of_rows(&mut self.work, &rows) {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!(error = %e, "the output head failed: the step's sampling requests are failed");
-                return self.fail(parts.iter().filter(|p| p.samples), &e);
-            }
-        };
-        let mut finished = Vec::new();
-        for (i, p) in parts.iter().filter(|p| p.samples).enumerate() {
-            let Some(a) = self.active[p.slot].as_mut() else { continue };
-            a.prefilled = a.prompt.len();
-            let kv = &self.kvs[p.slot];
-            let row = &logits[i * vocab..(i + 1) * vocab];
-            let (chosen, mut text) = (a.cont.tokens().len(), String::new());
-            let mut on_text = |piece: &str| {
-                text.push_str(piece);
-                ControlFlow::Continue(())
-            };
-            match a.cont.next(row, kv.pos(), kv.ctx(), &mut on_text) {
-                Ok(next) => {
-                    if !a.first_token {
-                        a.first_token = true;
-                        self.metrics.ttft.observe(a.received.elapsed().as_secs_f64());
-                    }
-                    // The token chosen, unless it ended the generation.
-                    let logprob =
-                        a.logprobs.and_then(|k| a.cont.tokens().get(chosen).map(|&t| TokenLogprob::of(row, t, k)));
-                    if !text.is_empty() || logprob.is_some() {
-                        let _ = a.events.send(Event::Piece { text, logprob });
-                    }
-                    a.next = next;
-                    if next.is_none() {
-                        finished.push(p.slot);
-                    }
-                }
-                Err(e) => {
-                    let _ = a.events.send(Event::Failed(e.into()));
-                    finished.push(p.slot);
-                    a.next = None;
-                }
-            }
-        }
-        for slot in finished {
-            self.finish(slot);
-        }
-    }
-
-    /// The log-probabilities of the prompt tokens the step's prompt chunks
-    /// predict, for the requests that asked for them (`echo` with
-    /// `logprobs`): row i of a chunk predicts the prompt's next token. The
-    /// head runs on a few rows at a time, bounding its logits' memory.
-    fn send_prompt_logprobs(&mut self, parts: &[Part]) -> spinfer_models::Result<()> {
-        const ROWS: usize = 16;
-        let vocab = self.engine.model.config.vocab_size;
-        let mut row0 = 0;
-        for p in parts {
-            let first = row0;
-            row0 += p.len;
-            let Some(a) = self.active[p.slot].as_ref() else { continue };
-            let (Some(k), true) = (a.logprobs, a.prompt_logprobs && a.prefilled < a.prompt.len()) else { continue };
-            // Prompt index of the chunk's first row; rows with a prompt token to predict.
-            let at = a.prefilled;
-            let n = p.len.min(a.prompt.len() - 1 - at);
-            let mut out = Vec::with_capacity(n);
-            for g in (0..n).step_by(ROWS) {
-                let rows: Vec<usize> = (first + g..first + n.min(g + ROWS)).collect();
-                let logits = self.engine.model.logits_of_rows(&mut self.work, &rows)?;
-                for (j, row) in logits.chunks_exact(vocab).enumerate() {
-                    out.push(TokenLogprob::of(row, a.prompt[at + g + j + 1], k));
-                }
-            }
-            if !out.is_empty() {
-                let _ = a.events.send(Event::Prompt(out));
-            }
-        }
-        Ok(())
-    }
-
-    /// Fails the requests of `parts` with `e`, freeing their slots.
-    fn fail<'p>(&mut self, parts: impl IntoIterator<Item = &'p Part>, e: &spinfer_models::Error) {
-        let e = ApiError::internal(e.to_string());
-        for p in parts {
-            if let Some(a) = &self.active[p.slot] {
-                let _ = a.events.send(Event::Failed(e.clone()));
-            }
-            self.free(p.slot);
-        }
-    }
-
-    fn record_step(&mut self, parts: &[Part], took: Duration) {
-        let decode =
-            parts.iter().filter(|p| p.len == 1 && self.active[p.slot].as_ref().is_some_and(|a| a.next.is_some()));
-        let decode_rows = decode.count();
-        let rows: usize = parts.iter().map(|p| p.len).sum();
-        let prompt_rows = rows - decode_rows;
-        let secs = took.as_secs_f64().max(1e-9);
-        self.metrics.batch_rows.observe(rows as f64);
-        self.metrics.prompt_tokens.inc_by(prompt_rows as u64);
-        self.metrics.generated_tokens.inc_by(decode_rows as u64);
-        if prompt_rows > 0 {
-            self.metrics.prefill_tps.set(prompt_rows as f64 / secs);
-        } else {
-            self.metrics.decode_tps.set(decode_rows as f64 / secs);
-        }
-        if self.engine.model.sparse.is_some() {
-            let st = self.work.sparsity_stats();
-            let (active, tokens) = st.layers.iter().fold((0, 0), |(a, t), c| (a + c.active, t + c.tokens));
-            let total = tokens * st.ffn_dim as u64;
-            self.metrics.ffn_neurons_kept.inc_by(active.saturating_sub(self.ffn_seen.0));
-            self.metrics.ffn_neurons.inc_by(total.saturating_sub(self.ffn_seen.1));
-            self.ffn_seen = (active, total);
-        }
     }
 
     /// A request is over: its final event, and its slot freed, keeping
