@@ -84,6 +84,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "spinfer-plugin-api",
         ],
     ),
+    ("spinfer-generate", &["spinfer-models", "spinfer-sampling", "spinfer-tokenizer"]),
     (
         "spinfer-embed",
         &[
@@ -95,7 +96,10 @@ const LAYERS: &[(&str, &[&str])] = &[
             "spinfer-models",
         ],
     ),
-    ("spinfer-gpu", &["spinfer-kernels", "spinfer-formats", "spinfer-models", "spinfer-kernels-cuda"]),
+    (
+        "spinfer-gpu",
+        &["spinfer-kernels", "spinfer-formats", "spinfer-models", "spinfer-generate", "spinfer-kernels-cuda"],
+    ),
 ];
 
 #[test]

@@ -445,6 +445,7 @@ fn refuse_cpu_only_settings(c: &spinfer_engine::config::Config) -> Result<()> {
         ("[sparsity] ffn_budget_mb", s.is_some_and(|s| s.ffn_budget_mb.is_some())),
         ("[sparsity] cache_policy", s.is_some_and(|s| s.cache_policy.is_some())),
         ("[sparsity] lookahead", s.is_some_and(|s| s.lookahead.is_some())),
+        ("[speculative]", c.speculative.is_some()),
     ];
     if let Some((setting, _)) = unsupported.iter().find(|(_, set)| *set) {
         bail!("{setting} is not supported with --device cuda yet (remove it, or run on the CPU)");

@@ -70,7 +70,7 @@ pub struct DraftArgs {
     /// with the next token in one step (0 = off; the output is the same
     /// either way, only faster where the text repeats the context).
     /// llama.cpp's --draft-max, vLLM's num_speculative_tokens. Default:
-    /// the config's [speculative], else 0.
+    /// the config's `[speculative]`, else 0.
     #[arg(long)]
     pub draft_max: Option<usize>,
     /// Longest n-gram looked up (vLLM's prompt_lookup_max).

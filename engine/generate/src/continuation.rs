@@ -3,7 +3,7 @@
 
 use std::ops::ControlFlow;
 
-use spinfer_models::Result;
+use spinfer_models::{Error, Result};
 use spinfer_sampling::{ConstraintSource, Sampler, TokenConstraint};
 use spinfer_tokenizer::{StopWatcher, StreamDecoder, Tokenizer};
 
@@ -13,7 +13,7 @@ use crate::{GenerateParams, StopReason};
 /// samples each next token from the logits it is given, turns tokens into
 /// text, watches for stop strings and the token budget. The loop above
 /// drives one with one session; a server drives many with one batched
-/// forward step ([`crate::model::Model::forward_batch`]).
+/// forward step ([`spinfer_models::Model::forward_batch`]).
 pub struct Continuation<'t> {
     tokenizer: &'t Tokenizer,
     sampler: Sampler,
@@ -100,13 +100,13 @@ impl<'t> Continuation<'t> {
     /// Whether the sampler is plain greedy (temperature 0, no penalty, no
     /// constraint, end-of-generation tokens allowed): its pick is then the
     /// first largest logit, which a session may make itself
-    /// ([`DecodeSession::next_token_greedy`]).
+    /// ([`crate::DecodeSession::next_token_greedy`]).
     pub fn is_greedy(&self) -> bool {
         self.sampler.params().is_plain_greedy() && self.constraint.is_none() && self.eog_from == 0
     }
 
     /// [`Continuation::next`] with the token already chosen (by
-    /// [`DecodeSession::next_token_greedy`], when [`Continuation::is_greedy`]).
+    /// [`crate::DecodeSession::next_token_greedy`], when [`Continuation::is_greedy`]).
     pub fn next_chosen(
         &mut self,
         next: u32,
@@ -158,14 +158,22 @@ impl<'t> Continuation<'t> {
         ctx: usize,
         on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
     ) -> Result<(usize, Option<u32>)> {
-        let vocab = rows.len() / (drafted.len() + 1);
-        for (i, row) in rows.chunks_exact(vocab).enumerate() {
+        let n = drafted.len() + 1;
+        if rows.is_empty() || !rows.len().is_multiple_of(n) {
+            return Err(Error::InvalidArgument(format!(
+                "a step of {n} tokens gave {} logits, not one row per token",
+                rows.len()
+            )));
+        }
+        let mut chunks = rows.chunks_exact(rows.len() / n).enumerate();
+        loop {
+            // The last row's token is past the draft: the loop ends there.
+            let Some((i, row)) = chunks.next() else { return Ok((n - 1, None)) };
             let Some(next) = self.next(row, pos + i + 1, ctx, on_text)? else { return Ok((i, None)) };
             if drafted.get(i) != Some(&next) {
                 return Ok((i, Some(next)));
             }
         }
-        unreachable!("the last row's token is past the draft")
     }
 
     /// The prompt and the tokens chosen so far.

@@ -16,11 +16,10 @@
 
 mod continuation;
 mod draft;
+mod params;
 mod run;
 
 pub use continuation::Continuation;
 pub use draft::{DraftParams, DraftStats, Drafter};
-pub use run::{
-    CpuSession, DecodeSession, GenerateParams, Generation, StopReason, Timings, decode, encode_prompt, generate,
-    generate_with,
-};
+pub use params::{GenerateParams, StopReason};
+pub use run::{CpuSession, DecodeSession, Generation, Timings, decode, encode_prompt, generate, generate_with};
