@@ -112,3 +112,40 @@ fn drafts_stop_at_the_end_of_the_context() {
     assert_eq!(want.stop_reason, spinfer_engine::generate::StopReason::ContextFull);
     same_with_drafts(&e, COPY, &greedy(400), "context end");
 }
+
+/// With a sparse FFN (input-magnitude, 30% of neurons skipped) and under a
+/// memory budget that reads weights from storage every step, drafts still
+/// change nothing: each row keeps its own neurons and reads.
+#[test]
+fn drafts_change_nothing_sparse_or_under_a_memory_budget() {
+    use spinfer_engine::gguf::GgufFile;
+    use spinfer_engine::sparse::calibrate::{CalibrateOptions, calibrate};
+    use spinfer_engine::sparse::{CalibrationInfo, PredictorKind, SparsityOptions};
+    let Some(path) = smollm2() else { return };
+    let dense = load(&path);
+    let text = std::fs::read(spinfer_tests::data("wikitext-2-raw/wiki.test.raw")).unwrap();
+    let text = String::from_utf8_lossy(&text[800_000..]).replace("\r\n", "\n");
+    let mut tokens = dense.tokenizer.encode(&text, false).unwrap();
+    tokens.truncate(512);
+    let opts = CalibrateOptions {
+        target_sparsity: 0.3,
+        predictor: PredictorKind::InputMagnitude,
+        window: 256,
+        info: CalibrationInfo::default(),
+        rank: 0,
+        recall_target: 0.95,
+        attn_sparsity: 0.0,
+    };
+    let sidecar = calibrate(&dense.model, &GgufFile::open(&path).unwrap(), &tokens, &opts, &mut |_, _, _| {}).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("im30.spinfer");
+    sidecar.write(&file).unwrap();
+    let mut sparsity = SparsityOptions::new(&file);
+    sparsity.predictor = Some(PredictorKind::InputMagnitude);
+    let sparse = ModelOptions { ctx: 1024, threads: 2, sparsity: Some(sparsity), ..ModelOptions::default() };
+    let e = Engine::load(&path, sparse).unwrap();
+    assert!(same_with_drafts(&e, COPY, &greedy(60), "sparse FFN") > 20);
+    let budget = ModelOptions { ctx: 256, threads: 2, mem_budget: Some(40 << 20), ..ModelOptions::default() };
+    let e = Engine::load(&path, budget).unwrap();
+    assert!(same_with_drafts(&e, COPY, &greedy(60), "memory budget") > 20);
+}
