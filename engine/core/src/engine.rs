@@ -260,6 +260,7 @@ impl Engine {
             timings: generation.timings,
             total: t0.elapsed(),
             sparse_kept_fraction: sparse.map(|(active, slots)| ratio(active, slots)),
+            draft: generation.draft,
         };
         {
             let mut c = self.counters();
@@ -269,6 +270,8 @@ impl Engine {
             c.prompt_tokens += generation.prompt_tokens as u64;
             c.generated_tokens += generation.tokens.len() as u64;
             c.decoded_tokens += generation.tokens.len().saturating_sub(1) as u64;
+            c.draft_tokens += generation.draft.drafted as u64;
+            c.draft_accepted_tokens += generation.draft.accepted as u64;
             c.add_timings(&generation.timings);
             if let Some((active, slots)) = sparse {
                 c.sparse_active += active;
@@ -458,6 +461,8 @@ impl Engine {
             prompt_tokens: c.prompt_tokens,
             generated_tokens: c.generated_tokens,
             decoded_tokens: c.decoded_tokens,
+            draft_tokens: c.draft_tokens,
+            draft_accepted_tokens: c.draft_accepted_tokens,
             timings: Timings { tokenize: c.tokenize, prefill: c.prefill, decode: c.decode, sample: c.sample },
             sparse_kept_fraction: self.model.sparse.as_ref().map(|_| ratio(c.sparse_active, c.sparse_slots)),
             storage: c.storage,

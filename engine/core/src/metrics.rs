@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use spinfer_models::stream::StreamStats;
 
-use crate::generate::{StopReason, Timings};
+use crate::generate::{DraftStats, StopReason, Timings};
 use crate::model::Session;
 
 pub(crate) fn ratio(a: u64, b: u64) -> f64 {
@@ -35,6 +35,8 @@ pub struct RequestMetrics {
     /// Mean fraction of FFN neurons kept per token and layer, when the
     /// model runs sparse.
     pub sparse_kept_fraction: Option<f64>,
+    /// What speculative decoding did (zero without drafts).
+    pub draft: DraftStats,
 }
 
 impl RequestMetrics {
@@ -76,6 +78,10 @@ pub struct Metrics {
     /// Time per phase, summed over requests (concurrent requests each
     /// count their own time).
     pub timings: Timings,
+    /// Tokens drafted from the context's n-grams, and those accepted
+    /// (each a decode step saved).
+    pub draft_tokens: u64,
+    pub draft_accepted_tokens: u64,
     /// Mean fraction of FFN neurons kept per token and layer over all
     /// requests, when the model runs sparse (`None`: dense).
     pub sparse_kept_fraction: Option<f64>,
@@ -125,6 +131,8 @@ pub(crate) struct Counters {
     pub(crate) prompt_tokens: u64,
     pub(crate) generated_tokens: u64,
     pub(crate) decoded_tokens: u64,
+    pub(crate) draft_tokens: u64,
+    pub(crate) draft_accepted_tokens: u64,
     pub(crate) tokenize: Duration,
     pub(crate) prefill: Duration,
     pub(crate) decode: Duration,

@@ -71,6 +71,10 @@ pub struct SpinferOptions {
     /// Quantise an f32, f16 or bf16 checkpoint's weight matrices as they
     /// load ([`ModelOptions::quantize`]); `None` = as stored.
     pub quantize: Option<Requant>,
+    /// Speculative decoding from the context's own n-grams for every
+    /// generation (outputs unchanged; [`generate::DraftParams`]); `None` =
+    /// a `.toml` config's `[speculative]`, else none.
+    pub draft: Option<generate::DraftParams>,
 }
 
 /// A RuvLLM backend on spinfer's engine. See the crate docs.
@@ -104,6 +108,15 @@ struct Loaded {
     engine: Arc<Engine>,
     tokenizer: SpinferTokenizer,
     info: ModelInfo,
+    /// The drafts every generation checks.
+    draft: generate::DraftParams,
+}
+
+impl Loaded {
+    /// spinfer's parameters for RuvLLM's, with the backend's drafts.
+    fn params(&self, p: &GenerateParams) -> ruvllm::Result<generate::GenerateParams> {
+        Ok(generate::GenerateParams { draft: self.draft, ..convert::generate_params(p)? })
+    }
 }
 
 impl Default for SpinferBackend {
@@ -136,8 +149,13 @@ impl SpinferBackend {
         self.loaded.as_ref().ok_or_else(|| RuvLLMError::InvalidOperation("No model loaded".to_string()))
     }
 
-    /// The engine `model_id` and `config` ask for.
-    fn load_engine(&self, model_id: &str, config: &ModelConfig) -> ruvllm::Result<Engine> {
+    /// The engine `model_id` and `config` ask for, and the drafts of a
+    /// `.toml` config's `[speculative]`.
+    fn load_engine(
+        &self,
+        model_id: &str,
+        config: &ModelConfig,
+    ) -> ruvllm::Result<(Engine, Option<generate::DraftParams>)> {
         let path = Path::new(model_id);
         if model_id.is_empty() || !path.exists() {
             return Err(RuvLLMError::NotFound(format!(
@@ -160,7 +178,7 @@ impl SpinferBackend {
                     tracing::warn!(dir = %p.dir.display(), "kernel pack skipped: {why}");
                 }
             }
-            return Ok(engine);
+            return Ok((engine, c.speculative.map(|s| s.draft_params())));
         }
         let defaults = ModelOptions::default();
         let options = ModelOptions {
@@ -185,7 +203,7 @@ impl SpinferBackend {
             kv_type: self.options.kv_type,
             quantize: self.options.quantize,
         };
-        Engine::load(path, options).map_err(|e| convert::load_error(model_id, e))
+        Ok((Engine::load(path, options).map_err(|e| convert::load_error(model_id, e))?, None))
     }
 }
 
@@ -235,8 +253,10 @@ impl LlmBackend for SpinferBackend {
     /// Loads `model_id` (see [`SpinferBackend`]). A model already loaded is
     /// replaced only once the new one has loaded: a failed load leaves it.
     fn load_model(&mut self, model_id: &str, config: ModelConfig) -> ruvllm::Result<()> {
-        let engine = self.load_engine(model_id, &config)?;
+        let (engine, configured) = self.load_engine(model_id, &config)?;
         check_hints(model_id, &config, &engine)?;
+        let draft = self.options.draft.or(configured).unwrap_or_default();
+        draft.validate().map_err(|e| RuvLLMError::Config(format!("spinfer: SpinferOptions::draft: {e}")))?;
         let info = convert::model_info(model_id, &engine);
         tracing::info!(
             model = model_id,
@@ -247,13 +267,13 @@ impl LlmBackend for SpinferBackend {
         );
         let engine = Arc::new(engine);
         let tokenizer = SpinferTokenizer::new(Arc::clone(&engine));
-        self.loaded = Some(Loaded { engine, tokenizer, info });
+        self.loaded = Some(Loaded { engine, tokenizer, info, draft });
         Ok(())
     }
 
     fn generate(&self, prompt: &str, params: GenerateParams) -> ruvllm::Result<String> {
         let loaded = self.loaded()?;
-        let params = convert::generate_params(&params)?;
+        let params = loaded.params(&params)?;
         Ok(generate(&loaded.engine, prompt, &params, |_| ControlFlow::Continue(()))?.text)
     }
 
@@ -277,8 +297,8 @@ impl LlmBackend for SpinferBackend {
     /// become final, then `Done` (or `Error`). Dropping the stream cancels
     /// the generation at the next token.
     fn generate_stream_v2(&self, prompt: &str, params: GenerateParams) -> ruvllm::Result<TokenStream> {
-        let engine = Arc::clone(&self.loaded()?.engine);
-        let params = convert::generate_params(&params)?;
+        let loaded = self.loaded()?;
+        let (engine, params) = (Arc::clone(&loaded.engine), loaded.params(&params)?);
         let prompt = prompt.to_string();
         let (tx, stream) = TokenStream::channel();
         std::thread::Builder::new()
@@ -317,7 +337,7 @@ impl LlmBackend for SpinferBackend {
         on_token: &mut dyn FnMut(&GeneratedToken) -> bool,
     ) -> ruvllm::Result<GenerationOutput> {
         let loaded = self.loaded()?;
-        let params = convert::generate_params(&params)?;
+        let params = loaded.params(&params)?;
         let g = generate(&loaded.engine, prompt, &params, |text| {
             if on_token(&piece(text)) { ControlFlow::Continue(()) } else { ControlFlow::Break(()) }
         })?;

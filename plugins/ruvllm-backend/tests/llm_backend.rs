@@ -261,3 +261,30 @@ fn sparsity_sidecar_beside_the_model_is_used() {
     assert!(dense.generate(PROMPT, greedy(3)).unwrap().starts_with(" Paris"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `SpinferOptions::draft`: speculative decoding from the context's
+/// n-grams for every generation changes no text (greedy and seeded), and
+/// on a prompt the answer repeats, drafts are accepted.
+#[test]
+fn drafts_change_no_text() {
+    let Some(model) = smollm2() else { return };
+    let _one = MODEL.lock().unwrap_or_else(|e| e.into_inner());
+    let draft = spinfer_engine::generate::DraftParams { max_tokens: 4, ..Default::default() };
+    let mut drafted = SpinferBackend::with_options(SpinferOptions { draft: Some(draft), ..Default::default() });
+    let mut plain = backend();
+    drafted.load_model(model.to_str().unwrap(), config()).unwrap();
+    plain.load_model(model.to_str().unwrap(), config()).unwrap();
+    let prompt = "<|im_start|>user\nFix the spelling mistakes in this text and write it out again in full:\n\nThe \
+                  printing press was invented by Johannes Gutenberg around 1440. It used movable metal type, oil-based \
+                  inks and a wooden press.<|im_end|>\n<|im_start|>assistant\n";
+    for p in [greedy(40), GenerateParams::default().with_max_tokens(40).with_temperature(0.8).with_seed(9)] {
+        assert_eq!(drafted.generate(prompt, p.clone()).unwrap(), plain.generate(prompt, p).unwrap());
+    }
+    let m = drafted.engine().unwrap().metrics();
+    assert!(m.draft_accepted_tokens > 10 && m.draft_accepted_tokens <= m.draft_tokens, "{m:?}");
+    // Out of bounds: refused at load, naming the option.
+    let bad = spinfer_engine::generate::DraftParams { max_tokens: 99, ..Default::default() };
+    let mut b = SpinferBackend::with_options(SpinferOptions { draft: Some(bad), ..Default::default() });
+    let e = b.load_model(model.to_str().unwrap(), config()).unwrap_err().to_string();
+    assert!(e.contains("SpinferOptions::draft"), "{e}");
+}
