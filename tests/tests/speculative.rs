@@ -100,6 +100,22 @@ fn gemma3_drafts_never_change_the_output() {
     drafts_never_change_the_output(&load(&path));
 }
 
+/// Draft settings out of bounds are an error naming them, before any
+/// token is generated.
+#[test]
+fn draft_settings_out_of_bounds_are_an_error() {
+    let Some(path) = smollm2() else { return };
+    let e = load(&path);
+    let params = GenerateParams { draft: DraftParams { max_tokens: 4, ngram_min: 0, ngram_max: 0 }, ..greedy(8) };
+    let mut session = e.model.new_session();
+    let err = spinfer_engine::generate::generate(&e.model, &e.tokenizer, &mut session, COPY, &params, &mut |_| {
+        std::ops::ControlFlow::Continue(())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("ngram_min"), "{err}");
+}
+
 /// A context near its end: drafts stop at the last position, and the
 /// generation ends as it does without them.
 #[test]

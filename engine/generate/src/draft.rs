@@ -121,7 +121,7 @@ impl Drafter {
 /// before the one that ends it.
 fn earlier_occurrence(history: &[u32], n: usize) -> Option<usize> {
     let len = history.len();
-    if len <= n {
+    if n == 0 || len <= n {
         return None;
     }
     let tail = &history[len - n..];
@@ -159,6 +159,8 @@ mod tests {
         assert!(d.propose(&[1, 2, 1, 2], 0).is_empty());
         // A 1-gram would match, but the shortest looked up is 2.
         assert!(d.propose(&[9, 1, 5, 1], 16).is_empty());
+        // Lengths out of bounds (refused by `validate`) propose nothing.
+        assert!(drafter(4, 0, 0).propose(&[1, 2, 1, 2], 16).is_empty());
     }
 
     #[test]

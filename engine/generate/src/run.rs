@@ -174,6 +174,9 @@ pub fn decode(
     timings: &mut Timings,
     on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
 ) -> Result<DraftStats> {
+    if draft.enabled() {
+        draft.validate()?;
+    }
     // Greedy without a penalty, the session may pick the token itself.
     let greedy = cont.is_greedy();
     let mut logits = Vec::new();
