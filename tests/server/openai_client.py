@@ -213,17 +213,20 @@ def tools(c, expect):
     assert got == want, (got, want)
     assert all(t.type == "function" and t.id.startswith("call_") for t in choice.message.tool_calls), choice
 
-    # Streamed: the deltas, put together as the SDK's users do, are the same calls.
+    # Streamed: the deltas, put together as the SDK's users do, are the same
+    # calls; the id and name come first, the arguments in several pieces.
     calls, finish = {}, None
     for chunk in c.chat.completions.create(stream=True, **args):
         for ch in chunk.choices:
             for d in ch.delta.tool_calls or []:
-                call = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                call = calls.setdefault(d.index, {"name": "", "arguments": "", "pieces": 0, "id": d.id})
                 call["name"] += d.function.name or ""
                 call["arguments"] += d.function.arguments or ""
+                call["pieces"] += bool(d.function.arguments)
             finish = ch.finish_reason or finish
     streamed = [(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in sorted(calls)]
     assert (streamed, finish) == (want, "tool_calls"), (streamed, finish)
+    assert all(x["id"].startswith("call_") and x["pieces"] > 1 for x in calls.values()), calls
 
     # The SDK's pydantic tools: `parse` checks the arguments against the model.
     r = c.chat.completions.parse(model=model, messages=[{"role": "user", "content": "Is it warm in Rome?"}],

@@ -73,8 +73,8 @@ fn chat_message(tools: bool, text: String, reason: StopReason) -> (Value, &'stat
         return (json!({"role": "assistant", "content": text}), finish_reason(reason));
     }
     let mut reply = ReplySplitter::new();
-    let mut content = reply.push(&text);
-    let Finish { content: rest, calls } = reply.finish();
+    let mut content = reply.push(&text).content;
+    let Finish { content: rest, calls, .. } = reply.finish();
     content.push_str(&rest);
     if calls.is_empty() {
         return (json!({"role": "assistant", "content": content}), finish_reason(reason));
@@ -208,16 +208,26 @@ pub fn stream(
                         }
                         (None, _) => Value::Null,
                     };
-                    // Calls are held back until whole; a reply's text
-                    // comes out of its JSON string.
-                    let text = match st.replies.get_mut(i).and_then(Option::as_mut) {
-                        Some(reply) => reply.push(&text),
-                        None => text,
+                    // A reply's text comes out of its JSON string; calls
+                    // as their names and arguments come.
+                    let (text, calls) = match st.replies.get_mut(i).and_then(Option::as_mut) {
+                        Some(reply) => {
+                            let p = reply.push(&text);
+                            (p.content, p.calls)
+                        }
+                        None => (text, Vec::new()),
                     };
-                    match text.is_empty() && lps.is_null() && st.replies.get(i).is_some_and(Option::is_some) {
-                        true => Vec::new(),
-                        false => vec![chunk(piece(i, &text, None, lps), None)],
+                    let mut v = Vec::new();
+                    if !(text.is_empty() && lps.is_null() && st.replies.get(i).is_some_and(Option::is_some)) {
+                        v.push(chunk(piece(i, &text, None, lps), None));
                     }
+                    if !calls.is_empty() {
+                        let calls: Vec<Value> = calls.iter().map(|c| c.to_json()).collect();
+                        let delta = json!({"index": i, "delta": {"tool_calls": calls}, "finish_reason": null,
+                                           "logprobs": null});
+                        v.push(chunk(delta, None));
+                    }
+                    v
                 }
                 Event::Prompt(lps) if logprobs => {
                     lps.iter().for_each(|lp| lps_i.push(tok, lp.token, Some(lp)));
@@ -238,11 +248,12 @@ pub fn stream(
                     let mut v = Vec::new();
                     let mut finish = finish_reason(reason);
                     if let Some(reply) = st.replies.get_mut(i).and_then(Option::take) {
-                        let Finish { content, calls } = reply.finish();
-                        if !content.is_empty() {
+                        let Finish { content, calls, streamed } = reply.finish();
+                        if !streamed && !content.is_empty() {
                             v.push(chunk(piece(i, &content, None, Value::Null), None));
                         }
-                        if !calls.is_empty() {
+                        if !streamed && !calls.is_empty() {
+                            // Calls read whole at the end (not in the grammar's layout).
                             let calls: Vec<Value> = calls
                                 .iter()
                                 .enumerate()
@@ -255,6 +266,10 @@ pub fn stream(
                             let delta = json!({"index": i, "delta": {"tool_calls": calls}, "finish_reason": null,
                                                "logprobs": null});
                             v.push(chunk(delta, None));
+                        }
+                        // Whole calls end the answer; calls cut short end it
+                        // as the generation ended (`length`).
+                        if !calls.is_empty() {
                             finish = "tool_calls";
                         }
                     }

@@ -186,7 +186,7 @@ fn walk(spec: &Spec, seed: u64, max: usize) -> (String, bool) {
 
 fn read_back(text: &str) -> (String, Finish) {
     let mut r = ReplySplitter::new();
-    let streamed = r.push(text);
+    let streamed = r.push(text).content;
     (streamed, r.finish())
 }
 
