@@ -67,6 +67,26 @@ fn penalties_and_biases_answer_as_generate_does() {
     assert_eq!(v["choices"][0]["text"], want["text"]);
     let (st, v) = post(&served.addr, "/v1/completions", &json!({"prompt": prompt, "logit_bias": {"49152": 1}}));
     assert_eq!((st, v["error"]["param"].as_str()), (400, Some("logit_bias")), "{v}");
+
+    // vLLM's repetition_penalty: llama.cpp's rule over the whole context.
+    let want = cli_generate_with(&model, prompt, 16, &["--repeat-penalty", "1.5", "--repeat-last-n", "100000"]);
+    assert_ne!(want["text"], plain["text"]);
+    let body = json!({"prompt": prompt, "max_tokens": 16, "temperature": 0, "repetition_penalty": 1.5});
+    let (st, v) = post(&served.addr, "/v1/completions", &body);
+    assert_eq!((st, &v["choices"][0]["text"]), (200, &want["text"]), "{v}");
+
+    // vLLM's stop_token_ids: the answer ends before the first of them, as
+    // at an end-of-generation token.
+    let tokens: Vec<u64> = plain["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    let k = (1..tokens.len()).find(|&k| !tokens[..k].contains(&tokens[k])).expect("a token new at k");
+    let body = json!({"prompt": prompt, "max_tokens": 16, "temperature": 0, "stop_token_ids": [tokens[k]]});
+    let (st, v) = post(&served.addr, "/v1/completions", &body);
+    let cut = cli_generate(&model, prompt, k)["text"].clone();
+    assert_eq!((st, &v["choices"][0]["text"], v["choices"][0]["finish_reason"].as_str()), (200, &cut, Some("stop")));
+    assert_eq!(v["usage"]["completion_tokens"], k, "{v}");
+    let body = json!({"prompt": prompt, "stop_token_ids": [49152]});
+    let (st, v) = post(&served.addr, "/v1/completions", &body);
+    assert_eq!((st, v["error"]["param"].as_str()), (400, Some("stop_token_ids")), "{v}");
 }
 
 /// `ignore_eos` and `min_tokens` hold off the end of generation: the

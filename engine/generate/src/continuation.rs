@@ -15,13 +15,18 @@ use crate::{GenerateParams, StopReason};
 /// drives one with one session; a server drives many with one batched
 /// forward step ([`spinfer_models::Model::forward_batch`]).
 pub struct Continuation<'t> {
-    tokenizer: &'t Tokenizer,
     sampler: Sampler,
     /// The output constraint.
     constraint: Option<Box<dyn TokenConstraint>>,
     /// End-of-generation tokens are masked until this many tokens are
     /// generated (`usize::MAX`: always).
     eog_from: usize,
+    /// The tokens that end the generation: the tokenizer's
+    /// end-of-generation tokens and the request's stop tokens.
+    eog: Vec<u32>,
+    /// Those masked until `eog_from`: all of them (`min_tokens`), or the
+    /// tokenizer's alone (`ignore_eos`, which keeps the stop tokens).
+    held: Vec<u32>,
     /// The logits after masking (a constraint's, end-of-generation).
     masked: Vec<f32>,
     history: Vec<u32>,
@@ -37,10 +42,14 @@ impl<'t> Continuation<'t> {
     /// and token budget.
     pub fn new(tokenizer: &'t Tokenizer, params: &GenerateParams, prompt_ids: &[u32]) -> Result<Self> {
         Ok(Self {
-            tokenizer,
             sampler: Sampler::new(params.sampler.clone())?,
             constraint: params.constraint.as_ref().map(ConstraintSource::make).transpose()?,
             eog_from: if params.ignore_eos { usize::MAX } else { params.min_tokens },
+            eog: tokenizer.eog_ids().iter().chain(&params.stop_tokens).copied().collect(),
+            held: match params.ignore_eos {
+                true => tokenizer.eog_ids().to_vec(),
+                false => tokenizer.eog_ids().iter().chain(&params.stop_tokens).copied().collect(),
+            },
             masked: Vec::new(),
             history: prompt_ids.to_vec(),
             out: StopWatcher::new(params.stop.clone()),
@@ -85,7 +94,7 @@ impl<'t> Continuation<'t> {
     /// Masks the end-of-generation tokens in `masked`, unless a constraint
     /// left nothing else (its output is complete: it ends).
     fn mask_eog(&mut self) {
-        let eog = self.tokenizer.eog_ids();
+        let eog = &self.held;
         let other = |(i, l): (usize, &f32)| *l > f32::NEG_INFINITY && !eog.contains(&(i as u32));
         if self.constraint.is_some() && !self.masked.iter().enumerate().any(other) {
             return;
@@ -117,7 +126,7 @@ impl<'t> Continuation<'t> {
         if self.stop_reason.is_some() {
             return Ok(None);
         }
-        if self.tokenizer.eog_ids().contains(&next) {
+        if self.eog.contains(&next) {
             return Ok(self.stop(StopReason::EndOfGeneration));
         }
         let complete = match &mut self.constraint {

@@ -24,6 +24,10 @@ pub struct GenerateParams {
     /// `max_tokens`, a stop string or the context (llama.cpp's
     /// `--ignore-eos`, for benchmarks).
     pub ignore_eos: bool,
+    /// More tokens that end the generation as an end-of-generation token
+    /// does (vLLM's `stop_token_ids`): not part of the output, held off by
+    /// `min_tokens` (not by `ignore_eos`, as in vLLM).
+    pub stop_tokens: Vec<u32>,
     /// Drafts from the context's n-grams checked a step at a time
     /// (speculative decoding; the output is the same with or without).
     pub draft: DraftParams,
@@ -39,6 +43,7 @@ impl Default for GenerateParams {
             constraint: None,
             min_tokens: 0,
             ignore_eos: false,
+            stop_tokens: Vec::new(),
             draft: DraftParams::default(),
         }
     }

@@ -145,6 +145,9 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
     if let Some((id, _)) = req.sampler.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
         return Err(ApiError::invalid("logit_bias", format!("token id {id} is outside the vocabulary of {vocab}")));
     }
+    if let Some(id) = req.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(ApiError::invalid("stop_token_ids", format!("token id {id} is outside the vocabulary of {vocab}")));
+    }
     // Rendering, tokenizing and compiling an output constraint take time
     // in proportion to the body: off the I/O threads.
     let input = std::mem::replace(&mut req.input, Input::Text(String::new()));
@@ -170,6 +173,7 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
         constraint,
         min_tokens: req.min_tokens,
         ignore_eos: req.ignore_eos,
+        stop_tokens: std::mem::take(&mut req.stop_token_ids),
         // Drafts are the scheduler's (`[speculative]`), not a request's.
         draft: Default::default(),
     };

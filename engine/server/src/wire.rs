@@ -39,6 +39,9 @@ pub struct Completion {
     pub min_tokens: usize,
     /// vLLM's and llama-server's `ignore_eos`.
     pub ignore_eos: bool,
+    /// vLLM's `stop_token_ids`: tokens that end the answer as an
+    /// end-of-generation token does.
+    pub stop_token_ids: Vec<u32>,
     /// Choices to generate (`n`), each its own sequence with its own seed.
     pub n: usize,
     /// Tools the model may call (chat only).
@@ -100,7 +103,13 @@ const COMPLETION_FIELDS: &[&str] = &[
     "logprobs",
     "min_tokens",
     "ignore_eos",
+    "repetition_penalty",
+    "repeat_last_n",
+    "stop_token_ids",
 ];
+
+/// Most `stop_token_ids` of one request.
+pub const MAX_STOP_TOKENS: usize = 64;
 
 /// Most token ids of a prompt given as ids (a body of 1 MB holds fewer).
 const MAX_PROMPT_IDS: usize = 1 << 20;
@@ -171,6 +180,16 @@ fn integer(m: &Map<String, Value>, key: &str, lo: usize, hi: usize) -> Result<Op
     }
 }
 
+/// vLLM's `stop_token_ids`: at most [`MAX_STOP_TOKENS`] token ids (the
+/// vocabulary's bound is checked where the model is known).
+fn stop_token_ids(m: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+    let Some(v) = present(m, "stop_token_ids") else { return Ok(Vec::new()) };
+    let bad =
+        || ApiError::invalid("stop_token_ids", format!("stop_token_ids must be at most {MAX_STOP_TOKENS} token ids"));
+    let a = v.as_array().filter(|a| a.len() <= MAX_STOP_TOKENS).ok_or_else(bad)?;
+    a.iter().map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(bad)).collect()
+}
+
 /// `min_tokens`: a count up to `cap` and to `max` (the request's `key`)
 /// when that is given.
 fn min_tokens(m: &Map<String, Value>, key: &str, max: Option<usize>, cap: usize) -> Result<usize, ApiError> {
@@ -229,6 +248,24 @@ fn common(m: &Map<String, Value>, cap: usize, key: &str) -> Result<Completion, A
     if let Some(p) = number(m, "repeat_penalty", f64::MIN_POSITIVE, 10.0)? {
         sampler.repeat_penalty = p as f32;
     }
+    // llama-server's window: -1 the whole context, 0 none.
+    match present(m, "repeat_last_n").map(Value::as_i64) {
+        None => {}
+        Some(Some(-1)) => sampler.repeat_last_n = usize::MAX,
+        Some(Some(n)) if n >= 0 => sampler.repeat_last_n = n as usize,
+        Some(_) => return Err(ApiError::invalid("repeat_last_n", "repeat_last_n must be an integer >= -1")),
+    }
+    // vLLM's: over the whole prompt and output.
+    if let Some(p) = number(m, "repetition_penalty", f64::MIN_POSITIVE, 10.0)? {
+        if present(m, "repeat_penalty").is_some() || present(m, "repeat_last_n").is_some() {
+            return Err(ApiError::invalid(
+                "repetition_penalty",
+                "give repetition_penalty (vLLM's, over the whole context) or repeat_penalty and repeat_last_n \
+                 (llama.cpp's), not both",
+            ));
+        }
+        (sampler.repeat_penalty, sampler.repeat_last_n) = (p as f32, usize::MAX);
+    }
     sampler.seed = match present(m, "seed") {
         None => rand::random(),
         Some(v) => v.as_i64().ok_or_else(|| ApiError::invalid("seed", "seed must be an integer"))? as u64,
@@ -271,6 +308,7 @@ fn common(m: &Map<String, Value>, cap: usize, key: &str) -> Result<Completion, A
         constraint: structured::read(m)?,
         min_tokens: min_tokens(m, key, max, cap)?,
         ignore_eos: boolean(m, "ignore_eos")?,
+        stop_token_ids: stop_token_ids(m)?,
         n: integer(m, "n", 1, MAX_CHOICES)?.unwrap_or(1),
         tools: None,
     })
@@ -464,6 +502,14 @@ mod tests {
             (serde_json::json!({"max_tokens": 101}), "max_tokens"),
             (serde_json::json!({"temperature": "hot"}), "temperature"),
             (serde_json::json!({"messages": []}), "messages"),
+            (serde_json::json!({"repetition_penalty": 0}), "repetition_penalty"),
+            (serde_json::json!({"repetition_penalty": 1.1, "repeat_penalty": 1.1}), "repetition_penalty"),
+            (serde_json::json!({"repeat_last_n": -2}), "repeat_last_n"),
+            (serde_json::json!({"repeat_last_n": 1.5}), "repeat_last_n"),
+            (serde_json::json!({"stop_token_ids": [1.5]}), "stop_token_ids"),
+            (serde_json::json!({"stop_token_ids": 7}), "stop_token_ids"),
+            (serde_json::json!({"stop_token_ids": [-1]}), "stop_token_ids"),
+            (serde_json::json!({"stop_token_ids": vec![1; MAX_STOP_TOKENS + 1]}), "stop_token_ids"),
         ] {
             let mut v = base.clone();
             v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
@@ -484,6 +530,19 @@ mod tests {
         let mut bias = s.logit_bias;
         bias.sort_by_key(|b| b.0);
         assert_eq!(bias, [(7, -100.0), (9, 2.5)]);
+        // vLLM's repetition penalty covers the whole context; llama.cpp's
+        // window is given by repeat_last_n (-1: all).
+        let with = |extra: Value| {
+            let mut v = serde_json::json!({"messages": [{"role": "user", "content": "hi"}]});
+            v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            chat_of(v).unwrap()
+        };
+        let s = with(serde_json::json!({"repetition_penalty": 1.2})).sampler;
+        assert_eq!((s.repeat_penalty, s.repeat_last_n), (1.2, usize::MAX));
+        let s = with(serde_json::json!({"repeat_penalty": 1.1, "repeat_last_n": -1})).sampler;
+        assert_eq!((s.repeat_penalty, s.repeat_last_n), (1.1, usize::MAX));
+        assert_eq!(with(serde_json::json!({"repeat_last_n": 16})).sampler.repeat_last_n, 16);
+        assert_eq!(with(serde_json::json!({"stop_token_ids": [2, 7]})).stop_token_ids, [2, 7]);
     }
 
     #[test]
