@@ -304,3 +304,22 @@ fn a_constraint_holds_for_sampled_text_across_threads() {
         other => panic!("a bad grammar gave {other:?}"),
     }
 }
+
+/// `GenerateParams::stop_tokens` (vLLM's `stop_token_ids`) end the
+/// generation before the first of them, even with `ignore_eos`; `min_tokens`
+/// holds them off.
+#[test]
+fn stop_tokens_end_the_generation_and_min_tokens_holds_them_off() {
+    let Some(e) = engine() else { return };
+    let plain = e.generate(PROMPTS[1], &greedy(16)).unwrap();
+    let t = &plain.tokens;
+    let k = (1..t.len()).find(|&k| !t[..k].contains(&t[k])).expect("a token new at k");
+    for ignore_eos in [false, true] {
+        let p = GenerateParams { stop_tokens: vec![t[k]], ignore_eos, ..greedy(16) };
+        let out = e.generate(PROMPTS[1], &p).unwrap();
+        assert_eq!((&out.tokens[..], out.stop_reason), (&t[..k], StopReason::EndOfGeneration), "{ignore_eos}");
+    }
+    let p = GenerateParams { stop_tokens: vec![t[k]], min_tokens: k + 1, ..greedy(16) };
+    let out = e.generate(PROMPTS[1], &p).unwrap();
+    assert!(out.tokens.len() > k && !out.tokens[..=k].contains(&t[k]), "{:?} vs {t:?}", out.tokens);
+}
