@@ -17,7 +17,10 @@ use serde_json::{Value, json};
 
 mod support;
 
-use support::{KEY, Served, cli_generate, cli_generate_with, complete, http, metric, post, python_checks, render_chat};
+use support::{
+    KEY, Served, chat_template, cli_generate, cli_generate_with, complete, http, metric, post, python_checks,
+    render_chat,
+};
 
 #[test]
 fn the_openai_client_gets_what_generate_gives() {
@@ -611,4 +614,37 @@ fn sigterm_drains_the_requests_in_flight() {
     assert!(rest.contains("data: [DONE]"), "the stream in flight was cut: {rest}");
     let status = served.terminate_wait(Duration::from_secs(30));
     assert!(status.success(), "exit status {status:?}");
+}
+
+/// vLLM's rendering fields: `continue_final_message` continues the
+/// assistant's last message (the prompt ends with its text), as `spinfer
+/// generate` continues that prompt; `chat_template_kwargs` may not set
+/// the server's own variables.
+#[test]
+fn continue_final_message_continues_the_assistants_text() {
+    let Some(model) = spinfer_test_support::smollm2() else { return };
+    let (template, _) = chat_template(&model);
+    let chat = [
+        spinfer_server::chat::Message { role: "user".into(), content: "What is the capital of France?".into() },
+        spinfer_server::chat::Message { role: "assistant".into(), content: "The capital of France is".into() },
+    ];
+    let options = spinfer_server::chat::RenderOptions { continue_final_message: true, ..Default::default() };
+    let prompt = template.render_with(&chat, &options).unwrap();
+    assert!(prompt.ends_with("<|im_start|>assistant\nThe capital of France is"), "{prompt}");
+    let want = cli_generate(&model, &prompt, 12)["text"].clone();
+
+    let served = Served::start(&model, "slots = 1", "ctx = 1024");
+    let body = json!({"messages": chat.iter().map(|m| json!({"role": m.role, "content": m.content})).collect::<Vec<_>>(),
+                      "continue_final_message": true, "add_generation_prompt": false, "max_tokens": 12,
+                      "temperature": 0, "chat_template_kwargs": {"enable_thinking": false}});
+    let (st, v) = post(&served.addr, "/v1/chat/completions", &body);
+    assert_eq!((st, &v["choices"][0]["message"]["content"]), (200, &want), "{v}");
+    let mut bad = body.clone();
+    bad["chat_template_kwargs"] = json!({"bos_token": "x"});
+    let (st, v) = post(&served.addr, "/v1/chat/completions", &bad);
+    assert_eq!((st, v["error"]["param"].as_str()), (400, Some("chat_template_kwargs")), "{v}");
+    let mut bad = body;
+    bad["messages"] = json!([{"role": "user", "content": "Hi"}]);
+    let (st, v) = post(&served.addr, "/v1/chat/completions", &bad);
+    assert_eq!((st, v["error"]["param"].as_str()), (400, Some("continue_final_message")), "{v}");
 }

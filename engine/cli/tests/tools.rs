@@ -54,7 +54,7 @@ fn the_server_calls_tools_as_generate_does_under_their_grammar() {
     let given = tools::read(body.as_object().unwrap()).unwrap().unwrap();
     let (template, _) = chat_template(&model);
     let user = ChatMessage { role: "user".into(), content: QUESTION.into(), tool_calls: vec![], tool_call_id: None };
-    let prompt = tools::render(&template, &[user], Some(&given)).unwrap();
+    let prompt = tools::render(&template, &[user], Some(&given), &Default::default()).unwrap();
     let Spec::Lark(grammar) = given.spec() else { panic!("the tools' grammar is Lark") };
     let dir = tempfile::tempdir().unwrap();
     let grammar_file = dir.path().join("tools.lark");

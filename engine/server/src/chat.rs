@@ -3,8 +3,9 @@
 //! compatibility methods (`.strip()`, `.startswith()`…) as Hugging Face
 //! templates use them.
 
-use minijinja::{Environment, ErrorKind, context};
+use minijinja::{Environment, ErrorKind};
 use serde::Serialize;
+use serde_json::{Map, Value};
 
 use std::path::Path;
 
@@ -25,6 +26,29 @@ const MAX_TEMPLATE_FILE: u64 = 1 << 20;
 /// Instructions a template may run per render (a chat of hundreds of
 /// messages takes a few thousand per message).
 const TEMPLATE_FUEL: u64 = 10_000_000;
+
+/// How a chat is rendered (vLLM's request fields).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RenderOptions {
+    /// The assistant's turn is opened at the end (`add_generation_prompt`).
+    pub add_generation_prompt: bool,
+    /// The last message, the assistant's, is left open for the answer to
+    /// continue (`continue_final_message`: the prompt ends with its text).
+    pub continue_final_message: bool,
+    /// More variables for the template (`chat_template_kwargs`, such as
+    /// `enable_thinking`).
+    pub kwargs: Map<String, Value>,
+}
+
+impl Default for RenderOptions {
+    fn default() -> Self {
+        Self { add_generation_prompt: true, continue_final_message: false, kwargs: Map::new() }
+    }
+}
+
+/// Template variables the server sets, which `chat_template_kwargs` may
+/// not.
+pub const RESERVED: &[&str] = &["messages", "add_generation_prompt", "bos_token", "eos_token"];
 
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -92,20 +116,42 @@ impl ChatTemplate {
     /// A template that raises (say, roles out of order) is the request's
     /// fault: a 400 with the template's message.
     pub fn render(&self, messages: &[Message]) -> std::result::Result<String, ApiError> {
+        self.render_with(messages, &RenderOptions::default())
+    }
+
+    /// [`ChatTemplate::render`] with `options`.
+    pub fn render_with(&self, messages: &[Message], options: &RenderOptions) -> std::result::Result<String, ApiError> {
         let t = self.env.get_template("chat").map_err(|e| ApiError::internal(e.to_string()))?;
-        t.render(context! {
-            messages => minijinja::value::Serde(messages),
-            add_generation_prompt => true,
-            bos_token => &self.bos,
-            eos_token => &self.eos,
-        })
-        .map_err(|e| {
+        let mut vars = options.kwargs.clone();
+        let open = options.add_generation_prompt && !options.continue_final_message;
+        for (k, v) in [
+            ("messages", serde_json::to_value(messages).map_err(|e| ApiError::internal(e.to_string()))?),
+            ("add_generation_prompt", Value::Bool(open)),
+            ("bos_token", Value::String(self.bos.clone())),
+            ("eos_token", Value::String(self.eos.clone())),
+        ] {
+            vars.insert(k.into(), v);
+        }
+        let rendered = t.render(minijinja::value::Serde(&vars)).map_err(|e| {
             let detail = match e.kind() {
                 ErrorKind::InvalidOperation => e.detail().unwrap_or("invalid operation").to_string(),
                 _ => e.to_string(),
             };
             ApiError::invalid("messages", format!("the model's chat template refused the messages: {detail}"))
-        })
+        })?;
+        if !options.continue_final_message {
+            return Ok(rendered);
+        }
+        // The prompt ends with the final message's text: what the template
+        // writes after it (the end of its turn) is cut.
+        let last = messages.last().filter(|m| m.role == "assistant" && !m.content.is_empty());
+        match last.and_then(|m| rendered.rfind(&m.content).map(|at| at + m.content.len())) {
+            Some(end) => Ok(rendered[..end].to_string()),
+            None => Err(ApiError::invalid(
+                "continue_final_message",
+                "continue_final_message needs a last message from the assistant with text the template shows",
+            )),
+        }
     }
 }
 
@@ -165,6 +211,29 @@ mod tests {
         for src in [strict, dropping] {
             assert!(!ChatTemplate::new(src, String::new(), String::new()).unwrap().shows_tool_role(), "{src}");
         }
+    }
+
+    #[test]
+    fn render_options_open_continue_and_pass_variables() {
+        let t = ChatTemplate::new(CHATML, "<s>".into(), "</s>".into()).unwrap();
+        let chat = [msg("user", "Hi"), msg("assistant", "Hello, I")];
+        let closed = RenderOptions { add_generation_prompt: false, ..RenderOptions::default() };
+        assert!(t.render_with(&chat[..1], &closed).unwrap().ends_with("Hi<|im_end|>\n"));
+        let cont = RenderOptions { continue_final_message: true, ..RenderOptions::default() };
+        assert!(t.render_with(&chat, &cont).unwrap().ends_with("<|im_start|>assistant\nHello, I"));
+        let e = t.render_with(&chat[..1], &cont).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("continue_final_message"));
+        let thinking = ChatTemplate::new(
+            "{{ messages[0].content }}{% if enable_thinking is defined and not enable_thinking %} /no_think{% endif %}",
+            String::new(),
+            String::new(),
+        )
+        .unwrap();
+        assert_eq!(thinking.render(&chat[..1]).unwrap(), "Hi");
+        let mut kwargs = Map::new();
+        kwargs.insert("enable_thinking".into(), Value::Bool(false));
+        let off = RenderOptions { kwargs, ..RenderOptions::default() };
+        assert_eq!(thinking.render_with(&chat[..1], &off).unwrap(), "Hi /no_think");
     }
 
     #[test]

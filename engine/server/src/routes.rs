@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::answer;
+use crate::chat::RenderOptions;
 use crate::error::ApiError;
 use crate::scheduler::{Events, Job};
 use crate::state::{AppState, Served, body_of};
@@ -154,10 +155,11 @@ async fn generate(st: Arc<AppState>, mut req: Completion, chat: bool) -> Result<
     // Tool calls are held to their format by a grammar of their own.
     let spec = req.constraint.take().or_else(|| req.tools.as_ref().map(|t| ("tools", t.spec())));
     let tools = req.tools.take();
+    let render = std::mem::take(&mut req.render);
     let calls_tools = tools.is_some();
     let st2 = st.clone();
     let (ids, text, constraint) = tokio::task::spawn_blocking(move || {
-        let (ids, text) = prompt_ids(&st2, input, tools.as_ref())?;
+        let (ids, text) = prompt_ids(&st2, input, tools.as_ref(), &render)?;
         let constraint = spec.map(|(field, spec)| constraint(&st2, field, &spec)).transpose()?;
         Ok::<_, ApiError>((ids, text, constraint))
     })
@@ -229,7 +231,12 @@ fn constraint(st: &AppState, field: &str, spec: &Spec) -> Result<ConstraintSourc
 /// The prompt's token ids and text: the chat rendered with the model's
 /// template (and the tools' instructions), the text, or the ids given (and their text); at most the
 /// context less one position (one to generate).
-fn prompt_ids(st: &AppState, input: Input, tools: Option<&Tools>) -> Result<(Vec<u32>, String), ApiError> {
+fn prompt_ids(
+    st: &AppState,
+    input: Input,
+    tools: Option<&Tools>,
+    render: &RenderOptions,
+) -> Result<(Vec<u32>, String), ApiError> {
     let Served::Generator { engine, template, .. } = &st.served else { return Err(embedder_error(st)) };
     let ctx = engine.model.options.ctx;
     let (prompt, chat) = match input {
@@ -237,7 +244,7 @@ fn prompt_ids(st: &AppState, input: Input, tools: Option<&Tools>) -> Result<(Vec
             let t = template.as_ref().as_ref().ok_or_else(|| {
                 ApiError::invalid("messages", "the model has no chat template: use /v1/completions with a prompt")
             })?;
-            (crate::tools::render(t, &messages, tools)?, true)
+            (crate::tools::render(t, &messages, tools, render)?, true)
         }
         Input::Text(p) => (p, false),
         Input::Tokens(ids) => {

@@ -19,7 +19,7 @@
 use serde_json::{Map, Value, json};
 use spinfer_engine::grammar::Spec;
 
-use crate::chat::{ChatTemplate, Message};
+use crate::chat::{ChatTemplate, Message, RenderOptions};
 use crate::error::ApiError;
 
 /// The request fields read here.
@@ -366,9 +366,14 @@ pub fn history(messages: &[ChatMessage], tools: Option<&Tools>, tool_role: bool)
 /// The prompt for `messages` with `tools`: rendered with the instructions
 /// as a system message, or, where the template refuses a system message,
 /// at the head of the first user message.
-pub fn render(template: &ChatTemplate, messages: &[ChatMessage], tools: Option<&Tools>) -> Result<String, ApiError> {
+pub fn render(
+    template: &ChatTemplate,
+    messages: &[ChatMessage],
+    tools: Option<&Tools>,
+    options: &RenderOptions,
+) -> Result<String, ApiError> {
     let shown = history(messages, tools, template.shows_tool_role());
-    let first = template.render(&shown);
+    let first = template.render_with(&shown, options);
     let (Err(e), Some(t)) = (&first, tools) else { return first };
     if messages.first().is_some_and(|m| m.role == "system") {
         return Err(e.clone());
@@ -378,7 +383,7 @@ pub fn render(template: &ChatTemplate, messages: &[ChatMessage], tools: Option<&
         Some(u) => u.content = format!("{}\n\n{}", t.instructions(), u.content),
         None => return Err(e.clone()),
     }
-    template.render(&shown)
+    template.render_with(&shown, options)
 }
 
 /// The name of the call `id` among the earlier messages.

@@ -12,6 +12,7 @@ use spinfer_engine::sampling::{TokenConstraint, argmax_logits};
 use spinfer_engine::tokenizer::Tokenizer;
 
 use super::*;
+use crate::chat::RenderOptions;
 use crate::tool_reply::{Finish, ReplySplitter};
 
 fn weather() -> Value {
@@ -135,10 +136,10 @@ fn a_template_without_a_system_role_gets_the_tools_in_the_first_user_turn() {
                [{{ m.role }}] {{ m.content }}\n{% endfor %}";
     let t = ChatTemplate::new(src, String::new(), String::new()).unwrap();
     let tools = tools_of(json!({"tools": [weather()]})).unwrap().unwrap();
-    let p = render(&t, &[msg("user", "Hi")], Some(&tools)).unwrap();
+    let p = render(&t, &[msg("user", "Hi")], Some(&tools), &RenderOptions::default()).unwrap();
     assert_eq!(p, format!("[user] {}\n\nHi\n", tools.instructions()));
     // The client's own system message is not moved: the template's error.
-    let e = render(&t, &[msg("system", "x"), msg("user", "Hi")], Some(&tools)).unwrap_err();
+    let e = render(&t, &[msg("system", "x"), msg("user", "Hi")], Some(&tools), &RenderOptions::default()).unwrap_err();
     assert!(e.message.contains("no system role"), "{}", e.message);
 }
 

@@ -5,6 +5,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::chat::RenderOptions;
 use crate::error::ApiError;
 use crate::logprobs::MAX_TOP;
 use crate::structured;
@@ -46,6 +47,8 @@ pub struct Completion {
     pub n: usize,
     /// Tools the model may call (chat only).
     pub tools: Option<Tools>,
+    /// How the chat is rendered (chat only).
+    pub render: RenderOptions,
 }
 
 #[derive(Debug)]
@@ -180,6 +183,34 @@ fn integer(m: &Map<String, Value>, key: &str, lo: usize, hi: usize) -> Result<Op
     }
 }
 
+/// vLLM's `add_generation_prompt`, `continue_final_message` and
+/// `chat_template_kwargs` (an object of template variables other than the
+/// server's own).
+fn render_options(m: &Map<String, Value>) -> Result<RenderOptions, ApiError> {
+    let add_generation_prompt = match present(m, "add_generation_prompt") {
+        None => true,
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| ApiError::invalid("add_generation_prompt", "add_generation_prompt must be a boolean"))?,
+    };
+    let continue_final_message = boolean(m, "continue_final_message")?;
+    if continue_final_message && present(m, "add_generation_prompt").is_some() && add_generation_prompt {
+        return Err(ApiError::invalid(
+            "continue_final_message",
+            "continue_final_message and add_generation_prompt cannot both be true",
+        ));
+    }
+    let kwargs = match present(m, "chat_template_kwargs") {
+        None => Map::new(),
+        Some(Value::Object(o)) => o.clone(),
+        Some(_) => return Err(ApiError::invalid("chat_template_kwargs", "chat_template_kwargs must be an object")),
+    };
+    if let Some(k) = kwargs.keys().find(|k| crate::chat::RESERVED.contains(&k.as_str())) {
+        return Err(ApiError::invalid("chat_template_kwargs", format!("chat_template_kwargs may not set {k}")));
+    }
+    Ok(RenderOptions { add_generation_prompt, continue_final_message, kwargs })
+}
+
 /// vLLM's `stop_token_ids`: at most [`MAX_STOP_TOKENS`] token ids (the
 /// vocabulary's bound is checked where the model is known).
 fn stop_token_ids(m: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
@@ -311,12 +342,22 @@ fn common(m: &Map<String, Value>, cap: usize, key: &str) -> Result<Completion, A
         stop_token_ids: stop_token_ids(m)?,
         n: integer(m, "n", 1, MAX_CHOICES)?.unwrap_or(1),
         tools: None,
+        render: RenderOptions::default(),
     })
 }
 
 /// `POST /v1/chat/completions`.
 pub fn chat(m: &Map<String, Value>, cap: usize) -> Result<Completion, ApiError> {
-    const KNOWN: &[&str] = &["messages", "max_completion_tokens", "top_logprobs", "functions", "function_call"];
+    const KNOWN: &[&str] = &[
+        "messages",
+        "max_completion_tokens",
+        "top_logprobs",
+        "functions",
+        "function_call",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template_kwargs",
+    ];
     check_fields(m, &[COMPLETION_FIELDS, structured::FIELDS, tools::FIELDS, KNOWN])?;
     let top = number(m, "top_logprobs", 0.0, MAX_TOP as f64)?.map(|k| k as usize);
     let logprobs = match boolean(m, "logprobs")? {
@@ -332,6 +373,7 @@ pub fn chat(m: &Map<String, Value>, cap: usize) -> Result<Completion, ApiError> 
     let key = if present(m, "max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
     let mut c = common(m, cap, key)?;
     c.input = Input::Chat(messages(m)?);
+    c.render = render_options(m)?;
     c.logprobs = logprobs;
     c.tools = tools::read(m)?;
     if let (Some(_), Some((field, _))) = (&c.tools, &c.constraint) {
@@ -510,6 +552,13 @@ mod tests {
             (serde_json::json!({"stop_token_ids": 7}), "stop_token_ids"),
             (serde_json::json!({"stop_token_ids": [-1]}), "stop_token_ids"),
             (serde_json::json!({"stop_token_ids": vec![1; MAX_STOP_TOKENS + 1]}), "stop_token_ids"),
+            (serde_json::json!({"add_generation_prompt": 1}), "add_generation_prompt"),
+            (
+                serde_json::json!({"add_generation_prompt": true, "continue_final_message": true}),
+                "continue_final_message",
+            ),
+            (serde_json::json!({"chat_template_kwargs": [1]}), "chat_template_kwargs"),
+            (serde_json::json!({"chat_template_kwargs": {"messages": []}}), "chat_template_kwargs"),
         ] {
             let mut v = base.clone();
             v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
