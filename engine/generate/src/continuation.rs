@@ -41,15 +41,14 @@ impl<'t> Continuation<'t> {
     /// A continuation of `prompt_ids` with `params`' sampler, stop strings
     /// and token budget.
     pub fn new(tokenizer: &'t Tokenizer, params: &GenerateParams, prompt_ids: &[u32]) -> Result<Self> {
+        let eog: Vec<u32> = tokenizer.eog_ids().iter().chain(&params.stop_tokens).copied().collect();
+        let held = if params.ignore_eos { tokenizer.eog_ids().to_vec() } else { eog.clone() };
         Ok(Self {
             sampler: Sampler::new(params.sampler.clone())?,
             constraint: params.constraint.as_ref().map(ConstraintSource::make).transpose()?,
             eog_from: if params.ignore_eos { usize::MAX } else { params.min_tokens },
-            eog: tokenizer.eog_ids().iter().chain(&params.stop_tokens).copied().collect(),
-            held: match params.ignore_eos {
-                true => tokenizer.eog_ids().to_vec(),
-                false => tokenizer.eog_ids().iter().chain(&params.stop_tokens).copied().collect(),
-            },
+            eog,
+            held,
             masked: Vec::new(),
             history: prompt_ids.to_vec(),
             out: StopWatcher::new(params.stop.clone()),

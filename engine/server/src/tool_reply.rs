@@ -135,23 +135,21 @@ impl CallReader {
                 Part::Head => {
                     match expect(NAME) {
                         Some(true) => {}
-                        Some(false) => self.part = Part::Other,
+                        Some(false) => {
+                            self.part = Part::Other;
+                            continue;
+                        }
                         None => return,
-                    }
-                    if self.part == Part::Other {
-                        continue;
                     }
                     // Tool names are letters, digits, `_` and `-`: no escapes.
                     let Some(end) = rest[NAME.len()..].find('"') else { return };
                     let after = &rest[NAME.len() + end..];
                     if !after.starts_with(ARGUMENTS) {
-                        if !ARGUMENTS.starts_with(after) {
-                            self.part = Part::Other;
+                        if ARGUMENTS.starts_with(after) {
+                            return; // wait for more
                         }
-                        if self.part == Part::Other {
-                            continue;
-                        }
-                        return;
+                        self.part = Part::Other;
+                        continue;
                     }
                     let name = rest[NAME.len()..NAME.len() + end].to_string();
                     let index = self.calls.len();
@@ -196,18 +194,14 @@ impl CallReader {
                     }
                 }
                 Part::Tail => {
-                    for (lit, next) in [("}, ", Part::Head), ("}]}", Part::Done)] {
-                        if rest.starts_with(lit) {
-                            (self.at, self.part) = (self.at + lit.len(), next);
-                            break;
-                        }
-                    }
-                    if self.part == Part::Tail {
-                        if !"}, ".starts_with(rest) && !"}]}".starts_with(rest) {
-                            self.part = Part::Other;
-                            continue;
-                        }
-                        return;
+                    if let Some((lit, next)) =
+                        [("}, ", Part::Head), ("}]}", Part::Done)].into_iter().find(|(lit, _)| rest.starts_with(lit))
+                    {
+                        (self.at, self.part) = (self.at + lit.len(), next);
+                    } else if "}, ".starts_with(rest) || "}]}".starts_with(rest) {
+                        return; // wait for more
+                    } else {
+                        self.part = Part::Other;
                     }
                 }
                 Part::Done => {
