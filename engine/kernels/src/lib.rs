@@ -1,5 +1,5 @@
 //! spinfer's CPU kernels: dot products and multi-threaded matvec/matmul
-//! over GGML blocks, and causal attention over a KV cache, on top of `spinfer-kernel-base` (block formats,
+//! over GGML blocks, on top of `spinfer-kernel-base` (block formats,
 //! dequantisation, activation quantisation, the thread pool and the kernel
 //! seam), whose modules are re-exported here at their old paths.
 //!
@@ -11,7 +11,6 @@
 //! shapes and returns numbers. The engine decides which kernel serves which
 //! operation (its kernel seam); this crate offers the candidates.
 
-pub mod attention;
 pub mod dot;
 pub mod matmul;
 

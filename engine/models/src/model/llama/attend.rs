@@ -12,7 +12,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use spinfer_kernels::attention::{Block, Cache, attend_block, attend_group};
+use spinfer_attention::{Block, Cache, attend_block, attend_group};
 use spinfer_kernels::elem::KvElem;
 use spinfer_kernels::pool::{SyncPtr, ThreadPool};
 

@@ -3,7 +3,7 @@
 //! ([`KvType`]).
 
 use half::f16;
-use spinfer_kernels::attention::Cache;
+use spinfer_attention::Cache;
 use spinfer_kernels::elem::{KvElem, release_pages, store_row};
 
 use super::{Model, kv_positions};

@@ -16,9 +16,9 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use crate::elem::{KvElem, widen_rows};
-use crate::matmul::{BLayout, sgemm};
-use crate::vec::{axpy_rows, dot_rows, softmax};
+use spinfer_kernels::elem::{KvElem, widen_rows};
+use spinfer_kernels::matmul::{BLayout, sgemm};
+use spinfer_kernels::vec::{axpy_rows, dot_rows, softmax};
 
 /// One layer's cache: position `p` in slot `p % slots`.
 pub struct Cache<'a, E: KvElem = f32> {
