@@ -132,7 +132,7 @@ pub(crate) unsafe fn load_heads<const F: u8>(p: *const u8, gn: usize) -> __m512i
 /// `p` must point at one readable block (two if `has_b`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn unpack_pair<const F: u8>(p: *const u8, has_b: bool) -> __m512i {
+pub(crate) unsafe fn unpack_pair<const F: u8>(p: *const u8, has_b: bool) -> __m512i {
     let bs = fmt::block_bytes(F);
     let (qo, ho) = match F {
         fmt::Q4_0 => (2, 0),

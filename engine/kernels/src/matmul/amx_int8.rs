@@ -1,9 +1,9 @@
 //! The prompt path of the 8-bit matmuls of the 32-element formats (Q4_0,
 //! Q4_1, Q5_0, Q5_1, Q8_0 weights × Q8_0/Q8_1 activations) on AMX int8
 //! tiles, where the OS grants them ([`crate::cpu::CpuFeatures::amx_int8`]).
-//! It serves calls marked [`crate::kernel::MatmulCall::prefill`]; decode
-//! keeps the `vpdpbusd` tiles (a tile product needs the weights repacked,
-//! which only pays over many tokens).
+//! It serves calls marked [`crate::kernel::MatmulCall::prefill`]; the
+//! other calls on such CPUs (decode rows, batches of them, gathered rows)
+//! go to [`super::amx_rows`], which computes every output the same way.
 //!
 //! Per call, the activations are quantised as for the other kernels (the
 //! same `d`, `q` and block sums `s`, in block order: [`LegacyLayout`]
@@ -21,8 +21,8 @@
 //! An output therefore depends only on its own token and row (not on the
 //! other tokens of the call, the thread count or where a panel starts),
 //! and [`reference_dot`] computes exactly that, bit for bit (tested). It
-//! rounds differently from the `vpdpbusd` path, which sums lane partials,
-//! and both agree with the scalar reference to f32 rounding.
+//! rounds differently from the `vpdpbusd` tiles of CPUs without AMX, which
+//! sum lane partials; both agree with the scalar reference to f32 rounding.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -316,6 +316,24 @@ pub(super) fn reference_dot<const F: u8>(l: &LegacyLayout, w: &[u8], act: &[u8])
     acc
 }
 
+/// `rows` random rows of `cols` weights of `F` for the tests: random
+/// quants, scales of either sign in a realistic range.
+#[cfg(test)]
+pub(super) fn test_weights<const F: u8>(r: &mut rand::rngs::StdRng, rows: usize, cols: usize) -> Vec<u8> {
+    use rand::Rng;
+    let bs = fmt::block_bytes(F);
+    let mut w: Vec<u8> = (0..rows * cols / QK * bs).map(|_| r.random()).collect();
+    for block in w.chunks_exact_mut(bs) {
+        let d = half::f16::from_f32(r.random_range(-0.05..0.05)).to_le_bytes();
+        block[..2].copy_from_slice(&d);
+        if fmt::has_min(F) {
+            let m = half::f16::from_f32(r.random_range(-0.5..0.5)).to_le_bytes();
+            block[2..4].copy_from_slice(&m);
+        }
+    }
+    w
+}
+
 #[cfg(test)]
 mod tests {
     use rand::rngs::StdRng;
@@ -327,27 +345,11 @@ mod tests {
     use crate::kernel::{ActType, MatmulCall, MatmulDesc};
     use crate::matmul::candidates;
 
-    /// `rows` random rows of `cols` weights of `F`: random quants, scales
-    /// of either sign in a realistic range.
-    fn weights<const F: u8>(r: &mut StdRng, rows: usize, cols: usize) -> Vec<u8> {
-        let bs = fmt::block_bytes(F);
-        let mut w: Vec<u8> = (0..rows * cols / QK * bs).map(|_| r.random()).collect();
-        for block in w.chunks_exact_mut(bs) {
-            let d = half::f16::from_f32(r.random_range(-0.05..0.05)).to_le_bytes();
-            block[..2].copy_from_slice(&d);
-            if fmt::has_min(F) {
-                let m = half::f16::from_f32(r.random_range(-0.5..0.5)).to_le_bytes();
-                block[2..4].copy_from_slice(&m);
-            }
-        }
-        w
-    }
-
     fn check<const F: u8>(ty: GgmlType, act: ActType) {
         let mut r = StdRng::seed_from_u64(u64::from(F) + 7);
         let pool = ThreadPool::new(2);
         for (rows, cols, n) in [(16, 32, 1), (45, 96, 17), (40, 576, 40), (7, 64, 3)] {
-            let w = weights::<F>(&mut r, rows, cols);
+            let w = test_weights::<F>(&mut r, rows, cols);
             let x: Vec<f32> = (0..n * cols).map(|_| r.random_range(-2.0..2.0)).collect();
             let desc = MatmulDesc::dense(ty, act, rows, cols);
             let k = candidates(&desc, &CpuFeatures::detect()).into_iter().next().expect("a kernel");

@@ -24,12 +24,16 @@
 //! (`gemm_f32`, AVX2/AVX-512). Calls marked
 //! [`MatmulCall::prefill`](crate::kernel::MatmulCall) (a prompt's tokens)
 //! of the 32-element formats run on AMX int8 tiles where the OS grants them
-//! (`amx_int8`). [`gemm_packed`] holds weights packed once
+//! (`amx_int8`), and so do their other calls there (`amx_rows`: decode
+//! rows, batches, gathered rows; under 8 tokens the same integer dots by
+//! `vpdpbusd`), every output computed in one order by both. [`gemm_packed`] holds weights packed once
 //! (f32, or bf16 for avx512_bf16) for callers that own their matrices, such
 //! as the BERT encoder.
 
 #[cfg(target_arch = "x86_64")]
 mod amx_int8;
+#[cfg(target_arch = "x86_64")]
+mod amx_rows;
 mod gemm_f32;
 /// The GEMM over weights packed once (crate `spinfer-gemm`), at its old path.
 pub use spinfer_gemm as gemm_packed;

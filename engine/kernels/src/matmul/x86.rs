@@ -1,7 +1,7 @@
 //! SIMD matmul drivers (AVX2 and AVX-512): activation packing and the
 //! tile loops over the [`crate::dot`] tile kernels.
 
-use super::{Isa, Job, amx_int8, broadcast_work, for_each_job_tile, gemm_f32, pack_tokens, scratch_aligned};
+use super::{Isa, Job, amx_int8, amx_rows, broadcast_work, for_each_job_tile, gemm_f32, pack_tokens, scratch_aligned};
 use crate::GgmlType;
 use crate::Result;
 use crate::dot::avx512_k::{KQ4, KQ5, KQ6};
@@ -47,14 +47,23 @@ pub(super) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<
                 GgmlType::Q5_1 => fmt::Q5_1,
                 _ => fmt::Q8_0,
             };
-            // A prompt's tokens on AMX int8 tiles where the OS grants them.
-            if job.prefill && job.idx.is_none() && isa == Isa::Avx512 && amx_int8::available() {
-                match f {
-                    fmt::Q4_0 => amx_int8::run::<{ fmt::Q4_0 }>(pool, job, scratch),
-                    fmt::Q4_1 => amx_int8::run::<{ fmt::Q4_1 }>(pool, job, scratch),
-                    fmt::Q5_0 => amx_int8::run::<{ fmt::Q5_0 }>(pool, job, scratch),
-                    fmt::Q5_1 => amx_int8::run::<{ fmt::Q5_1 }>(pool, job, scratch),
-                    _ => amx_int8::run::<{ fmt::Q8_0 }>(pool, job, scratch),
+            // On AMX int8 tiles where the OS grants them: a prompt's tokens
+            // with the tokens as the tiles' rows, anything else (decode
+            // rows, gathered rows) with the weights as the tiles' rows. Both
+            // compute every output in the same order (bit for bit the same).
+            if isa == Isa::Avx512 && amx_int8::available() {
+                let prompt = job.prefill && job.idx.is_none();
+                match (f, prompt) {
+                    (fmt::Q4_0, true) => amx_int8::run::<{ fmt::Q4_0 }>(pool, job, scratch),
+                    (fmt::Q4_1, true) => amx_int8::run::<{ fmt::Q4_1 }>(pool, job, scratch),
+                    (fmt::Q5_0, true) => amx_int8::run::<{ fmt::Q5_0 }>(pool, job, scratch),
+                    (fmt::Q5_1, true) => amx_int8::run::<{ fmt::Q5_1 }>(pool, job, scratch),
+                    (_, true) => amx_int8::run::<{ fmt::Q8_0 }>(pool, job, scratch),
+                    (fmt::Q4_0, false) => amx_rows::run::<{ fmt::Q4_0 }>(pool, job, scratch),
+                    (fmt::Q4_1, false) => amx_rows::run::<{ fmt::Q4_1 }>(pool, job, scratch),
+                    (fmt::Q5_0, false) => amx_rows::run::<{ fmt::Q5_0 }>(pool, job, scratch),
+                    (fmt::Q5_1, false) => amx_rows::run::<{ fmt::Q5_1 }>(pool, job, scratch),
+                    (_, false) => amx_rows::run::<{ fmt::Q8_0 }>(pool, job, scratch),
                 }
                 return Ok(());
             }
