@@ -83,11 +83,17 @@ fn group_width(n: usize) -> usize {
 /// Runs a job (dense or gathered rows, any number of tokens; the caller
 /// checked [`super::amx_int8::available`]).
 pub(super) fn run<const F: u8>(pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) {
+    run_from::<F>(pool, job, scratch, TILE_TOKENS);
+}
+
+/// [`run`], the tiles taking calls from `tile_tokens` tokens (the tests
+/// run every group width on the tiles with 1).
+fn run_from<const F: u8>(pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>, tile_tokens: usize) {
     match group_width(job.n_tokens) {
-        1 => run_n::<F, 1>(pool, job, scratch),
-        2 => run_n::<F, 2>(pool, job, scratch),
-        4 => run_n::<F, 4>(pool, job, scratch),
-        _ => run_n::<F, 8>(pool, job, scratch),
+        1 => run_n::<F, 1>(pool, job, scratch, tile_tokens),
+        2 => run_n::<F, 2>(pool, job, scratch, tile_tokens),
+        4 => run_n::<F, 4>(pool, job, scratch, tile_tokens),
+        _ => run_n::<F, 8>(pool, job, scratch, tile_tokens),
     }
 }
 
@@ -119,7 +125,7 @@ impl Panel {
     }
 }
 
-fn run_n<const F: u8, const N: usize>(pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) {
+fn run_n<const F: u8, const N: usize>(pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>, tile_tokens: usize) {
     let (n, cols, rows) = (job.n_tokens, job.desc.cols, job.out_rows());
     // `corr` lanes for the unsigned weights of the `vpdpbusd` path (Q8_0's
     // made unsigned by adding 128); the tiles take signed weights.
@@ -128,7 +134,7 @@ fn run_n<const F: u8, const N: usize>(pool: &ThreadPool, job: &Job<'_>, scratch:
     let groups = n.div_ceil(N);
     // The `vpdpbusd` path gathers the rows' scales at 32-bit offsets from
     // the panel's first row: weights of 2 GiB and more take the tiles.
-    let tiles = n >= TILE_TOKENS || i32::try_from(job.w.len()).is_err();
+    let tiles = n >= tile_tokens || i32::try_from(job.w.len()).is_err();
     // The tokens packed as for the other kernels (zero tokens up to whole
     // groups), then for the tiles per group and pair the `B` tile (16 rows
     // × 8N bytes), and per group and block the tokens' `d` and `s` (16
@@ -587,6 +593,23 @@ mod tests {
                 };
                 let dense = run(Select::All, rows);
                 let gathered = run(Select::Rows(&idx), idx.len());
+                // Every group width on the tiles (the path of weights of
+                // 2 GiB and more below 8 tokens).
+                let mut tiled = vec![f32::NAN; n * rows];
+                let job = Job {
+                    desc,
+                    row_bytes: rb,
+                    w: &w,
+                    idx: None,
+                    x: &x,
+                    n_tokens: n,
+                    out: SyncPtr::new(tiled.as_mut_ptr()),
+                    prefill: false,
+                };
+                run_from::<F>(&pool, &job, &mut Vec::new(), 1);
+                for (t, (a, b)) in tiled.iter().zip(&dense).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{ty} {rows}x{cols}, {n} tokens on the tiles: output {t}");
+                }
                 let l = LegacyLayout::new(cols, false, 0);
                 let mut packed = vec![0u8; l.stride + 64];
                 let off = packed.as_ptr().align_offset(64);
