@@ -23,6 +23,10 @@
 //! gets the same bits alone, batched with other sequences, with a draft,
 //! gathered, or in a prompt. A call's tokens are padded with zero tokens
 //! up to a whole group, whose outputs are computed and never stored.
+//!
+//! Under [`TILE_TOKENS`] tokens (a lone decode step, a small batch) a tile
+//! operation's fixed cost exceeds the work, and [`vnni`] computes the same
+//! integer dots with `vpdpbusd`, ending in the same epilogue.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -41,6 +45,7 @@ const R: usize = 16;
 /// Calls of fewer tokens compute the tiles' integer dots with `vpdpbusd`
 /// instead ([`vnni`]).
 const TILE_TOKENS: usize = 8;
+
 /// Lane `l` of the `N` accumulators' vector `z` is the output of row
 /// `(16z + l) / N`, token `(16z + l) % N`; `rows` and `toks` are those
 /// indices (for the `vpermps` that spread the rows' and the tokens' scales
