@@ -20,7 +20,7 @@
 //!
 //! An output therefore depends only on its own token and row (not on the
 //! other tokens of the call, the thread count or where a panel starts),
-//! and [`reference_dot`] computes exactly that, bit for bit (tested). It
+//! and `reference_dot` computes exactly that, bit for bit (tested). It
 //! rounds differently from the `vpdpbusd` tiles of CPUs without AMX, which
 //! sum lane partials; both agree with the scalar reference to f32 rounding.
 
