@@ -92,7 +92,8 @@ pub(super) fn run<const F: u8>(pool: &ThreadPool, job: &Job<'_>, scratch: &mut V
 }
 
 /// [`run`], the tiles taking calls from `tile_tokens` tokens (the tests
-/// run every group width on the tiles with 1).
+/// run every group width on the tiles with 1, so that the threshold can
+/// move without untested paths).
 fn run_from<const F: u8>(pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>, tile_tokens: usize) {
     match group_width(job.n_tokens) {
         1 => run_n::<F, 1>(pool, job, scratch, tile_tokens),
@@ -103,12 +104,10 @@ fn run_from<const F: u8>(pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>
 }
 
 /// Byte offsets of one thread's panel: the rows' signed bytes (`16 ×
-/// l.pairs × 64`), their `d` and `m` as `[16 rows][l.groups × 16]` f32,
-/// two `C` tiles and the outputs of one group (`[16 rows][N]`).
+/// l.pairs × 64`), two `C` tiles and the outputs of one group (`[16
+/// rows][N]`).
 struct Panel {
     row: usize,
-    dw: usize,
-    mw: usize,
     c: usize,
     out: usize,
     bytes: usize,
@@ -117,16 +116,9 @@ struct Panel {
 impl Panel {
     fn new(l: &LegacyLayout) -> Self {
         let row = l.pairs * 64;
-        let dw = R * row;
-        let mw = dw + R * l.groups * 64;
-        let c = mw + R * l.groups * 64;
+        let c = R * row;
         let out = c + 2 * 1024;
-        Self { row, dw, mw, c, out, bytes: out + 1024 }
-    }
-
-    /// Elements between two rows of the scale sections.
-    fn scale_stride(l: &LegacyLayout) -> usize {
-        l.groups * 16
+        Self { row, c, out, bytes: out + 1024 }
     }
 }
 
@@ -137,9 +129,7 @@ fn run_n<const F: u8, const N: usize>(pool: &ThreadPool, job: &Job<'_>, scratch:
     let offset = if F == fmt::Q8_0 { 128 } else { fmt::offset(F) };
     let l = LegacyLayout::new(cols, true, offset);
     let groups = n.div_ceil(N);
-    // The `vpdpbusd` path gathers the rows' scales at 32-bit offsets from
-    // the panel's first row: weights of 2 GiB and more take the tiles.
-    let tiles = n >= tile_tokens || i32::try_from(job.w.len()).is_err();
+    let tiles = n >= tile_tokens;
     // The tokens packed as for the other kernels (zero tokens up to whole
     // groups), then for the tiles per group and pair the `B` tile (16 rows
     // × 8N bytes), and per group and block the tokens' `d` and `s` (16
@@ -178,15 +168,12 @@ fn run_n<const F: u8, const N: usize>(pool: &ThreadPool, job: &Job<'_>, scratch:
         for r0 in rr.clone().step_by(R) {
             let nr = (rr.end - r0).min(R);
             let w_rows: [usize; R] = std::array::from_fn(|j| job.w_row(r0 + j.min(nr - 1)));
-            // SAFETY: the job's weight rows lie in the validated weights;
-            // this thread's panel (`panel.bytes`, 64-aligned: the sections
-            // before it are multiples of 64) is its own; the CPU has
-            // AVX-512 (`available`).
-            unsafe {
-                if tiles {
-                    unpack_scales::<F>(w as *const u8, rb, &w_rows, nr, &l, p, &panel);
-                    unpack_panel::<F>(w as *const u8, rb, &w_rows, nr, &l, p, &panel);
-                }
+            if tiles {
+                // SAFETY: the job's weight rows lie in the validated
+                // weights; this thread's panel (`panel.bytes`, 64-aligned:
+                // the sections before it are multiples of 64) is its own;
+                // the CPU has AVX-512 (`available`).
+                unsafe { unpack_panel::<F>(w as *const u8, rb, &w_rows, nr, &l, p, &panel) };
             }
             // The next panel's rows load while this one's tiles run.
             for r in (r0 + R..rr.end.min(r0 + 2 * R)).map(|r| job.w_row(r)) {
@@ -200,15 +187,13 @@ fn run_n<const F: u8, const N: usize>(pool: &ThreadPool, job: &Job<'_>, scratch:
                 unsafe {
                     let gd = (da as *const f32).add(g * l.blocks * 16);
                     let gs = (sa as *const f32).add(g * l.blocks * 16);
-                    let ctx = Ctx::new::<N>(&l, p, &panel, gd, gs);
+                    let ctx = Ctx::new::<N>(&l, w as *const u8, &w_rows, rb, gd, gs);
                     if tiles {
                         let gb = (b_tiles as *const u8).add(g * l.pairs * 128 * N);
                         tile::<F, N>(&l, p, &panel, gb, &ctx);
                     } else {
                         let ga = (act as *const u8).add(t0 * l.stride);
-                        // In range: `job.w` is under 2 GiB (`tiles`).
-                        let heads = w_rows.map(|r| ((r as i64 - w_rows[0] as i64) * rb as i64) as i32);
-                        vnni::tile::<F, N>(w as *const u8, rb, &w_rows, &heads, &l, ga, p, &panel, &ctx);
+                        vnni::tile::<F, N>(w as *const u8, rb, &w_rows, &l, ga, p, &panel, &ctx);
                     }
                 }
                 let res = p.wrapping_add(panel.out).cast::<f32>().cast_const();
@@ -337,51 +322,6 @@ unsafe fn unpack_panel<const F: u8>(
     }
 }
 
-/// Writes the `d` and `m` of weight rows `w_rows[..nr]` to row `j` of the
-/// panel's scale sections (zero from `nr` on).
-///
-/// # Safety
-/// As for [`unpack_panel`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn unpack_scales<const F: u8>(
-    w: *const u8,
-    rb: usize,
-    w_rows: &[usize; R],
-    nr: usize,
-    l: &LegacyLayout,
-    p: *mut u8,
-    panel: &Panel,
-) {
-    let (bs, nb, ss) = (fmt::block_bytes(F), l.blocks, Panel::scale_stride(l));
-    for (j, &row) in w_rows.iter().enumerate() {
-        // SAFETY: row `j` of the scale sections (the caller's panel).
-        let (dwj, mwj) =
-            unsafe { (p.add(panel.dw).cast::<f32>().add(j * ss), p.add(panel.mw).cast::<f32>().add(j * ss)) };
-        if j >= nr {
-            // SAFETY: as above.
-            unsafe {
-                std::ptr::write_bytes(dwj, 0, ss);
-                std::ptr::write_bytes(mwj, 0, ss);
-            }
-            continue;
-        }
-        let src = w.wrapping_add(row * rb);
-        // 16 blocks at a time.
-        for b0 in (0..nb).step_by(16) {
-            let gn = (nb - b0).min(16);
-            // SAFETY: blocks `b0..b0 + gn` of the row are readable; the
-            // scale rows have `groups × 16` lanes.
-            unsafe {
-                let h = avx512::load_heads::<F>(src.add(b0 * bs), gn);
-                _mm512_storeu_ps(dwj.add(b0), _mm512_cvtph_ps(_mm512_castsi512_si256(h)));
-                if fmt::has_min(F) {
-                    _mm512_storeu_ps(mwj.add(b0), _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(h)));
-                }
-            }
-        }
-    }
-}
-
 /// One group: the outputs of the panel's 16 rows × `N` tokens (`bt`: the
 /// group's `B` tiles, `ctx`: its scales) over all blocks, into the
 /// panel's output section as `[row][token]`.
@@ -418,8 +358,8 @@ unsafe fn tile<const F: u8, const N: usize>(l: &LegacyLayout, p: *mut u8, panel:
                 c0 = in(reg) c0, c1 = in(reg) c1,
                 options(nostack),
             );
-            epilogue::<F, N>(&mut acc, ctx, 2 * pr, &tile_sums::<N>(ctx, c0), &staged_scales::<F>(ctx, 2 * pr));
-            epilogue::<F, N>(&mut acc, ctx, 2 * pr + 2, &tile_sums::<N>(ctx, c1), &staged_scales::<F>(ctx, 2 * pr + 2));
+            epilogue::<F, N>(&mut acc, ctx, 2 * pr, &tile_sums::<N>(ctx, c0));
+            epilogue::<F, N>(&mut acc, ctx, 2 * pr + 2, &tile_sums::<N>(ctx, c1));
         }
         pr += 2;
     }
@@ -437,7 +377,7 @@ unsafe fn tile<const F: u8, const N: usize>(l: &LegacyLayout, p: *mut u8, panel:
                 c0 = in(reg) c0,
                 options(nostack),
             );
-            epilogue::<F, N>(&mut acc, ctx, 2 * pr, &tile_sums::<N>(ctx, c0), &staged_scales::<F>(ctx, 2 * pr));
+            epilogue::<F, N>(&mut acc, ctx, 2 * pr, &tile_sums::<N>(ctx, c0));
         }
     }
     for (z, acc) in acc.iter().enumerate() {
@@ -447,50 +387,58 @@ unsafe fn tile<const F: u8, const N: usize>(l: &LegacyLayout, p: *mut u8, panel:
 }
 
 /// What [`epilogue`] reads besides the sums: the lane tables, the panel's
-/// scale rows (`rows`: the 16 rows' offsets in them) and the group's.
+/// rows (`heads`: their byte offsets from `w`, two vectors of 8 i64, from
+/// which their blocks' scales are gathered) and the group's scales.
 struct Ctx<'a> {
     lanes: &'a Lanes,
-    rows: __m512i,
-    dw: *const f32,
-    mw: *const f32,
+    w: *const u8,
+    heads: [__m512i; 2],
     da: *const f32,
     sa: *const f32,
     nb: usize,
 }
 
 impl Ctx<'static> {
-    /// The context of the panel at `p` and a group's scales `da`, `sa`
-    /// (`N` is the group width).
+    /// The context of the weight rows `w_rows` (`rb` bytes each from `w`)
+    /// and a group's scales `da`, `sa` (`N` is the group width).
     #[target_feature(enable = "avx512f")]
-    fn new<const N: usize>(l: &LegacyLayout, p: *mut u8, panel: &Panel, da: *const f32, sa: *const f32) -> Self {
-        let rows = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(Panel::scale_stride(l) as i32),
-        );
-        let (dw, mw) = (p.wrapping_add(panel.dw).cast_const().cast(), p.wrapping_add(panel.mw).cast_const().cast());
-        Self { lanes: &LANES[N.trailing_zeros() as usize], rows, dw, mw, da, sa, nb: l.blocks }
+    fn new<const N: usize>(
+        l: &LegacyLayout,
+        w: *const u8,
+        w_rows: &[usize; R],
+        rb: usize,
+        da: *const f32,
+        sa: *const f32,
+    ) -> Self {
+        let offsets = w_rows.map(|r| (r * rb) as i64);
+        // SAFETY: 8 i64 each.
+        let heads = unsafe { [0, 8].map(|i| _mm512_loadu_si512(offsets[i..].as_ptr().cast())) };
+        Self { lanes: &LANES[N.trailing_zeros() as usize], w, heads, da, sa, nb: l.blocks }
     }
 }
 
-/// The 16 rows' `d` and `m` of blocks `b`, `b + 1` from the panel's scale
-/// sections.
+/// The 16 rows' `d` and `m` (0 for the formats without a minimum) of block
+/// `b`, gathered from the blocks' first four bytes.
 ///
 /// # Safety
-/// The sections must hold the rows' scales; the CPU must have AVX-512 F.
+/// Block `b` of each of the context's rows must be readable; the CPU must
+/// have AVX-512 F and F16C.
 #[inline(always)]
-unsafe fn staged_scales<const F: u8>(x: &Ctx<'_>, b: usize) -> [[__m512; 2]; 2] {
-    // SAFETY: the caller's contract (lanes past the last block are read
-    // from the padded sections and not used).
+unsafe fn row_scales<const F: u8>(x: &Ctx<'_>, b: usize) -> [__m512; 2] {
+    let base = x.w.wrapping_add(b * fmt::block_bytes(F));
+    // SAFETY: the caller's contract (the function is inlined into the
+    // tile functions, whose AVX-512 it uses).
     unsafe {
-        [b, b + 1].map(|b| {
-            let d = _mm512_i32gather_ps::<4>(x.rows, x.dw.add(b).cast());
-            let m = if fmt::has_min(F) {
-                _mm512_i32gather_ps::<4>(x.rows, x.mw.add(b).cast())
-            } else {
-                _mm512_setzero_ps()
-            };
-            [d, m]
-        })
+        let lo = _mm512_i64gather_epi32::<1>(x.heads[0], base.cast());
+        let hi = _mm512_i64gather_epi32::<1>(x.heads[1], base.cast());
+        let g = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+        let m = if fmt::has_min(F) {
+            _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(g)))
+        } else {
+            _mm512_setzero_ps()
+        };
+        [d, m]
     }
 }
 
@@ -515,7 +463,7 @@ unsafe fn tile_sums<const N: usize>(x: &Ctx<'_>, c: *const u8) -> [[__m512i; 2];
 
 /// The share of blocks `b` and `b + 1` (if it exists) of the group, from
 /// the pair's exact integer sums (`sums[z][s]`: block `s`'s, in the lanes
-/// of accumulator `z`) and the 16 rows' `d` and `m` (`rows[s]`): each sum times `dw · da`, plus `mw · s` for the
+/// of accumulator `z`): each sum times `dw · da`, plus `mw · s` for the
 /// formats with a minimum, block `b` first. Both ways of computing the
 /// sums end here, so their outputs are the same bits.
 ///
@@ -529,17 +477,12 @@ unsafe fn epilogue<const F: u8, const N: usize>(
     x: &Ctx<'_>,
     b: usize,
     sums: &[[__m512i; 2]; N],
-    rows: &[[__m512; 2]; 2],
 ) {
-    // SAFETY: blocks `b` (and `b + 1`) of the group's scales, per the
-    // caller's contract.
+    // SAFETY: blocks `b` (and `b + 1`) of the rows and of the group's
+    // scales, per the caller's contract.
     unsafe {
-        for half in 0..2 {
-            let bb = b + half;
-            if bb >= x.nb {
-                break;
-            }
-            let [dwv, mwv] = rows[half];
+        for (half, bb) in (b..(b + 2).min(x.nb)).enumerate() {
+            let [dwv, mwv] = row_scales::<F>(x, bb);
             let dav = _mm512_loadu_ps(x.da.add(bb * 16));
             let sav = if fmt::has_min(F) { _mm512_loadu_ps(x.sa.add(bb * 16)) } else { _mm512_setzero_ps() };
             for (z, acc) in acc.iter_mut().enumerate() {
@@ -598,8 +541,8 @@ mod tests {
                 };
                 let dense = run(Select::All, rows);
                 let gathered = run(Select::Rows(&idx), idx.len());
-                // Every group width on the tiles (the path of weights of
-                // 2 GiB and more below 8 tokens).
+                // Every group width on the tiles, as any `TILE_TOKENS`
+                // would run them.
                 let mut tiled = vec![f32::NAN; n * rows];
                 let job = Job {
                     desc,

@@ -90,27 +90,22 @@ unsafe fn weights<const F: u8>(src: *const u8, pr: usize, nb: usize) -> __m512i 
 /// [`super::tile`] computes them. `N` ≤ 8.
 ///
 /// # Safety
-/// The rows `w + w_rows[j] × rb` must hold `l.blocks` blocks of `F`, and
-/// `heads[j]` be `(w_rows[j] - w_rows[0]) × rb`;
-/// `act` `N` packed tokens; the panel's scale sections the rows' scales
-/// ([`super::unpack_scales`]); `x` the group's; the CPU must have AVX-512
-/// F/BW/VL/VNNI, F16C and FMA.
+/// The rows `w + w_rows[j] × rb` must hold `l.blocks` blocks of `F`;
+/// `act` `N` packed tokens; `x` the context of the same rows and of the
+/// group; the CPU must have AVX-512 F/BW/VL/VNNI, F16C and FMA.
 #[allow(clippy::too_many_arguments, reason = "the rows, the tokens and the panel")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn tile<const F: u8, const N: usize>(
     w: *const u8,
     rb: usize,
     w_rows: &[usize; R],
-    heads: &[i32; R],
     l: &LegacyLayout,
     act: *const u8,
     p: *mut u8,
     panel: &Panel,
     x: &Ctx<'_>,
 ) {
-    let (per, bs) = (8 / N, fmt::block_bytes(F));
-    // SAFETY: 16 i32.
-    let heads = unsafe { _mm512_loadu_si512(heads.as_ptr().cast()) };
+    let per = 8 / N;
     let mut acc = [_mm512_setzero_ps(); N];
     // SAFETY: 64-byte aligned table rows.
     let pick = unsafe { [0, 1].map(|s| _mm512_load_si512(PICK.0[s].as_ptr().cast())) };
@@ -146,22 +141,8 @@ pub(super) unsafe fn tile<const F: u8, const N: usize>(
         }
         let sums: [[__m512i; 2]; N] =
             std::array::from_fn(|z| pick.map(|idx| _mm512_permutex2var_epi32(red[2 * z], idx, red[2 * z + 1])));
-        // The rows' `d` (and `m`) of the pair's blocks, gathered from the
-        // blocks' first four bytes.
-        let rows: [[__m512; 2]; 2] = [2 * pr, (2 * pr + 1).min(l.blocks - 1)].map(|b| {
-            // SAFETY: block `b` of each row is readable (`heads` are the
-            // rows' offsets from row 0, in range: checked by the caller).
-            let g = unsafe { _mm512_i32gather_epi32::<1>(heads, w.wrapping_add(w_rows[0] * rb + b * bs).cast()) };
-            let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
-            let m = if fmt::has_min(F) {
-                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(g)))
-            } else {
-                _mm512_setzero_ps()
-            };
-            [d, m]
-        });
         // SAFETY: the caller's contract.
-        unsafe { epilogue::<F, N>(&mut acc, x, 2 * pr, &sums, &rows) };
+        unsafe { epilogue::<F, N>(&mut acc, x, 2 * pr, &sums) };
     }
     for (z, acc) in acc.iter().enumerate() {
         // SAFETY: the output section holds 256 f32; `16z + 16 <= 16N`.
