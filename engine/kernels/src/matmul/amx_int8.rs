@@ -24,7 +24,6 @@
 //! rounds differently from the `vpdpbusd` tiles of CPUs without AMX, which
 //! sum lane partials; both agree with the scalar reference to f32 rounding.
 
-use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::{Job, SyncPtr, pack_tokens, scratch_aligned};
@@ -32,7 +31,7 @@ use crate::dot::fmt;
 use crate::pool::ThreadPool;
 use crate::pool::chunk_aligned;
 use crate::quantize::{self, LegacyLayout};
-use spinfer_kernel_base::tiles::Tiles;
+use spinfer_kernel_base::tiles::{Tiles, dpbssd, dpbssd_pair};
 
 /// Tokens and weight rows per tile.
 const T: usize = 16;
@@ -208,27 +207,12 @@ unsafe fn tile<const F: u8>(l: &LegacyLayout, a: *const u8, panel: *const u8, su
     let mut b = 0;
     while b + 1 < nb {
         // SAFETY: the caller's contract; tmm0/1 take the sums of blocks `b`
-        // and `b + 1`, tmm2/3 the tokens' blocks, tmm4/5 the rows'.
+        // and `b + 1`, tmm2/3 the tokens' blocks, tmm4/5 the rows'; then
+        // their shares.
         unsafe {
-            asm!(
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tileloadd tmm2, [{a0} + {lda}*1]",
-                "tileloadd tmm4, [{b0} + {ldb}*1]",
-                "tileloadd tmm3, [{a1} + {lda}*1]",
-                "tileloadd tmm5, [{b1} + {ldb}*1]",
-                "tdpbssd tmm0, tmm2, tmm4",
-                "tdpbssd tmm1, tmm3, tmm5",
-                "tilestored [{s0} + {ldb}*1], tmm0",
-                "tilestored [{s1} + {ldb}*1], tmm1",
-                a0 = in(reg) a.add(b * QK), a1 = in(reg) a.add((b + 1) * QK), lda = in(reg) lda,
-                b0 = in(reg) panel.add(b * B_TILE), b1 = in(reg) panel.add((b + 1) * B_TILE), ldb = in(reg) ldb,
-                s0 = in(reg) s0, s1 = in(reg) s1,
-                options(nostack),
-            );
-        }
-        // SAFETY: as above.
-        unsafe {
+            let a2 = [a.add(b * QK), a.add((b + 1) * QK)];
+            let b2 = [panel.add(b * B_TILE), panel.add((b + 1) * B_TILE)];
+            dpbssd_pair(a2, lda, b2, ldb, [s0.cast(), s1.cast()], ldb);
             epilogue::<F>(&mut acc, l, a, panel, b, s0);
             epilogue::<F>(&mut acc, l, a, panel, b + 1, s1);
         }
@@ -237,20 +221,9 @@ unsafe fn tile<const F: u8>(l: &LegacyLayout, a: *const u8, panel: *const u8, su
     if b < nb {
         // SAFETY: as above, one block.
         unsafe {
-            asm!(
-                "tilezero tmm0",
-                "tileloadd tmm2, [{a0} + {lda}*1]",
-                "tileloadd tmm4, [{b0} + {ldb}*1]",
-                "tdpbssd tmm0, tmm2, tmm4",
-                "tilestored [{s0} + {ldb}*1], tmm0",
-                a0 = in(reg) a.add(b * QK), lda = in(reg) lda,
-                b0 = in(reg) panel.add(b * B_TILE), ldb = in(reg) ldb,
-                s0 = in(reg) s0,
-                options(nostack),
-            );
+            dpbssd(a.add(b * QK), lda, panel.add(b * B_TILE), ldb, s0.cast(), ldb);
+            epilogue::<F>(&mut acc, l, a, panel, b, s0);
         }
-        // SAFETY: as above.
-        unsafe { epilogue::<F>(&mut acc, l, a, panel, b, s0) };
     }
     for (ct, acc) in c.iter_mut().zip(acc) {
         // SAFETY: `ct` holds 16 f32.

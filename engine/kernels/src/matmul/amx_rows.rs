@@ -28,7 +28,6 @@
 //! operation's fixed cost exceeds the work, and [`vnni`] computes the same
 //! integer dots with `vpdpbusd`, ending in the same epilogue.
 
-use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::{Job, SyncPtr, broadcast_work, pack_tokens, scratch_aligned};
@@ -36,7 +35,7 @@ use crate::dot::{avx512, fmt};
 use crate::pool::ThreadPool;
 use crate::pool::chunk_aligned;
 use crate::quantize::{self, LegacyLayout};
-use spinfer_kernel_base::tiles::Tiles;
+use spinfer_kernel_base::tiles::{Tiles, dpbssd, dpbssd_pair};
 
 mod vnni;
 
@@ -340,24 +339,11 @@ unsafe fn tile<const F: u8, const N: usize>(l: &LegacyLayout, p: *mut u8, panel:
     let mut pr = 0;
     while pr + 1 < l.pairs {
         // SAFETY: the caller's contract; tmm0/1 take the sums of pairs `pr`
-        // and `pr + 1`, tmm2/3 the rows' pairs, tmm4/5 the tokens'.
+        // and `pr + 1`, tmm2/3 the rows' pairs, tmm4/5 the tokens'; then
+        // their shares.
         unsafe {
-            asm!(
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tileloadd tmm2, [{a0} + {lda}*1]",
-                "tileloadd tmm4, [{b0} + {ldb}*1]",
-                "tileloadd tmm3, [{a1} + {lda}*1]",
-                "tileloadd tmm5, [{b1} + {ldb}*1]",
-                "tdpbssd tmm0, tmm2, tmm4",
-                "tdpbssd tmm1, tmm3, tmm5",
-                "tilestored [{c0} + {ldb}*1], tmm0",
-                "tilestored [{c1} + {ldb}*1], tmm1",
-                a0 = in(reg) p.add(pr * 64), a1 = in(reg) p.add((pr + 1) * 64), lda = in(reg) lda,
-                b0 = in(reg) bt.add(pr * pb), b1 = in(reg) bt.add((pr + 1) * pb), ldb = in(reg) ldb,
-                c0 = in(reg) c0, c1 = in(reg) c1,
-                options(nostack),
-            );
+            let (a2, b2) = ([p.add(pr * 64), p.add((pr + 1) * 64)], [bt.add(pr * pb), bt.add((pr + 1) * pb)]);
+            dpbssd_pair(a2.map(<*mut u8>::cast_const), lda, b2, ldb, [c0, c1], ldb);
             epilogue::<F, N>(&mut acc, ctx, 2 * pr, &tile_sums::<N>(ctx, c0));
             epilogue::<F, N>(&mut acc, ctx, 2 * pr + 2, &tile_sums::<N>(ctx, c1));
         }
@@ -366,17 +352,7 @@ unsafe fn tile<const F: u8, const N: usize>(l: &LegacyLayout, p: *mut u8, panel:
     if pr < l.pairs {
         // SAFETY: as above, one pair.
         unsafe {
-            asm!(
-                "tilezero tmm0",
-                "tileloadd tmm2, [{a0} + {lda}*1]",
-                "tileloadd tmm4, [{b0} + {ldb}*1]",
-                "tdpbssd tmm0, tmm2, tmm4",
-                "tilestored [{c0} + {ldb}*1], tmm0",
-                a0 = in(reg) p.add(pr * 64), lda = in(reg) lda,
-                b0 = in(reg) bt.add(pr * pb), ldb = in(reg) ldb,
-                c0 = in(reg) c0,
-                options(nostack),
-            );
+            dpbssd(p.add(pr * 64), lda, bt.add(pr * pb), ldb, c0, ldb);
             epilogue::<F, N>(&mut acc, ctx, 2 * pr, &tile_sums::<N>(ctx, c0));
         }
     }
