@@ -47,26 +47,6 @@ pub(super) fn run(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<
                 GgmlType::Q5_1 => fmt::Q5_1,
                 _ => fmt::Q8_0,
             };
-            // On AMX int8 tiles where the OS grants them: a prompt's tokens
-            // with the tokens as the tiles' rows, anything else (decode
-            // rows, gathered rows) with the weights as the tiles' rows. Both
-            // compute every output in the same order (bit for bit the same).
-            if isa == Isa::Avx512 && amx_int8::available() {
-                let prompt = job.prefill && job.idx.is_none();
-                match (f, prompt) {
-                    (fmt::Q4_0, true) => amx_int8::run::<{ fmt::Q4_0 }>(pool, job, scratch),
-                    (fmt::Q4_1, true) => amx_int8::run::<{ fmt::Q4_1 }>(pool, job, scratch),
-                    (fmt::Q5_0, true) => amx_int8::run::<{ fmt::Q5_0 }>(pool, job, scratch),
-                    (fmt::Q5_1, true) => amx_int8::run::<{ fmt::Q5_1 }>(pool, job, scratch),
-                    (_, true) => amx_int8::run::<{ fmt::Q8_0 }>(pool, job, scratch),
-                    (fmt::Q4_0, false) => amx_rows::run::<{ fmt::Q4_0 }>(pool, job, scratch),
-                    (fmt::Q4_1, false) => amx_rows::run::<{ fmt::Q4_1 }>(pool, job, scratch),
-                    (fmt::Q5_0, false) => amx_rows::run::<{ fmt::Q5_0 }>(pool, job, scratch),
-                    (fmt::Q5_1, false) => amx_rows::run::<{ fmt::Q5_1 }>(pool, job, scratch),
-                    (_, false) => amx_rows::run::<{ fmt::Q8_0 }>(pool, job, scratch),
-                }
-                return Ok(());
-            }
             match f {
                 fmt::Q4_0 => run_legacy::<{ fmt::Q4_0 }>(isa, pool, job, scratch),
                 fmt::Q4_1 => run_legacy::<{ fmt::Q4_1 }>(isa, pool, job, scratch),
@@ -104,6 +84,18 @@ fn nibble_rows(f: u8, job: &Job<'_>) -> usize {
 }
 
 fn run_legacy<const F: u8>(isa: Isa, pool: &ThreadPool, job: &Job<'_>, scratch: &mut Vec<u8>) {
+    // On AMX int8 tiles where the OS grants them: a prompt's tokens with
+    // the tokens as the tiles' rows, anything else (decode rows, gathered
+    // rows) with the weights as the tiles' rows. Both compute every output
+    // in the same order (bit for bit the same).
+    if isa == Isa::Avx512 && amx_int8::available() {
+        if job.prefill && job.idx.is_none() {
+            amx_int8::run::<F>(pool, job, scratch);
+        } else {
+            amx_rows::run::<F>(pool, job, scratch);
+        }
+        return;
+    }
     let d = job.desc;
     let avx512 = isa == Isa::Avx512;
     // On Zen 4 the 256-bit VNNI kernel is faster for Q8_0 (no cross-lane
