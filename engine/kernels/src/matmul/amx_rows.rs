@@ -250,15 +250,17 @@ fn arrange_tokens<const N: usize>(l: &LegacyLayout, act: &[u8], n: usize, b_tile
 /// lanes at `(g · blocks + b) · 16` (zero past the call's tokens).
 fn arrange_scales<const N: usize>(l: &LegacyLayout, act: &[u8], n: usize, da: &mut [u8], sa: &mut [u8]) {
     let nb = l.blocks;
-    let f32_at = |t: usize, off: usize| f32::from_le_bytes(act[t * l.stride + off..][..4].try_into().expect("4 bytes"));
     da.fill(0);
     sa.fill(0);
     for t in 0..n {
         let (g, tg) = (t / N, t % N);
-        for b in 0..nb {
+        let tok = &act[t * l.stride..(t + 1) * l.stride];
+        let (d, s) = (&tok[l.off_d..l.off_d + 4 * nb], &tok[l.off_s..l.off_s + 4 * nb]);
+        // The f32s' bytes as they are.
+        for (b, (db, sb)) in d.chunks_exact(4).zip(s.chunks_exact(4)).enumerate() {
             let lane = ((g * nb + b) * 16 + tg) * 4;
-            da[lane..lane + 4].copy_from_slice(&f32_at(t, l.off_d + 4 * b).to_le_bytes());
-            sa[lane..lane + 4].copy_from_slice(&f32_at(t, l.off_s + 4 * b).to_le_bytes());
+            da[lane..lane + 4].copy_from_slice(db);
+            sa[lane..lane + 4].copy_from_slice(sb);
         }
     }
 }
