@@ -150,6 +150,12 @@ struct StreamState {
     ended: bool,
 }
 
+/// Choice `i`'s streamed delta of tool calls (OpenAI's `tool_calls`
+/// pieces: a call's id and name, then its arguments' text).
+fn calls_delta(i: usize, calls: Vec<Value>) -> Value {
+    json!({"index": i, "delta": {"tool_calls": calls}, "finish_reason": null, "logprobs": null})
+}
+
 /// Server-sent events in OpenAI's chunk format, each choice's chunks
 /// carrying its index, ending with `[DONE]` once every choice is done (or
 /// at the first failure).
@@ -223,9 +229,7 @@ pub fn stream(
                     }
                     if !calls.is_empty() {
                         let calls: Vec<Value> = calls.iter().map(|c| c.to_json()).collect();
-                        let delta = json!({"index": i, "delta": {"tool_calls": calls}, "finish_reason": null,
-                                           "logprobs": null});
-                        v.push(chunk(delta, None));
+                        v.push(chunk(calls_delta(i, calls), None));
                     }
                     v
                 }
@@ -263,9 +267,7 @@ pub fn stream(
                                     c
                                 })
                                 .collect();
-                            let delta = json!({"index": i, "delta": {"tool_calls": calls}, "finish_reason": null,
-                                               "logprobs": null});
-                            v.push(chunk(delta, None));
+                            v.push(chunk(calls_delta(i, calls), None));
                         }
                         // Whole calls end the answer; calls cut short end it
                         // as the generation ended (`length`).
